@@ -1,0 +1,27 @@
+"""Engine settings: one dataclass, filled by the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    served_model_name: str | None = None
+    revision: str | None = None
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda
+    max_model_len: int | None = None  # None: the model's own limit
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    kv_cache_memory: int | None = None  # bytes; CPU default is a quarter of free memory
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    max_queue: int = 1024
+    seed: int = 0
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model

@@ -1,0 +1,46 @@
+"""What the engine hands back to its callers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class EngineError(Exception):
+    """Base for errors a caller can act on."""
+
+
+class QueueFullError(EngineError):
+    """The waiting queue holds --max-queue requests already: answer 429."""
+
+
+class PromptTooLongError(EngineError, ValueError):
+    """The prompt plus at least one generated token does not fit --max-model-len."""
+
+
+class EngineStoppedError(EngineError):
+    """The engine is shutting down and admits no new work."""
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    text: str  # text produced since the previous output of this request
+    token_ids: list[int]  # tokens produced since the previous output
+    finished: bool = False
+    finish_reason: str | None = None  # stop | length | abort
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class RequestTimes:
+    """Monotonic timestamps of one request, in seconds; the source of its latency metrics."""
+
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    outcome: str = "success"  # success | abort | error

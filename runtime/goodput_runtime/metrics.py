@@ -1,0 +1,127 @@
+"""Every metric the runtime exports: one module, one prefix, base units, label ``model``.
+
+Bucket boundaries follow vLLM's, so dashboards and the operator's metric reader treat
+``goodput_*`` and ``vllm:*`` series alike; each latency histogram also gets a boundary
+exactly at its SLO so attainment can be read straight off the buckets.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from goodput_runtime.engine.outputs import RequestTimes
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+PREFIX = "goodput_"
+
+
+def with_boundary(buckets: tuple[float, ...], *extra: float | None) -> tuple[float, ...]:
+    return tuple(sorted(set(buckets) | {e for e in extra if e is not None and e > 0}))
+
+
+def time_per_output_token(times: RequestTimes) -> float | None:
+    """(e2e − ttft) / (output tokens − 1); None when there is no second token to time."""
+    if times.first_token is None or times.finished is None or times.num_output_tokens <= 1:
+        return None
+    return (times.finished - times.first_token) / (times.num_output_tokens - 1)
+
+
+class RuntimeMetrics:
+    def __init__(self, model: str, slo_ttft: float | None, slo_tpot: float | None,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.model = model
+        self.slo_ttft = slo_ttft
+        self.slo_tpot = slo_tpot
+        self.registry = registry or CollectorRegistry()
+        r, labels = self.registry, ["model"]
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=r).labels(model)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(PREFIX + name, doc, labels, registry=r).labels(model)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=r).labels(model)
+
+        self.ttft = histogram("time_to_first_token_seconds", "Time from arrival to the first output token.",
+                              with_boundary(TTFT_BUCKETS, slo_ttft))
+        self.tpot = histogram("time_per_output_token_seconds",
+                              "Mean time per output token after the first, per request.",
+                              with_boundary(TPOT_BUCKETS, slo_tpot))
+        self.e2e = histogram("e2e_request_latency_seconds", "Time from arrival to the last token.",
+                             REQUEST_LATENCY_BUCKETS)
+        self.queue_time = histogram("request_queue_time_seconds", "Time from arrival to first scheduling.",
+                                    REQUEST_LATENCY_BUCKETS)
+        self.running = gauge("requests_running", "Requests in the running batch.")
+        self.waiting = gauge("requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_usage = gauge("kv_cache_usage_ratio", "Share of KV cache blocks in use (0-1).")
+        self.requests = Counter(PREFIX + "requests", "Finished requests by outcome.",
+                                ["model", "outcome"], registry=r)
+        self.good = counter("requests_good", "Requests that succeeded and met both the TTFT and TPOT SLOs.")
+        self.violations = Counter(PREFIX + "slo_violations", "Successful requests that missed an SLO target.",
+                                  ["model", "slo"], registry=r)
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed (prefill).")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
+        self.preemptions = counter("preemptions", "Requests preempted for lack of KV cache blocks.")
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        for name, value in (("slo_ttft_seconds", slo_ttft), ("slo_tpot_seconds", slo_tpot)):
+            g = gauge(name, "Configured SLO target in seconds (absent when no target is set).")
+            if value is not None:
+                g.set(value)
+        for outcome in ("success", "abort", "error"):
+            self.requests.labels(model, outcome)
+        for slo in ("ttft", "tpot"):
+            self.violations.labels(model, slo)
+
+    def record_finished(self, times: RequestTimes) -> bool:
+        """Observe one finished request; return whether it counted as good."""
+        self.requests.labels(self.model, times.outcome).inc()
+        if times.first_scheduled is not None:
+            self.queue_time.observe(times.first_scheduled - times.arrival)
+        if times.outcome != "success" or times.finished is None:
+            return False
+        self.e2e.observe(times.finished - times.arrival)
+        ttft = None if times.first_token is None else times.first_token - times.arrival
+        if ttft is not None:
+            self.ttft.observe(ttft)
+        tpot = time_per_output_token(times)
+        if tpot is not None:
+            self.tpot.observe(tpot)
+        ttft_met = ttft is not None and (self.slo_ttft is None or ttft <= self.slo_ttft)
+        tpot_met = tpot is None or self.slo_tpot is None or tpot <= self.slo_tpot
+        if not ttft_met:
+            self.violations.labels(self.model, "ttft").inc()
+        if not tpot_met:
+            self.violations.labels(self.model, "tpot").inc()
+        if ttft_met and tpot_met:
+            self.good.inc()
+            return True
+        return False
+
+    def record_step(self, running: int, waiting: int, kv_usage: float, prompt_tokens: int,
+                    generation_tokens: int, preemptions: int) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.kv_usage.set(kv_usage)
+        if prompt_tokens:
+            self.prompt_tokens.inc(prompt_tokens)
+        if generation_tokens:
+            self.generation_tokens.inc(generation_tokens)
+        if preemptions:
+            self.preemptions.inc(preemptions)
+
+    def record_prefix_lookup(self, queried_tokens: int, hit_tokens: int) -> None:
+        self.prefix_queries.inc(queried_tokens)
+        if hit_tokens:
+            self.prefix_hits.inc(hit_tokens)
+
+    def exposition(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

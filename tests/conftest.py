@@ -1,0 +1,38 @@
+"""Fixtures shared by every tier: models made on the fly, never downloaded."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_CACHE = ROOT / ".cache" / "test-models"
+
+
+def made_model(name: str, *args: str) -> Path:
+    """A model from goodput_runtime.tools.make_model, cached by the maker's own source."""
+    maker = ROOT / "runtime" / "goodput_runtime" / "tools" / "make_model.py"
+    key = hashlib.sha256(maker.read_bytes() + " ".join(args).encode()).hexdigest()[:12]
+    out = MODEL_CACHE / f"{name}-{key}"
+    if not (out / "model.safetensors").exists():
+        subprocess.run(
+            [sys.executable, "-m", "goodput_runtime.tools.make_model", "--out", str(out), *args],
+            check=True,
+        )
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """A ~0.2M-parameter Llama with random weights, a locally trained tokenizer and a chat template."""
+    return made_model("tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_no_chat_dir() -> Path:
+    """The same kind of model, without a chat template."""
+    return made_model("tiny-llama-nochat", "--no-chat-template")
