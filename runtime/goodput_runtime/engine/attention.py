@@ -1,0 +1,127 @@
+"""Paged attention behind transformers' attention interface.
+
+transformers' model code projects queries, keys and values and applies rotary embeddings;
+the function registered here takes over from there: it writes the step's keys and values
+into the paged cache and attends each sequence to its own context. The step is one flat
+row of tokens: single-token decodes first (attended as one padded batch), then prefill
+chunks (each attended on its own, causally, after its cached context).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+ATTN_IMPLEMENTATION = "goodput_paged"
+
+
+@dataclass
+class KVCache:
+    keys: list[torch.Tensor]  # per layer: [num_slots, kv_heads, head_dim]
+    values: list[torch.Tensor]
+
+    @classmethod
+    def allocate(cls, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device) -> KVCache:
+        def make() -> list[torch.Tensor]:
+            return [torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device)
+                    for _ in range(num_layers)]
+        return cls(make(), make())
+
+
+@dataclass
+class PrefillChunk:
+    rows: slice  # rows of the flat step holding this chunk's queries
+    start: int  # tokens of this sequence already in the cache
+    slots: torch.Tensor | None  # [start + n] cache slots of the whole context; None when start == 0
+
+
+@dataclass
+class PagedBatch:
+    cache: KVCache
+    slot_mapping: torch.Tensor  # [T] where each new token's key and value go
+    num_decodes: int
+    decode_slots: torch.Tensor | None = None  # [B, L] context slots, padded
+    decode_lens: torch.Tensor | None = None  # [B] context length including the new token
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    masks: dict[tuple, torch.Tensor] = field(default_factory=dict)
+
+    def decode_mask(self, window: int | None) -> torch.Tensor:
+        # [B, 1, 1, L]: key j is visible when j < len (and j > pos - window)
+        key = ("decode", window)
+        if key not in self.masks:
+            assert self.decode_slots is not None and self.decode_lens is not None
+            j = torch.arange(self.decode_slots.shape[1], device=self.decode_slots.device)
+            lens = self.decode_lens[:, None]
+            mask = j[None, :] < lens
+            if window is not None:
+                mask &= j[None, :] > lens - 1 - window
+            self.masks[key] = mask[:, None, None, :]
+        return self.masks[key]
+
+    def prefill_mask(self, i: int, window: int | None) -> torch.Tensor | None:
+        # [n, start + n] causal after the cached context; None when plain causal suffices
+        chunk = self.prefills[i]
+        n = chunk.rows.stop - chunk.rows.start
+        if chunk.start == 0 and window is None:
+            return None
+        key = ("prefill", i, window)
+        if key not in self.masks:
+            device = self.slot_mapping.device
+            q = torch.arange(chunk.start, chunk.start + n, device=device)[:, None]
+            k = torch.arange(chunk.start + n, device=device)[None, :]
+            mask = k <= q
+            if window is not None:
+                mask &= k > q - window
+            self.masks[key] = mask
+        return self.masks[key]
+
+
+def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, scaling: float | None = None,
+                    dropout: float = 0.0, sliding_window: int | None = None, **kwargs):
+    # query: [1, H, T, D]; key, value: [1, KVH, T, D] for the step's new tokens only
+    batch: PagedBatch = kwargs["paged"]
+    layer = module.layer_idx
+    k_cache, v_cache = batch.cache.keys[layer], batch.cache.values[layer]
+    new_k = key[0].transpose(0, 1)  # [T, KVH, D]
+    new_v = value[0].transpose(0, 1)
+    k_cache.index_copy_(0, batch.slot_mapping, new_k)
+    v_cache.index_copy_(0, batch.slot_mapping, new_v)
+    gqa = query.shape[1] != key.shape[1]
+    out = torch.empty(query.shape[2], query.shape[1], query.shape[3], dtype=query.dtype, device=query.device)
+
+    b = batch.num_decodes
+    if b:
+        assert batch.decode_slots is not None
+        q = query[0, :, :b].transpose(0, 1).unsqueeze(2)  # [B, H, 1, D]
+        k = k_cache[batch.decode_slots].transpose(1, 2)  # [B, KVH, L, D]
+        v = v_cache[batch.decode_slots].transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.decode_mask(sliding_window),
+                                           scale=scaling, enable_gqa=gqa)
+        out[:b] = o.squeeze(2)
+    for i, chunk in enumerate(batch.prefills):
+        q = query[:, :, chunk.rows]  # [1, H, n, D]
+        if chunk.slots is None:
+            k, v = key[:, :, chunk.rows], value[:, :, chunk.rows]
+        else:
+            k = k_cache[chunk.slots].transpose(0, 1).unsqueeze(0)  # [1, KVH, start + n, D]
+            v = v_cache[chunk.slots].transpose(0, 1).unsqueeze(0)
+        mask = batch.prefill_mask(i, sliding_window)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                           scale=scaling, enable_gqa=gqa)
+        out[chunk.rows] = o[0].transpose(0, 1)
+    return out.unsqueeze(0), None  # [1, T, H, D]
+
+
+def no_mask(*args, **kwargs) -> None:
+    """The paged function builds its own masks from the step's layout."""
+    return None
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)
+AttentionMaskInterface.register(ATTN_IMPLEMENTATION, no_mask)

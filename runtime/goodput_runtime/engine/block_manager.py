@@ -1,0 +1,127 @@
+"""Paged KV cache bookkeeping: fixed-size blocks, a free list, prefix sharing by block hash.
+
+Pure Python. A block's hash chains its tokens with its parent block's hash, so equal
+hashes mean equal prefixes. Freed blocks keep their hash and stay findable until they
+are handed out again, oldest first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from goodput_runtime.engine.sequence import Sequence
+
+
+def block_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
+    return hash((parent, tokens))
+
+
+@dataclass(slots=True)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+    tokens: tuple[int, ...] = ()
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[int, int] = {}  # block hash -> block id
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - len(self.free) / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def match_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks holding seq's leading full blocks, leaving at least one token to compute."""
+        if not self.enable_prefix_caching:
+            return []
+        hits: list[int] = []
+        parent: int | None = None
+        bs = self.block_size
+        for start in range(0, seq.num_tokens - 1 - bs + 1, bs):
+            tokens = tuple(seq.token_ids[start : start + bs])
+            h = block_hash(parent, tokens)
+            block_id = self.cached.get(h)
+            if block_id is None or self.blocks[block_id].tokens != tokens:
+                break
+            hits.append(block_id)
+            parent = h
+        return hits
+
+    def allocate(self, seq: Sequence, num_new_tokens: int, prefix_hits: list[int] | None = None) -> bool:
+        """Give seq the blocks for num_new_tokens more computed tokens; False when they are not free.
+
+        prefix_hits (from match_prefix, first admission only) become the head of its block table.
+        """
+        hits = prefix_hits or []
+        computed = len(hits) * self.block_size if hits else seq.num_computed_tokens
+        have = len(hits) if hits else len(seq.block_table)
+        needed = self.blocks_needed(computed + num_new_tokens) - have
+        reusable = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        if needed > len(self.free) - reusable:
+            return False
+        if hits:
+            for block_id in hits:
+                self._take(block_id)
+            seq.block_table = list(hits)
+            seq.block_hashes = [self.blocks[b].hash for b in hits]  # type: ignore[misc]
+            seq.num_computed_tokens = computed
+        for _ in range(needed):
+            seq.block_table.append(self._take_free())
+        return True
+
+    def free_seq(self, seq: Sequence) -> None:
+        # freed in reverse so a prefix's tail is reused before its head
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block_id] = None
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0
+
+    def commit(self, seq: Sequence) -> None:
+        """Publish seq's newly filled blocks to the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = block_hash(parent, tokens)
+            seq.block_hashes.append(h)
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None and h not in self.cached:
+                block.hash, block.tokens = h, tokens
+                self.cached[h] = block.block_id
+
+    def _take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free[block_id]
+        block.ref_count += 1
+
+    def _take_free(self) -> int:
+        block_id, _ = self.free.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.hash is not None:
+            if self.cached.get(block.hash) == block_id:
+                del self.cached[block.hash]
+            block.hash, block.tokens = None, ()
+        block.ref_count = 1
+        return block_id

@@ -1,0 +1,56 @@
+"""Request state as the scheduler and block manager see it: plain Python, no tensors."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from goodput_runtime.engine.outputs import RequestTimes
+from goodput_runtime.sampling import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    request_id: str
+    token_ids: list[int]  # prompt followed by the output so far
+    num_prompt_tokens: int
+    params: SamplingParams
+    times: RequestTimes
+    status: SeqStatus = SeqStatus.WAITING
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # one per full, computed block
+    num_computed_tokens: int = 0  # tokens whose keys and values are in the cache
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+
+    @classmethod
+    def new(cls, request_id: str, prompt: list[int], params: SamplingParams, arrival: float) -> Sequence:
+        times = RequestTimes(arrival=arrival, num_prompt_tokens=len(prompt))
+        return cls(request_id, list(prompt), len(prompt), params, times)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED

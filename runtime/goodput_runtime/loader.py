@@ -1,0 +1,83 @@
+"""Finding and loading a model: local directories and Hugging Face ids, one architecture table."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# Architectures whose transformers model code routes attention through the attention
+# interface, so the paged attention drops in; each is exercised by the test suite.
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "MistralForCausalLM": "mistral",
+}
+HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.txt"]
+
+
+class ModelLoadError(RuntimeError):
+    """The model cannot be found or is not one the runtime can serve."""
+
+
+def resolve_model_path(model: str, revision: str | None = None) -> Path:
+    """A local directory as is; ``hf://org/name`` or ``org/name`` through the Hugging Face cache.
+
+    Downloads honour HF_ENDPOINT, HF_TOKEN, HF_HOME and HF_HUB_OFFLINE like every hub client.
+    """
+    if model.startswith("file://"):
+        model = model[len("file://") :]
+    local = Path(model).expanduser()
+    if local.is_dir():
+        return local
+    if model.startswith(("/", ".", "~")):
+        raise ModelLoadError(f"model directory {model} does not exist")
+    repo_id = model.removeprefix("hf://")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        path = snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILES,
+                                 token=os.environ.get("HF_TOKEN") or None)
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot fetch model {repo_id!r} (revision {revision or 'main'}): {exc}") from exc
+    return Path(path)
+
+
+def check_architecture(model_dir: Path) -> dict:
+    """The model's config.json, after checking the runtime supports its architecture."""
+    config_file = model_dir / "config.json"
+    if not config_file.exists():
+        raise ModelLoadError(f"{model_dir} has no config.json: not a Hugging Face model directory")
+    config = json.loads(config_file.read_text())
+    architectures = config.get("architectures") or []
+    if not any(a in SUPPORTED_ARCHITECTURES for a in architectures):
+        supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+        raise ModelLoadError(
+            f"unsupported architecture {', '.join(architectures) or '(none given)'} in {config_file}; "
+            f"supported: {supported}"
+        )
+    return config
+
+
+def load_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def load_model(model_dir: Path, dtype, device):
+    """transformers' model code and weights, with attention routed to the paged implementation."""
+    from transformers import AutoModelForCausalLM
+
+    from goodput_runtime.engine.attention import ATTN_IMPLEMENTATION
+
+    check_architecture(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
+    model.to(device)
+    model.eval()
+    log.info("Loaded %s (%s) on %s as %s", model_dir, type(model).__name__, device, dtype)
+    return model
