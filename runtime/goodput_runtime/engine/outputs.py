@@ -13,7 +13,11 @@ class QueueFullError(EngineError):
     """The waiting queue holds --max-queue requests already: answer 429."""
 
 
-class PromptTooLongError(EngineError, ValueError):
+class InvalidPromptError(EngineError, ValueError):
+    """The prompt cannot be served as given."""
+
+
+class PromptTooLongError(InvalidPromptError):
     """The prompt plus at least one generated token does not fit --max-model-len."""
 
 
@@ -27,7 +31,7 @@ class RequestOutput:
     text: str  # text produced since the previous output of this request
     token_ids: list[int]  # tokens produced since the previous output
     finished: bool = False
-    finish_reason: str | None = None  # stop | length | abort
+    finish_reason: str | None = None  # stop | length | abort | error
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0

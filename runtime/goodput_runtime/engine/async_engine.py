@@ -1,0 +1,171 @@
+"""The engine as the server sees it: requests in, streams of outputs back, a step loop in between.
+
+Scheduling and bookkeeping run on the event loop; only the forward pass runs in a worker
+thread, so HTTP stays responsive while the model computes. Aborts that arrive during a
+step are applied right after it, never while the worker reads the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from goodput_runtime.config import EngineConfig
+from goodput_runtime.engine.core import EngineCore
+from goodput_runtime.engine.outputs import EngineStoppedError, QueueFullError, RequestOutput
+from goodput_runtime.metrics import RuntimeMetrics
+from goodput_runtime.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class RequestStream:
+    """Outputs of one request, in order, ending with the one marked finished."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.done = False
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.done:
+            raise StopAsyncIteration
+        output = await self.queue.get()
+        self.done = output.finished
+        return output
+
+
+class AsyncEngine:
+    def __init__(self, core: EngineCore, config: EngineConfig) -> None:
+        self.core = core
+        self.config = config
+        self.tokenizer = core.tokenizer
+        self.max_model_len = core.max_model_len
+        self.streams: dict[str, RequestStream] = {}
+        self.pending_aborts: list[str] = []
+        self.stepping = False
+        self.admitting = True
+        self.wakeup = asyncio.Event()
+        self.loop_task: asyncio.Task | None = None
+        self.ready = False
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, metrics: RuntimeMetrics | None = None) -> AsyncEngine:
+        from goodput_runtime.engine.builder import build_core
+
+        return cls(build_core(config, metrics), config)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.core.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.core.scheduler.waiting)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.core.block_manager.num_free_blocks
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.core.block_manager.num_blocks
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.streams)
+
+    async def start(self) -> None:
+        """Warm up with one short request, then start the step loop."""
+        metrics, self.core.metrics = self.core.metrics, None
+        try:
+            prompt = list(range(1, 9))
+            self.core.add("warmup", prompt, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+            while self.core.has_unfinished():
+                await asyncio.to_thread(self.core.step)
+        finally:
+            self.core.metrics = metrics
+        self.wakeup = asyncio.Event()
+        self.loop_task = asyncio.create_task(self._run(), name="engine-loop")
+        self.ready = True
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> RequestStream:
+        if not self.admitting or self.loop_task is None:
+            raise EngineStoppedError("the server is shutting down and admits no new requests")
+        if self.num_waiting >= self.config.max_queue:
+            raise QueueFullError(f"{self.num_waiting} requests are already waiting (--max-queue)")
+        if request_id in self.streams:
+            raise ValueError(f"request id {request_id} is already in use")
+        self.core.add(request_id, prompt_token_ids, params)
+        stream = RequestStream(request_id)
+        self.streams[request_id] = stream
+        self.wakeup.set()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        if request_id not in self.streams:
+            return
+        if self.stepping:
+            self.pending_aborts.append(request_id)
+        else:
+            self._abort_now(request_id)
+
+    def stop_admitting(self) -> None:
+        self.admitting = False
+
+    async def shutdown(self) -> None:
+        self.admitting = False
+        if self.loop_task:
+            self.loop_task.cancel()
+            try:
+                await self.loop_task
+            except asyncio.CancelledError:
+                pass
+            self.loop_task = None
+        for request_id in list(self.streams):
+            self._abort_now(request_id)
+
+    async def _run(self) -> None:
+        core = self.core
+        while True:
+            if not core.has_unfinished():
+                self.wakeup.clear()
+                await self.wakeup.wait()
+                continue
+            out = core.scheduler.schedule()
+            if not out.scheduled:
+                await asyncio.sleep(0.001)  # nothing fits this instant: let aborts and arrivals in
+                continue
+            self.stepping = True
+            try:
+                sampled = await asyncio.to_thread(core.runner.run, out)
+            except Exception:
+                log.exception("Step failed; failing its %d requests", len(out.scheduled))
+                self.stepping = False
+                for item in out.scheduled:
+                    self._abort_now(item.seq.request_id, outcome="error")
+                continue
+            finally:
+                self.stepping = False
+            for output in core.update(out, sampled):
+                self._deliver(output)
+            for request_id in self.pending_aborts:
+                self._abort_now(request_id)
+            self.pending_aborts.clear()
+            await asyncio.sleep(0)  # let handlers read their outputs before the next step
+
+    def _abort_now(self, request_id: str, outcome: str = "abort") -> None:
+        output = self.core.abort(request_id, outcome)
+        if output is not None:
+            self._deliver(output)
+
+    def _deliver(self, output: RequestOutput) -> None:
+        stream = self.streams.get(output.request_id)
+        if stream is None:
+            return
+        stream.queue.put_nowait(output)
+        if output.finished:
+            del self.streams[output.request_id]

@@ -1,0 +1,42 @@
+"""Incremental detokenization and stop strings, per request."""
+
+from __future__ import annotations
+
+CONTEXT_TOKENS = 5  # prompt tokens decoded alongside the output so leading spaces come out right
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, prompt_ids: list[int], stop: tuple[str, ...]) -> None:
+        self.tokenizer = tokenizer
+        self.tokens = list(prompt_ids[-CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.tokens)
+        self.stop = stop
+        self.holdback = max((len(s) for s in stop), default=1) - 1
+        self.text = ""  # output text so far, cut before a stop string once one is found
+        self.emitted = 0
+
+    def add(self, token_id: int) -> bool:
+        """Append one token; True when the text now contains a stop string."""
+        self.tokens.append(token_id)
+        decode = self.tokenizer.decode
+        prefix = decode(self.tokens[self.prefix_offset : self.read_offset], skip_special_tokens=True)
+        full = decode(self.tokens[self.prefix_offset :], skip_special_tokens=True)
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return False  # an incomplete character: wait for the next token
+        searched_from = max(0, len(self.text) - self.holdback)
+        self.text += full[len(prefix) :]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
+        for s in self.stop:
+            at = self.text.find(s, searched_from)
+            if at != -1:
+                self.text = self.text[:at]
+                return True
+        return False
+
+    def delta(self, finished: bool) -> str:
+        """Text not yet handed out; holds back what could still grow into a stop string."""
+        end = len(self.text) if finished or not self.stop else max(self.emitted, len(self.text) - self.holdback)
+        out = self.text[self.emitted : end]
+        self.emitted = end
+        return out
