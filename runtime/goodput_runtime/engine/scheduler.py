@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from goodput_runtime.engine.block_manager import BlockManager
-from goodput_runtime.engine.sequence import Sequence, SeqStatus
+from goodput_runtime.engine.sequence import SeqStatus, Sequence
 
 
 @dataclass(slots=True)

@@ -1,0 +1,170 @@
+"""``python -m goodput_runtime --model <dir or org/name>``: serve a model over OpenAI's API."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import re
+import signal
+import sys
+
+from goodput_runtime.config import EngineConfig
+
+BYTE_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+              "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+log = logging.getLogger("goodput_runtime")
+
+
+def default(name: str):
+    return EngineConfig.__dataclass_fields__[name].default
+
+
+def byte_size(text: str) -> int:
+    """``536870912``, ``512Mi``, ``2Gi``, ``1.5G`` (Kubernetes quantity suffixes)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KkMmGgTt]i?|[Bb])?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (examples: 536870912, 512Mi, 2Gi)")
+    value = float(match.group(1)) * BYTE_UNITS[(match.group(2) or "").lower()]
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least one byte: {text!r}")
+    return int(value)
+
+
+def seconds(text: str) -> float:
+    """``0.5``, ``0.5s`` or ``500ms``."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration in seconds: {text!r} (examples: 0.5, 500ms)")
+    return float(match.group(1)) / (1000 if match.group(2) == "ms" else 1)
+
+
+def positive_seconds(text: str) -> float:
+    value = seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than zero: {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    value = int(text) if text.isdigit() else -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1]: {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m goodput_runtime", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    model = p.add_argument_group("model")
+    model.add_argument("--model", required=True, help="local model directory or Hugging Face id (org/name)")
+    model.add_argument("--served-model-name", help="the name clients send as 'model' (default: --model)")
+    model.add_argument("--revision", help="Hugging Face revision (branch, tag or commit)")
+    model.add_argument("--dtype", default=default("dtype"),
+                       choices=["auto", "float32", "bfloat16", "float16"])
+    model.add_argument("--device", default=default("device"), choices=["auto", "cpu", "cuda"])
+    model.add_argument("--max-model-len", type=positive_int, help="context length (default: the model's)")
+    model.add_argument("--quantization", default="none", choices=["none", "int8", "fp8"],
+                       help="weight-only quantization")
+    model.add_argument("--tensor-parallel-size", type=positive_int, default=1)
+    engine = p.add_argument_group("engine")
+    engine.add_argument("--max-num-seqs", type=positive_int, default=default("max_num_seqs"),
+                        help="most requests running at once")
+    engine.add_argument("--max-num-batched-tokens", type=positive_int,
+                        default=default("max_num_batched_tokens"), help="token budget of one step")
+    engine.add_argument("--block-size", type=positive_int, default=default("block_size"),
+                        help="tokens per KV cache block")
+    engine.add_argument("--kv-cache-memory", type=byte_size,
+                        help="KV cache size on CPU, in bytes (512Mi, 2Gi); default a quarter of free memory")
+    engine.add_argument("--gpu-memory-utilization", type=fraction, default=default("gpu_memory_utilization"),
+                        help="share of GPU memory for weights, activations and KV cache")
+    engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                        default=default("enable_prefix_caching"), help="share KV blocks of common prefixes")
+    engine.add_argument("--max-queue", type=positive_int, default=default("max_queue"),
+                        help="most requests waiting; beyond it requests get 429")
+    engine.add_argument("--seed", type=int, default=default("seed"))
+    serving = p.add_argument_group("serving")
+    serving.add_argument("--host", default="0.0.0.0")
+    serving.add_argument("--port", type=port_number, default=8000, help="0 picks a free port")
+    serving.add_argument("--slo-ttft", type=positive_seconds, help="time-to-first-token target, seconds")
+    serving.add_argument("--slo-tpot", type=positive_seconds, help="time-per-output-token target, seconds")
+    serving.add_argument("--shutdown-grace", type=seconds, default=30.0,
+                         help="seconds in-flight requests get to finish after SIGTERM")
+    serving.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.tensor_parallel_size != 1:
+        parser.error(f"--tensor-parallel-size {args.tensor_parallel_size}: tensor parallelism is not "
+                     "supported yet; use --tensor-parallel-size 1")
+    if args.quantization != "none":
+        parser.error(f"--quantization {args.quantization}: quantization is not supported yet; "
+                     "use --quantization none")
+    return args
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model, served_model_name=args.served_model_name, revision=args.revision,
+        dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size, kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enable_prefix_caching=args.enable_prefix_caching, max_queue=args.max_queue, seed=args.seed,
+    )
+
+
+async def run(args: argparse.Namespace) -> int:
+    from goodput_runtime.metrics import RuntimeMetrics
+    from goodput_runtime.server.lifecycle import serve
+
+    config = engine_config(args)
+    metrics = RuntimeMetrics(config.model_name, args.slo_ttft, args.slo_tpot)
+    stop, force = asyncio.Event(), asyncio.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set():
+            log.warning("Received %s again: aborting in-flight requests now", sig.name)
+            force.set()
+        else:
+            log.info("Received %s: no longer admitting requests", sig.name)
+            stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    return await serve(config, metrics, args.host, args.port, args.shutdown_grace, stop, force)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
