@@ -1,0 +1,149 @@
+"""The OpenAI-compatible HTTP application: routes, readiness, and errors in OpenAI's shape."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+from goodput_runtime.metrics import RuntimeMetrics
+from goodput_runtime.server.errors import APIError, from_http_exception, internal, invalid, unavailable
+from goodput_runtime.server.generate import Tracker, generate
+from goodput_runtime.server.prompts import (
+    chat_prompt_ids,
+    check_token_ids,
+    completion_prompt_ids,
+    token_budget,
+)
+from goodput_runtime.server.protocol import parse_chat, parse_completion, parse_json
+from goodput_runtime.server.responses import ChatShape, CompletionShape
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+class ServerState:
+    """What the routes share: the engine once it is ready, and the serving phase."""
+
+    def __init__(self, model_name: str, metrics: RuntimeMetrics, root: str | None = None) -> None:
+        self.model_name = model_name
+        self.root = root or model_name
+        self.metrics = metrics
+        self.engine: Any = None
+        self.phase = "loading"  # loading | ready | draining
+        self.created = int(time.time())
+        self.tracker = Tracker()
+
+    def set_ready(self, engine: Any) -> None:
+        self.engine = engine
+        self.phase = "ready"
+
+    def set_draining(self) -> None:
+        self.phase = "draining"
+        if self.engine is not None:
+            self.engine.stop_admitting()
+
+    def serving_engine(self) -> Any:
+        if self.phase == "loading":
+            raise unavailable("The model is still loading; retry shortly", "model_loading")
+        if self.phase == "draining":
+            raise unavailable("The server is shutting down and accepts no new requests", "shutting_down")
+        return self.engine
+
+    def check_model(self, model: str) -> None:
+        if model != self.model_name:
+            raise invalid(f"The model '{model}' does not exist; this server serves '{self.model_name}'",
+                          "model", "model_not_found")
+
+
+STATE = web.AppKey("state", ServerState)
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except APIError as exc:
+        log.debug("Refused %s %s: %s", request.method, request.path, exc.message)
+        return exc.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return from_http_exception(exc).response()
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("Unexpected error serving %s %s", request.method, request.path)
+        return internal().response()
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    body = parse_completion(parse_json(await request.read()))
+    state.check_model(body.model)
+    engine = state.serving_engine()
+    prompt_ids = completion_prompt_ids(engine.tokenizer, body.prompt)
+    max_tokens = token_budget(body.sampling, len(prompt_ids), engine.max_model_len, "prompt")
+    check_token_ids(engine.tokenizer, body.sampling)
+    shape = CompletionShape(state.model_name, body.include_usage)
+    return await generate(request, engine, state.tracker, shape, prompt_ids,
+                          body.sampling.params(max_tokens), body.stream, "prompt")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    body = parse_chat(parse_json(await request.read()))
+    state.check_model(body.model)
+    engine = state.serving_engine()
+    prompt_ids = chat_prompt_ids(engine.tokenizer, body.messages, state.model_name)
+    max_tokens = token_budget(body.sampling, len(prompt_ids), engine.max_model_len, "messages")
+    check_token_ids(engine.tokenizer, body.sampling)
+    shape = ChatShape(state.model_name, body.include_usage)
+    return await generate(request, engine, state.tracker, shape, prompt_ids,
+                          body.sampling.params(max_tokens), body.stream, "messages")
+
+
+def model_card(state: ServerState) -> dict:
+    card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "goodput",
+            "root": state.root, "parent": None}
+    if state.engine is not None:
+        card["max_model_len"] = state.engine.max_model_len
+    return card
+
+
+async def list_models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [model_card(request.app[STATE])]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if request.match_info["model"] != state.model_name:
+        raise APIError(404, f"The model '{request.match_info['model']}' does not exist", param="model",
+                       code="model_not_found")
+    return web.json_response(model_card(state))
+
+
+async def health(request: web.Request) -> web.Response:
+    phase = request.app[STATE].phase
+    return web.json_response({"status": phase}, status=200 if phase == "ready" else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body, content_type = request.app[STATE].metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+def build_app(state: ServerState) -> web.Application:
+    app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
+    app[STATE] = state
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", get_model)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    return app

@@ -1,0 +1,128 @@
+"""The server's life: listen, load and warm the engine, serve, then drain on a stop signal.
+
+Health answers 503 while the model loads, 200 once the engine is warm, and 503 again from
+the moment a stop arrives; in-flight requests then get up to ``shutdown_grace`` seconds to
+finish before they are aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from goodput_runtime.config import EngineConfig
+from goodput_runtime.metrics import RuntimeMetrics
+from goodput_runtime.server.app import ServerState, build_app
+
+log = logging.getLogger(__name__)
+
+EngineFactory = Callable[[EngineConfig, RuntimeMetrics], Any]
+POLL_SECONDS = 0.05
+FINAL_WRITE_SECONDS = 5.0
+
+
+def load_engine(config: EngineConfig, metrics: RuntimeMetrics) -> Any:
+    from goodput_runtime.engine.async_engine import AsyncEngine
+
+    return AsyncEngine.from_config(config, metrics)
+
+
+def in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future:
+    """Run a blocking load off the loop; a stop during loading need not wait for it."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    def work() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:  # handed to the loop, which reports it
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+
+    threading.Thread(target=work, name="engine-loader", daemon=True).start()
+    return future
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float, *interrupts: asyncio.Event) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if any(e.is_set() for e in interrupts) or asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(POLL_SECONDS)
+    return True
+
+
+async def serve(config: EngineConfig, metrics: RuntimeMetrics, host: str, port: int, shutdown_grace: float,
+                stop: asyncio.Event, force: asyncio.Event | None = None,
+                engine_factory: EngineFactory = load_engine,
+                on_listening: Callable[[int], None] | None = None) -> int:
+    """Serve until ``stop`` is set; return the process exit code."""
+    state = ServerState(config.model_name, metrics, config.model)
+    runner = web.AppRunner(build_app(state), handler_cancellation=True, shutdown_timeout=FINAL_WRITE_SECONDS)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    bound = runner.addresses[0][1]
+    log.info("Listening on http://%s:%d (model %s loading)", host, bound, config.model)
+    if on_listening is not None:
+        on_listening(bound)
+    engine = None
+    try:
+        try:
+            engine = await load_or_stop(config, metrics, engine_factory, stop)
+            if engine is None:
+                return 0
+            await engine.start()
+        except Exception:
+            log.exception("Engine for model %s failed to start; exiting", config.model)
+            return 1
+        state.set_ready(engine)
+        log.info("Ready: serving %s as '%s'", config.model, state.model_name)
+        await stop.wait()
+        await drain(state, shutdown_grace, force or asyncio.Event())
+        return 0
+    finally:
+        if state.phase == "ready":
+            state.set_draining()
+        await runner.cleanup()
+        if engine is not None:
+            await engine.shutdown()
+        log.info("Stopped")
+
+
+async def load_or_stop(config: EngineConfig, metrics: RuntimeMetrics, factory: EngineFactory,
+                       stop: asyncio.Event) -> Any:
+    loading = in_daemon_thread(lambda: factory(config, metrics))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({loading, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if loading.done():
+        stopped.cancel()
+        return loading.result()
+    log.info("Stop requested while the model was loading; exiting")
+    return None
+
+
+async def drain(state: ServerState, grace: float, force: asyncio.Event) -> None:
+    state.set_draining()
+    log.info("Draining: %d requests in flight, up to %.1fs to finish", len(state.tracker), grace)
+    if await wait_until(lambda: not state.tracker.active, grace, force):
+        log.info("Drained: every in-flight request finished")
+        return
+    left = list(state.tracker.active)
+    log.warning("Aborting %d requests still running after the grace period", len(left))
+    for request_id in left:
+        state.engine.abort(request_id)
+    await wait_until(lambda: not state.tracker.active, FINAL_WRITE_SECONDS)

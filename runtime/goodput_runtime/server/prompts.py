@@ -1,0 +1,55 @@
+"""From a validated request to prompt token ids and a token budget that fits the context."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from goodput_runtime.server.errors import invalid
+from goodput_runtime.server.protocol import Sampling
+
+
+def completion_prompt_ids(tokenizer: Any, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt).input_ids)
+    vocab = len(tokenizer)
+    bad = next((t for t in prompt if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise invalid(f"'prompt' holds token id {bad}, outside the vocabulary [0, {vocab})", "prompt")
+    return prompt
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]], model: str) -> list[int]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise invalid(f"Model '{model}' has no chat template, so it cannot serve chat completions; "
+                      "send a plain prompt to /v1/completions instead", "messages", "chat_template_missing")
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # a template may refuse a conversation in any way it likes
+        raise invalid(f"The model's chat template refused these messages: {exc}", "messages") from None
+    # the template already holds every special token the model expects
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def check_token_ids(tokenizer: Any, sampling: Sampling) -> None:
+    vocab = len(tokenizer)
+    bad = next((t for t in sampling.stop_token_ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise invalid(f"'stop_token_ids' holds {bad}, outside the vocabulary [0, {vocab})", "stop_token_ids")
+
+
+def token_budget(sampling: Sampling, num_prompt_tokens: int, max_model_len: int, prompt_param: str) -> int:
+    """max_tokens as asked, or all the room the context leaves; 400 when the two do not fit."""
+    room = max_model_len - num_prompt_tokens
+    if room < 1:
+        raise invalid(f"This model's maximum context length is {max_model_len} tokens, but the prompt "
+                      f"has {num_prompt_tokens} tokens, leaving no room for output. Shorten the prompt.",
+                      prompt_param, "context_length_exceeded")
+    if sampling.max_tokens is None:
+        return room
+    if sampling.max_tokens > room:
+        raise invalid(f"This model's maximum context length is {max_model_len} tokens, but "
+                      f"{num_prompt_tokens + sampling.max_tokens} were requested ({num_prompt_tokens} in the "
+                      f"prompt, {sampling.max_tokens} in '{sampling.max_tokens_param}'). Lower "
+                      f"'{sampling.max_tokens_param}' or shorten the prompt.",
+                      sampling.max_tokens_param, "context_length_exceeded")
+    return sampling.max_tokens
