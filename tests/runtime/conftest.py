@@ -1,0 +1,159 @@
+"""Real servers for the runtime tests: the production ``serve()`` on a free port, in a thread.
+
+The server gets its own event loop in a background thread, so tests can talk to it with
+blocking clients (the official ``openai`` package) as well as with aiohttp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from goodput_runtime.config import EngineConfig
+from goodput_runtime.metrics import RuntimeMetrics
+from goodput_runtime.server.lifecycle import load_engine, serve
+
+MODEL_NAME = "tiny"
+SMALL_KV = 1 << 20  # 2,048 tokens of the tiny model
+
+
+def get(url: str) -> tuple[int, dict | str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            status, raw, kind = response.status, response.read(), response.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as exc:
+        status, raw, kind = exc.code, exc.read(), exc.headers.get("Content-Type", "")
+    return status, json.loads(raw) if "json" in kind else raw.decode()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+class ServerThread:
+    def __init__(self, model_dir: Path, shutdown_grace: float = 5.0, slo_ttft: float | None = 0.5,
+                 slo_tpot: float | None = 0.05, engine_factory: Callable[..., Any] = load_engine,
+                 **engine_settings: Any) -> None:
+        settings = {"max_model_len": 256, "kv_cache_memory": SMALL_KV, "max_num_batched_tokens": 256,
+                    "device": "cpu", "dtype": "float32", **engine_settings}
+        self.config = EngineConfig(model=str(model_dir), served_model_name=MODEL_NAME, **settings)
+        self.metrics = RuntimeMetrics(MODEL_NAME, slo_ttft, slo_tpot)
+        self.shutdown_grace = shutdown_grace
+        self.engine_factory = engine_factory
+        self.model = MODEL_NAME
+        self.engine: Any = None
+        self.port = 0
+        self.exit_code: int | None = None
+        self.listening = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.main()), name="test-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def make_engine(self, config: EngineConfig, metrics: RuntimeMetrics) -> Any:
+        self.engine = self.engine_factory(config, metrics)
+        return self.engine
+
+    async def main(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.stop_event = asyncio.Event()
+
+        def on_listening(port: int) -> None:
+            self.port = port
+            self.listening.set()
+
+        self.exit_code = await serve(self.config, self.metrics, "127.0.0.1", 0, self.shutdown_grace,
+                                     self.stop_event, engine_factory=self.make_engine, on_listening=on_listening)
+
+    def start(self, wait_ready: bool = True) -> ServerThread:
+        self.thread.start()
+        if not self.listening.wait(30):
+            raise AssertionError("the server never started listening")
+        if wait_ready:
+            wait_for(lambda: get(f"{self.url}/health")[0] == 200, 60, "the server to become ready")
+        return self
+
+    def stop(self, timeout: float = 30) -> int | None:
+        if self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.stop_event.set)
+            self.thread.join(timeout)
+        return self.exit_code
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.metrics.registry.get_sample_value(name, {"model": MODEL_NAME, **labels})
+        return value or 0.0
+
+    def idle(self) -> bool:
+        engine = self.engine
+        return (not engine.has_unfinished_requests()
+                and engine.num_free_blocks == engine.num_total_blocks)
+
+
+async def sse_events(response: Any) -> list[str]:
+    """Every ``data:`` payload of a server-sent event stream (an aiohttp response), in order."""
+    assert response.headers["Content-Type"].startswith("text/event-stream")
+    events, buffer = [], b""
+    async for piece in response.content.iter_any():
+        buffer += piece
+        while b"\n\n" in buffer:
+            block, buffer = buffer.split(b"\n\n", 1)
+            assert block.startswith(b"data: "), block
+            events.append(block[len(b"data: "):].decode())
+    assert buffer == b""
+    return events
+
+
+@pytest.fixture
+def read_sse() -> Callable[[Any], Any]:
+    return sse_events
+
+
+@pytest.fixture
+def make_server(tiny_model_dir: Path) -> Iterator[Callable[..., ServerThread]]:
+    """Servers with settings of their own, stopped when the test ends."""
+    started: list[ServerThread] = []
+
+    def make(start: bool = True, wait_ready: bool = True, **settings: Any) -> ServerThread:
+        running = ServerThread(tiny_model_dir, **settings)
+        started.append(running)
+        return running.start(wait_ready) if start else running
+
+    yield make
+    for running in started:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_dir: Path) -> Iterator[ServerThread]:
+    """The shared server: the tiny chat model, small KV cache, 256-token context."""
+    running = ServerThread(tiny_model_dir).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def no_chat_server(tiny_model_no_chat_dir: Path) -> Iterator[ServerThread]:
+    running = ServerThread(tiny_model_no_chat_dir).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def openai_client(server: ServerThread) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
