@@ -1,0 +1,275 @@
+"""Desired children of an InferenceService, as plain manifests. No API calls, no clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from goodput_operator.settings import GROUP, KIND, VERSION, Settings
+from goodput_operator.spec import ServiceSpec
+
+RUNTIME_PORT = 8000
+SERVICE_PORT = 80
+MODEL_CACHE_DIR = "/var/cache/goodput"
+SOURCE_MOUNT = "/mnt/models"
+SERVICE_LABEL = f"{GROUP}/service"
+MANAGED_BY = "goodput-operator"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+RUNTIME_UID = 1000
+
+Manifest = dict[str, Any]
+
+
+def owner_reference(name: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def selector_labels(svc: ServiceSpec) -> dict[str, str]:
+    return {SERVICE_LABEL: svc.name}
+
+
+def labels(svc: ServiceSpec) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "goodput-runtime",
+        "app.kubernetes.io/instance": svc.name,
+        "app.kubernetes.io/component": "inference",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        **selector_labels(svc),
+    }
+
+
+def selector_string(svc: ServiceSpec) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector_labels(svc).items())
+
+
+def deployment_name(svc: ServiceSpec) -> str:
+    return f"{svc.name}-runtime"
+
+
+def service_url(svc: ServiceSpec) -> str:
+    return f"http://{svc.name}.{svc.namespace}.svc"
+
+
+def _metadata(svc: ServiceSpec, name: str, owner: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "namespace": svc.namespace, "labels": labels(svc), "ownerReferences": [owner]}
+
+
+def model_path(svc: ServiceSpec) -> str:
+    source = svc.model.source
+    if source.scheme == "hf":
+        return source.repo
+    if source.scheme == "pvc":
+        return SOURCE_MOUNT + (source.path if source.path != "/" else "")
+    return source.path
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}"
+
+
+def runtime_args(svc: ServiceSpec) -> list[str]:
+    """The runtime's command line, derived from the spec."""
+    m, e = svc.model, svc.engine
+    args = ["--model", model_path(svc), "--served-model-name", m.served_name]
+    if m.source.scheme == "hf":
+        args += ["--revision", m.revision]
+    args += ["--host", "0.0.0.0", "--port", str(RUNTIME_PORT), "--dtype", m.dtype]
+    if m.max_model_len is not None:
+        args += ["--max-model-len", str(m.max_model_len)]
+    if e.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(e.max_num_seqs)]
+    if e.max_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(e.max_batched_tokens)]
+    args += ["--gpu-memory-utilization", f"{e.gpu_memory_utilization:g}"]
+    if e.prefix_caching is not None:
+        args.append("--enable-prefix-caching" if e.prefix_caching else "--no-enable-prefix-caching")
+    if e.max_queue is not None:
+        args += ["--max-queue", str(e.max_queue)]
+    if svc.slo.ttft_seconds is not None:
+        args += ["--slo-ttft", _seconds(svc.slo.ttft_seconds)]
+    if svc.slo.tpot_seconds is not None:
+        args += ["--slo-tpot", _seconds(svc.slo.tpot_seconds)]
+    args += ["--tensor-parallel-size", str(svc.tensor_parallel), "--quantization", m.quantization]
+    return args + list(e.extra_args)
+
+
+def _env(svc: ServiceSpec) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": f"{MODEL_CACHE_DIR}/hf"}]
+    if svc.model.token_secret:
+        ref = {"name": svc.model.token_secret.name, "key": svc.model.token_secret.key}
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    return env + [dict(item) for item in svc.template.env]
+
+
+def _volumes(svc: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    cache: dict[str, Any] = (
+        {"persistentVolumeClaim": {"claimName": svc.model.cache_claim}}
+        if svc.model.cache_claim
+        else {"emptyDir": {}}
+    )
+    volumes = [{"name": "model-cache", **cache}, {"name": "tmp", "emptyDir": {}}]
+    mounts = [{"name": "model-cache", "mountPath": MODEL_CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}]
+    if svc.model.source.scheme == "pvc":
+        claim = {"claimName": svc.model.source.claim, "readOnly": True}
+        volumes.append({"name": "model-source", "persistentVolumeClaim": claim})
+        mounts.append({"name": "model-source", "mountPath": SOURCE_MOUNT, "readOnly": True})
+    if svc.tensor_parallel > 1:
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    volumes += [dict(v) for v in svc.template.volumes]
+    mounts += [dict(m) for m in svc.template.volume_mounts]
+    return volumes, mounts
+
+
+def _resources(svc: ServiceSpec) -> dict[str, Any]:
+    r = svc.resources
+    requests: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    if r.cpu is not None:
+        requests["cpu"] = r.cpu
+    if r.memory is not None:
+        requests["memory"] = limits["memory"] = r.memory
+    if r.gpu:
+        requests[r.gpu_resource_name] = limits[r.gpu_resource_name] = str(r.gpu)
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def _probe(period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def _container(svc: ServiceSpec, settings: Settings) -> dict[str, Any]:
+    volumes_mounts = _volumes(svc)[1]
+    return {
+        "name": "runtime",
+        "image": svc.image or settings.runtime_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["python3", "-m", "goodput_runtime"],
+        "args": runtime_args(svc),
+        "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
+        "env": _env(svc),
+        "resources": _resources(svc),
+        "volumeMounts": volumes_mounts,
+        # Loading weights can take many minutes; liveness waits for the first success.
+        "startupProbe": _probe(period=10, failures=180),
+        "readinessProbe": _probe(period=5, failures=3),
+        "livenessProbe": _probe(period=10, failures=6),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+
+
+def _pod_spec(svc: ServiceSpec, settings: Settings) -> dict[str, Any]:
+    t = svc.template
+    node_selector = dict(t.node_selector)
+    if svc.resources.gpu_product and svc.resources.gpu:
+        node_selector.setdefault(GPU_PRODUCT_LABEL, svc.resources.gpu_product)
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUNTIME_UID,
+            "runAsGroup": RUNTIME_UID,
+            "fsGroup": RUNTIME_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_container(svc, settings)],
+        "volumes": _volumes(svc)[0],
+    }
+    optional = {
+        "nodeSelector": node_selector or None,
+        "tolerations": [dict(x) for x in t.tolerations] or None,
+        "affinity": t.affinity,
+        "priorityClassName": t.priority_class_name,
+        "serviceAccountName": t.service_account_name,
+        "imagePullSecrets": [{"name": n} for n in t.image_pull_secrets] or None,
+    }
+    pod.update({k: v for k, v in optional.items() if v is not None})
+    return pod
+
+
+def build_deployment(svc: ServiceSpec, settings: Settings, owner: dict[str, Any]) -> Manifest:
+    template_meta: dict[str, Any] = {"labels": {**svc.template.labels, **labels(svc)}}
+    if svc.template.annotations:
+        template_meta["annotations"] = dict(svc.template.annotations)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(svc, deployment_name(svc), owner),
+        "spec": {
+            "replicas": svc.desired_replicas,
+            "selector": {"matchLabels": selector_labels(svc)},
+            # A new pod must be ready before an old one goes: capacity never dips.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {"metadata": template_meta, "spec": _pod_spec(svc, settings)},
+        },
+    }
+
+
+def build_service(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(svc, svc.name, owner),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(svc),
+            "ports": [
+                {"name": "http", "port": SERVICE_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "metrics", "port": RUNTIME_PORT, "targetPort": "http", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def build_pdb(svc: ServiceSpec, owner: dict[str, Any], api_version: str = "policy/v1") -> Manifest | None:
+    """One pod may be voluntarily evicted at a time; none for a single replica (it would block drains)."""
+    if svc.desired_replicas <= 1:
+        return None
+    return {
+        "apiVersion": api_version,
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(svc, deployment_name(svc), owner),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(svc)}},
+    }
+
+
+def build_service_monitor(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": _metadata(svc, svc.name, owner),
+        "spec": {
+            "selector": {"matchLabels": selector_labels(svc)},
+            "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
+        },
+    }
+
+
+def build_pod_monitor(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": _metadata(svc, svc.name, owner),
+        "spec": {
+            "selector": {"matchLabels": selector_labels(svc)},
+            "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+        },
+    }
+

@@ -1,0 +1,219 @@
+"""Memory math for a model on a GPU: weights, KV cache per token, concurrent sequences.
+
+Pure functions of a Hugging Face `config.json` (as a dict) and the spec's numbers.
+Dense decoder-only transformers in the Llama/Qwen/Mistral shape; mixture-of-experts
+configs count every expert's MLP. Weight-only quantization (int8, fp8) stores each
+transformer-layer linear weight in one byte plus one scale per output channel in the
+compute dtype; embeddings, norms, biases and the LM head stay in the compute dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from goodput_operator.quantity import quantity_bytes
+from goodput_operator.spec import Resources
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+QUANTIZED_BYTES = {"int8": 1, "fp8": 1}
+# CUDA context, activations and allocator slack, per GPU, kept out of the KV budget.
+RESERVED_BYTES_PER_GPU = 512 * 2**20
+GIB = 2**30
+
+# Nominal memory of common GPUs by their `nvidia.com/gpu.product` label.
+GPU_MEMORY_BYTES = {
+    "NVIDIA-H200": 141 * GIB,
+    "NVIDIA-H100-80GB-HBM3": 80 * GIB,
+    "NVIDIA-H100-PCIe": 80 * GIB,
+    "NVIDIA-A100-SXM4-80GB": 80 * GIB,
+    "NVIDIA-A100-80GB-PCIe": 80 * GIB,
+    "NVIDIA-A100-SXM4-40GB": 40 * GIB,
+    "NVIDIA-L40S": 48 * GIB,
+    "NVIDIA-A10G": 24 * GIB,
+    "NVIDIA-L4": 24 * GIB,
+    "Tesla-T4": 16 * GIB,
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    num_experts: int
+    torch_dtype: str
+    max_position_embeddings: int | None
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> ModelConfig:
+        """ValueError naming the missing key when the config is not a decoder we can size."""
+        if "text_config" in config and "hidden_size" not in config:
+            config = {**config["text_config"], "tie_word_embeddings": config.get("tie_word_embeddings", False)}
+
+        def need(key: str) -> int:
+            if key not in config:
+                raise ValueError(f"config.json has no {key!r}")
+            return int(config[key])
+
+        hidden, heads = need("hidden_size"), need("num_attention_heads")
+        model_type = str(config.get("model_type", ""))
+        return cls(
+            model_type=model_type,
+            vocab_size=need("vocab_size"),
+            hidden_size=hidden,
+            num_layers=need("num_hidden_layers"),
+            num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            intermediate_size=need("intermediate_size"),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
+            num_experts=int(config.get("num_local_experts") or config.get("num_experts") or 1),
+            torch_dtype=str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"),
+            max_position_embeddings=config.get("max_position_embeddings"),
+        )
+
+
+def resolve_dtype(config: ModelConfig, dtype: str) -> str:
+    """The compute dtype: the spec's, or for "auto" the checkpoint's (bfloat16 if unknown)."""
+    if dtype != "auto":
+        return dtype
+    return config.torch_dtype if config.torch_dtype in DTYPE_BYTES else "bfloat16"
+
+
+def _attention_out_features(c: ModelConfig) -> tuple[int, int, int, int]:
+    """Output features of q, k, v and o projections."""
+    return c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.hidden_size
+
+
+def layer_linear_params(c: ModelConfig) -> int:
+    """Weights of one layer's linear projections (the quantizable part), biases excluded."""
+    q, k, v, o = _attention_out_features(c)
+    attention = c.hidden_size * (q + k + v) + c.num_heads * c.head_dim * o
+    mlp = 3 * c.hidden_size * c.intermediate_size * c.num_experts
+    router = c.hidden_size * c.num_experts if c.num_experts > 1 else 0
+    return attention + mlp + router
+
+
+def _layer_other_params(c: ModelConfig) -> int:
+    """Per layer: two norms, plus q/k/v biases where the architecture has them."""
+    q, k, v, _ = _attention_out_features(c)
+    return 2 * c.hidden_size + ((q + k + v) if c.attention_bias else 0)
+
+
+def _layer_output_channels(c: ModelConfig) -> int:
+    q, k, v, o = _attention_out_features(c)
+    return q + k + v + o + (2 * c.intermediate_size + c.hidden_size) * c.num_experts
+
+
+def parameter_count(c: ModelConfig) -> int:
+    embeddings = c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
+    return c.num_layers * (layer_linear_params(c) + _layer_other_params(c)) + embeddings + c.hidden_size
+
+
+def weight_bytes(c: ModelConfig, dtype: str, quantization: str = "none") -> int:
+    """Bytes of weights for the whole model (before tensor-parallel sharding)."""
+    width = DTYPE_BYTES[resolve_dtype(c, dtype)]
+    if quantization == "none":
+        return parameter_count(c) * width
+    linear = c.num_layers * layer_linear_params(c)
+    scales = c.num_layers * _layer_output_channels(c) * width
+    rest = parameter_count(c) - linear
+    return linear * QUANTIZED_BYTES[quantization] + scales + rest * width
+
+
+def kv_heads_per_gpu(c: ModelConfig, tensor: int) -> int:
+    """KV heads each GPU holds; heads are replicated when there are fewer than GPUs."""
+    return max(1, c.num_kv_heads // tensor)
+
+
+def kv_bytes_per_token(c: ModelConfig, dtype: str, tensor: int = 1) -> int:
+    """K and V for every layer, per GPU: 2 × layers × kv_heads × head_dim × dtype bytes ÷ tensor."""
+    width = DTYPE_BYTES[resolve_dtype(c, dtype)]
+    return 2 * c.num_layers * kv_heads_per_gpu(c, tensor) * c.head_dim * width
+
+
+def tensor_parallel_problem(c: ModelConfig, tensor: int) -> str | None:
+    """Why `tensor` GPUs cannot split this model's attention, or None when they can."""
+    if c.num_heads % tensor:
+        return f"parallelism.tensor={tensor} does not divide the model's {c.num_heads} attention heads"
+    if c.num_kv_heads % tensor and tensor % c.num_kv_heads:
+        return f"parallelism.tensor={tensor} and the model's {c.num_kv_heads} KV heads do not divide each other"
+    return None
+
+
+@dataclass(frozen=True)
+class Capacity:
+    weight_bytes: int  # whole model
+    weight_bytes_per_gpu: int
+    kv_bytes_per_token: int  # per GPU
+    max_model_len: int
+    device_memory_bytes: int | None
+    kv_budget_bytes: int | None  # per GPU
+    max_concurrent_sequences: int | None
+    fits: bool | None
+
+    def as_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "weightBytes": self.weight_bytes,
+            "kvBytesPerToken": self.kv_bytes_per_token,
+            "maxModelLen": self.max_model_len,
+        }
+        if self.max_concurrent_sequences is not None:
+            out["maxConcurrentSequences"] = self.max_concurrent_sequences
+            out["kvCacheBytes"] = self.kv_budget_bytes
+        if self.fits is not None:
+            out["fits"] = self.fits
+        return out
+
+    def describe(self, utilization: float) -> str:
+        weights = f"weights {gib(self.weight_bytes_per_gpu)} per GPU, KV {self.kv_bytes_per_token} B per token"
+        if self.device_memory_bytes is None:
+            return f"{weights}; set resources.gpuMemory or resources.gpuProduct to check the fit"
+        budget = f"{gib(self.device_memory_bytes)} x {utilization:g}"
+        if not self.fits:
+            return f"{weights}; no {self.max_model_len}-token sequence fits in {budget}"
+        return f"{weights}; {self.max_concurrent_sequences} sequences of {self.max_model_len} tokens fit in {budget}"
+
+
+def gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def plan(
+    c: ModelConfig,
+    *,
+    dtype: str,
+    quantization: str,
+    tensor: int,
+    max_model_len: int | None,
+    device_memory_bytes: int | None,
+    utilization: float,
+    reserved_bytes: int = RESERVED_BYTES_PER_GPU,
+) -> Capacity:
+    weights = weight_bytes(c, dtype, quantization)
+    per_gpu = -(-weights // tensor)
+    per_token = kv_bytes_per_token(c, dtype, tensor)
+    length = max_model_len or c.max_position_embeddings or 2048
+    if device_memory_bytes is None:
+        return Capacity(weights, per_gpu, per_token, length, None, None, None, None)
+    budget = int(device_memory_bytes * utilization) - per_gpu - reserved_bytes
+    sequences = max(0, budget) // (per_token * length)
+    return Capacity(weights, per_gpu, per_token, length, device_memory_bytes, budget, sequences, sequences >= 1)
+
+
+def device_memory_bytes(r: Resources) -> int | None:
+    """Memory one GPU offers (spec'd, else looked up by product); host memory when running on CPU."""
+    if r.gpu == 0:
+        return quantity_bytes(r.memory) if r.memory else None
+    if r.gpu_memory:
+        return quantity_bytes(r.gpu_memory)
+    return GPU_MEMORY_BYTES.get(r.gpu_product or "")

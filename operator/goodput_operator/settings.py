@@ -1,0 +1,41 @@
+"""Operator settings, read once at start-up from flags and the environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+GROUP = "serving.goodput.dev"
+VERSION = "v1alpha1"
+PLURAL = "inferenceservices"
+KIND = "InferenceService"
+DEFAULT_RUNTIME_IMAGE = "ghcr.io/goodput-dev/goodput-runtime:0.1.0"
+DEFAULT_HF_ENDPOINT = "https://huggingface.co"
+
+
+@dataclass(frozen=True)
+class Settings:
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    field_manager: str = "goodput-operator"
+    namespace: str | None = None  # None: every namespace
+    liveness_port: int = 8080
+    metrics_port: int = 8081  # 0: no metrics endpoint
+    resync_seconds: float = 30.0
+    hf_endpoint: str = DEFAULT_HF_ENDPOINT
+    hub_timeout_seconds: float = 10.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        return cls(
+            runtime_image=env.get("RUNTIME_IMAGE") or DEFAULT_RUNTIME_IMAGE,
+            image_pull_policy=env.get("RUNTIME_IMAGE_PULL_POLICY") or "IfNotPresent",
+            namespace=env.get("WATCH_NAMESPACE") or None,
+            liveness_port=int(env.get("LIVENESS_PORT", "8080")),
+            metrics_port=int(env.get("METRICS_PORT", "8081")),
+            resync_seconds=float(env.get("RESYNC_SECONDS", "30")),
+            hf_endpoint=(env.get("HF_ENDPOINT") or DEFAULT_HF_ENDPOINT).rstrip("/"),
+            hub_timeout_seconds=float(env.get("HUB_TIMEOUT_SECONDS", "10")),
+        )

@@ -1,0 +1,282 @@
+"""A typed view of an InferenceService spec, with the checks the CRD schema cannot make.
+
+Every CR field name lives here. Parsing never touches the API: it turns the spec dict
+the server already validated (types, enums, minimums, patterns) into frozen dataclasses,
+and raises SpecError naming the field for anything still wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from goodput_operator.quantity import parse_quantity
+
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+MAX_NAME_LENGTH = 55  # "<name>-runtime" must stay a 63-character DNS label
+_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DURATION = re.compile(r"^(?P<value>[0-9]+(?:\.[0-9]+)?)(?P<unit>ms|s|m)$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0}
+_HF = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*(?:/[\w.-]+)?)$")
+_PVC = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?P<path>/.*)?$")
+_FILE = re.compile(r"^file://(?P<path>/.+)$")
+
+
+class SpecError(ValueError):
+    """An invalid spec; `field` is the dotted path the user has to fix, e.g. spec.slo.ttft."""
+
+    def __init__(self, field_path: str, message: str, reason: str = "InvalidSpec") -> None:
+        self.field = field_path if field_path.startswith("metadata.") else f"spec.{field_path}"
+        self.reason = reason
+        super().__init__(f"{self.field}: {message}")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    scheme: str  # "hf" | "pvc" | "file"
+    repo: str = ""  # hf: the Hub repository id
+    claim: str = ""  # pvc: the claim name
+    path: str = ""  # pvc: the path inside the claim; file: the absolute path
+
+
+@dataclass(frozen=True)
+class TokenSecretRef:
+    name: str
+    key: str = "token"
+
+
+@dataclass(frozen=True)
+class Model:
+    source: ModelSource
+    source_uri: str
+    revision: str = "main"
+    served_name: str = ""
+    max_model_len: int | None = None
+    dtype: str = "auto"
+    quantization: str = "none"
+    token_secret: TokenSecretRef | None = None
+    cache_claim: str | None = None
+
+
+@dataclass(frozen=True)
+class Engine:
+    max_num_seqs: int | None = None
+    max_batched_tokens: int | None = None
+    prefix_caching: bool | None = None
+    gpu_memory_utilization: float = 0.9
+    max_queue: int | None = None
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Resources:
+    gpu: int
+    gpu_resource_name: str = DEFAULT_GPU_RESOURCE
+    cpu: str | None = None
+    memory: str | None = None
+    gpu_memory: str | None = None
+    gpu_product: str | None = None
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_seconds: float | None = None
+    tpot_seconds: float | None = None
+    attainment: float = 0.95
+
+
+@dataclass(frozen=True)
+class Autoscaling:
+    mode: str = "none"
+    min_replicas: int = 1
+    max_replicas: int = 1
+    scale_up_window_seconds: float = 0.0
+    scale_down_window_seconds: float = 300.0
+
+
+@dataclass(frozen=True)
+class PodTemplate:
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    affinity: dict[str, Any] | None = None
+    priority_class_name: str | None = None
+    service_account_name: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    env: tuple[dict[str, Any], ...] = ()
+    volumes: tuple[dict[str, Any], ...] = ()
+    volume_mounts: tuple[dict[str, Any], ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    namespace: str
+    model: Model
+    engine: Engine
+    tensor_parallel: int
+    resources: Resources
+    slo: Slo
+    autoscaling: Autoscaling
+    replicas: int | None
+    image: str | None
+    template: PodTemplate
+
+    @property
+    def desired_replicas(self) -> int:
+        """spec.replicas when set (the scale subresource writes it); else the autoscaler's floor."""
+        return self.replicas if self.replicas is not None else self.autoscaling.min_replicas
+
+
+def parse_duration(value: str, field_path: str) -> float:
+    """'500ms', '0.5s' or '1m' in seconds."""
+    match = _DURATION.match(str(value))
+    if not match:
+        raise SpecError(field_path, f"{value!r} is not a duration like 500ms, 2s or 1m")
+    return float(match["value"]) * _UNIT_SECONDS[match["unit"]]
+
+
+def parse_source(uri: str) -> ModelSource:
+    if match := _HF.match(uri):
+        return ModelSource("hf", repo=match["repo"])
+    if match := _PVC.match(uri):
+        return ModelSource("pvc", claim=match["claim"], path=(match["path"] or "/").rstrip("/") or "/")
+    if match := _FILE.match(uri):
+        return ModelSource("file", path=match["path"])
+    raise SpecError("model.source", f"{uri!r} is not hf://org/name, pvc://claim/path or file:///path")
+
+
+def _quantity(value: Any, field_path: str) -> str | None:
+    if value is None:
+        return None
+    try:
+        parse_quantity(value)
+    except ValueError:
+        raise SpecError(field_path, f"{value!r} is not a Kubernetes quantity") from None
+    return str(value)
+
+
+def _model(raw: dict[str, Any], name: str) -> Model:
+    if "source" not in raw:
+        raise SpecError("model.source", "is required")
+    secret = raw.get("tokenSecretRef")
+    return Model(
+        source=parse_source(raw["source"]),
+        source_uri=raw["source"],
+        revision=raw.get("revision") or "main",
+        served_name=raw.get("servedName") or name,
+        max_model_len=raw.get("maxModelLen"),
+        dtype=raw.get("dtype", "auto"),
+        quantization=raw.get("quantization", "none"),
+        token_secret=TokenSecretRef(secret["name"], secret.get("key") or "token") if secret else None,
+        cache_claim=raw.get("cacheClaimName"),
+    )
+
+
+def _engine(raw: dict[str, Any]) -> Engine:
+    return Engine(
+        max_num_seqs=raw.get("maxNumSeqs"),
+        max_batched_tokens=raw.get("maxBatchedTokens"),
+        prefix_caching=raw.get("prefixCaching"),
+        gpu_memory_utilization=float(raw.get("gpuMemoryUtilization", 0.9)),
+        max_queue=raw.get("maxQueue"),
+        extra_args=tuple(raw.get("extraArgs") or ()),
+    )
+
+
+def _resources(raw: dict[str, Any], tensor: int) -> Resources:
+    gpu = int(raw.get("gpu", tensor))
+    if gpu not in (0, tensor):
+        raise SpecError(
+            "resources.gpu",
+            f"is {gpu} but each replica runs parallelism.tensor={tensor} GPUs (use {tensor}, or 0 for CPU)",
+            reason="GPUCountMismatch",
+        )
+    return Resources(
+        gpu=gpu,
+        gpu_resource_name=raw.get("gpuResourceName") or DEFAULT_GPU_RESOURCE,
+        cpu=_quantity(raw.get("cpu"), "resources.cpu"),
+        memory=_quantity(raw.get("memory"), "resources.memory"),
+        gpu_memory=_quantity(raw.get("gpuMemory"), "resources.gpuMemory"),
+        gpu_product=raw.get("gpuProduct"),
+    )
+
+
+def _slo(raw: dict[str, Any]) -> Slo:
+    ttft = parse_duration(raw["ttft"], "slo.ttft") if "ttft" in raw else None
+    tpot = parse_duration(raw["tpot"], "slo.tpot") if "tpot" in raw else None
+    for path, seconds in (("slo.ttft", ttft), ("slo.tpot", tpot)):
+        if seconds is not None and seconds <= 0:
+            raise SpecError(path, "must be longer than zero")
+    return Slo(ttft_seconds=ttft, tpot_seconds=tpot, attainment=float(raw.get("attainment", 0.95)))
+
+
+def _autoscaling(raw: dict[str, Any]) -> Autoscaling:
+    mode = raw.get("mode", "none")
+    low = int(raw.get("minReplicas", 1))
+    high = int(raw.get("maxReplicas", max(low, 1)))
+    if high < low:
+        raise SpecError(
+            "autoscaling.maxReplicas",
+            f"is {high}, below autoscaling.minReplicas={low}",
+            reason="ReplicaBoundsInverted",
+        )
+    return Autoscaling(
+        mode=mode,
+        min_replicas=low,
+        max_replicas=high,
+        scale_up_window_seconds=parse_duration(raw.get("scaleUpWindow", "0s"), "autoscaling.scaleUpWindow"),
+        scale_down_window_seconds=parse_duration(
+            raw.get("scaleDownWindow", "5m"), "autoscaling.scaleDownWindow"
+        ),
+    )
+
+
+def _template(raw: dict[str, Any]) -> PodTemplate:
+    return PodTemplate(
+        node_selector=dict(raw.get("nodeSelector") or {}),
+        tolerations=tuple(raw.get("tolerations") or ()),
+        affinity=raw.get("affinity"),
+        priority_class_name=raw.get("priorityClassName"),
+        service_account_name=raw.get("serviceAccountName"),
+        image_pull_secrets=tuple(s["name"] for s in raw.get("imagePullSecrets") or ()),
+        env=tuple(raw.get("env") or ()),
+        volumes=tuple(raw.get("volumes") or ()),
+        volume_mounts=tuple(raw.get("volumeMounts") or ()),
+        labels=dict(raw.get("labels") or {}),
+        annotations=dict(raw.get("annotations") or {}),
+    )
+
+
+def parse(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
+    """The typed spec, or SpecError naming the first field to fix."""
+    if len(name) > MAX_NAME_LENGTH or not _NAME.match(name):
+        raise SpecError(
+            "metadata.name",
+            f"{name!r} must be a DNS label of at most {MAX_NAME_LENGTH} characters starting with a letter",
+            reason="InvalidName",
+        )
+    tensor = int((spec.get("parallelism") or {}).get("tensor", 1))
+    replicas = spec.get("replicas")
+    parsed = ServiceSpec(
+        name=name,
+        namespace=namespace,
+        model=_model(spec.get("model") or {}, name),
+        engine=_engine(spec.get("engine") or {}),
+        tensor_parallel=tensor,
+        resources=_resources(spec.get("resources") or {}, tensor),
+        slo=_slo(spec.get("slo") or {}),
+        autoscaling=_autoscaling(spec.get("autoscaling") or {}),
+        replicas=int(replicas) if replicas is not None else None,
+        image=spec.get("image"),
+        template=_template(spec.get("template") or {}),
+    )
+    if parsed.model.source.scheme == "pvc" and parsed.model.cache_claim == parsed.model.source.claim:
+        raise SpecError(
+            "model.cacheClaimName",
+            "must differ from the model's source claim, which is mounted read-only",
+            reason="CacheClaimIsSource",
+        )
+    return parsed

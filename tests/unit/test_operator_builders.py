@@ -1,0 +1,113 @@
+"""The children an InferenceService turns into, compared as plain dicts."""
+
+from goodput_operator.builders import (
+    build_deployment,
+    build_pdb,
+    build_pod_monitor,
+    build_service,
+    build_service_monitor,
+    owner_reference,
+    runtime_args,
+)
+from goodput_operator.settings import Settings
+from goodput_operator.spec import parse
+
+OWNER = owner_reference("chat", "0000-uid")
+SETTINGS = Settings(runtime_image="registry.local/goodput-runtime:test")
+FULL = {
+    "model": {
+        "source": "hf://Qwen/Qwen2.5-7B-Instruct",
+        "revision": "v1",
+        "servedName": "qwen",
+        "maxModelLen": 8192,
+        "dtype": "bfloat16",
+        "quantization": "int8",
+        "tokenSecretRef": {"name": "hf-token", "key": "token"},
+    },
+    "engine": {"maxNumSeqs": 128, "maxBatchedTokens": 4096, "prefixCaching": True,
+               "gpuMemoryUtilization": 0.85, "maxQueue": 64, "extraArgs": ["--seed", "7"]},
+    "parallelism": {"tensor": 2},
+    "resources": {"gpu": 2, "cpu": "8", "memory": "64Gi", "gpuProduct": "NVIDIA-L4"},
+    "slo": {"ttft": "500ms", "tpot": "50ms", "attainment": 0.95},
+    "replicas": 3,
+    "template": {"tolerations": [{"key": "gpu", "operator": "Exists"}], "priorityClassName": "serving"},
+}
+
+
+def test_runtime_command_line_is_derived_from_the_spec():
+    assert runtime_args(parse("chat", "ns", FULL)) == [
+        "--model", "Qwen/Qwen2.5-7B-Instruct", "--served-model-name", "qwen", "--revision", "v1",
+        "--host", "0.0.0.0", "--port", "8000", "--dtype", "bfloat16", "--max-model-len", "8192",
+        "--max-num-seqs", "128", "--max-num-batched-tokens", "4096", "--gpu-memory-utilization", "0.85",
+        "--enable-prefix-caching", "--max-queue", "64", "--slo-ttft", "0.5", "--slo-tpot", "0.05",
+        "--tensor-parallel-size", "2", "--quantization", "int8", "--seed", "7",
+    ]
+
+
+def test_deployment_runs_tensor_gpus_per_pod_with_probes_and_a_restricted_context():
+    deployment = build_deployment(parse("chat", "ns", FULL), SETTINGS, OWNER)
+    assert deployment["metadata"]["name"] == "chat-runtime"
+    assert deployment["metadata"]["ownerReferences"] == [OWNER]
+    spec = deployment["spec"]
+    assert spec["replicas"] == 3
+    assert spec["selector"] == {"matchLabels": {"serving.goodput.dev/service": "chat"}}
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "registry.local/goodput-runtime:test"
+    assert container["resources"] == {
+        "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "2"},
+        "limits": {"memory": "64Gi", "nvidia.com/gpu": "2"},
+    }
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["securityContext"] == {
+        "runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}} in (
+        container["env"]
+    )
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts == {"model-cache": "/var/cache/goodput", "tmp": "/tmp", "dshm": "/dev/shm"}
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    assert pod["priorityClassName"] == "serving"
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_pvc_source_is_mounted_read_only_and_passed_as_a_path():
+    svc = parse("local", "ns", {"model": {"source": "pvc://weights/llama/8b"}, "resources": {"gpu": 0}})
+    deployment = build_deployment(svc, SETTINGS, OWNER)
+    pod = deployment["spec"]["template"]["spec"]
+    assert {"name": "model-source", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}} in (
+        pod["volumes"]
+    )
+    container = pod["containers"][0]
+    assert {"name": "model-source", "mountPath": "/mnt/models", "readOnly": True} in container["volumeMounts"]
+    assert container["args"][:2] == ["--model", "/mnt/models/llama/8b"]
+    assert "--revision" not in container["args"]
+    assert "resources" not in container or not container["resources"].get("limits", {}).get("nvidia.com/gpu")
+
+
+def test_service_exposes_http_and_metrics():
+    service = build_service(parse("chat", "ns", FULL), OWNER)
+    assert service["metadata"]["name"] == "chat"
+    assert service["spec"]["selector"] == {"serving.goodput.dev/service": "chat"}
+    assert [(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
+        ("http", 80, "http"), ("metrics", 8000, "http"),
+    ]
+
+
+def test_pdb_only_for_more_than_one_replica():
+    assert build_pdb(parse("chat", "ns", {**FULL, "replicas": 1}), OWNER) is None
+    pdb = build_pdb(parse("chat", "ns", FULL), OWNER, api_version="policy/v1beta1")
+    assert pdb["apiVersion"] == "policy/v1beta1"
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": {"serving.goodput.dev/service": "chat"}}}
+
+
+def test_monitors_scrape_the_metrics_endpoint():
+    svc = parse("chat", "ns", FULL)
+    assert build_service_monitor(svc, OWNER)["spec"]["endpoints"][0]["port"] == "metrics"
+    assert build_pod_monitor(svc, OWNER)["spec"]["podMetricsEndpoints"][0]["path"] == "/metrics"
