@@ -36,3 +36,9 @@ def tiny_model_dir() -> Path:
 def tiny_model_no_chat_dir() -> Path:
     """The same kind of model, without a chat template."""
     return made_model("tiny-llama-nochat", "--no-chat-template")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir() -> Path:
+    """A Qwen2-architecture model (biased q/k/v projections) of the same size."""
+    return made_model("tiny-qwen2", "--architecture", "qwen2")
