@@ -102,6 +102,10 @@ class ServerThread:
         return (not engine.has_unfinished_requests()
                 and engine.num_free_blocks == engine.num_total_blocks)
 
+    def wait_idle(self, timeout: float = 30) -> None:
+        """Every request gone and every KV block free again."""
+        wait_for(self.idle, timeout, "every KV block to be free")
+
 
 async def sse_events(response: Any) -> list[str]:
     """Every ``data:`` payload of a server-sent event stream (an aiohttp response), in order."""

@@ -41,15 +41,15 @@ def token_budget(sampling: Sampling, num_prompt_tokens: int, max_model_len: int,
     """max_tokens as asked, or all the room the context leaves; 400 when the two do not fit."""
     room = max_model_len - num_prompt_tokens
     if room < 1:
-        raise invalid(f"This model's maximum context length is {max_model_len} tokens, but the prompt "
-                      f"has {num_prompt_tokens} tokens, leaving no room for output. Shorten the prompt.",
+        raise invalid(f"This model's maximum context length is {max_model_len} tokens, but '{prompt_param}' "
+                      f"holds {num_prompt_tokens} tokens, leaving no room for output. Shorten it.",
                       prompt_param, "context_length_exceeded")
     if sampling.max_tokens is None:
         return room
     if sampling.max_tokens > room:
         raise invalid(f"This model's maximum context length is {max_model_len} tokens, but "
-                      f"{num_prompt_tokens + sampling.max_tokens} were requested ({num_prompt_tokens} in the "
-                      f"prompt, {sampling.max_tokens} in '{sampling.max_tokens_param}'). Lower "
+                      f"{num_prompt_tokens + sampling.max_tokens} were requested ({num_prompt_tokens} in "
+                      f"'{prompt_param}', {sampling.max_tokens} in '{sampling.max_tokens_param}'). Lower "
                       f"'{sampling.max_tokens_param}' or shorten the prompt.",
                       sampling.max_tokens_param, "context_length_exceeded")
     return sampling.max_tokens
