@@ -24,14 +24,11 @@ class Condition:
 
 
 def derive_ready(conditions: Iterable[Condition]) -> Condition:
-    """Ready when the spec is valid, the model is not known to overflow, and pods serve."""
+    """Ready when the spec is valid and pods serve. ModelFits is an estimate: it warns, never gates."""
     by_type = {c.type: c for c in conditions}
     valid = by_type.get(VALID)
     if valid is None or valid.status != TRUE:
         return Condition(READY, FALSE, valid.reason if valid else "Unknown", "the spec is not valid")
-    fits = by_type.get(MODEL_FITS)
-    if fits is not None and fits.status == FALSE:
-        return Condition(READY, FALSE, fits.reason, fits.message)
     available = by_type.get(AVAILABLE)
     if available is None or available.status != TRUE:
         reason = available.reason if available else "Pending"

@@ -1,0 +1,61 @@
+"""`python -m goodput_operator`: the operator, run by kopf.
+
+Cluster-wide unless --namespace (or WATCH_NAMESPACE) names one namespace. Uses the
+in-cluster service account when there is one, else the current kubeconfig.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+
+import kopf
+
+from goodput_operator.handlers import operator_settings, register
+from goodput_operator.settings import Settings
+
+
+def parse_args(argv: list[str] | None, defaults: Settings) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m goodput_operator", description=__doc__)
+    parser.add_argument("--namespace", default=defaults.namespace,
+                        help="watch one namespace (default: all; env WATCH_NAMESPACE)")
+    parser.add_argument("--runtime-image", default=defaults.runtime_image, help="env RUNTIME_IMAGE")
+    parser.add_argument("--liveness-port", type=int, default=defaults.liveness_port,
+                        help="port of /healthz, 0 for none (env LIVENESS_PORT)")
+    parser.add_argument("--metrics-port", type=int, default=defaults.metrics_port,
+                        help="port of /metrics, 0 for none (env METRICS_PORT)")
+    parser.add_argument("--resync-seconds", type=float, default=defaults.resync_seconds,
+                        help="reconcile every service at least this often (env RESYNC_SECONDS)")
+    parser.add_argument("--verbose", action="store_true", help="debug logging")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    defaults = Settings.from_env()
+    args = parse_args(argv, defaults)
+    settings = dataclasses.replace(
+        defaults,
+        namespace=args.namespace or None,
+        runtime_image=args.runtime_image,
+        liveness_port=args.liveness_port,
+        metrics_port=args.metrics_port,
+        resync_seconds=args.resync_seconds,
+    )
+    kopf.configure(verbose=args.verbose, log_prefix=False)
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    registry = kopf.OperatorRegistry()
+    register(registry, settings)
+    kopf.run(
+        registry=registry,
+        settings=operator_settings(),
+        standalone=True,
+        clusterwide=settings.namespace is None,
+        namespaces=[settings.namespace] if settings.namespace else (),
+        liveness_endpoint=f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None,
+        memo=kopf.Memo(),
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""What every reconcile shares: the API, settings, the config fetcher, per-service locks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from goodput_operator.hub import ConfigFetcher
+from goodput_operator.k8s import ApiError, Kube
+from goodput_operator.settings import Settings
+
+logger = logging.getLogger(__name__)
+DISCOVERY_TTL_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """Optional APIs the cluster serves, found by discovery."""
+
+    pdb_api_version: str = "policy/v1"
+    service_monitors: bool = False
+    pod_monitors: bool = False
+
+
+@dataclass
+class Context:
+    kube: Kube
+    settings: Settings
+    fetcher: ConfigFetcher
+    instance: str = "goodput-operator"
+    _locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = field(
+        default_factory=weakref.WeakValueDictionary
+    )
+    _discovered: Discovered | None = None
+    _discovered_at: float = 0.0
+
+    def lock(self, namespace: str, name: str) -> asyncio.Lock:
+        """One reconcile at a time per service, whichever event started it."""
+        key = (namespace, name)
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._locks[key] = lock
+        return lock
+
+    async def discovery(self) -> Discovered:
+        if self._discovered is None or time.monotonic() - self._discovered_at > DISCOVERY_TTL_SECONDS:
+            v1 = await self.kube.has_resource("policy/v1", "poddisruptionbudgets")
+            self._discovered = Discovered(
+                pdb_api_version="policy/v1" if v1 else "policy/v1beta1",
+                service_monitors=await self.kube.has_resource("monitoring.coreos.com/v1", "servicemonitors"),
+                pod_monitors=await self.kube.has_resource("monitoring.coreos.com/v1", "podmonitors"),
+            )
+            self._discovered_at = time.monotonic()
+        return self._discovered
+
+    async def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """Post a core/v1 Event about the service; a failure to post is logged, never raised."""
+        meta = body["metadata"]
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": body.get("apiVersion"),
+                "kind": body.get("kind"),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "goodput-operator"},
+            "reportingComponent": "goodput-operator",
+            "reportingInstance": self.instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.kube.create_event(meta["namespace"], event)
+        except ApiError as err:
+            logger.warning("Posting event %s for %s/%s failed: %s", reason, meta["namespace"], meta["name"], err)

@@ -1,0 +1,108 @@
+"""Thin kopf handlers: every trigger ends in the same reconcile."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from typing import Any
+
+import kopf
+import prometheus_client
+
+from goodput_operator.builders import MANAGED_BY
+from goodput_operator.context import Context
+from goodput_operator.hub import ConfigFetcher, Waiter
+from goodput_operator.k8s import Kube, load_config
+from goodput_operator.reconcile import reconcile, reconcile_by_name
+from goodput_operator.settings import GROUP, KIND, PLURAL, VERSION, Settings
+
+logger = logging.getLogger(__name__)
+OWNED = {"app.kubernetes.io/managed-by": MANAGED_BY}
+CHILD_RESOURCES = (
+    {"group": "apps", "version": "v1", "plural": "deployments"},
+    {"group": "", "version": "v1", "plural": "services"},
+    {"group": "policy", "plural": "poddisruptionbudgets"},
+)
+RETRY_BACKOFF_SECONDS = 5.0
+
+
+def operator_settings() -> kopf.OperatorSettings:
+    """Kopf keeps its bookkeeping in our own annotations and posts no events of its own."""
+    settings = kopf.OperatorSettings()
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.posting.enabled = False
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 30
+    return settings
+
+
+def _owner_of(child: Any) -> tuple[str, str] | None:
+    for ref in child.get("metadata", {}).get("ownerReferences") or ():
+        if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/"):
+            return child["metadata"]["namespace"], ref["name"]
+    return None
+
+
+def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
+    """Attach the handlers to `registry` (one registry per operator instance)."""
+    background: set[asyncio.Task[None]] = set()
+
+    def reconcile_soon(ctx: Context, waiters: set[Waiter]) -> None:
+        for namespace, name in waiters:
+            task = asyncio.create_task(_quietly(ctx, namespace, name))
+            background.add(task)
+            task.add_done_callback(background.discard)
+
+    @kopf.on.startup(registry=registry)
+    async def startup(memo: kopf.Memo, **_: Any) -> None:
+        kube = Kube(load_config(), settings.field_manager)
+        fetcher = ConfigFetcher(settings.hf_endpoint, settings.hub_timeout_seconds,
+                                on_ready=lambda waiters: reconcile_soon(memo.ctx, waiters))
+        memo.ctx = Context(kube, settings, fetcher, instance=os.environ.get("POD_NAME") or socket.gethostname())
+        if settings.metrics_port:
+            prometheus_client.start_http_server(settings.metrics_port)
+        scope = f"namespace {settings.namespace}" if settings.namespace else "all namespaces"
+        logger.info("Watching InferenceServices in %s; runtime image %s", scope, settings.runtime_image)
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        for task in list(background):
+            task.cancel()
+        if getattr(memo, "ctx", None) is not None:
+            await memo.ctx.fetcher.close()
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL, backoff=RETRY_BACKOFF_SECONDS, registry=registry)
+    @kopf.on.create(GROUP, VERSION, PLURAL, backoff=RETRY_BACKOFF_SECONDS, registry=registry)
+    @kopf.on.update(GROUP, VERSION, PLURAL, backoff=RETRY_BACKOFF_SECONDS, registry=registry)
+    async def service_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        await reconcile(memo.ctx, _plain(body))
+
+    @kopf.timer(GROUP, VERSION, PLURAL, interval=settings.resync_seconds,
+                initial_delay=settings.resync_seconds, registry=registry)
+    async def resync(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        await reconcile(memo.ctx, _plain(body))
+
+    for resource in CHILD_RESOURCES:
+        @kopf.on.event(**resource, labels=OWNED, registry=registry)  # type: ignore[arg-type]
+        async def child_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+            owner = _owner_of(body)
+            if owner is not None and getattr(memo, "ctx", None) is not None:
+                await _quietly(memo.ctx, *owner)
+
+
+async def _quietly(ctx: Context, namespace: str, name: str) -> None:
+    """Reconcile for a side trigger; failures are logged and left to the next resync."""
+    try:
+        await reconcile_by_name(ctx, namespace, name)
+    except Exception as err:
+        logger.warning("Reconciling %s/%s failed, will retry on resync: %s", namespace, name, err)
+
+
+def _plain(body: kopf.Body) -> dict[str, Any]:
+    return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+            "metadata": dict(body.metadata), "spec": dict(body.spec), "status": dict(body.status)}

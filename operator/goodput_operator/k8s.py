@@ -1,0 +1,155 @@
+"""The one place that talks to the Kubernetes API.
+
+Calls go through the official client's ApiClient (kubeconfig or in-cluster service
+account) in worker threads, so the event loop never blocks. Children are written with
+server-side apply under one field manager, and only when they differ from what the
+server holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from goodput_operator.settings import GROUP, PLURAL, VERSION
+
+PLURALS = {
+    "Deployment": "deployments",
+    "Service": "services",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "ServiceMonitor": "servicemonitors",
+    "PodMonitor": "podmonitors",
+    "InferenceService": PLURAL,
+    "Secret": "secrets",
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str, body: str = "") -> None:
+        super().__init__(f"{status} {reason}: {body[:500]}")
+        self.status = status
+
+
+def load_config() -> kubernetes.client.ApiClient:
+    """An ApiClient for the in-cluster service account, else the current kubeconfig."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    return kubernetes.client.ApiClient()
+
+
+def resource_path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    path = f"{base}/namespaces/{namespace}/{PLURALS[kind]}" if namespace else f"{base}/{PLURALS[kind]}"
+    return f"{path}/{name}" if name else path
+
+
+def owner_path(namespace: str, name: str) -> str:
+    return resource_path(f"{GROUP}/{VERSION}", "InferenceService", namespace, name)
+
+
+def is_subset(desired: Any, live: Any) -> bool:
+    """Whether every field set in `desired` has the same value in `live` (lists match item by item)."""
+    if isinstance(desired, dict):
+        return isinstance(live, dict) and all(k in live and is_subset(v, live[k]) for k, v in desired.items())
+    if isinstance(desired, list):
+        return (isinstance(live, list) and len(desired) == len(live)
+                and all(is_subset(d, x) for d, x in zip(desired, live, strict=True)))
+    if isinstance(desired, bool) or isinstance(live, bool):
+        return desired is live
+    if isinstance(desired, int | float | str) and isinstance(live, int | float | str):
+        return str(desired) == str(live)  # quantities and ports may come back as either
+    return bool(desired == live)
+
+
+class Kube:
+    def __init__(self, api: kubernetes.client.ApiClient, field_manager: str) -> None:
+        self._api = api
+        self.field_manager = field_manager
+
+    def _call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
+              content_type: str = "application/json") -> Any:
+        try:
+            response = self._api.call_api(
+                path, method,
+                query_params=list((query or {}).items()),
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+                _request_timeout=30,
+            )
+        except ApiException as err:
+            raise ApiError(err.status or 0, err.reason or "", str(err.body or "")) from None
+        data = response.data
+        return json.loads(data) if data else None
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(self._call, method, path, **kwargs)
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        try:
+            result: dict[str, Any] = await self.request("GET", path)
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+        return result
+
+    async def apply(self, manifest: dict[str, Any], live: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+        """Server-side apply unless `live` already matches.
+
+        Returns ("created" | "updated" | "unchanged", the object as the server holds it).
+        """
+        if live is not None and is_subset(manifest, live):
+            return "unchanged", live
+        meta = manifest["metadata"]
+        path = resource_path(manifest["apiVersion"], manifest["kind"], meta.get("namespace"), meta["name"])
+        current = await self.request(
+            "PATCH", path, body=manifest, content_type="application/apply-patch+yaml",
+            query={"fieldManager": self.field_manager, "force": "true"},
+        )
+        return ("created" if live is None else "updated"), current
+
+    async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)
+
+    async def delete(self, path: str) -> bool:
+        try:
+            await self.request("DELETE", path, body={"propagationPolicy": "Background"})
+        except ApiError as err:
+            if err.status == 404:
+                return False
+            raise
+        return True
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        await self.request(
+            "PATCH", owner_path(namespace, name) + "/status", body={"status": status},
+            content_type="application/merge-patch+json",
+        )
+
+    async def has_resource(self, group_version: str, plural: str) -> bool:
+        """Whether the server serves `plural` in `group_version` (discovery, not assumption)."""
+        base = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
+        try:
+            listing = await self.request("GET", base)
+        except ApiError as err:
+            if err.status in (404, 503):
+                return False
+            raise
+        return any(r.get("name") == plural for r in (listing or {}).get("resources", ()))
+
+    async def secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        secret = await self.get(resource_path("v1", "Secret", namespace, name))
+        data = (secret or {}).get("data") or {}
+        if key not in data:
+            return None
+        return base64.b64decode(data[key]).decode().strip()

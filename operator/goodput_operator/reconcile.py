@@ -1,0 +1,225 @@
+"""One level-based pass: parse spec → build desired children → apply → observe → write status."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from goodput_operator import builders, capacity, metrics
+from goodput_operator.conditions import (
+    AVAILABLE,
+    FALSE,
+    MODEL_FITS,
+    TRUE,
+    UNKNOWN,
+    VALID,
+    Condition,
+    derive_ready,
+    find,
+    merge,
+)
+from goodput_operator.context import Context
+from goodput_operator.k8s import owner_path, resource_path
+from goodput_operator.spec import ServiceSpec, SpecError, parse
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Fit:
+    condition: Condition
+    capacity: dict[str, Any] | None = None
+    invalid: SpecError | None = None  # a fact about the model makes the spec unservable
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def reconcile_by_name(ctx: Context, namespace: str, name: str) -> None:
+    """Reconcile the service as the server holds it now (after a child or a fetch changed)."""
+    body = await ctx.kube.get(owner_path(namespace, name))
+    if body is not None and not body["metadata"].get("deletionTimestamp"):
+        await reconcile(ctx, body)
+
+
+async def reconcile(ctx: Context, body: dict[str, Any]) -> None:
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    started = time.monotonic()
+    async with ctx.lock(namespace, name):
+        try:
+            result = await _reconcile(ctx, body)
+        except Exception as err:
+            metrics.RECONCILES.labels(result="error").inc()
+            metrics.RECONCILE_ERRORS.labels(reason=type(err).__name__).inc()
+            raise
+        finally:
+            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        metrics.RECONCILES.labels(result=result).inc()
+
+
+async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
+    meta = body["metadata"]
+    namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation", 1)
+    try:
+        svc = parse(name, namespace, body.get("spec") or {})
+        fit = await _model_fit(ctx, svc)
+        if fit.invalid:
+            raise fit.invalid
+    except SpecError as err:
+        await _refuse(ctx, body, err, generation)
+        return "invalid"
+
+    owner = builders.owner_reference(name, meta["uid"])
+    deployment = await _apply_children(ctx, body, svc, owner)
+    available = _available(deployment, svc.desired_replicas)
+    conditions = [Condition(VALID, TRUE, "SpecValid", "the spec is valid"), fit.condition, available]
+    conditions.append(derive_ready(conditions))
+    dstatus = deployment.get("status") or {}
+    status = {
+        "observedGeneration": generation,
+        "replicas": dstatus.get("replicas", 0),
+        "readyReplicas": dstatus.get("readyReplicas", 0),
+        "selector": builders.selector_string(svc),
+        "url": builders.service_url(svc),
+        "capacity": fit.capacity,
+        "conditions": merge((body.get("status") or {}).get("conditions"), conditions, generation, _now()),
+    }
+    await _write_status(ctx, body, status)
+    if fit.condition.status == FALSE and _flipped(body, MODEL_FITS, FALSE):
+        await ctx.event(body, "Warning", fit.condition.reason, fit.condition.message)
+    return "ok"
+
+
+async def _refuse(ctx: Context, body: dict[str, Any], err: SpecError, generation: int) -> None:
+    """Report an invalid spec; children stay as they are."""
+    conditions = [Condition(VALID, FALSE, err.reason, str(err))]
+    conditions.append(derive_ready(conditions))
+    old = (body.get("status") or {}).get("conditions")
+    status = {"observedGeneration": generation, "conditions": merge(old, conditions, generation, _now())}
+    before = find(old, VALID)
+    if before is None or before.get("status") != FALSE or before.get("message") != str(err):
+        logger.warning("Invalid spec of %s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], err)
+        await ctx.event(body, "Warning", "Invalid", str(err))
+    await _write_status(ctx, body, status)
+
+
+def _flipped(body: dict[str, Any], type_: str, status: str) -> bool:
+    before = find((body.get("status") or {}).get("conditions"), type_)
+    return before is None or before.get("status") != status
+
+
+async def _model_fit(ctx: Context, svc: ServiceSpec) -> Fit:
+    source = svc.model.source
+    if source.scheme != "hf":
+        return Fit(Condition(MODEL_FITS, UNKNOWN, "ConfigNotFetched",
+                             "config.json is only fetched for hf:// sources"))
+
+    async def token() -> str | None:
+        ref = svc.model.token_secret
+        return await ctx.kube.secret_value(svc.namespace, ref.name, ref.key) if ref else None
+
+    result = ctx.fetcher.lookup(source.repo, svc.model.revision, token, (svc.namespace, svc.name))
+    if result is None:
+        return Fit(Condition(MODEL_FITS, UNKNOWN, "FetchingConfig", f"fetching config.json of {source.repo}"))
+    if result.config is None:
+        return Fit(Condition(MODEL_FITS, UNKNOWN, "ConfigUnavailable", result.error or ""))
+    config = result.config
+    problem = capacity.tensor_parallel_problem(config, svc.tensor_parallel)
+    if problem:
+        return Fit(Condition(MODEL_FITS, FALSE, "TensorParallelMismatch", problem),
+                   invalid=SpecError("parallelism.tensor", problem, reason="TensorParallelMismatch"))
+    utilization = svc.engine.gpu_memory_utilization
+    plan = capacity.plan(
+        config, dtype=svc.model.dtype, quantization=svc.model.quantization, tensor=svc.tensor_parallel,
+        max_model_len=svc.model.max_model_len, device_memory_bytes=capacity.device_memory_bytes(svc.resources),
+        utilization=utilization,
+    )
+    message = plan.describe(utilization)
+    if plan.fits is None:
+        condition = Condition(MODEL_FITS, UNKNOWN, "DeviceMemoryUnknown", message)
+    elif plan.fits:
+        condition = Condition(MODEL_FITS, TRUE, "ModelFits", message)
+    else:
+        condition = Condition(MODEL_FITS, FALSE, "ModelTooLarge", message)
+    return Fit(condition, plan.as_status())
+
+
+async def _apply_children(ctx: Context, body: dict[str, Any], svc: ServiceSpec,
+                          owner: dict[str, Any]) -> dict[str, Any]:
+    """Apply every desired child; remove the ones no longer wanted; return the live Deployment."""
+    discovered = await ctx.discovery()
+    desired: list[dict[str, Any]] = [
+        builders.build_deployment(svc, ctx.settings, owner),
+        builders.build_service(svc, owner),
+    ]
+    unwanted: list[str] = []
+    pdb = builders.build_pdb(svc, owner, discovered.pdb_api_version)
+    pdb_path = resource_path(discovered.pdb_api_version, "PodDisruptionBudget", svc.namespace,
+                             builders.deployment_name(svc))
+    if pdb:
+        desired.append(pdb)
+    else:
+        unwanted.append(pdb_path)
+    if discovered.service_monitors:
+        desired.append(builders.build_service_monitor(svc, owner))
+    elif discovered.pod_monitors:
+        desired.append(builders.build_pod_monitor(svc, owner))
+
+    deployment: dict[str, Any] = {}
+    for manifest in desired:
+        meta = manifest["metadata"]
+        path = resource_path(manifest["apiVersion"], manifest["kind"], svc.namespace, meta["name"])
+        live = await ctx.kube.get(path)
+        if live is not None and not _owned_by(live, owner["uid"]):
+            raise ChildConflict(f"{manifest['kind']} {meta['name']} exists and is not owned by {svc.name}")
+        action, current = await ctx.kube.apply(manifest, live)
+        if action != "unchanged":
+            metrics.CHILD_WRITES.labels(kind=manifest["kind"], action=action).inc()
+            verb = action.capitalize()
+            logger.info("%s %s %s/%s", verb, manifest["kind"], svc.namespace, meta["name"])
+            await ctx.event(body, "Normal", verb, f"{verb} {manifest['kind']} {meta['name']}")
+        if manifest["kind"] == "Deployment":
+            deployment = current
+    for path in unwanted:
+        live = await ctx.kube.get(path)
+        if live is not None and _owned_by(live, owner["uid"]) and await ctx.kube.delete(path):
+            kind, child = live["kind"], live["metadata"]["name"]
+            logger.info("Deleted %s %s/%s", kind, svc.namespace, child)
+            await ctx.event(body, "Normal", "Deleted", f"Deleted {kind} {child}")
+    return deployment
+
+
+class ChildConflict(Exception):
+    """A child's name is taken by an object this service does not own."""
+
+
+def _owned_by(obj: dict[str, Any], uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or ())
+
+
+def _available(deployment: dict[str, Any], desired: int) -> Condition:
+    status = deployment.get("status") or {}
+    ready = status.get("readyReplicas", 0)
+    counts = f"{ready}/{desired} replicas ready"
+    if desired == 0:
+        return Condition(AVAILABLE, FALSE, "ScaledToZero", "spec.replicas is 0")
+    progressing = next((c for c in status.get("conditions") or () if c.get("type") == "Progressing"), {})
+    if progressing.get("reason") == "ProgressDeadlineExceeded":
+        return Condition(AVAILABLE, FALSE, "ProgressDeadlineExceeded", f"{counts}; {progressing.get('message', '')}")
+    if ready >= 1:
+        return Condition(AVAILABLE, TRUE, "MinimumReplicasAvailable", counts)
+    return Condition(AVAILABLE, FALSE, "ReplicasNotReady", counts)
+
+
+async def _write_status(ctx: Context, body: dict[str, Any], status: dict[str, Any]) -> None:
+    """Patch status only where it differs, so an unchanged service sees no writes."""
+    current = body.get("status") or {}
+    if all(current.get(key) == value for key, value in status.items()):
+        return
+    meta = body["metadata"]
+    await ctx.kube.patch_status(meta["namespace"], meta["name"], status)
