@@ -84,12 +84,22 @@ class ServerThread:
         if not self.listening.wait(30):
             raise AssertionError("the server never started listening")
         if wait_ready:
-            wait_for(lambda: get(f"{self.url}/health")[0] == 200, 60, "the server to become ready")
+            self.wait_ready()
         return self
+
+    def wait_ready(self) -> None:
+        wait_for(lambda: get(f"{self.url}/health")[0] == 200, 60, "the server to become ready")
+
+    def get(self, path: str) -> tuple[int, dict | str]:
+        return get(f"{self.url}{path}")
+
+    def request_stop(self) -> None:
+        """What SIGTERM does in ``python -m goodput_runtime``."""
+        self.loop.call_soon_threadsafe(self.stop_event.set)
 
     def stop(self, timeout: float = 30) -> int | None:
         if self.thread.is_alive():
-            self.loop.call_soon_threadsafe(self.stop_event.set)
+            self.request_stop()
             self.thread.join(timeout)
         return self.exit_code
 
@@ -145,6 +155,14 @@ def make_server(tiny_model_dir: Path) -> Iterator[Callable[..., ServerThread]]:
 def server(tiny_model_dir: Path) -> Iterator[ServerThread]:
     """The shared server: the tiny chat model, small KV cache, 256-token context."""
     running = ServerThread(tiny_model_dir).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def long_server(tiny_model_dir: Path) -> Iterator[ServerThread]:
+    """Room for requests that run for seconds: a 2,048-token context."""
+    running = ServerThread(tiny_model_dir, max_model_len=2048, kv_cache_memory=2 * SMALL_KV).start()
     yield running
     running.stop()
 

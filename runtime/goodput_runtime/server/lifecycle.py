@@ -46,12 +46,15 @@ def in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future:
             future.set_exception(error)
 
     def work() -> None:
+        result, error = None, None
         try:
             result = fn()
         except BaseException as exc:  # handed to the loop, which reports it
-            loop.call_soon_threadsafe(settle, None, exc)
-        else:
-            loop.call_soon_threadsafe(settle, result, None)
+            error = exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:
+            log.info("Model loaded after the server stopped; discarding it")
 
     threading.Thread(target=work, name="engine-loader", daemon=True).start()
     return future
