@@ -15,7 +15,6 @@ from goodput_operator.k8s import ApiError, Kube
 from goodput_operator.settings import Settings
 
 logger = logging.getLogger(__name__)
-DISCOVERY_TTL_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ class Context:
         return lock
 
     async def discovery(self) -> Discovered:
-        if self._discovered is None or time.monotonic() - self._discovered_at > DISCOVERY_TTL_SECONDS:
+        if self._discovered is None or time.monotonic() - self._discovered_at > self.settings.discovery_seconds:
             v1 = await self.kube.has_resource("policy/v1", "poddisruptionbudgets")
             self._discovered = Discovered(
                 pdb_api_version="policy/v1" if v1 else "policy/v1beta1",

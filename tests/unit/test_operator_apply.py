@@ -1,0 +1,32 @@
+"""When a child needs writing: only when the server's copy differs from the desired one."""
+
+from goodput_operator.k8s import is_subset, resource_path
+
+
+def test_server_defaults_do_not_count_as_drift():
+    desired = {"spec": {"replicas": 1, "template": {"spec": {"containers": [{"name": "runtime", "image": "a"}]}}}}
+    live = {"spec": {"replicas": 1, "revisionHistoryLimit": 10, "template": {"spec": {
+        "containers": [{"name": "runtime", "image": "a", "terminationMessagePath": "/dev/termination-log"}],
+        "dnsPolicy": "ClusterFirst"}}}}
+    assert is_subset(desired, live)
+
+
+def test_hand_edits_count_as_drift():
+    desired = {"spec": {"replicas": 1, "template": {"spec": {"containers": [{"name": "runtime", "image": "a"}]}}}}
+    assert not is_subset(desired, {"spec": {"replicas": 5, "template": desired["spec"]["template"]}})
+    edited = {"spec": {"replicas": 1, "template": {"spec": {"containers": [{"name": "runtime", "image": "b"}]}}}}
+    assert not is_subset(desired, edited)
+    extra = {"spec": {"replicas": 1, "template": {"spec": {"containers": [
+        {"name": "runtime", "image": "a"}, {"name": "sidecar", "image": "c"}]}}}}
+    assert not is_subset(desired, extra)
+
+
+def test_booleans_and_numbers_are_not_confused():
+    assert not is_subset({"readOnly": True}, {"readOnly": 1})
+    assert is_subset({"port": 8000}, {"port": 8000})
+    assert is_subset({"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "1"})
+
+
+def test_resource_paths():
+    assert resource_path("apps/v1", "Deployment", "ns", "x") == "/apis/apps/v1/namespaces/ns/deployments/x"
+    assert resource_path("v1", "Service", "ns") == "/api/v1/namespaces/ns/services"
