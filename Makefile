@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 install:
 	$(PY) -m pip install --quiet -e ".[dev]"
 
-test: install
+test: install k8s-binaries
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint:
@@ -17,3 +17,10 @@ lint:
 run-runtime: install
 	$(PY) -m goodput_runtime.tools.make_model --out .cache/models/tiny-llama
 	$(PY) -m goodput_runtime --model .cache/models/tiny-llama --served-model-name tiny --port 8000
+
+.PHONY: k8s-binaries
+
+# etcd, kube-apiserver, kube-controller-manager and kubectl for the operator tests:
+# built once from Debian's Kubernetes source, cached under ~/.cache/goodput.
+k8s-binaries:
+	hack/k8s-binaries.sh >/dev/null

@@ -1,0 +1,65 @@
+"""The operator under its own ServiceAccount, bound by manifests/ RBAC, not as an admin."""
+
+import pytest
+import yaml
+from harness import ROOT, OperatorProcess, wait_for
+
+pytestmark = pytest.mark.apiserver
+
+SPEC = {"model": {"source": "file:///models/tiny"}, "resources": {"gpu": 0, "memory": "2Gi"}}
+
+
+@pytest.fixture(scope="module")
+def operator_kubeconfig(cluster, tmp_path_factory):
+    for part in ("namespace.yaml", "service_account.yaml", "rbac.yaml"):
+        cluster.kubectl("apply", "-f", str(ROOT / "manifests" / part))
+    token = wait_for(lambda: cluster.core.create_namespaced_service_account_token(
+        "goodput-operator", "goodput-system",
+        {"spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600}},
+    ).status.token, 30, "a ServiceAccount token")
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    config["users"] = [{"name": "goodput-operator", "user": {"token": token}}]
+    config["contexts"][0]["context"]["user"] = "goodput-operator"
+    path = tmp_path_factory.mktemp("sa") / "operator.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def operator(cluster, hub, operator_kubeconfig, tmp_path_factory):
+    log = tmp_path_factory.mktemp("operator-sa") / "operator.log"
+    process = OperatorProcess(operator_kubeconfig, log, hub.endpoint).start()
+    yield process
+    process.stop()
+
+
+def test_full_flow_works_with_the_operators_own_role(cluster, operator, namespace):
+    cluster.create_service(namespace, "chat", SPEC)
+    cluster.wait_deployment(namespace, "chat")
+    wait_for(lambda: cluster.get_or_none(cluster.core.read_namespaced_service, "chat", namespace),
+             what="the Service")
+    cluster.wait_condition(namespace, "chat", "Valid", "True")
+    wait_for(lambda: any(e.reason == "Created" for e in cluster.events(namespace, "chat")), what="events")
+
+    cluster.kubectl("scale", "gsvc/chat", "--replicas=2", "-n", namespace)
+    pdb_path = f"/apis/policy/v1beta1/namespaces/{namespace}/poddisruptionbudgets/chat-runtime"
+    wait_for(lambda: cluster.get_or_none(cluster.raw, "GET", pdb_path), what="a PodDisruptionBudget")
+    cluster.kubectl("scale", "gsvc/chat", "--replicas=1", "-n", namespace)
+    wait_for(lambda: cluster.get_or_none(cluster.raw, "GET", pdb_path) is None, what="the PDB to go")
+
+    first = cluster.deployment(namespace, "chat")
+    cluster.apps.delete_namespaced_deployment("chat-runtime", namespace)
+    wait_for(lambda: (d := cluster.deployment(namespace, "chat")) and d.metadata.uid != first.metadata.uid,
+             30, "the Deployment to be recreated")
+    log = operator.log()
+    assert "forbidden" not in log.lower(), log[-4000:]
+
+
+def test_verbs_the_role_lacks_are_refused(cluster, operator_kubeconfig, namespace):
+    for args in (["get", "secrets", "-n", namespace],  # get one by name, never list
+                 ["create", "configmap", "x", "-n", namespace],
+                 ["delete", "deployments", "--all", "-n", namespace],
+                 ["get", "pods", "-n", namespace]):
+        result = cluster.kubectl(*args, check=False, kubeconfig=operator_kubeconfig)
+        assert result.returncode != 0 and "forbidden" in result.stderr.lower(), (args, result.stderr)
+
