@@ -45,6 +45,8 @@ async def test_requests_while_loading_get_503(make_server) -> None:
             assert response.status == 503
             assert response.headers["Retry-After"]
             assert (await response.json())["error"]["code"] == "model_loading"
+        # a stop while the model loads ends the server at once, and cleanly
+        assert await asyncio.to_thread(loading.stop) == 0
     finally:
         gate.set()
 
