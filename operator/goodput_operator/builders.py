@@ -116,7 +116,7 @@ def _volumes(svc: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any
     volumes = [{"name": "model-cache", **cache}, {"name": "tmp", "emptyDir": {}}]
     mounts = [{"name": "model-cache", "mountPath": MODEL_CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}]
     if svc.model.source.scheme == "pvc":
-        claim = {"claimName": svc.model.source.claim, "readOnly": True}
+        claim: dict[str, Any] = {"claimName": svc.model.source.claim, "readOnly": True}
         volumes.append({"name": "model-source", "persistentVolumeClaim": claim})
         mounts.append({"name": "model-source", "mountPath": SOURCE_MOUNT, "readOnly": True})
     if svc.tensor_parallel > 1:

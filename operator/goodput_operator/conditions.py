@@ -50,7 +50,7 @@ def merge(existing: list[dict[str, Any]] | None, current: Iterable[Condition], g
             "reason": c.reason,
             "message": c.message,
             "observedGeneration": generation,
-            "lastTransitionTime": now if flipped else before.get("lastTransitionTime", now),
+            "lastTransitionTime": now if flipped or before is None else before.get("lastTransitionTime", now),
         })
     return out
 

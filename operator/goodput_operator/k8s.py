@@ -75,20 +75,20 @@ class Kube:
 
     def _call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
               content_type: str = "application/json") -> Any:
+        request = self._api.param_serialize(
+            method, path,
+            query_params=list((query or {}).items()),
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
         try:
-            response = self._api.call_api(
-                path, method,
-                query_params=list((query or {}).items()),
-                header_params={"Accept": "application/json", "Content-Type": content_type},
-                body=body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _return_http_data_only=True,
-                _request_timeout=30,
-            )
-        except ApiException as err:
-            raise ApiError(err.status or 0, err.reason or "", str(err.body or "")) from None
-        data = response.data
+            response = self._api.call_api(*request, _request_timeout=30)
+        except ApiException as err:  # transport trouble, reported as status 0
+            raise ApiError(err.status or 0, err.reason or "", "") from None
+        data = response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiError(response.status, response.reason or "", data.decode(errors="replace") if data else "")
         return json.loads(data) if data else None
 
     async def request(self, method: str, path: str, **kwargs: Any) -> Any:

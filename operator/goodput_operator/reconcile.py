@@ -208,7 +208,8 @@ def _available(deployment: dict[str, Any], desired: int) -> Condition:
     counts = f"{ready}/{desired} replicas ready"
     if desired == 0:
         return Condition(AVAILABLE, FALSE, "ScaledToZero", "spec.replicas is 0")
-    progressing = next((c for c in status.get("conditions") or () if c.get("type") == "Progressing"), {})
+    conditions = status.get("conditions") or ()
+    progressing: dict[str, Any] = next((c for c in conditions if c.get("type") == "Progressing"), {})
     if progressing.get("reason") == "ProgressDeadlineExceeded":
         return Condition(AVAILABLE, FALSE, "ProgressDeadlineExceeded", f"{counts}; {progressing.get('message', '')}")
     if ready >= 1:

@@ -73,11 +73,14 @@ class Cluster:
 
     def raw(self, method: str, path: str, body: Any = None) -> Any:
         """A plain API call, for resources the client has no typed API for (policy/v1beta1)."""
-        response = self.api.call_api(path, method, header_params={"Accept": "application/json",
-                                                                  "Content-Type": "application/json"},
-                                     body=body, auth_settings=["BearerToken"], _preload_content=False,
-                                     _return_http_data_only=True)
-        return json.loads(response.data) if response.data else None
+        request = self.api.param_serialize(
+            method, path, header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            body=body, auth_settings=["BearerToken"])
+        response = self.api.call_api(*request, _request_timeout=30)
+        data = response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException(status=response.status, reason=response.reason)
+        return json.loads(data) if data else None
 
     # InferenceServices
 
