@@ -113,10 +113,10 @@ def _volumes(svc: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any
         if svc.model.cache_claim
         else {"emptyDir": {}}
     )
-    volumes = [{"name": "model-cache", **cache}, {"name": "tmp", "emptyDir": {}}]
-    mounts = [{"name": "model-cache", "mountPath": MODEL_CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}]
+    volumes: list[dict[str, Any]] = [{"name": "model-cache", **cache}, {"name": "tmp", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "model-cache", "mountPath": MODEL_CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}]
     if svc.model.source.scheme == "pvc":
-        claim: dict[str, Any] = {"claimName": svc.model.source.claim, "readOnly": True}
+        claim = {"claimName": svc.model.source.claim, "readOnly": True}
         volumes.append({"name": "model-source", "persistentVolumeClaim": claim})
         mounts.append({"name": "model-source", "mountPath": SOURCE_MOUNT, "readOnly": True})
     if svc.tensor_parallel > 1:
