@@ -114,7 +114,10 @@ def _volumes(svc: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any
         else {"emptyDir": {}}
     )
     volumes: list[dict[str, Any]] = [{"name": "model-cache", **cache}, {"name": "tmp", "emptyDir": {}}]
-    mounts: list[dict[str, Any]] = [{"name": "model-cache", "mountPath": MODEL_CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}]
+    mounts: list[dict[str, Any]] = [
+        {"name": "model-cache", "mountPath": MODEL_CACHE_DIR},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
     if svc.model.source.scheme == "pvc":
         claim = {"claimName": svc.model.source.claim, "readOnly": True}
         volumes.append({"name": "model-source", "persistentVolumeClaim": claim})
