@@ -14,7 +14,7 @@ import prometheus_client
 from goodput_operator.builders import MANAGED_BY
 from goodput_operator.context import Context
 from goodput_operator.hub import ConfigFetcher, Waiter
-from goodput_operator.k8s import Kube, load_config
+from goodput_operator.k8s import Kube, load_config, owner_collection
 from goodput_operator.reconcile import reconcile, reconcile_by_name
 from goodput_operator.settings import GROUP, KIND, PLURAL, VERSION, Settings
 
@@ -64,6 +64,10 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
         fetcher = ConfigFetcher(settings.hf_endpoint, settings.hub_timeout_seconds,
                                 on_ready=lambda waiters: reconcile_soon(memo.ctx, waiters))
         memo.ctx = Context(kube, settings, fetcher, instance=os.environ.get("POD_NAME") or socket.gethostname())
+        # A plain loop rather than a kopf timer: timers put a finalizer on every service.
+        task = asyncio.create_task(resync_forever(memo.ctx), name="resync")
+        background.add(task)
+        task.add_done_callback(background.discard)
         if settings.metrics_port:
             prometheus_client.start_http_server(settings.metrics_port)
         scope = f"namespace {settings.namespace}" if settings.namespace else "all namespaces"
@@ -82,17 +86,31 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
     async def service_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await reconcile(memo.ctx, _plain(body))
 
-    @kopf.timer(GROUP, VERSION, PLURAL, interval=settings.resync_seconds,
-                initial_delay=settings.resync_seconds, registry=registry)
-    async def resync(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await reconcile(memo.ctx, _plain(body))
-
     for resource in CHILD_RESOURCES:
         @kopf.on.event(**resource, labels=OWNED, registry=registry)  # type: ignore[arg-type]
         async def child_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
             owner = _owner_of(body)
             if owner is not None and getattr(memo, "ctx", None) is not None:
                 await _quietly(memo.ctx, *owner)
+
+
+async def resync_forever(ctx: Context) -> None:
+    """Reconcile every service now and then, so nothing depends on a single missed event."""
+    path = owner_collection(ctx.settings.namespace)
+    while True:
+        await asyncio.sleep(ctx.settings.resync_seconds)
+        try:
+            listing = await ctx.kube.request("GET", path)
+        except Exception as err:
+            logger.warning("Listing InferenceServices for resync failed: %s", err)
+            continue
+        for item in listing.get("items") or ():
+            if not item["metadata"].get("deletionTimestamp"):
+                try:
+                    await reconcile(ctx, item)
+                except Exception as err:
+                    meta = item["metadata"]
+                    logger.warning("Resync of %s/%s failed: %s", meta["namespace"], meta["name"], err)
 
 
 async def _quietly(ctx: Context, namespace: str, name: str) -> None:

@@ -54,6 +54,10 @@ def owner_path(namespace: str, name: str) -> str:
     return resource_path(f"{GROUP}/{VERSION}", "InferenceService", namespace, name)
 
 
+def owner_collection(namespace: str | None) -> str:
+    return resource_path(f"{GROUP}/{VERSION}", "InferenceService", namespace)
+
+
 def is_subset(desired: Any, live: Any) -> bool:
     """Whether every field set in `desired` has the same value in `live` (lists match item by item)."""
     if isinstance(desired, dict):
