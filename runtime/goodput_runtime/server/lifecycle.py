@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_log import AccessLogger
 
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.metrics import RuntimeMetrics
@@ -24,6 +25,17 @@ log = logging.getLogger(__name__)
 EngineFactory = Callable[[EngineConfig, RuntimeMetrics], Any]
 POLL_SECONDS = 0.05
 FINAL_WRITE_SECONDS = 5.0
+
+
+class QuietAccessLogger(AccessLogger):
+    """aiohttp's access log without the probes and scrapes that succeed every few seconds."""
+
+    QUIET_PATHS = frozenset({"/health", "/metrics"})
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        if request.path in self.QUIET_PATHS and response.status == 200:
+            return
+        super().log(request, response, time)
 
 
 def load_engine(config: EngineConfig, metrics: RuntimeMetrics) -> Any:
@@ -75,7 +87,8 @@ async def serve(config: EngineConfig, metrics: RuntimeMetrics, host: str, port: 
                 on_listening: Callable[[int], None] | None = None) -> int:
     """Serve until ``stop`` is set; return the process exit code."""
     state = ServerState(config.model_name, metrics, config.model)
-    runner = web.AppRunner(build_app(state), handler_cancellation=True, shutdown_timeout=FINAL_WRITE_SECONDS)
+    runner = web.AppRunner(build_app(state), handler_cancellation=True, shutdown_timeout=FINAL_WRITE_SECONDS,
+                           access_log_class=QuietAccessLogger)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     bound = runner.addresses[0][1]
