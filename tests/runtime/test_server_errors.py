@@ -155,7 +155,7 @@ async def test_bad_requests_do_not_disturb_a_running_stream(server, read_sse) ->
 
 async def test_full_queue_is_a_429_with_retry_after(make_server) -> None:
     busy = make_server(max_num_seqs=1, max_queue=1)
-    body = {"model": busy.model, "prompt": "Long answer", "max_tokens": 150, "ignore_eos": True}
+    body = {"model": busy.model, "prompt": "Long answer", "max_tokens": 240, "ignore_eos": True}
     results = await asyncio.gather(*(post(busy, "/v1/completions", json=body) for _ in range(4)))
     refused = [(headers, payload) for status, headers, payload in results if status == 429]
     served = [payload for status, _, payload in results if status == 200]
@@ -163,7 +163,7 @@ async def test_full_queue_is_a_429_with_retry_after(make_server) -> None:
     for headers, payload in refused:
         assert int(headers["Retry-After"]) >= 1
         assert_openai_error(payload, 429, None)
-    assert all(p["usage"]["completion_tokens"] == 150 for p in served)
+    assert all(p["usage"]["completion_tokens"] == 240 for p in served)
     client = openai.OpenAI(base_url=f"{busy.url}/v1", api_key="unused", max_retries=0)
     assert client.completions.create(model=busy.model, prompt="after", max_tokens=2).usage.completion_tokens
 

@@ -90,7 +90,7 @@ async def test_sigterm_finishes_in_flight_requests_then_exits_0(runtime) -> None
     server = runtime("--shutdown-grace", "60")
     async with aiohttp.ClientSession() as http:
         await server.wait_health(http, 200)
-        stream = await open_stream(http, server.url, 700)
+        stream = await open_stream(http, server.url, 1000)
         server.process.send_signal(signal.SIGTERM)
         await server.wait_health(http, 503)
         async with http.post(f"{server.url}/v1/completions",
@@ -99,7 +99,7 @@ async def test_sigterm_finishes_in_flight_requests_then_exits_0(runtime) -> None
             assert (await late.json())["error"]["code"] == "shutting_down"
         chunks = await rest_of_stream(stream)
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
-    assert chunks[-1]["usage"]["completion_tokens"] == 700
+    assert chunks[-1]["usage"]["completion_tokens"] == 1000
     assert await asyncio.to_thread(server.process.wait, 60) == 0
     assert "Drained" in server.log()
 
