@@ -138,3 +138,21 @@ def test_models_lists_the_served_name(openai_client, server) -> None:
     [model] = openai_client.models.list().data
     assert model.id == server.model
     assert openai_client.models.retrieve(server.model).id == server.model
+
+
+def test_streamed_text_also_stops_before_the_stop_string(openai_client, server) -> None:
+    ask = {"model": server.model, "prompt": "Once upon", "max_tokens": 20, "temperature": 0,
+           "extra_body": {"ignore_eos": True}}
+    text = openai_client.completions.create(**ask).choices[0].text
+    stop = text[len(text) // 2:][:2]
+    chunks = list(openai_client.completions.create(**ask, stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == text[:text.index(stop)]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_repeated_prompt_reports_cached_tokens(openai_client, server) -> None:
+    prompt = list(range(300, 364))  # four full 16-token blocks
+    first, second = (openai_client.completions.create(model=server.model, prompt=prompt, max_tokens=2,
+                                                      extra_body={"ignore_eos": True}) for _ in range(2))
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens >= 48
