@@ -1,0 +1,90 @@
+"""Our server as a child process on a loopback port, ready once /health answers 200."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from bench.workload import WorkItem
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def ensure_model(model_dir: str, shape: str) -> None:
+    if (Path(model_dir) / "config.json").exists():
+        return
+    print(f"making a {shape} model in {model_dir} ...", flush=True)
+    subprocess.run([sys.executable, "-m", "goodput_runtime.tools.make_model", "--out", model_dir,
+                    "--shape", shape], check=True)
+
+
+def kv_cache_bytes(model_dir: str, items: list[WorkItem], block_size: int) -> int:
+    """fp32 KV bytes for every request's prompt + output at once, in whole blocks, plus one block each."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
+    blocks = sum(math.ceil((len(i.prompt_ids) + i.max_tokens) / block_size) + 1 for i in items)
+    return blocks * block_size * per_token
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@contextmanager
+def start_server(
+    model_dir: str, served_name: str, threads: int, extra_args: list[str], log_dir: Path,
+    ready_timeout_s: float = 600.0,
+) -> Iterator[str]:
+    """Yields the base URL; stops the server with SIGTERM (then SIGKILL) on the way out."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "goodput_runtime", "--model", model_dir, "--served-model-name", served_name,
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--device", "cpu",
+           "--log-level", "warning", *extra_args]
+    # torch reads these at start: the server computes on as many threads as the baselines
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "runtime"), env.get("PYTHONPATH")]))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"server-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.log"
+    base_url = f"http://127.0.0.1:{port}"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + ready_timeout_s
+            while not healthy(base_url + "/health"):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {proc.returncode} before ready; see {log_path}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"server not ready after {ready_timeout_s:.0f} s; see {log_path}")
+                time.sleep(0.5)
+            print(f"  server ready at {base_url} (log {log_path})", flush=True)
+            yield base_url
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
