@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
@@ -90,3 +91,20 @@ def test_help_lists_every_flag() -> None:
                  "--no-enable-prefix-caching", "--max-queue", "--slo-ttft", "--slo-tpot", "--shutdown-grace",
                  "--seed", "--log-level", "--tensor-parallel-size", "--quantization"):
         assert flag in result.stdout
+
+
+def test_missing_model_directory_exits_1_naming_it() -> None:
+    result = run_cli("--model", "/nonexistent/model", "--host", "127.0.0.1", "--port", "0")
+    assert result.returncode == 1
+    assert "Cannot serve /nonexistent/model: model directory /nonexistent/model does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_port_in_use_exits_1_naming_it() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("--model", "/nonexistent/model", "--host", "127.0.0.1", "--port", str(port))
+    assert result.returncode == 1
+    assert f"Cannot listen on 127.0.0.1:{port}" in result.stderr

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from goodput_runtime.engine.outputs import (
     EngineStoppedError,
+    InvalidPromptError,
     PromptTooLongError,
     QueueFullError,
     RequestOutput,
@@ -52,6 +53,7 @@ async def generate(request: web.Request, engine: Any, tracker: Tracker, shape: S
         if not finished:
             # the client left (or we failed) before the end: free the request's KV blocks now
             engine.abort(shape.id)
+            log.info("Aborted request %s before it finished", shape.id)
         tracker.active.discard(shape.id)
 
 
@@ -63,6 +65,8 @@ def admit(engine: Any, request_id: str, prompt_ids: list[int], params: SamplingP
         raise queue_full() from None
     except PromptTooLongError as exc:
         raise invalid(str(exc), prompt_param, "context_length_exceeded") from None
+    except InvalidPromptError as exc:
+        raise invalid(f"'{prompt_param}' cannot be served: {exc}", prompt_param) from None
     except EngineStoppedError:
         raise unavailable("The server is shutting down and accepts no new requests",
                           "shutting_down") from None
@@ -108,7 +112,7 @@ async def stream_events(request: web.Request, shape: Shape,
         if not finished:
             raise RuntimeError("The engine ended a request's stream without a finished output")
     except ConnectionResetError:
-        log.info("Client went away; aborted request %s", shape.id)
+        log.info("Client of request %s went away", shape.id)
         return response, finished
     except Exception as exc:  # headers are sent: report in-band, keep serving others
         error = exc if isinstance(exc, APIError) else internal()

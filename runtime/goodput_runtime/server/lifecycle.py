@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.web_log import AccessLogger
 
 from goodput_runtime.config import EngineConfig
+from goodput_runtime.loader import ModelLoadError
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.server.app import ServerState, build_app
 
@@ -90,7 +91,12 @@ async def serve(config: EngineConfig, metrics: RuntimeMetrics, host: str, port: 
     runner = web.AppRunner(build_app(state), handler_cancellation=True, shutdown_timeout=FINAL_WRITE_SECONDS,
                            access_log_class=QuietAccessLogger)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        log.error("Cannot listen on %s:%d: %s", host, port, exc.strerror or exc)
+        await runner.cleanup()
+        return 1
     bound = runner.addresses[0][1]
     log.info("Listening on http://%s:%d (model %s loading)", host, bound, config.model)
     if on_listening is not None:
@@ -102,6 +108,9 @@ async def serve(config: EngineConfig, metrics: RuntimeMetrics, host: str, port: 
             if engine is None:
                 return 0
             await engine.start()
+        except (ModelLoadError, ValueError) as exc:
+            log.error("Cannot serve %s: %s", config.model, exc)
+            return 1
         except Exception:
             log.exception("Engine for model %s failed to start; exiting", config.model)
             return 1
@@ -138,7 +147,7 @@ async def drain(state: ServerState, grace: float, force: asyncio.Event) -> None:
         log.info("Drained: every in-flight request finished")
         return
     left = list(state.tracker.active)
-    log.warning("Aborting %d requests still running after the grace period", len(left))
+    log.warning("Aborting %d requests still running", len(left))
     for request_id in left:
         state.engine.abort(request_id)
     await wait_until(lambda: not state.tracker.active, FINAL_WRITE_SECONDS)
