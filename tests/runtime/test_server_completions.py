@@ -104,13 +104,12 @@ def test_stop_string_ends_the_text_before_it(openai_client, server) -> None:
     assert stopped.choices[0].text == text[:text.index(stop)]
 
 
-def test_stop_token_id_ends_the_request(openai_client, server) -> None:
-    free = openai_client.completions.create(model=server.model, prompt=[5, 6, 7], max_tokens=10,
-                                            temperature=0, extra_body={"ignore_eos": True})
-    first = server.engine.tokenizer(free.choices[0].text).input_ids[0]
-    stopped = openai_client.completions.create(
-        model=server.model, prompt=[5, 6, 7], max_tokens=10, temperature=0,
-        extra_body={"ignore_eos": True, "stop_token_ids": [first]})
+def test_stop_token_ids_end_the_request(openai_client, server) -> None:
+    ask = {"model": server.model, "prompt": [5, 6, 7], "max_tokens": 10, "temperature": 0}
+    free = openai_client.completions.create(**ask, extra_body={"ignore_eos": True})
+    assert free.choices[0].finish_reason == "length"
+    every_token = list(range(len(server.engine.tokenizer)))
+    stopped = openai_client.completions.create(**ask, extra_body={"ignore_eos": True, "stop_token_ids": every_token})
     assert stopped.choices[0].finish_reason == "stop"
     assert stopped.usage.completion_tokens <= 1
 
