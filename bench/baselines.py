@@ -51,7 +51,7 @@ def cb_cache_blocks(items: list[WorkItem], page_size: int) -> int:
 
 
 def run_transformers_cb(
-    model, items: list[WorkItem], max_batch_tokens: int, page_size: int = 32, max_seqs: int = 64
+    model, items: list[WorkItem], max_batch_tokens: int, page_size: int = 256, max_seqs: int = 64
 ) -> SystemRun:
     from transformers import ContinuousBatchingConfig, GenerationConfig
 

@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-batched-tokens", type=int, default=2048, help="per-step token budget (ours and CB)")
     p.add_argument("--block-size", type=int, default=16, help="our KV block size")
-    p.add_argument("--cb-page-size", type=int, default=32, help="transformers CB page size")
+    p.add_argument("--cb-page-size", type=int, default=256, help="transformers CB page size (its default)")
     p.add_argument("--static-batch-size", type=int, default=64)
     p.add_argument("--warmup", type=int, default=2, help="short requests to our server before timing")
     p.add_argument("--slo-ttft", type=float, default=None)
