@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -155,3 +156,22 @@ def test_repeated_prompt_reports_cached_tokens(openai_client, server) -> None:
                                                       extra_body={"ignore_eos": True}) for _ in range(2))
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert second.usage.prompt_tokens_details.cached_tokens >= 48
+
+
+async def test_concurrent_requests_get_the_answers_they_get_alone(server) -> None:
+    prompts = [f"Question number {i} is about" + " more" * (i % 5) for i in range(12)]
+
+    async def ask(http: aiohttp.ClientSession, i: int) -> dict:
+        body = {"model": server.model, "prompt": prompts[i], "max_tokens": 4 + 3 * i, "temperature": 0,
+                "ignore_eos": True}
+        async with http.post(f"{server.url}/v1/completions", json=body) as response:
+            assert response.status == 200
+            return await response.json()
+
+    async with aiohttp.ClientSession() as http:
+        alone = [await ask(http, i) for i in range(len(prompts))]
+        together = await asyncio.gather(*(ask(http, i) for i in range(len(prompts))))
+    for i, (one, many) in enumerate(zip(alone, together, strict=True)):
+        assert many["usage"]["completion_tokens"] == 4 + 3 * i
+        assert many["choices"][0]["text"] == one["choices"][0]["text"]
+    await asyncio.to_thread(server.wait_idle)
