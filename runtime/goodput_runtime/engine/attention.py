@@ -34,6 +34,16 @@ class KVCache:
 
 
 @dataclass
+class DecodeGroup:
+    """Single-token decodes of similar context length, attended as one padded batch."""
+
+    rows: slice
+    slots: torch.Tensor  # [B * L] context slots, each row padded to L
+    lens: torch.Tensor  # [B] context length including the new token
+    width: int  # L
+
+
+@dataclass
 class PrefillChunk:
     rows: slice  # rows of the flat step holding this chunk's queries
     start: int  # tokens of this sequence already in the cache
@@ -44,22 +54,20 @@ class PrefillChunk:
 class PagedBatch:
     cache: KVCache
     slot_mapping: torch.Tensor  # [T] where each new token's key and value go
-    num_decodes: int
-    decode_slots: torch.Tensor | None = None  # [B, L] context slots, padded
-    decode_lens: torch.Tensor | None = None  # [B] context length including the new token
+    decodes: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
     masks: dict[tuple, torch.Tensor] = field(default_factory=dict)
 
-    def decode_mask(self, window: int | None) -> torch.Tensor:
+    def decode_mask(self, i: int, window: int | None) -> torch.Tensor:
         # [B, 1, 1, L]: key j is visible when j < len (and j > pos - window)
-        key = ("decode", window)
+        key = ("decode", i, window)
         if key not in self.masks:
-            assert self.decode_slots is not None and self.decode_lens is not None
-            j = torch.arange(self.decode_slots.shape[1], device=self.decode_slots.device)
-            lens = self.decode_lens[:, None]
-            mask = j[None, :] < lens
+            group = self.decodes[i]
+            j = torch.arange(group.width, device=group.lens.device)[None, :]
+            lens = group.lens[:, None]
+            mask = j < lens
             if window is not None:
-                mask &= j[None, :] > lens - 1 - window
+                mask &= j > lens - 1 - window
             self.masks[key] = mask[:, None, None, :]
         return self.masks[key]
 
@@ -81,6 +89,10 @@ class PagedBatch:
         return self.masks[key]
 
 
+def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    return torch.index_select(cache, 0, slots)
+
+
 def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor | None, scaling: float | None = None,
                     dropout: float = 0.0, sliding_window: int | None = None, **kwargs):
@@ -88,29 +100,27 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     batch: PagedBatch = kwargs["paged"]
     layer = module.layer_idx
     k_cache, v_cache = batch.cache.keys[layer], batch.cache.values[layer]
-    new_k = key[0].transpose(0, 1)  # [T, KVH, D]
-    new_v = value[0].transpose(0, 1)
-    k_cache.index_copy_(0, batch.slot_mapping, new_k)
-    v_cache.index_copy_(0, batch.slot_mapping, new_v)
-    gqa = query.shape[1] != key.shape[1]
-    out = torch.empty(query.shape[2], query.shape[1], query.shape[3], dtype=query.dtype, device=query.device)
+    k_cache.index_copy_(0, batch.slot_mapping, key[0].transpose(0, 1))
+    v_cache.index_copy_(0, batch.slot_mapping, value[0].transpose(0, 1))
+    kv_heads, head_dim = key.shape[1], key.shape[3]
+    gqa = query.shape[1] != kv_heads
+    out = torch.empty(query.shape[2], query.shape[1], head_dim, dtype=query.dtype, device=query.device)
 
-    b = batch.num_decodes
-    if b:
-        assert batch.decode_slots is not None
-        q = query[0, :, :b].transpose(0, 1).unsqueeze(2)  # [B, H, 1, D]
-        k = k_cache[batch.decode_slots].transpose(1, 2)  # [B, KVH, L, D]
-        v = v_cache[batch.decode_slots].transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.decode_mask(sliding_window),
+    for i, group in enumerate(batch.decodes):
+        b = group.rows.stop - group.rows.start
+        q = query[0, :, group.rows].transpose(0, 1).unsqueeze(2)  # [B, H, 1, D]
+        k = gather(k_cache, group.slots).view(b, group.width, kv_heads, head_dim).transpose(1, 2)  # [B, KVH, L, D]
+        v = gather(v_cache, group.slots).view(b, group.width, kv_heads, head_dim).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.decode_mask(i, sliding_window),
                                            scale=scaling, enable_gqa=gqa)
-        out[:b] = o.squeeze(2)
+        out[group.rows] = o.squeeze(2)
     for i, chunk in enumerate(batch.prefills):
         q = query[:, :, chunk.rows]  # [1, H, n, D]
         if chunk.slots is None:
             k, v = key[:, :, chunk.rows], value[:, :, chunk.rows]
         else:
-            k = k_cache[chunk.slots].transpose(0, 1).unsqueeze(0)  # [1, KVH, start + n, D]
-            v = v_cache[chunk.slots].transpose(0, 1).unsqueeze(0)
+            k = gather(k_cache, chunk.slots).transpose(0, 1).unsqueeze(0)  # [1, KVH, start + n, D]
+            v = gather(v_cache, chunk.slots).transpose(0, 1).unsqueeze(0)
         mask = batch.prefill_mask(i, sliding_window)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                            scale=scaling, enable_gqa=gqa)

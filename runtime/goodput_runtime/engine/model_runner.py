@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from goodput_runtime.engine.attention import KVCache, PagedBatch, PrefillChunk
+from goodput_runtime.engine.attention import DecodeGroup, KVCache, PagedBatch, PrefillChunk
 from goodput_runtime.engine.sampler import Sampler
 from goodput_runtime.engine.scheduler import ScheduledSeq, SchedulerOutput
 
@@ -46,16 +46,17 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> list[int | None]:
         """One forward pass over the scheduled tokens; the sampled token per sequence, None mid-prefill."""
-        order = sorted(range(len(out.scheduled)), key=lambda i: out.scheduled[i].num_tokens != 1)
+        # decodes first, longest context first, so similar lengths share a padded attention batch
+        order = sorted(range(len(out.scheduled)),
+                       key=lambda i: (out.scheduled[i].num_tokens != 1, -out.scheduled[i].seq.num_tokens))
         items = [out.scheduled[i] for i in order]
         input_ids, positions, batch, sample_rows = self._prepare(items)
         sampling = [(row, item) for row, item in zip(sample_rows, items, strict=True) if item.samples]
         result: list[int | None] = [None] * len(items)
-        if not sampling:
-            self._forward(input_ids, positions, batch, torch.tensor([0], device=self.device))
-            return result
-        keep = torch.tensor([row for row, _ in sampling], device=self.device)
+        keep = torch.tensor([row for row, _ in sampling] or [0], device=self.device)
         logits = self._forward(input_ids, positions, batch, keep)
+        if not sampling:
+            return result
         tokens = self.sampler.sample(logits, [item.seq.params for _, item in sampling],
                                      [item.seq.request_id for _, item in sampling])
         sampled = iter(tokens)
@@ -69,34 +70,46 @@ class ModelRunner:
                             logits_to_keep=keep, use_cache=False)
         return output.logits[0].float()  # [N, V]
 
+    def _context_slots(self, tables: list[list[int]], width: int) -> torch.Tensor:
+        """[B * width] cache slots of the first `width` positions of each block table."""
+        bs = self.block_size
+        blocks = -(-width // bs)
+        padded = torch.tensor([t[:blocks] + [0] * (blocks - len(t[:blocks])) for t in tables], device=self.device)
+        slots = padded[:, :, None] * bs + torch.arange(bs, device=self.device)
+        return slots.view(len(tables), -1)[:, :width].reshape(-1)
+
     def _prepare(self, items: list[ScheduledSeq]):
         bs = self.block_size
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         sample_rows: list[int] = []
-        decode_contexts: list[list[int]] = []
+        decode_rows: list[ScheduledSeq] = []
         prefills: list[PrefillChunk] = []
         for item in items:
             seq, start, n = item.seq, item.start, item.num_tokens
             table = seq.block_table
-            context = [table[p // bs] * bs + p % bs for p in range(start + n)]
             row = len(ids)
             ids.extend(seq.token_ids[start : start + n])
             positions.extend(range(start, start + n))
-            slots.extend(context[start:])
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             sample_rows.append(row + n - 1)
             if n == 1:
-                decode_contexts.append(context)
+                decode_rows.append(item)
             else:
-                chunk_slots = torch.tensor(context, device=self.device) if start else None
+                chunk_slots = self._context_slots([table], start + n) if start else None
                 prefills.append(PrefillChunk(slice(row, row + n), start, chunk_slots))
-        batch = PagedBatch(self.cache, torch.tensor(slots, device=self.device), len(decode_contexts),
-                           prefills=prefills)
-        if decode_contexts:
-            width = max(len(c) for c in decode_contexts)
-            padded = [c + [0] * (width - len(c)) for c in decode_contexts]
-            batch.decode_slots = torch.tensor(padded, device=self.device)
-            batch.decode_lens = torch.tensor([len(c) for c in decode_contexts], device=self.device)
+        batch = PagedBatch(self.cache, torch.tensor(slots, device=self.device), prefills=prefills)
+        first = 0
+        while first < len(decode_rows):
+            width = decode_rows[first].seq.num_tokens
+            last = first
+            while last < len(decode_rows) and decode_rows[last].seq.num_tokens * 4 >= width * 3:
+                last += 1
+            group = decode_rows[first:last]
+            lens = torch.tensor([item.seq.num_tokens for item in group], device=self.device)
+            context = self._context_slots([item.seq.block_table for item in group], width)
+            batch.decodes.append(DecodeGroup(slice(first, last), context, lens, width))
+            first = last
         return (torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device),
                 batch, sample_rows)
