@@ -98,7 +98,7 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
                     dropout: float = 0.0, sliding_window: int | None = None, **kwargs):
     # query: [1, H, T, D]; key, value: [1, KVH, T, D] for the step's new tokens only
     batch: PagedBatch = kwargs["paged"]
-    layer = module.layer_idx
+    layer: int = module.layer_idx  # type: ignore[assignment]
     k_cache, v_cache = batch.cache.keys[layer], batch.cache.values[layer]
     k_cache.index_copy_(0, batch.slot_mapping, key[0].transpose(0, 1))
     v_cache.index_copy_(0, batch.slot_mapping, value[0].transpose(0, 1))

@@ -54,18 +54,18 @@ def available_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def kv_cache_bytes(config: EngineConfig, device: torch.device, model: torch.nn.Module) -> int:
+def kv_cache_bytes(config: EngineConfig, device: torch.device, model_config) -> int:
     if device.type != "cuda":
         return config.kv_cache_memory or min(available_memory() // 4, CPU_KV_CACHE_CAP)
     free, total = torch.cuda.mem_get_info(device)
-    cfg = model.config
+    cfg = model_config
     # activations of one full step, generously: hidden states, MLP and logits per token
     per_token = (4 * cfg.hidden_size + 2 * cfg.intermediate_size + cfg.vocab_size) * 4
     reserve = config.max_num_batched_tokens * per_token
     budget = int(total * config.gpu_memory_utilization) - (total - free) - reserve
     if config.kv_cache_memory:
         budget = min(budget, config.kv_cache_memory)
-    return max(budget, 0)
+    return max(int(budget), 0)
 
 
 def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> EngineCore:
@@ -85,7 +85,7 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
 
     layout = KVLayout.of(model_config, dtype)
     block_bytes = layout.bytes_per_token() * config.block_size
-    num_blocks = kv_cache_bytes(config, device, model) // block_bytes
+    num_blocks = kv_cache_bytes(config, device, model_config) // block_bytes
     tokens = num_blocks * config.block_size
     if tokens < max_model_len:
         raise EngineConfigError(
