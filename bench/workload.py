@@ -7,10 +7,8 @@ runs with the same seed send byte-identical requests.
 
 from __future__ import annotations
 
-import json
 import random
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -49,15 +47,16 @@ def prompt_vocabulary(tokenizer_dir: str) -> list[int]:
 
 
 def make_workload(spec: WorkloadSpec, vocabulary: list[int]) -> list[WorkItem]:
-    # one generator per stream, so changing the rate keeps the same prompts and lengths
-    lengths = random.Random(spec.seed)
+    # one generator per stream: changing one range or the rate leaves the other streams as they were
+    prompt_lengths = random.Random(spec.seed)
     tokens = random.Random(spec.seed + 1)
     arrivals = random.Random(spec.seed + 2)
+    output_lengths = random.Random(spec.seed + 3)
     items: list[WorkItem] = []
     clock = 0.0
     for index in range(spec.num_requests):
-        prompt_len = lengths.randint(*spec.prompt_len)
-        max_tokens = lengths.randint(*spec.output_len)
+        prompt_len = prompt_lengths.randint(*spec.prompt_len)
+        max_tokens = output_lengths.randint(*spec.output_len)
         prompt = [tokens.choice(vocabulary) for _ in range(prompt_len)]
         if index > 0 and spec.rate != float("inf"):
             clock += arrivals.expovariate(spec.rate)
@@ -77,6 +76,3 @@ def describe(items: list[WorkItem]) -> dict:
         "last_arrival_s": items[-1].arrival_s,
     }
 
-
-def save(items: list[WorkItem], path: str | Path) -> None:
-    Path(path).write_text(json.dumps([asdict(i) for i in items]))
