@@ -58,7 +58,15 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
             background.add(task)
             task.add_done_callback(background.discard)
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.login(id="login", registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        """The same credentials as our own calls: in-cluster service account, else kubeconfig."""
+        try:
+            return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        except kopf.LoginError:
+            return None
+
+    @kopf.on.startup(id="startup", registry=registry)
     async def startup(memo: kopf.Memo, **_: Any) -> None:
         kube = Kube(load_config(), settings.field_manager)
         fetcher = ConfigFetcher(settings.hf_endpoint, settings.hub_timeout_seconds,
@@ -73,21 +81,21 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
         scope = f"namespace {settings.namespace}" if settings.namespace else "all namespaces"
         logger.info("Watching InferenceServices in %s; runtime image %s", scope, settings.runtime_image)
 
-    @kopf.on.cleanup(registry=registry)
+    @kopf.on.cleanup(id="cleanup", registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         for task in list(background):
             task.cancel()
         if getattr(memo, "ctx", None) is not None:
             await memo.ctx.fetcher.close()
 
-    @kopf.on.resume(GROUP, VERSION, PLURAL, backoff=RETRY_BACKOFF_SECONDS, registry=registry)
-    @kopf.on.create(GROUP, VERSION, PLURAL, backoff=RETRY_BACKOFF_SECONDS, registry=registry)
-    @kopf.on.update(GROUP, VERSION, PLURAL, backoff=RETRY_BACKOFF_SECONDS, registry=registry)
+    @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", backoff=RETRY_BACKOFF_SECONDS, registry=registry)
+    @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", backoff=RETRY_BACKOFF_SECONDS, registry=registry)
+    @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", backoff=RETRY_BACKOFF_SECONDS, registry=registry)
     async def service_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await reconcile(memo.ctx, _plain(body))
 
     for resource in CHILD_RESOURCES:
-        @kopf.on.event(**resource, labels=OWNED, registry=registry)  # type: ignore[arg-type]
+        @kopf.on.event(**resource, id="child", labels=OWNED, registry=registry)  # type: ignore[arg-type]
         async def child_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
             owner = _owner_of(body)
             if owner is not None and getattr(memo, "ctx", None) is not None:

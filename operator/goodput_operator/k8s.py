@@ -41,7 +41,9 @@ def load_config() -> kubernetes.client.ApiClient:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
-    return kubernetes.client.ApiClient()
+    api = kubernetes.client.ApiClient()
+    api.user_agent = "goodput-operator"
+    return api
 
 
 def resource_path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:

@@ -9,6 +9,7 @@ so a module can restart it or run it under another identity.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import threading
 import uuid
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import kubernetes
 import pytest
-from harness import CRD, GROUP, PLURAL, ROOT, Cluster, HubHandler, OperatorProcess
+from harness import CRD, GROUP, PLURAL, ROOT, Cluster, HubHandler, OperatorProcess, wait_for
 from kubernetes.client.exceptions import ApiException
 
 
@@ -42,6 +43,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         cluster.kubectl("apply", "-f", str(CRD))
         cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                         f"crd/{PLURAL}.{GROUP}")
+        # kubectl's discovery cache predates the CRD; the OpenAPI document lags it by seconds
+        shutil.rmtree(workdir / "kubectl-cache", ignore_errors=True)
+        wait_for(lambda: cluster.kubectl("explain", "inferenceservice", check=False).returncode == 0,
+                 60, "the CRD in the OpenAPI document")
         yield cluster
     finally:
         subprocess.run([str(ROOT / "hack" / "cluster.sh"), "down", "--dir", str(workdir)],

@@ -53,7 +53,8 @@ class Cluster:
 
     def kubectl(self, *args: str, kubeconfig: Path | None = None, check: bool = True,
                 input_text: str | None = None, kubectl: str | None = None) -> subprocess.CompletedProcess[str]:
-        cmd = [kubectl or self.kubectl_path, "--kubeconfig", str(kubeconfig or self.kubeconfig), *args]
+        cmd = [kubectl or self.kubectl_path, "--kubeconfig", str(kubeconfig or self.kubeconfig),
+               "--cache-dir", str(self.dir / "kubectl-cache"), *args]
         result = subprocess.run(cmd, capture_output=True, text=True, input=input_text, timeout=120)
         if check and result.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}")

@@ -109,11 +109,11 @@ def test_deleting_the_service_removes_its_children(cluster, operator, namespace)
 def test_deleted_child_comes_back(cluster, operator, namespace):
     cluster.create_service(namespace, "phoenix", SPEC)
     first = cluster.wait_deployment(namespace, "phoenix")
-    cluster.apps.delete_namespaced_deployment("phoenix-runtime", namespace)
+    cluster.kubectl("delete", "deployment", "phoenix-runtime", "-n", namespace)
     again = wait_for(lambda: (d := cluster.deployment(namespace, "phoenix")) and d.metadata.uid != first.metadata.uid
                      and d, 30, "the Deployment to be recreated")
     assert again.spec.template.spec.containers[0].image == RUNTIME_IMAGE
-    cluster.core.delete_namespaced_service("phoenix", namespace)
+    cluster.kubectl("delete", "service", "phoenix", "-n", namespace)
     wait_for(lambda: cluster.get_or_none(cluster.core.read_namespaced_service, "phoenix", namespace), 30,
              "the Service to be recreated")
 
