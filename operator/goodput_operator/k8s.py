@@ -31,7 +31,11 @@ PLURALS = {
 
 class ApiError(Exception):
     def __init__(self, status: int, reason: str, body: str = "") -> None:
-        super().__init__(f"{status} {reason}: {body[:500]}")
+        try:
+            message = json.loads(body).get("message") or body
+        except ValueError:
+            message = body
+        super().__init__(f"{status} {reason}: {message[:1000]}")
         self.status = status
 
 

@@ -58,7 +58,7 @@ def test_full_flow_works_with_the_operators_own_role(cluster, operator, namespac
 def test_verbs_the_role_lacks_are_refused(cluster, operator_kubeconfig, namespace):
     for args in (["get", "secrets", "-n", namespace],  # get one by name, never list
                  ["create", "configmap", "x", "-n", namespace],
-                 ["delete", "deployments", "--all", "-n", namespace],
+                 ["delete", "deployment", "chat-runtime", "-n", namespace],
                  ["get", "pods", "-n", namespace]):
         result = cluster.kubectl(*args, check=False, kubeconfig=operator_kubeconfig)
         assert result.returncode != 0 and "forbidden" in result.stderr.lower(), (args, result.stderr)
