@@ -100,7 +100,11 @@ def runtime_args(svc: ServiceSpec) -> list[str]:
 
 
 def _env(svc: ServiceSpec) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": f"{MODEL_CACHE_DIR}/hf"}]
+    # The root filesystem is read-only: caches go to the model cache volume and /tmp.
+    env: list[dict[str, Any]] = [
+        {"name": "HF_HOME", "value": f"{MODEL_CACHE_DIR}/hf"},
+        {"name": "HOME", "value": "/tmp"},
+    ]
     if svc.model.token_secret:
         ref = {"name": svc.model.token_secret.name, "key": svc.model.token_secret.key}
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})

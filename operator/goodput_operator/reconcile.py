@@ -75,8 +75,16 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
         return "invalid"
 
     owner = builders.owner_reference(name, meta["uid"])
-    deployment = await _apply_children(ctx, body, svc, owner)
-    available = _available(deployment, svc.desired_replicas)
+    try:
+        deployment = await _apply_children(ctx, body, svc, owner)
+    except ChildConflict as err:
+        deployment = {}
+        available = Condition(AVAILABLE, FALSE, "ChildConflict", str(err))
+        before = find((body.get("status") or {}).get("conditions"), AVAILABLE) or {}
+        if before.get("reason") != "ChildConflict":
+            await ctx.event(body, "Warning", "ChildConflict", str(err))
+    else:
+        available = _available(deployment, svc.desired_replicas)
     conditions = [Condition(VALID, TRUE, "SpecValid", "the spec is valid"), fit.condition, available]
     conditions.append(derive_ready(conditions))
     dstatus = deployment.get("status") or {}
@@ -170,13 +178,22 @@ async def _apply_children(ctx: Context, body: dict[str, Any], svc: ServiceSpec,
     elif discovered.pod_monitors:
         desired.append(builders.build_pod_monitor(svc, owner))
 
-    deployment: dict[str, Any] = {}
+    # Look before writing anything: a name held by someone else's object stops the whole pass.
+    lives = []
     for manifest in desired:
         meta = manifest["metadata"]
-        path = resource_path(manifest["apiVersion"], manifest["kind"], svc.namespace, meta["name"])
-        live = await ctx.kube.get(path)
+        live = await ctx.kube.get(resource_path(manifest["apiVersion"], manifest["kind"], svc.namespace,
+                                                meta["name"]))
         if live is not None and not _owned_by(live, owner["uid"]):
-            raise ChildConflict(f"{manifest['kind']} {meta['name']} exists and is not owned by {svc.name}")
+            raise ChildConflict(
+                f"{manifest['kind']} {meta['name']} already exists and is not owned by this service; "
+                "delete it or rename the service"
+            )
+        lives.append(live)
+
+    deployment: dict[str, Any] = {}
+    for manifest, live in zip(desired, lives, strict=True):
+        meta = manifest["metadata"]
         action, current = await ctx.kube.apply(manifest, live)
         if action != "unchanged":
             metrics.CHILD_WRITES.labels(kind=manifest["kind"], action=action).inc()

@@ -142,3 +142,19 @@ def test_unchanged_service_causes_no_writes(cluster, operator, namespace):
     before = versions()
     time.sleep(12)  # longer than the operator's 10 s resync in tests
     assert versions() == before
+
+
+def test_a_name_taken_by_someone_elses_object_is_reported_not_overwritten(cluster, operator, namespace):
+    cluster.core.create_namespaced_service(namespace, {
+        "metadata": {"name": "taken"},
+        "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 1234}]},
+    })
+    cluster.create_service(namespace, "taken", SPEC)
+    available = wait_for(lambda: (c := cluster.condition(namespace, "taken", "Available"))
+                         and c["reason"] == "ChildConflict" and c, what="Available=False ChildConflict")
+    assert "Service taken already exists" in available["message"]
+    assert cluster.condition(namespace, "taken", "Ready")["status"] == "False"
+    theirs = cluster.core.read_namespaced_service("taken", namespace)
+    assert theirs.spec.selector == {"app": "theirs"} and not theirs.metadata.owner_references
+    assert any(e.reason == "ChildConflict" for e in cluster.events(namespace, "taken"))
+    assert cluster.deployment(namespace, "taken") is None  # nothing half-built
