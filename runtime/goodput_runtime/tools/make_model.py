@@ -40,8 +40,8 @@ class ModelShape:
 SHAPES = {
     # ~0.2M parameters: unit and server tests
     "tiny": ModelShape(64, 2, 4, 2, 128, 1024),
-    # ~60M parameters: benchmarks
-    "60m": ModelShape(512, 8, 8, 4, 1536, 16000),
+    # ~59M parameters: benchmarks
+    "60m": ModelShape(512, 12, 8, 4, 1792, 16000),
 }
 
 
