@@ -33,7 +33,7 @@ def wait_for(check: Callable[[], Any], timeout: float = WAIT_SECONDS, what: str 
             value = check()
             if value:
                 return value
-        except ApiException as err:
+        except (ApiException, OSError) as err:
             last_error = err
         time.sleep(0.25)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}" + (
@@ -120,6 +120,16 @@ class Cluster:
 
     def wait_deployment(self, namespace: str, name: str, timeout: float = WAIT_SECONDS) -> Any:
         return wait_for(lambda: self.deployment(namespace, name), timeout, f"Deployment {name}-runtime")
+
+    def wait_settled(self, namespace: str, name: str, timeout: float = WAIT_SECONDS) -> None:
+        """Until the Deployment controller has caught up and the service's status shows it."""
+        def settled() -> bool:
+            d = self.deployment(namespace, name)
+            status = self.get_service(namespace, name).get("status") or {}
+            return bool(d and d.status and d.status.observed_generation == d.metadata.generation
+                        and d.status.conditions and (d.status.replicas or 0) == d.spec.replicas
+                        and status.get("replicas") == d.spec.replicas)
+        wait_for(settled, timeout, f"{name} to settle")
 
     def events(self, namespace: str, name: str) -> list[Any]:
         events = self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")

@@ -73,7 +73,7 @@ def test_invalid_update_leaves_children_alone_until_fixed(cluster, operator, nam
     valid = cluster.wait_condition(namespace, "edit", "Valid", "False")
     assert valid["reason"] == "GPUCountMismatch" and "spec.resources.gpu" in valid["message"]
     time.sleep(1)
-    assert cluster.deployment(namespace, "edit").metadata.resource_version == before.metadata.resource_version
+    assert cluster.deployment(namespace, "edit").metadata.generation == before.metadata.generation
     cluster.patch_service(namespace, "edit", {"spec": {"resources": {"gpu": 2}}})
     cluster.wait_condition(namespace, "edit", "Valid", "True")
     rolled = wait_for(lambda: "--tensor-parallel-size" in _args(d := cluster.deployment(namespace, "edit"))
@@ -132,7 +132,8 @@ def test_unchanged_service_causes_no_writes(cluster, operator, namespace):
     cluster.create_service(namespace, "still", SPEC)
     cluster.wait_condition(namespace, "still", "Valid", "True")
     cluster.wait_deployment(namespace, "still")
-    time.sleep(3)  # let the first passes and the Deployment controller settle
+    cluster.wait_settled(namespace, "still")
+    time.sleep(1)
 
     def versions():
         return (cluster.get_service(namespace, "still")["metadata"]["resourceVersion"],

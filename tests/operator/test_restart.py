@@ -27,7 +27,8 @@ def test_restart_creates_no_duplicates_and_writes_nothing(cluster, operator, nam
     for name in NAMES:
         cluster.wait_condition(namespace, name, "Valid", "True")
         cluster.wait_deployment(namespace, name)
-    time.sleep(3)  # the Deployment controller's first status writes, and their reconciles
+        cluster.wait_settled(namespace, name)
+    time.sleep(1)
     before = _versions(cluster, namespace)
 
     operator.stop()
