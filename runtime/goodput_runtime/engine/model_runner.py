@@ -9,7 +9,7 @@ import torch
 
 from goodput_runtime.engine.attention import DecodeGroup, KVCache, PagedBatch, PrefillChunk
 from goodput_runtime.engine.sampler import Sampler
-from goodput_runtime.engine.scheduler import ScheduledSeq, SchedulerOutput
+from goodput_runtime.engine.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
 
@@ -17,55 +17,88 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class KVLayout:
     num_layers: int
-    kv_heads: int
+    kv_heads: int  # on this rank: the model's KV heads divided by the tensor-parallel size
     head_dim: int
     dtype: torch.dtype
 
     @classmethod
-    def of(cls, model_config, dtype: torch.dtype) -> KVLayout:
+    def of(cls, model_config, dtype: torch.dtype, tensor_parallel: int = 1) -> KVLayout:
         heads = model_config.num_attention_heads
         head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads
         kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
-        return cls(model_config.num_hidden_layers, kv_heads, head_dim, dtype)
+        return cls(model_config.num_hidden_layers, kv_heads // tensor_parallel, head_dim, dtype)
 
     def bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.kv_heads * self.head_dim * torch.tensor([], dtype=self.dtype).element_size()
 
 
+@dataclass(slots=True)
+class StepItem:
+    """One sequence's share of a step, in plain Python so it can be sent to other ranks."""
+
+    token_ids: list[int]  # the tokens computed this step
+    start: int  # tokens already in the cache
+    block_table: list[int]
+    samples: bool
+
+    @property
+    def context_len(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+def plan_step(out: SchedulerOutput) -> tuple[list[int], list[StepItem]]:
+    """The step's items, decodes first and longest context first, so similar lengths share a padded
+    attention batch; with the scheduled position of each."""
+    scheduled = out.scheduled
+    order = sorted(range(len(scheduled)),
+                   key=lambda i: (scheduled[i].num_tokens != 1, -scheduled[i].seq.num_tokens))
+    items = []
+    for i in order:
+        s = scheduled[i]
+        tokens = s.seq.token_ids[s.start : s.start + s.num_tokens]
+        items.append(StepItem(tokens, s.start, list(s.seq.block_table), s.samples))
+    return order, items
+
+
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, seed: int = 0) -> None:
+    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, seed: int = 0,
+                 tensor_parallel: int = 1) -> None:
         self.model = model
         self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
+        self.dtype = model.get_input_embeddings().weight.dtype
         self.block_size = block_size
-        self.layout = KVLayout.of(model.config, self.dtype)
+        self.layout = KVLayout.of(model.config, self.dtype, tensor_parallel)
         self.cache = KVCache.allocate(self.layout.num_layers, num_blocks * block_size, self.layout.kv_heads,
                                       self.layout.head_dim, self.dtype, self.device)
         self.sampler = Sampler(seed)
+        self.broadcast = None  # set on the leader of a tensor-parallel group: sends each step to the others
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> list[int | None]:
         """One forward pass over the scheduled tokens; the sampled token per sequence, None mid-prefill."""
-        # decodes first, longest context first, so similar lengths share a padded attention batch
-        order = sorted(range(len(out.scheduled)),
-                       key=lambda i: (out.scheduled[i].num_tokens != 1, -out.scheduled[i].seq.num_tokens))
-        items = [out.scheduled[i] for i in order]
-        input_ids, positions, batch, sample_rows = self._prepare(items)
-        sampling = [(row, item) for row, item in zip(sample_rows, items, strict=True) if item.samples]
+        order, items = plan_step(out)
+        if self.broadcast is not None:
+            self.broadcast(items)
+        logits = self.execute(items)
         result: list[int | None] = [None] * len(items)
-        keep = torch.tensor([row for row, _ in sampling] or [0], device=self.device)
-        logits = self._forward(input_ids, positions, batch, keep)
+        sampling = [(pos, out.scheduled[pos].seq) for pos, item in zip(order, items, strict=True) if item.samples]
         if not sampling:
             return result
-        tokens = self.sampler.sample(logits, [item.seq.params for _, item in sampling],
-                                     [item.seq.request_id for _, item in sampling])
-        sampled = iter(tokens)
-        for pos, item in zip(order, items, strict=True):
-            if item.samples:
-                result[pos] = next(sampled)
+        tokens = self.sampler.sample(logits, [seq.params for _, seq in sampling],
+                                     [seq.request_id for _, seq in sampling])
+        for (pos, _), token in zip(sampling, tokens, strict=True):
+            result[pos] = token
         return result
 
-    def _forward(self, input_ids, positions, batch: PagedBatch, keep: torch.Tensor) -> torch.Tensor:
+    @torch.inference_mode()
+    def execute(self, items: list[StepItem], logits: bool = True) -> torch.Tensor:
+        """The forward pass: logits [N, V] of the sampling rows, or hidden states without the LM head."""
+        input_ids, positions, batch, sample_rows = self._prepare(items)
+        keep = torch.tensor([r for r, item in zip(sample_rows, items, strict=True) if item.samples] or [0],
+                            device=self.device)
+        if not logits:  # a follower rank: the leader alone samples
+            return self.model.model(input_ids=input_ids[None], position_ids=positions[None], paged=batch,
+                                    use_cache=False).last_hidden_state
         output = self.model(input_ids=input_ids[None], position_ids=positions[None], paged=batch,
                             logits_to_keep=keep, use_cache=False)
         return output.logits[0].float()  # [N, V]
@@ -78,37 +111,36 @@ class ModelRunner:
         slots = padded[:, :, None] * bs + torch.arange(bs, device=self.device)
         return slots.view(len(tables), -1)[:, :width].reshape(-1)
 
-    def _prepare(self, items: list[ScheduledSeq]):
+    def _prepare(self, items: list[StepItem]):
         bs = self.block_size
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         sample_rows: list[int] = []
-        decode_rows: list[ScheduledSeq] = []
+        decodes: list[StepItem] = []
         prefills: list[PrefillChunk] = []
         for item in items:
-            seq, start, n = item.seq, item.start, item.num_tokens
-            table = seq.block_table
+            start, n, table = item.start, len(item.token_ids), item.block_table
             row = len(ids)
-            ids.extend(seq.token_ids[start : start + n])
+            ids.extend(item.token_ids)
             positions.extend(range(start, start + n))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             sample_rows.append(row + n - 1)
             if n == 1:
-                decode_rows.append(item)
+                decodes.append(item)
             else:
                 chunk_slots = self._context_slots([table], start + n) if start else None
                 prefills.append(PrefillChunk(slice(row, row + n), start, chunk_slots))
         batch = PagedBatch(self.cache, torch.tensor(slots, device=self.device), prefills=prefills)
         first = 0
-        while first < len(decode_rows):
-            width = decode_rows[first].seq.num_tokens
+        while first < len(decodes):
+            width = decodes[first].context_len
             last = first
-            while last < len(decode_rows) and decode_rows[last].seq.num_tokens * 4 >= width * 3:
+            while last < len(decodes) and decodes[last].context_len * 4 >= width * 3:
                 last += 1
-            group = decode_rows[first:last]
-            lens = torch.tensor([item.seq.num_tokens for item in group], device=self.device)
-            context = self._context_slots([item.seq.block_table for item in group], width)
+            group = decodes[first:last]
+            lens = torch.tensor([item.context_len for item in group], device=self.device)
+            context = self._context_slots([item.block_table for item in group], width)
             batch.decodes.append(DecodeGroup(slice(first, last), context, lens, width))
             first = last
         return (torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device),
