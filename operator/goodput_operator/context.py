@@ -22,8 +22,10 @@ class Discovered:
     """Optional APIs the cluster serves, found by discovery."""
 
     pdb_api_version: str = "policy/v1"
+    hpa_api_version: str = "autoscaling/v2"
     service_monitors: bool = False
     pod_monitors: bool = False
+    scaled_objects: bool = False
 
 
 @dataclass
@@ -49,11 +51,16 @@ class Context:
 
     async def discovery(self) -> Discovered:
         if self._discovered is None or time.monotonic() - self._discovered_at > self.settings.discovery_seconds:
-            v1 = await self.kube.has_resource("policy/v1", "poddisruptionbudgets")
+            has = self.kube.has_resource
+            # Older servers serve only the beta versions of PDBs (policy/v1beta1) and HPAs (v2beta2).
+            pdb_v1 = await has("policy/v1", "poddisruptionbudgets")
+            hpa_v2 = await has("autoscaling/v2", "horizontalpodautoscalers")
             self._discovered = Discovered(
-                pdb_api_version="policy/v1" if v1 else "policy/v1beta1",
-                service_monitors=await self.kube.has_resource("monitoring.coreos.com/v1", "servicemonitors"),
-                pod_monitors=await self.kube.has_resource("monitoring.coreos.com/v1", "podmonitors"),
+                pdb_api_version="policy/v1" if pdb_v1 else "policy/v1beta1",
+                hpa_api_version="autoscaling/v2" if hpa_v2 else "autoscaling/v2beta2",
+                service_monitors=await has("monitoring.coreos.com/v1", "servicemonitors"),
+                pod_monitors=await has("monitoring.coreos.com/v1", "podmonitors"),
+                scaled_objects=await has("keda.sh/v1alpha1", "scaledobjects"),
             )
             self._discovered_at = time.monotonic()
         return self._discovered

@@ -26,6 +26,8 @@ PLURALS = {
     "PodMonitor": "podmonitors",
     "InferenceService": PLURAL,
     "Secret": "secrets",
+    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+    "ScaledObject": "scaledobjects",
 }
 
 

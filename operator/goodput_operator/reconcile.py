@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from goodput_operator import builders, capacity, metrics
+from goodput_operator import builders, capacity, metrics, scaling
 from goodput_operator.conditions import (
     AVAILABLE,
     FALSE,
@@ -70,13 +70,14 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
         fit = await _model_fit(ctx, svc)
         if fit.invalid:
             raise fit.invalid
+        owner = builders.owner_reference(name, meta["uid"])
+        desired, unwanted = await _desired_children(ctx, svc, owner)
     except SpecError as err:
         await _refuse(ctx, body, err, generation)
         return "invalid"
 
-    owner = builders.owner_reference(name, meta["uid"])
     try:
-        deployment = await _apply_children(ctx, body, svc, owner)
+        deployment = await _apply_children(ctx, body, desired, unwanted, svc, owner)
     except ChildConflict as err:
         deployment = {}
         available = Condition(AVAILABLE, FALSE, "ChildConflict", str(err))
@@ -157,27 +158,38 @@ async def _model_fit(ctx: Context, svc: ServiceSpec) -> Fit:
     return Fit(condition, plan.as_status())
 
 
-async def _apply_children(ctx: Context, body: dict[str, Any], svc: ServiceSpec,
-                          owner: dict[str, Any]) -> dict[str, Any]:
-    """Apply every desired child; remove the ones no longer wanted; return the live Deployment."""
+async def _desired_children(ctx: Context, svc: ServiceSpec,
+                            owner: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The manifests to apply, and the paths of optional children this spec no longer wants."""
     discovered = await ctx.discovery()
     desired: list[dict[str, Any]] = [
         builders.build_deployment(svc, ctx.settings, owner),
         builders.build_service(svc, owner),
     ]
-    unwanted: list[str] = []
-    pdb = builders.build_pdb(svc, owner, discovered.pdb_api_version)
-    pdb_path = resource_path(discovered.pdb_api_version, "PodDisruptionBudget", svc.namespace,
-                             builders.deployment_name(svc))
-    if pdb:
-        desired.append(pdb)
-    else:
-        unwanted.append(pdb_path)
     if discovered.service_monitors:
         desired.append(builders.build_service_monitor(svc, owner))
     elif discovered.pod_monitors:
         desired.append(builders.build_pod_monitor(svc, owner))
+    if svc.autoscaling.mode == "keda" and not discovered.scaled_objects:
+        raise SpecError("autoscaling.mode", "is keda, but the cluster serves no keda.sh/v1alpha1 ScaledObjects",
+                        reason="KEDANotInstalled")
+    optional = [
+        (builders.build_pdb(svc, owner, discovered.pdb_api_version),
+         resource_path(discovered.pdb_api_version, "PodDisruptionBudget", svc.namespace,
+                       builders.deployment_name(svc))),
+        (scaling.build_hpa(svc, owner, discovered.hpa_api_version),
+         resource_path(discovered.hpa_api_version, "HorizontalPodAutoscaler", svc.namespace, svc.name)),
+    ]
+    if discovered.scaled_objects:
+        optional.append((scaling.build_scaled_object(svc, owner),
+                         resource_path("keda.sh/v1alpha1", "ScaledObject", svc.namespace, svc.name)))
+    desired += [manifest for manifest, _ in optional if manifest]
+    return desired, [path for manifest, path in optional if not manifest]
 
+
+async def _apply_children(ctx: Context, body: dict[str, Any], desired: list[dict[str, Any]],
+                          unwanted: list[str], svc: ServiceSpec, owner: dict[str, Any]) -> dict[str, Any]:
+    """Apply every desired child; remove the ones no longer wanted; return the live Deployment."""
     # Look before writing anything: a name held by someone else's object stops the whole pass.
     lives = []
     for manifest in desired:

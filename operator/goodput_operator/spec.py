@@ -93,6 +93,8 @@ class Autoscaling:
     max_replicas: int = 1
     scale_up_window_seconds: float = 0.0
     scale_down_window_seconds: float = 300.0
+    target_waiting: float = 2.0  # hpa/keda: waiting requests per replica to hold
+    prometheus_address: str | None = None  # keda: where its trigger queries
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,12 @@ def _autoscaling(raw: dict[str, Any]) -> Autoscaling:
             f"is {high}, below autoscaling.minReplicas={low}",
             reason="ReplicaBoundsInverted",
         )
+    if mode == "hpa" and low < 1:
+        raise SpecError("autoscaling.minReplicas", "must be at least 1 in hpa mode (use keda to scale to zero)",
+                        reason="HPACannotScaleToZero")
+    if mode == "keda" and not raw.get("prometheusAddress"):
+        raise SpecError("autoscaling.prometheusAddress", "is required in keda mode",
+                        reason="PrometheusAddressMissing")
     return Autoscaling(
         mode=mode,
         min_replicas=low,
@@ -231,6 +239,8 @@ def _autoscaling(raw: dict[str, Any]) -> Autoscaling:
         scale_down_window_seconds=parse_duration(
             raw.get("scaleDownWindow", "5m"), "autoscaling.scaleDownWindow"
         ),
+        target_waiting=float(raw.get("targetWaitingRequests", 2)),
+        prometheus_address=raw.get("prometheusAddress"),
     )
 
 
