@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import os
 import platform
+import subprocess
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import torch
 
 from bench.baselines import SystemRun, cb_cache_blocks, load_model, run_static, run_transformers_cb
 from bench.serve import default_output, run_load, write_json
-from bench.server_process import ensure_model, kv_cache_bytes, start_server
+from bench.server_process import REPO, ensure_model, kv_cache_bytes, start_server
 from bench.stats import distribution, summarize
 from bench.workload import WorkloadSpec, describe, make_workload, parse_range, prompt_vocabulary
 
@@ -90,6 +91,15 @@ def markdown(rows: dict[str, dict], ratios: dict[str, dict]) -> str:
                      f"{row['ttft_s']['p50']:.2f} | {row['ttft_s']['p90']:.2f} | "
                      f"{'-' if ratio is None else f'{ratio:.2f}x'} |")
     return "\n".join(lines)
+
+
+def source_revision() -> dict:
+    """The commit measured, and whether the runtime had uncommitted changes."""
+    def git(*cmd: str) -> str:
+        done = subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=REPO, check=False)
+        return done.stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "runtime_dirty": bool(git("status", "--porcelain", "runtime"))}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,6 +182,7 @@ def main(argv: list[str] | None = None) -> dict:
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "workload": describe(items),
+        "source": source_revision(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "transformers": __import__("transformers").__version__,
                     "loadavg_1_5_15_before_after": loads},
