@@ -39,6 +39,12 @@ class ApiError(Exception):
             message = body
         super().__init__(f"{status} {reason}: {message[:1000]}")
         self.status = status
+        self.message = message
+
+    @property
+    def namespace_going(self) -> bool:
+        """The namespace is being deleted: nothing may be created there, and nothing needs to be."""
+        return self.status == 403 and "is being terminated" in self.message
 
 
 def load_config() -> kubernetes.client.ApiClient:

@@ -22,7 +22,7 @@ from goodput_operator.conditions import (
     merge,
 )
 from goodput_operator.context import Context
-from goodput_operator.k8s import owner_path, resource_path
+from goodput_operator.k8s import ApiError, owner_path, resource_path
 from goodput_operator.spec import ServiceSpec, SpecError, parse
 
 logger = logging.getLogger(__name__)
@@ -54,9 +54,12 @@ async def reconcile(ctx: Context, body: dict[str, Any]) -> None:
         try:
             result = await _reconcile(ctx, body)
         except Exception as err:
-            metrics.RECONCILES.labels(result="error").inc()
-            metrics.RECONCILE_ERRORS.labels(reason=type(err).__name__).inc()
-            raise
+            if not (isinstance(err, ApiError) and err.namespace_going):
+                metrics.RECONCILES.labels(result="error").inc()
+                metrics.RECONCILE_ERRORS.labels(reason=type(err).__name__).inc()
+                raise
+            logger.debug("Skipped %s/%s: its namespace is being deleted", namespace, name)
+            result = "skipped"
         finally:
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
         metrics.RECONCILES.labels(result=result).inc()
