@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--max-model-len", type=positive_int, help="context length (default: the model's)")
     model.add_argument("--quantization", default="none", choices=["none", "int8", "fp8"],
                        help="weight-only quantization")
-    model.add_argument("--tensor-parallel-size", type=positive_int, default=1)
+    model.add_argument("--tensor-parallel-size", type=positive_int, default=1,
+                       help="ranks the model is split over, one process each (gloo on CPU, NCCL on GPU)")
     engine = p.add_argument_group("engine")
     engine.add_argument("--max-num-seqs", type=positive_int, default=default("max_num_seqs"),
                         help="most requests running at once")
@@ -117,9 +118,6 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.tensor_parallel_size != 1:
-        parser.error(f"--tensor-parallel-size {args.tensor_parallel_size}: tensor parallelism is not "
-                     "supported yet; use --tensor-parallel-size 1")
     if args.quantization != "none":
         parser.error(f"--quantization {args.quantization}: quantization is not supported yet; "
                      "use --quantization none")
@@ -134,6 +132,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         block_size=args.block_size, kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=args.enable_prefix_caching, max_queue=args.max_queue, seed=args.seed,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
 
 

@@ -21,6 +21,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_queue: int = 1024
     seed: int = 0
+    tensor_parallel_size: int = 1
+    quantization: str = "none"  # none | int8 | fp8
 
     @property
     def model_name(self) -> str:

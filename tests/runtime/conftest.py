@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -16,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from goodput_runtime.config import EngineConfig
@@ -179,3 +183,59 @@ def openai_client(server: ServerThread) -> Any:
     import openai
 
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+class RuntimeProcess:
+    """``python -m goodput_runtime`` as a real child process on a free port, its log in a file."""
+
+    def __init__(self, model_dir: Path, log_path: Path, *flags: str) -> None:
+        self.log_path = log_path
+        self.log_file = log_path.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "goodput_runtime", "--model", str(model_dir), "--served-model-name", "tiny",
+             "--host", "127.0.0.1", "--port", "0", "--device", "cpu", "--dtype", "float32",
+             "--max-model-len", "2048", "--kv-cache-memory", "2Mi", *flags],
+            stdout=self.log_file, stderr=subprocess.STDOUT)
+        port = self.wait_for_log(r"Listening on http://127\.0\.0\.1:(\d+)")
+        self.url = f"http://127.0.0.1:{port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, pattern: str, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while not (match := re.search(pattern, self.log())):
+            assert self.process.poll() is None, f"the runtime exited early:\n{self.log()}"
+            assert time.monotonic() < deadline, f"no {pattern!r} in the log:\n{self.log()}"
+            time.sleep(0.05)
+        return match.group(1) if match.groups() else match.group(0)
+
+    async def health(self, http: aiohttp.ClientSession) -> int:
+        async with http.get(f"{self.url}/health") as response:
+            return response.status
+
+    async def wait_health(self, http: aiohttp.ClientSession, status: int) -> None:
+        deadline = time.monotonic() + 60
+        while await self.health(http) != status:
+            assert time.monotonic() < deadline, self.log()
+            await asyncio.sleep(0.05)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.log_file.close()
+
+
+@pytest.fixture
+def runtime(tiny_model_dir: Path, tmp_path: Path) -> Iterator:
+    """Start real runtime processes on the tiny model; each is killed at the end if still running."""
+    started: list[RuntimeProcess] = []
+
+    def start(*flags: str) -> RuntimeProcess:
+        started.append(RuntimeProcess(tiny_model_dir, tmp_path / f"runtime-{len(started)}.log", *flags))
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.close()

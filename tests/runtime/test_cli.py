@@ -56,7 +56,7 @@ def test_kv_cache_memory_takes_kubernetes_quantities(text: str, size: int) -> No
 
 
 @pytest.mark.parametrize(("flags", "complaint"), [
-    (["--tensor-parallel-size", "2"], "tensor parallelism is not supported yet"),
+    (["--tensor-parallel-size", "0"], "must be at least 1"),
     (["--quantization", "int8"], "quantization is not supported yet"),
     (["--quantization", "fp8"], "quantization is not supported yet"),
     (["--quantization", "awq"], "invalid choice"),
@@ -76,10 +76,12 @@ def test_bad_flags_exit_2_with_a_reason(flags: list[str], complaint: str, capsys
     assert complaint in capsys.readouterr().err
 
 
-def test_unsupported_parallelism_is_refused_before_loading_anything() -> None:
-    result = run_cli("--model", "/nonexistent", "--tensor-parallel-size", "4")
-    assert result.returncode == 2
-    assert "--tensor-parallel-size 4: tensor parallelism is not supported yet" in result.stderr
+def test_a_tensor_parallel_size_the_heads_do_not_divide_is_refused_before_any_rank_starts(tiny_model_dir) -> None:
+    result = run_cli("--model", str(tiny_model_dir), "--tensor-parallel-size", "4",
+                     "--host", "127.0.0.1", "--port", "0")
+    assert result.returncode == 1
+    assert "KV heads (2) is not divisible by --tensor-parallel-size 4" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_help_lists_every_flag() -> None:

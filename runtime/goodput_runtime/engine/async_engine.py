@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.core import EngineCore
@@ -52,6 +53,8 @@ class AsyncEngine:
         self.wakeup = asyncio.Event()
         self.loop_task: asyncio.Task | None = None
         self.ready = False
+        # one thread runs every forward pass, so a step still running at shutdown can be waited for
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine-step")
 
     @classmethod
     def from_config(cls, config: EngineConfig, metrics: RuntimeMetrics | None = None) -> AsyncEngine:
@@ -85,7 +88,7 @@ class AsyncEngine:
             prompt = list(range(1, 9))
             self.core.add("warmup", prompt, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
             while self.core.has_unfinished():
-                await asyncio.to_thread(self.core.step)
+                await asyncio.get_running_loop().run_in_executor(self.executor, self.core.step)
         finally:
             self.core.metrics = metrics
         self.wakeup = asyncio.Event()
@@ -125,11 +128,15 @@ class AsyncEngine:
             except asyncio.CancelledError:
                 pass
             self.loop_task = None
+        await asyncio.to_thread(self.executor.shutdown, True)
+        self.stepping = False
         for request_id in list(self.streams):
             self._abort_now(request_id)
+        await asyncio.to_thread(self.core.close)
 
     async def _run(self) -> None:
         core = self.core
+        loop = asyncio.get_running_loop()
         while True:
             if not core.has_unfinished():
                 self.wakeup.clear()
@@ -141,7 +148,7 @@ class AsyncEngine:
                 continue
             self.stepping = True
             try:
-                sampled = await asyncio.to_thread(core.runner.run, out)
+                sampled = await loop.run_in_executor(self.executor, core.runner.run, out)
             except Exception:
                 log.exception("Step failed; failing its %d requests", len(out.scheduled))
                 self.stepping = False

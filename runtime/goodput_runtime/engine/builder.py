@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 from pathlib import Path
@@ -9,11 +11,18 @@ from pathlib import Path
 import torch
 
 from goodput_runtime.config import EngineConfig
+from goodput_runtime.engine import parallel
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.core import EngineCore
 from goodput_runtime.engine.model_runner import KVLayout, ModelRunner
 from goodput_runtime.engine.scheduler import Scheduler
-from goodput_runtime.loader import ModelLoadError, load_model, load_tokenizer, resolve_model_path
+from goodput_runtime.loader import (
+    ModelLoadError,
+    check_architecture,
+    load_model,
+    load_tokenizer,
+    resolve_model_path,
+)
 from goodput_runtime.metrics import RuntimeMetrics
 
 log = logging.getLogger(__name__)
@@ -68,35 +77,70 @@ def kv_cache_bytes(config: EngineConfig, device: torch.device, model_config) -> 
     return max(int(budget), 0)
 
 
-def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> EngineCore:
-    model_dir = resolve_model_path(config.model, config.revision)
-    device = pick_device(config.device)
-    tokenizer = load_tokenizer(model_dir)
+def load_for_rank(config: EngineConfig, model_dir: Path, rank: int = 0, world: int = 1,
+                  port: int | None = None) -> tuple[torch.nn.Module, torch.device]:
+    """This rank's model: loaded, sharded when tensor parallel, on its device."""
     from transformers import AutoConfig
 
     model_config = AutoConfig.from_pretrained(model_dir)
+    device = pick_device(config.device)
     dtype = pick_dtype(config.dtype, device, model_config)
-    model = load_model(model_dir, dtype, device)
+    if world == 1:
+        return load_model(model_dir, dtype, device), device
+    device = parallel.rank_device(device, rank)
+    assert port is not None
+    parallel.init_group(rank, world, port, device)
+    model = load_model(model_dir, dtype, torch.device("cpu"))
+    parallel.shard_model(model, rank, world)
+    return model.to(device), device
 
+
+def size_kv_cache(config: EngineConfig, device: torch.device, model_config, dtype: torch.dtype,
+                  max_model_len: int) -> int:
+    """Blocks of this rank's KV cache; refuses a cache that cannot hold one full-length sequence."""
+    world = config.tensor_parallel_size
+    layout = KVLayout.of(model_config, dtype, world)
+    block_bytes = layout.bytes_per_token() * config.block_size
+    budget = kv_cache_bytes(config, device, model_config)
+    if device.type != "cuda":
+        budget //= world  # on CPU the budget is the whole cache, shared out by KV heads
+    num_blocks = budget // block_bytes
+    tokens = num_blocks * config.block_size
+    if tokens < max_model_len:
+        raise EngineConfigError(
+            f"the KV cache holds {tokens} tokens ({num_blocks * block_bytes * world / 2**20:.1f} MiB), fewer than "
+            f"--max-model-len {max_model_len}; give it more memory (--kv-cache-memory on CPU, "
+            f"--gpu-memory-utilization on GPU) or lower --max-model-len"
+        )
+    log.info("KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB, %d bytes per token%s); "
+             "%.1f sequences of %d tokens fit at once",
+             num_blocks, config.block_size, tokens, num_blocks * block_bytes * world / 2**20,
+             layout.bytes_per_token() * world, f", split over {world} ranks" if world > 1 else "",
+             tokens / max_model_len, max_model_len)
+    return num_blocks
+
+
+def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> EngineCore:
+    from transformers import AutoConfig
+
+    model_dir = resolve_model_path(config.model, config.revision)
+    check_architecture(model_dir)
+    model_config = AutoConfig.from_pretrained(model_dir)
     limit = getattr(model_config, "max_position_embeddings", None) or config.max_model_len or 2048
     max_model_len = config.max_model_len or limit
     if max_model_len > limit:
         raise EngineConfigError(f"--max-model-len {max_model_len} exceeds the model's limit of {limit} tokens")
-
-    layout = KVLayout.of(model_config, dtype)
-    block_bytes = layout.bytes_per_token() * config.block_size
-    num_blocks = kv_cache_bytes(config, device, model_config) // block_bytes
-    tokens = num_blocks * config.block_size
-    if tokens < max_model_len:
-        raise EngineConfigError(
-            f"the KV cache holds {tokens} tokens ({num_blocks * block_bytes / 2**20:.1f} MiB), fewer than "
-            f"--max-model-len {max_model_len}; give it more memory (--kv-cache-memory on CPU, "
-            f"--gpu-memory-utilization on GPU) or lower --max-model-len"
-        )
-    log.info("KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB, %d bytes per token); "
-             "%.1f sequences of %d tokens fit at once",
-             num_blocks, config.block_size, tokens, num_blocks * block_bytes / 2**20,
-             layout.bytes_per_token(), tokens / max_model_len, max_model_len)
+    world = config.tensor_parallel_size
+    followers = None
+    port = None
+    if world > 1:
+        parallel.validate(model_config, world, pick_device(config.device))
+        port = parallel.free_port()
+        followers = parallel.Followers(world, port, model_dir, json.dumps(dataclasses.asdict(config)))
+    tokenizer = load_tokenizer(model_dir)
+    model, device = load_for_rank(config, model_dir, 0, world, port)
+    dtype = model.get_input_embeddings().weight.dtype
+    num_blocks = size_kv_cache(config, device, model_config, dtype, max_model_len)
 
     eos = set()
     for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
@@ -107,8 +151,11 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
     block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
     scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
                           frozenset(eos))
-    runner = ModelRunner(model, num_blocks, config.block_size, config.seed)
-    return EngineCore(runner, scheduler, tokenizer, max_model_len, metrics)
+    runner = ModelRunner(model, num_blocks, config.block_size, config.seed, world)
+    if followers is not None:
+        parallel.broadcast(num_blocks)
+        runner.broadcast = parallel.broadcast
+    return EngineCore(runner, scheduler, tokenizer, max_model_len, metrics, followers)
 
 
 __all__ = ["EngineConfigError", "ModelLoadError", "build_core"]

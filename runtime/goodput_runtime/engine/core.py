@@ -9,6 +9,7 @@ from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.detokenizer import IncrementalDetokenizer
 from goodput_runtime.engine.model_runner import ModelRunner
 from goodput_runtime.engine.outputs import InvalidPromptError, PromptTooLongError, RequestOutput
+from goodput_runtime.engine.parallel import Followers
 from goodput_runtime.engine.scheduler import Scheduler, SchedulerOutput
 from goodput_runtime.engine.sequence import Sequence
 from goodput_runtime.metrics import RuntimeMetrics
@@ -24,8 +25,9 @@ class Request:
 
 class EngineCore:
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer, max_model_len: int,
-                 metrics: RuntimeMetrics | None = None) -> None:
+                 metrics: RuntimeMetrics | None = None, followers: Followers | None = None) -> None:
         self.runner = runner
+        self.followers = followers  # the other tensor-parallel ranks, when there are any
         self.scheduler = scheduler
         self.block_manager: BlockManager = scheduler.block_manager
         self.tokenizer = tokenizer
@@ -45,6 +47,11 @@ class EngineCore:
         detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop)
         self.requests[request_id] = Request(seq, detokenizer)
         self.scheduler.add(seq)
+
+    def close(self) -> None:
+        if self.followers is not None:
+            self.followers.stop()
+            self.followers = None
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -1,0 +1,146 @@
+"""Tensor parallelism: one process per rank, the model sharded by heads and MLP columns.
+
+The runtime starts its own ranks: the serving process is rank 0 and drives every step;
+followers receive each step's plan, run the same forward pass on their shard and take part
+in the all-reduces. Attention heads and the MLP's gate/up rows are split across ranks
+(column parallel), the output and down projections by their input columns (row parallel),
+so each decoder block needs one all-reduce after attention and one after the MLP. The KV
+cache is split by KV heads; only rank 0 computes logits and samples. A rank that dies takes
+the server down with a non-zero exit, so Kubernetes restarts the pod instead of it hanging.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROW_PARALLEL = ("o_proj", "down_proj")
+# followers wait for the next step for as long as the server idles
+COLLECTIVE_TIMEOUT = datetime.timedelta(days=365)
+
+
+class TensorParallelError(ValueError):
+    """The model or the machine cannot be split this many ways."""
+
+
+def validate(model_config, world: int, device: torch.device) -> None:
+    heads = model_config.num_attention_heads
+    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
+    problems = [
+        f"{what} ({n}) is not divisible by --tensor-parallel-size {world}"
+        for what, n in (("attention heads", heads), ("KV heads", kv_heads),
+                        ("MLP intermediate size", model_config.intermediate_size))
+        if n % world
+    ]
+    if problems:
+        raise TensorParallelError("; ".join(problems))
+    if device.type == "cuda" and world > torch.cuda.device_count():
+        raise TensorParallelError(
+            f"--tensor-parallel-size {world} needs {world} GPUs; {torch.cuda.device_count()} are visible")
+
+
+def _shard(linear: nn.Linear, dim: int, rank: int, world: int) -> None:
+    weight = linear.weight.detach().chunk(world, dim=dim)[rank].contiguous()
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    linear.out_features, linear.in_features = weight.shape
+    if linear.bias is not None:
+        if dim == 0:
+            linear.bias = nn.Parameter(linear.bias.detach().chunk(world)[rank].contiguous(), requires_grad=False)
+        elif rank != 0:  # a row-parallel bias is added once, after the sum
+            linear.bias = None
+
+
+def _all_reduce(module: nn.Module, inputs, output: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(output)
+    return output
+
+
+def shard_model(model: nn.Module, rank: int, world: int) -> None:
+    """Split every decoder layer's projections for this rank and add the all-reduces, in place."""
+    for layer in model.model.layers:
+        for block in (layer.self_attn, layer.mlp):
+            for name, child in block.named_children():
+                if name in COLUMN_PARALLEL:
+                    _shard(child, 0, rank, world)
+                elif name in ROW_PARALLEL:
+                    _shard(child, 1, rank, world)
+                    child.register_forward_hook(_all_reduce)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_group(rank: int, world: int, port: int, device: torch.device) -> None:
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=COLLECTIVE_TIMEOUT)
+
+
+def rank_device(device: torch.device, rank: int) -> torch.device:
+    return torch.device("cuda", rank) if device.type == "cuda" else device
+
+
+def broadcast(obj=None):
+    """Rank 0 sends obj to every rank; each rank returns what rank 0 sent."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class Followers:
+    """The follower rank processes of this server, watched for as long as it runs."""
+
+    def __init__(self, world: int, port: int, model_dir: Path, config_json: str) -> None:
+        self.procs = [
+            subprocess.Popen([sys.executable, "-m", "goodput_runtime.engine.tp_worker", "--rank", str(rank),
+                              "--world-size", str(world), "--port", str(port), "--model-dir", str(model_dir),
+                              "--config", config_json])
+            for rank in range(1, world)
+        ]
+        self.stopping = False
+        threading.Thread(target=self._watch, name="tp-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self.stopping:
+            for rank, proc in enumerate(self.procs, start=1):
+                code = proc.poll()
+                if code is not None and not self.stopping:
+                    log.error("Tensor-parallel rank %d exited with code %s; stopping the server", rank, code)
+                    os._exit(1)
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """Tell the followers to finish, then make sure they have."""
+        self.stopping = True
+        try:
+            broadcast(None)
+        except Exception:  # a follower already gone: nothing left to tell
+            pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if dist.is_initialized():
+            dist.destroy_process_group()
