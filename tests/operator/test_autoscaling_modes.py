@@ -10,7 +10,7 @@ SPEC = {"model": {"source": "file:///models/tiny"}, "resources": {"gpu": 0, "mem
 
 
 def _hpa(cluster, namespace, name):
-    path = f"/apis/autoscaling/v2beta2/namespaces/{namespace}/horizontalpodautoscalers/{name}"
+    path = cluster.path("autoscaling", namespace, "horizontalpodautoscalers", name)
     return cluster.get_or_none(cluster.raw, "GET", path)
 
 

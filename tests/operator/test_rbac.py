@@ -42,7 +42,7 @@ def test_full_flow_works_with_the_operators_own_role(cluster, operator, namespac
     wait_for(lambda: any(e.reason == "Created" for e in cluster.events(namespace, "chat")), what="events")
 
     cluster.kubectl("scale", "gsvc/chat", "--replicas=2", "-n", namespace)
-    pdb_path = f"/apis/policy/v1beta1/namespaces/{namespace}/poddisruptionbudgets/chat-runtime"
+    pdb_path = cluster.path("policy", namespace, "poddisruptionbudgets", "chat-runtime")
     wait_for(lambda: cluster.get_or_none(cluster.raw, "GET", pdb_path), what="a PodDisruptionBudget")
     cluster.kubectl("scale", "gsvc/chat", "--replicas=1", "-n", namespace)
     wait_for(lambda: cluster.get_or_none(cluster.raw, "GET", pdb_path) is None, what="the PDB to go")
