@@ -7,6 +7,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -78,7 +79,7 @@ def kv_cache_bytes(config: EngineConfig, device: torch.device, model_config) -> 
 
 
 def load_for_rank(config: EngineConfig, model_dir: Path, rank: int = 0, world: int = 1,
-                  port: int | None = None) -> tuple[torch.nn.Module, torch.device]:
+                  port: int | None = None) -> tuple[Any, torch.device]:
     """This rank's model: loaded, sharded when tensor parallel, on its device."""
     from transformers import AutoConfig
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -61,7 +63,7 @@ def plan_step(out: SchedulerOutput) -> tuple[list[int], list[StepItem]]:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, seed: int = 0,
+    def __init__(self, model: Any, num_blocks: int, block_size: int, seed: int = 0,
                  tensor_parallel: int = 1) -> None:
         self.model = model
         self.device = next(model.parameters()).device
@@ -71,7 +73,8 @@ class ModelRunner:
         self.cache = KVCache.allocate(self.layout.num_layers, num_blocks * block_size, self.layout.kv_heads,
                                       self.layout.head_dim, self.dtype, self.device)
         self.sampler = Sampler(seed)
-        self.broadcast = None  # set on the leader of a tensor-parallel group: sends each step to the others
+        # on the leader of a tensor-parallel group: sends each step's plan to the other ranks
+        self.broadcast: Callable[[list[StepItem]], object] | None = None
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> list[int | None]:

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -61,7 +62,7 @@ def _shard(linear: nn.Linear, dim: int, rank: int, world: int) -> None:
         if dim == 0:
             linear.bias = nn.Parameter(linear.bias.detach().chunk(world)[rank].contiguous(), requires_grad=False)
         elif rank != 0:  # a row-parallel bias is added once, after the sum
-            linear.bias = None
+            linear.register_parameter("bias", None)
 
 
 def _all_reduce(module: nn.Module, inputs, output: torch.Tensor) -> torch.Tensor:
@@ -69,7 +70,7 @@ def _all_reduce(module: nn.Module, inputs, output: torch.Tensor) -> torch.Tensor
     return output
 
 
-def shard_model(model: nn.Module, rank: int, world: int) -> None:
+def shard_model(model: Any, rank: int, world: int) -> None:
     """Split every decoder layer's projections for this rank and add the all-reduces, in place."""
     for layer in model.model.layers:
         for block in (layer.self_attn, layer.mlp):
