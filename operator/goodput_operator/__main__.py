@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
         metrics_port=args.metrics_port,
         resync_seconds=args.resync_seconds,
     )
-    kopf.configure(verbose=args.verbose, log_prefix=False)
+    kopf.configure(verbose=args.verbose, log_prefix=True)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
     registry = kopf.OperatorRegistry()
     register(registry, settings)

@@ -34,8 +34,11 @@ def test_restart_creates_no_duplicates_and_writes_nothing(cluster, operator, nam
     operator.stop()
     offset = len(operator.log())
     operator.start()
-    wait_for(lambda: operator.log()[offset:].count("Resuming is processed") >= len(NAMES), 60,
-             "the restarted operator to resume every service")
+    def resumed():
+        lines = operator.log()[offset:].splitlines()
+        return sum(f"[{namespace}/" in line and "Resuming is processed" in line for line in lines)
+
+    wait_for(lambda: resumed() >= len(NAMES), 60, "the restarted operator to resume every service")
     time.sleep(3)
 
     assert _versions(cluster, namespace) == before
