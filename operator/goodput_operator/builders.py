@@ -156,8 +156,7 @@ def _probe(period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def _container(svc: ServiceSpec, settings: Settings) -> dict[str, Any]:
-    volumes_mounts = _volumes(svc)[1]
+def _container(svc: ServiceSpec, settings: Settings, mounts: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "name": "runtime",
         "image": svc.image or settings.runtime_image,
@@ -167,7 +166,7 @@ def _container(svc: ServiceSpec, settings: Settings) -> dict[str, Any]:
         "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
         "env": _env(svc),
         "resources": _resources(svc),
-        "volumeMounts": volumes_mounts,
+        "volumeMounts": mounts,
         # Loading weights can take many minutes; liveness waits for the first success.
         "startupProbe": _probe(period=10, failures=180),
         "readinessProbe": _probe(period=5, failures=3),
@@ -186,6 +185,7 @@ def _pod_spec(svc: ServiceSpec, settings: Settings) -> dict[str, Any]:
     node_selector = dict(t.node_selector)
     if svc.resources.gpu_product and svc.resources.gpu:
         node_selector.setdefault(GPU_PRODUCT_LABEL, svc.resources.gpu_product)
+    volumes, mounts = _volumes(svc)
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -196,8 +196,8 @@ def _pod_spec(svc: ServiceSpec, settings: Settings) -> dict[str, Any]:
             "fsGroup": RUNTIME_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_container(svc, settings)],
-        "volumes": _volumes(svc)[0],
+        "containers": [_container(svc, settings, mounts)],
+        "volumes": volumes,
     }
     optional = {
         "nodeSelector": node_selector or None,
