@@ -1,0 +1,233 @@
+"""Weight quantization at load time: int8 and fp8 weights with per-output-channel scales.
+
+Every ``nn.Linear`` of the decoder layers (attention q/k/v/o, MLP gate/up/down) becomes a
+``QuantizedLinear`` holding the weight as int8 (or float8 e4m3) ``[out, in]`` plus one
+float32 scale per output channel, symmetric: ``w ≈ q * scale[:, None]``. The LM head is
+quantized only when asked for. The original weights are dropped, so memory really shrinks.
+
+How a quantized linear computes, per device (the kernel is picked once, at load time):
+
+- CPU, int8: ``int_mm``. Each token's activations are quantized on the fly to int8 with
+  their own scale, multiplied by the int8 weight with ``torch._int_mm`` (int32 accumulation,
+  exact), and rescaled. Measured on the 59M bench model's linears (2 cores, best of 5 runs):
+  batch 1: fp32 4.7 ms, int_mm 2.8 ms, dequantize-then-fp32-matmul 8.4 ms,
+  ``_weight_int8pack_mm`` 43 ms, ``quantize_dynamic`` (fbgemm) 2.5 ms; batch 32: fp32 20.0 ms,
+  int_mm 9.9 ms, dequantize 27 ms, ``quantize_dynamic`` 6.5 ms. Top-1 agreement with fp32 of
+  the 59M model's logits over a fixed text: dequantize 75 %, int_mm 62 %, ``quantize_dynamic``
+  28 % (initializer range 0.1, a chaotic random model); 95 %, 96 %, 86 % at range 0.02.
+  ``quantize_dynamic`` is a little faster but quantizes a whole batch with one 7-bit scale:
+  clearly worse outputs, and a request's tokens depend on what it is batched with; its
+  quantized-tensor API is also deprecated. The dequantizing path keeps the most accuracy but
+  is slower than fp32. int_mm keeps the weight storage int8, is faster than fp32 at both
+  batch sizes and, its accumulation being exact per row, gives every request the same
+  output whatever it is batched with.
+- CUDA, int8: ``dequant``: weight-only, the int8 weight is widened to the activations'
+  dtype inside the matmul. It saves memory, not bandwidth (torch 2.13's CUDA
+  ``_weight_int8pack_mm`` is a naive float32 kernel, and there is no fused eager kernel).
+- CUDA with compute capability ≥ 8.9, fp8: ``scaled_mm``: per-token e4m3 activations and
+  ``torch._scaled_mm`` with row-wise scales, checked on a small problem at load time, else
+  ``dequant``. Elsewhere fp8 is refused with a ``QuantizationError``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+METHODS = ("none", "int8", "fp8")
+FP8_MIN_CAPABILITY = (8, 9)
+INT8_MAX = 127.0
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+EPS = 1e-12
+
+
+class QuantizationError(ValueError):
+    """The quantization method is unknown or cannot run on this machine."""
+
+
+@dataclass(frozen=True)
+class QuantizationReport:
+    method: str
+    num_linears: int
+    weight_bytes_before: int  # every parameter and buffer of the model
+    weight_bytes_after: int
+    kernel: str = "none"
+
+    def __str__(self) -> str:
+        if self.method == "none":
+            return f"Weights not quantized: {self.weight_bytes_before / 2**20:.1f} MiB"
+        return (f"Quantized {self.num_linears} linear layers to {self.method} ({self.kernel} kernel): weights "
+                f"{self.weight_bytes_before / 2**20:.1f} MiB -> {self.weight_bytes_after / 2**20:.1f} MiB")
+
+
+def quantize_weight(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] weight -> (int8 or float8_e4m3fn [out, in], float32 scales [out]), symmetric per row."""
+    w = weight.detach().float()
+    limit = INT8_MAX if dtype == torch.int8 else FP8_MAX
+    scale = w.abs().amax(dim=1).clamp(min=EPS) / limit
+    scaled = w / scale[:, None]
+    if dtype == torch.int8:
+        scaled = scaled.round()
+    return scaled.clamp(-limit, limit).to(dtype), scale
+
+
+class QuantizedLinear(nn.Module):
+    weight: torch.Tensor
+    scale: torch.Tensor
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, kernel: str) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight)  # int8 or float8_e4m3fn [out, in]
+        self.register_buffer("scale", scale)  # float32 [out]
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.kernel = kernel
+
+    @classmethod
+    def of(cls, linear: nn.Linear, dtype: torch.dtype, kernel: str) -> QuantizedLinear:
+        weight, scale = quantize_weight(linear.weight, dtype)
+        return cls(weight, scale, linear.bias, kernel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)  # [T, in]
+        if self.kernel == "int_mm":
+            y = _int8_int_mm(x2, self.weight, self.scale).to(x.dtype)
+        elif self.kernel == "scaled_mm":
+            y = _fp8_scaled_mm(x2, self.weight, self.scale, x.dtype)
+        else:
+            y = F.linear(x2, self.weight.to(x.dtype)) * self.scale.to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"weight={self.weight.dtype}, kernel={self.kernel}")
+
+
+def _int8_int_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    # x: [T, in] float; weight: int8 [out, in]; per-token activation scales: [T, 1]
+    act_scale = x.abs().amax(dim=1, keepdim=True).float().clamp_(min=EPS).div_(INT8_MAX)
+    xq = (x.float() / act_scale).round_().to(torch.int8)
+    return torch._int_mm(xq, weight.t()).float().mul_(act_scale).mul_(scale)
+
+
+def _fp8_scaled_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype):
+    rows = x.shape[0]
+    pad = -rows % 16  # _scaled_mm wants every dimension a multiple of 16
+    if pad:
+        x = F.pad(x, (0, 0, 0, pad))
+    act_scale = x.abs().amax(dim=1, keepdim=True).float().clamp_(min=EPS).div_(FP8_MAX)
+    xq = (x.float() / act_scale).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    y = torch._scaled_mm(xq, weight.t(), scale_a=act_scale, scale_b=scale[None, :], out_dtype=out_dtype)
+    return y[:rows]
+
+
+def _gpu_description(device: torch.device) -> str:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"no CUDA GPU (device {device})"
+    if torch.version.hip:
+        return f"an AMD GPU ({torch.cuda.get_device_name(device)})"
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
+
+
+def check_method(method: str, device: torch.device) -> None:
+    """Refuse an unknown method, or fp8 where the GPU cannot hold fp8 weights."""
+    if method not in METHODS:
+        raise QuantizationError(f"unknown quantization method {method!r}; choose one of {', '.join(METHODS)}")
+    if method == "fp8":
+        supported = (device.type == "cuda" and torch.cuda.is_available() and not torch.version.hip
+                     and torch.cuda.get_device_capability(device) >= FP8_MIN_CAPABILITY)
+        if not supported:
+            raise QuantizationError(
+                "fp8 weights need an NVIDIA GPU with compute capability 8.9 or newer (Ada, Hopper); "
+                f"this machine has {_gpu_description(device)}; use --quantization int8 or none")
+
+
+def _kernel_works(kernel: str, weight_dtype: torch.dtype, act_dtype: torch.dtype, device: torch.device) -> bool:
+    """Run the kernel on a small problem and compare it with the dequantizing reference."""
+    generator = torch.Generator().manual_seed(0)
+    linear = nn.Linear(64, 32, bias=False)
+    linear.weight.data = torch.randn(32, 64, generator=generator).to(device)
+    x = torch.randn(5, 64, generator=generator).to(device, act_dtype)
+    try:
+        got = QuantizedLinear.of(linear, weight_dtype, kernel)(x).float()
+    except (RuntimeError, NotImplementedError, TypeError) as exc:
+        log.info("The %s kernel cannot run on %s with %s activations: %s", kernel, device, act_dtype, exc)
+        return False
+    want = QuantizedLinear.of(linear, weight_dtype, "dequant")(x).float()
+    return bool(torch.allclose(got, want, rtol=0.1, atol=0.1 * float(want.abs().max())))
+
+
+def pick_kernel(method: str, device: torch.device, act_dtype: torch.dtype) -> str:
+    if method == "int8" and device.type == "cpu" and _kernel_works("int_mm", torch.int8, act_dtype, device):
+        return "int_mm"
+    if method == "fp8" and _kernel_works("scaled_mm", torch.float8_e4m3fn, act_dtype, device):
+        return "scaled_mm"
+    return "dequant"
+
+
+def model_bytes(model: nn.Module) -> int:
+    """Bytes of every distinct parameter and buffer (tied weights counted once)."""
+    seen: dict[int, int] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        seen[tensor.data_ptr()] = max(seen.get(tensor.data_ptr(), 0), tensor.numel() * tensor.element_size())
+    return sum(seen.values())
+
+
+def _targets(model: nn.Module, include_lm_head: bool) -> list[tuple[nn.Module, str, nn.Linear]]:
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise QuantizationError(f"{type(model).__name__} has no decoder layers at model.model.layers")
+    targets = [(parent, name, child) for parent in layers.modules()
+               for name, child in parent.named_children() if isinstance(child, nn.Linear)]
+    head = getattr(model, "lm_head", None)
+    if include_lm_head and isinstance(head, nn.Linear):
+        input_embeddings = getattr(model, "get_input_embeddings", None)
+        if callable(input_embeddings) and input_embeddings().weight is head.weight:
+            log.info("The LM head shares its weight with the embeddings; left unquantized")
+        else:
+            targets.append((model, "lm_head", head))
+    return targets
+
+
+def _replace(parent: nn.Module, name: str, old: nn.Linear, new: QuantizedLinear) -> None:
+    # hooks (an all-reduce after a row-parallel projection, say) stay with the layer
+    new._forward_hooks.update(old._forward_hooks)
+    new._forward_pre_hooks.update(old._forward_pre_hooks)
+    setattr(parent, name, new)
+
+
+def quantize_model(model: nn.Module, method: str, device: torch.device,
+                   include_lm_head: bool = False) -> QuantizationReport:
+    """Quantize the decoder's linear layers in place (and the LM head if asked); the weight memory."""
+    check_method(method, device)
+    before = model_bytes(model)
+    if method == "none":
+        return QuantizationReport(method, 0, before, before)
+    targets = _targets(model, include_lm_head)
+    unsupported = sorted({type(child).__name__ for _, _, child in targets if type(child) is not nn.Linear})
+    if unsupported:
+        raise QuantizationError(f"cannot quantize {', '.join(unsupported)} layers: only plain nn.Linear")
+    act_dtype = next(model.parameters()).dtype
+    kernel = pick_kernel(method, device, act_dtype)
+    weight_dtype = torch.int8 if method == "int8" else torch.float8_e4m3fn
+    with torch.no_grad():
+        for parent, name, child in targets:
+            fits = kernel != "scaled_mm" or (child.in_features % 16 == 0 and child.out_features % 16 == 0)
+            _replace(parent, name, child, QuantizedLinear.of(child, weight_dtype, kernel if fits else "dequant"))
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the KV cache is sized from the memory the driver reports free
+    report = QuantizationReport(method, len(targets), before, model_bytes(model), kernel)
+    log.info("%s", report)
+    return report
+
+
+__all__ = ["METHODS", "QuantizationError", "QuantizationReport", "QuantizedLinear", "quantize_model"]
