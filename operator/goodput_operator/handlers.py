@@ -14,7 +14,7 @@ import prometheus_client
 from goodput_operator.builders import MANAGED_BY
 from goodput_operator.context import Context
 from goodput_operator.hub import ConfigFetcher, Waiter
-from goodput_operator.k8s import Kube, load_config, owner_collection
+from goodput_operator.k8s import ApiError, Kube, load_config, owner_collection
 from goodput_operator.reconcile import reconcile, reconcile_by_name
 from goodput_operator.settings import GROUP, KIND, PLURAL, VERSION, Settings
 
@@ -125,6 +125,9 @@ async def _quietly(ctx: Context, namespace: str, name: str) -> None:
     """Reconcile for a side trigger; failures are logged and left to the next resync."""
     try:
         await reconcile_by_name(ctx, namespace, name)
+    except ApiError as err:
+        if not err.namespace_going:
+            logger.warning("Reconciling %s/%s failed, will retry on resync: %s", namespace, name, err)
     except Exception as err:
         logger.warning("Reconciling %s/%s failed, will retry on resync: %s", namespace, name, err)
 

@@ -44,7 +44,8 @@ class ApiError(Exception):
     @property
     def namespace_going(self) -> bool:
         """The namespace is being deleted: nothing may be created there, and nothing needs to be."""
-        return self.status == 403 and "is being terminated" in self.message
+        terminating = self.status == 403 and "is being terminated" in self.message
+        return terminating or (self.status == 404 and self.message.startswith('namespaces "'))
 
 
 def load_config() -> kubernetes.client.ApiClient:
