@@ -15,6 +15,7 @@ SERVICE_LABEL = f"{GROUP}/service"
 MANAGED_BY = "goodput-operator"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 RUNTIME_UID = 1000
+TERMINATION_GRACE_SECONDS = 60
 
 Manifest = dict[str, Any]
 
@@ -79,7 +80,8 @@ def runtime_args(svc: ServiceSpec) -> list[str]:
     args = ["--model", model_path(svc), "--served-model-name", m.served_name]
     if m.source.scheme == "hf":
         args += ["--revision", m.revision]
-    args += ["--host", "0.0.0.0", "--port", str(RUNTIME_PORT), "--dtype", m.dtype]
+    device = "cuda" if svc.resources.gpu else "cpu"
+    args += ["--host", "0.0.0.0", "--port", str(RUNTIME_PORT), "--device", device, "--dtype", m.dtype]
     if m.max_model_len is not None:
         args += ["--max-model-len", str(m.max_model_len)]
     if e.max_num_seqs is not None:
@@ -188,6 +190,8 @@ def _pod_spec(svc: ServiceSpec, settings: Settings) -> dict[str, Any]:
     volumes, mounts = _volumes(svc)
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
+        # above the runtime's 30 s drain after SIGTERM, so in-flight requests finish
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "enableServiceLinks": False,
         "securityContext": {
             "runAsNonRoot": True,

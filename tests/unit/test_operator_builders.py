@@ -11,6 +11,7 @@ from goodput_operator.builders import (
 )
 from goodput_operator.settings import Settings
 from goodput_operator.spec import parse
+from goodput_runtime.__main__ import build_parser
 
 OWNER = owner_reference("chat", "0000-uid")
 SETTINGS = Settings(runtime_image="registry.local/goodput-runtime:test")
@@ -37,7 +38,7 @@ FULL = {
 def test_runtime_command_line_is_derived_from_the_spec():
     assert runtime_args(parse("chat", "ns", FULL)) == [
         "--model", "Qwen/Qwen2.5-7B-Instruct", "--served-model-name", "qwen", "--revision", "v1",
-        "--host", "0.0.0.0", "--port", "8000", "--dtype", "bfloat16", "--max-model-len", "8192",
+        "--host", "0.0.0.0", "--port", "8000", "--device", "cuda", "--dtype", "bfloat16", "--max-model-len", "8192",
         "--max-num-seqs", "128", "--max-num-batched-tokens", "4096", "--gpu-memory-utilization", "0.85",
         "--enable-prefix-caching", "--max-queue", "64", "--slo-ttft", "0.5", "--slo-tpot", "0.05",
         "--tensor-parallel-size", "2", "--quantization", "int8", "--seed", "7",
@@ -75,6 +76,7 @@ def test_deployment_runs_tensor_gpus_per_pod_with_probes_and_a_restricted_contex
     assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
     assert pod["priorityClassName"] == "serving"
     assert pod["automountServiceAccountToken"] is False
+    assert pod["terminationGracePeriodSeconds"] == 60
 
 
 def test_pvc_source_is_mounted_read_only_and_passed_as_a_path():
@@ -88,6 +90,7 @@ def test_pvc_source_is_mounted_read_only_and_passed_as_a_path():
     assert {"name": "model-source", "mountPath": "/mnt/models", "readOnly": True} in container["volumeMounts"]
     assert container["args"][:2] == ["--model", "/mnt/models/llama/8b"]
     assert "--revision" not in container["args"]
+    assert container["args"][container["args"].index("--device") + 1] == "cpu"
     assert "resources" not in container or not container["resources"].get("limits", {}).get("nvidia.com/gpu")
 
 
@@ -111,3 +114,16 @@ def test_monitors_scrape_the_metrics_endpoint():
     svc = parse("chat", "ns", FULL)
     assert build_service_monitor(svc, OWNER)["spec"]["endpoints"][0]["port"] == "metrics"
     assert build_pod_monitor(svc, OWNER)["spec"]["podMetricsEndpoints"][0]["path"] == "/metrics"
+
+
+def test_the_runtime_accepts_the_command_line_the_operator_derives():
+    parser = build_parser()
+    for name, spec in (("chat", FULL), ("local", {"model": {"source": "pvc://weights/m"}, "resources": {"gpu": 0}}),
+                       ("bare", {"model": {"source": "file:///models/tiny"}})):
+        svc = parse(name, "ns", spec)
+        args = parser.parse_args(runtime_args(svc))
+        assert args.served_model_name == svc.model.served_name
+        assert args.port == 8000 and args.tensor_parallel_size == svc.tensor_parallel
+    full = parser.parse_args(runtime_args(parse("chat", "ns", FULL)))
+    assert (full.slo_ttft, full.slo_tpot, full.max_num_seqs, full.enable_prefix_caching) == (0.5, 0.05, 128, True)
+    assert (full.quantization, full.dtype, full.revision, full.seed) == ("int8", "bfloat16", "v1", 7)
