@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from goodput_operator.settings import GROUP, KIND, VERSION, Settings
+from goodput_operator.settings import DEFAULT_HF_ENDPOINT, GROUP, KIND, VERSION, Settings
 from goodput_operator.spec import ServiceSpec
 
 RUNTIME_PORT = 8000
@@ -101,12 +101,15 @@ def runtime_args(svc: ServiceSpec) -> list[str]:
     return args + list(e.extra_args)
 
 
-def _env(svc: ServiceSpec) -> list[dict[str, Any]]:
+def _env(svc: ServiceSpec, settings: Settings) -> list[dict[str, Any]]:
     # The root filesystem is read-only: caches go to the model cache volume and /tmp.
     env: list[dict[str, Any]] = [
         {"name": "HF_HOME", "value": f"{MODEL_CACHE_DIR}/hf"},
         {"name": "HOME", "value": "/tmp"},
     ]
+    if settings.hf_endpoint != DEFAULT_HF_ENDPOINT:
+        # pods download from the same Hub mirror the operator reads config.json from
+        env.append({"name": "HF_ENDPOINT", "value": settings.hf_endpoint})
     if svc.model.token_secret:
         ref = {"name": svc.model.token_secret.name, "key": svc.model.token_secret.key}
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
@@ -166,7 +169,7 @@ def _container(svc: ServiceSpec, settings: Settings, mounts: list[dict[str, Any]
         "command": ["python3", "-m", "goodput_runtime"],
         "args": runtime_args(svc),
         "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
-        "env": _env(svc),
+        "env": _env(svc, settings),
         "resources": _resources(svc),
         "volumeMounts": mounts,
         # Loading weights can take many minutes; liveness waits for the first success.

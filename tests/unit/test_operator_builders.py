@@ -127,3 +127,14 @@ def test_the_runtime_accepts_the_command_line_the_operator_derives():
     full = parser.parse_args(runtime_args(parse("chat", "ns", FULL)))
     assert (full.slo_ttft, full.slo_tpot, full.max_num_seqs, full.enable_prefix_caching) == (0.5, 0.05, 128, True)
     assert (full.quantization, full.dtype, full.revision, full.seed) == ("int8", "bfloat16", "v1", 7)
+
+
+def test_a_hub_mirror_reaches_the_pods_too():
+    def env(settings):
+        container = build_deployment(parse("chat", "ns", FULL), settings, OWNER)["spec"]["template"]["spec"]
+        return {e["name"]: e.get("value") for e in container["containers"][0]["env"]}
+
+    assert "HF_ENDPOINT" not in env(SETTINGS)
+    mirrored = Settings(hf_endpoint="https://hf-mirror.example")
+    assert env(mirrored)["HF_ENDPOINT"] == "https://hf-mirror.example"
+    assert env(mirrored)["HF_HOME"] == "/var/cache/goodput/hf"
