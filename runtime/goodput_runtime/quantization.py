@@ -41,6 +41,7 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 METHODS = ("none", "int8", "fp8")
+KERNELS = ("int_mm", "scaled_mm", "dequant")
 FP8_MIN_CAPABILITY = (8, 9)
 INT8_MAX = 127.0
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -205,10 +206,17 @@ def _replace(parent: nn.Module, name: str, old: nn.Linear, new: QuantizedLinear)
     setattr(parent, name, new)
 
 
-def quantize_model(model: nn.Module, method: str, device: torch.device,
-                   include_lm_head: bool = False) -> QuantizationReport:
-    """Quantize the decoder's linear layers in place (and the LM head if asked); the weight memory."""
+def quantize_model(model: nn.Module, method: str, device: torch.device, include_lm_head: bool = False,
+                   kernel: str | None = None) -> QuantizationReport:
+    """Quantize the decoder's linear layers in place (and the LM head if asked); the weight memory.
+
+    ``kernel`` overrides the automatic choice (``int_mm``, ``scaled_mm`` or ``dequant``), for comparisons.
+    """
     check_method(method, device)
+    if kernel not in (None, *KERNELS):
+        raise QuantizationError(f"unknown quantization kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+    if (kernel, method) in (("int_mm", "fp8"), ("scaled_mm", "int8")):
+        raise QuantizationError(f"the {kernel} kernel cannot run {method} weights")
     before = model_bytes(model)
     if method == "none":
         return QuantizationReport(method, 0, before, before)
@@ -217,7 +225,7 @@ def quantize_model(model: nn.Module, method: str, device: torch.device,
     if unsupported:
         raise QuantizationError(f"cannot quantize {', '.join(unsupported)} layers: only plain nn.Linear")
     act_dtype = next(model.parameters()).dtype
-    kernel = pick_kernel(method, device, act_dtype)
+    kernel = kernel or pick_kernel(method, device, act_dtype)
     weight_dtype = torch.int8 if method == "int8" else torch.float8_e4m3fn
     with torch.no_grad():
         for parent, name, child in targets:
