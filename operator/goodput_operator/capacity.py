@@ -35,6 +35,34 @@ GPU_MEMORY_BYTES = {
     "Tesla-T4": 16 * GIB,
 }
 
+# CUDA compute capability by product label; fp8 weights need 8.9 (Ada) or newer.
+GPU_COMPUTE_CAPABILITY = {
+    "NVIDIA-H200": (9, 0),
+    "NVIDIA-H100-80GB-HBM3": (9, 0),
+    "NVIDIA-H100-PCIe": (9, 0),
+    "NVIDIA-A100-SXM4-80GB": (8, 0),
+    "NVIDIA-A100-80GB-PCIe": (8, 0),
+    "NVIDIA-A100-SXM4-40GB": (8, 0),
+    "NVIDIA-L40S": (8, 9),
+    "NVIDIA-A10G": (8, 6),
+    "NVIDIA-L4": (8, 9),
+    "Tesla-T4": (7, 5),
+}
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def quantization_problem(quantization: str, r: Resources) -> str | None:
+    """Why the spec's quantization cannot run on its GPUs, when that is known before any pod starts."""
+    if quantization != "fp8":
+        return None
+    if r.gpu == 0:
+        return "fp8 weights need an NVIDIA GPU with compute capability 8.9 or newer (Ada, Hopper); resources.gpu is 0"
+    capability = GPU_COMPUTE_CAPABILITY.get(r.gpu_product or "")
+    if capability is not None and capability < FP8_MIN_CAPABILITY:
+        return (f"fp8 weights need an NVIDIA GPU with compute capability 8.9 or newer (Ada, Hopper); "
+                f"resources.gpuProduct {r.gpu_product} has {capability[0]}.{capability[1]}")
+    return None
+
 
 @dataclass(frozen=True)
 class ModelConfig:

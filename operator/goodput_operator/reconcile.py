@@ -126,6 +126,10 @@ def _flipped(body: dict[str, Any], type_: str, status: str) -> bool:
 
 
 async def _model_fit(ctx: Context, svc: ServiceSpec) -> Fit:
+    problem = capacity.quantization_problem(svc.model.quantization, svc.resources)
+    if problem:
+        return Fit(Condition(MODEL_FITS, FALSE, "QuantizationUnsupported", problem),
+                   invalid=SpecError("model.quantization", problem, reason="QuantizationUnsupported"))
     source = svc.model.source
     if source.scheme != "hf":
         return Fit(Condition(MODEL_FITS, UNKNOWN, "ConfigNotFetched",

@@ -52,6 +52,17 @@ def test_tensor_parallel_that_does_not_divide_the_heads_is_refused(cluster, oper
     assert cluster.deployment(namespace, "tp8") is None
 
 
+def test_fp8_on_a_gpu_older_than_ada_is_refused_before_any_pod(cluster, operator, namespace):
+    spec = _spec(model={"source": "hf://Qwen/Qwen2.5-7B-Instruct", "quantization": "fp8"},
+                 resources={"gpu": 1, "gpuProduct": "NVIDIA-A100-SXM4-80GB"})
+    cluster.create_service(namespace, "fp8-a100", spec)
+    valid = cluster.wait_condition(namespace, "fp8-a100", "Valid", "False")
+    assert valid["reason"] == "QuantizationUnsupported"
+    assert "compute capability 8.9 or newer" in valid["message"]
+    assert "NVIDIA-A100-SXM4-80GB has 8.0" in valid["message"]
+    assert cluster.deployment(namespace, "fp8-a100") is None
+
+
 def test_gated_model_uses_the_token_secret(cluster, operator, namespace):
     spec = _spec(model={"source": "hf://acme/private-7b", "maxModelLen": 8192,
                         "tokenSecretRef": {"name": "hf-token"}})

@@ -152,3 +152,15 @@ def test_device_memory_from_spec_product_or_host_memory():
     assert capacity.device_memory_bytes(Resources(gpu=1, gpu_product="NVIDIA-H100-80GB-HBM3")) == 80 * GIB
     assert capacity.device_memory_bytes(Resources(gpu=1, gpu_product="Unknown-GPU")) is None
     assert capacity.device_memory_bytes(Resources(gpu=0, memory="8Gi")) == 8 * GIB
+
+
+def test_fp8_needs_ada_or_newer_when_the_gpu_is_known():
+    from goodput_operator.capacity import quantization_problem
+    from goodput_operator.spec import Resources
+
+    assert quantization_problem("fp8", Resources(gpu=1, gpu_product="NVIDIA-H100-80GB-HBM3")) is None
+    assert quantization_problem("fp8", Resources(gpu=1, gpu_product="NVIDIA-L4")) is None
+    assert quantization_problem("fp8", Resources(gpu=1)) is None  # unknown GPU: the runtime decides at start
+    assert "Tesla-T4 has 7.5" in quantization_problem("fp8", Resources(gpu=1, gpu_product="Tesla-T4"))
+    assert "resources.gpu is 0" in quantization_problem("fp8", Resources(gpu=0))
+    assert quantization_problem("int8", Resources(gpu=0)) is None
