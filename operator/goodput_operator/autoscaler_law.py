@@ -1,0 +1,198 @@
+"""The goodput scaling law: observed signals and the last state in, a replica count and its reason out.
+
+Pure: no clock, no API, no I/O. The loop (autoscaler.py) and the simulator
+(bench/autoscale_sim.py) call the same `decide`.
+
+    desired = clamp(max(capacity term, SLO guard), min, max)
+    capacity term = ceil(arrival rate / (capacity per replica × target utilisation))
+    SLO guard     = current + max(1, ⌈ready / 2⌉) while attainment misses its target and requests queue
+
+Up: at once, at most doubling per period, and only on top of pods still starting.
+Down: one replica per stabilisation window, only while attainment holds and N−1
+replicas would stay under the safe load. No signals: hold.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+UP, DOWN, HOLD = "up", "down", "hold"
+LEARNING_RATE = 0.3
+
+
+@dataclass(frozen=True)
+class Policy:
+    min_replicas: int
+    max_replicas: int
+    attainment_target: float = 0.95
+    ttft_target: float | None = None  # seconds; for the reason text
+    tpot_target: float | None = None
+    target_utilization: float = 0.8
+    safe_load: float = 0.7  # N−1 replicas must stay below this share of their capacity
+    scale_down_window: float = 300.0  # seconds
+    idle_period: float | None = None  # seconds without requests before 1 → 0; needed for minReplicas 0
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What the ready pods' metrics say, summed or averaged over them."""
+
+    arrival_rate: float  # requests per second
+    attainment: float | None  # short window (1 min); None when no request finished in it
+    attainment_long: float | None = None  # 5 min, for status and dashboards
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    ttft_p90: float | None = None
+    tpot_p90: float | None = None
+
+
+@dataclass(frozen=True)
+class Observation:
+    now: float  # seconds, any monotonic origin
+    current: int  # replicas the scale subresource holds now
+    ready: int  # replicas serving (the rest are starting: coming capacity)
+    signals: Signals | None  # None: metrics missing or failed, never read as zero
+    missing: str = ""  # why signals are None
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What the law carries from one period to the next."""
+
+    capacity_per_replica: float | None = None  # requests per second one replica serves within the SLO
+    high_since: float | None = None  # when the need last reached the current count
+    idle_since: float | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    desired: int
+    direction: str  # up | down | hold
+    cause: str  # slo_guard | capacity | scale_down | idle | bounds | stabilizing | metrics_missing | steady
+    reason: str
+    memory: Memory
+
+
+def learn_capacity(mu: float | None, signals: Signals, ready: int, target: float) -> float | None:
+    """Capacity per replica from load vs attainment.
+
+    A load served within the SLO with nothing queued is a lower bound on capacity; a load
+    at which attainment fails while requests queue is an upper bound. Unset, capacity is
+    first learnt at the load where attainment first failed (an underestimate, so safe).
+    """
+    if ready <= 0 or signals.attainment is None or signals.arrival_rate <= 0:
+        return mu
+    load = signals.arrival_rate / ready
+    met = signals.attainment >= target and signals.waiting == 0
+    missed = signals.attainment < target and signals.waiting > 0
+    if met and mu is not None and load > mu:
+        return mu + LEARNING_RATE * (load - mu)
+    if missed and (mu is None or load < mu):
+        return load if mu is None else mu + LEARNING_RATE * (load - mu)
+    return mu
+
+
+def capacity_term(arrival_rate: float, mu: float | None, utilization: float) -> int:
+    if mu is None or mu <= 0:
+        return 0
+    return math.ceil(arrival_rate / (mu * utilization) - 1e-9)
+
+
+def _floor(policy: Policy) -> int:
+    """minReplicas 0 only with an idle period; otherwise at least one replica serves."""
+    return policy.min_replicas if policy.min_replicas > 0 or policy.idle_period else 1
+
+
+def _clamp(n: int, policy: Policy) -> int:
+    return max(_floor(policy), min(policy.max_replicas, n))
+
+
+def slo_miss_text(policy: Policy, s: Signals) -> str:
+    parts = [f"attainment {s.attainment:.2f} < {policy.attainment_target:.2f} target"]
+    if s.ttft_p90 is not None and policy.ttft_target is not None and s.ttft_p90 > policy.ttft_target:
+        parts.append(f"p90 TTFT {s.ttft_p90:.2f} s > {policy.ttft_target:.2f} s target")
+    if s.tpot_p90 is not None and policy.tpot_target is not None and s.tpot_p90 > policy.tpot_target:
+        parts.append(f"p90 TPOT {s.tpot_p90 * 1000:.0f} ms > {policy.tpot_target * 1000:.0f} ms target")
+    parts.append(f"{s.waiting} requests queued")
+    return ", ".join(parts)
+
+
+def decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
+    current = obs.current
+    bounded = _clamp(current, policy)
+    if bounded != current:
+        direction = UP if bounded > current else DOWN
+        return Decision(bounded, direction, "bounds",
+                        f"{current} replicas is outside [{_floor(policy)}, {policy.max_replicas}]",
+                        replace(memory, high_since=obs.now))
+    s = obs.signals
+    if s is None:
+        return Decision(current, HOLD, "metrics_missing",
+                        f"holding {current} replicas: {obs.missing or 'metrics missing'}", memory)
+
+    mu = learn_capacity(memory.capacity_per_replica, s, obs.ready, policy.attainment_target)
+    idle = s.arrival_rate == 0 and s.waiting == 0 and s.running == 0
+    memory = replace(memory, capacity_per_replica=mu,
+                     idle_since=(memory.idle_since if memory.idle_since is not None else obs.now) if idle else None)
+    need = capacity_term(s.arrival_rate, mu, policy.target_utilization)
+    starting = max(0, current - obs.ready)
+    missing_slo = s.attainment is not None and s.attainment < policy.attainment_target and s.waiting > 0
+    guard = 0
+    if missing_slo:
+        guard = current if starting else current + max(1, math.ceil(obs.ready / 2))
+    wanted = max(need, guard, _floor(policy))
+
+    if wanted > current:
+        desired = min(wanted, max(current * 2, current + 1), policy.max_replicas)
+        if desired <= current:
+            return Decision(current, HOLD, "bounds", f"at maxReplicas {policy.max_replicas}; " + (
+                slo_miss_text(policy, s) if missing_slo else f"arrival {s.arrival_rate:.2f} req/s"),
+                replace(memory, high_since=obs.now))
+        if guard >= need:
+            cause, reason = "slo_guard", slo_miss_text(policy, s)
+        else:
+            cause = "capacity"
+            reason = (f"arrival {s.arrival_rate:.2f} req/s needs {need} replicas at "
+                      f"{mu:.2f} req/s each and {policy.target_utilization:.0%} target load")
+        return Decision(desired, UP, cause, reason, replace(memory, high_since=obs.now))
+
+    if missing_slo:  # pods are starting: they are the added capacity
+        return Decision(current, HOLD, "slo_guard",
+                        f"{starting} replicas starting; " + slo_miss_text(policy, s),
+                        replace(memory, high_since=obs.now))
+    if wanted == current:
+        return Decision(current, HOLD, "steady", f"{current} replicas fit "
+                        f"arrival {s.arrival_rate:.2f} req/s", replace(memory, high_since=obs.now))
+    return _scale_down(policy, obs, s, memory, mu)
+
+
+def _scale_down(policy: Policy, obs: Observation, s: Signals, memory: Memory, mu: float | None) -> Decision:
+    current, now = obs.current, obs.now
+    since = memory.high_since if memory.high_since is not None else now
+    held = now - since
+    if memory.high_since is None:
+        memory = replace(memory, high_since=now)
+    if current == 1:
+        idle_for = now - memory.idle_since if memory.idle_since is not None else 0.0
+        if policy.idle_period and idle_for >= policy.idle_period:
+            return Decision(0, DOWN, "idle", f"no requests for {idle_for:.0f} s "
+                            f"(idle period {policy.idle_period:.0f} s)", replace(memory, high_since=now))
+        return Decision(current, HOLD, "steady", "1 replica serves the load", memory)
+    if held < policy.scale_down_window:
+        return Decision(current, HOLD, "stabilizing", f"{current - 1} replicas would do; stabilising "
+                        f"{held:.0f} of {policy.scale_down_window:.0f} s", memory)
+    if s.attainment is not None and s.attainment < policy.attainment_target:
+        return Decision(current, HOLD, "steady", f"attainment {s.attainment:.2f} below target", memory)
+    if s.waiting > 0:
+        return Decision(current, HOLD, "steady", f"{s.waiting} requests queued", memory)
+    if mu is None and s.arrival_rate > 0:
+        return Decision(current, HOLD, "steady", "capacity per replica not learnt yet", memory)
+    load = s.arrival_rate / ((current - 1) * mu) if mu else 0.0
+    if load >= policy.safe_load:
+        return Decision(current, HOLD, "steady", f"{current - 1} replicas would run at {load:.0%} load "
+                        f"(≥ {policy.safe_load:.0%})", memory)
+    reason = (f"arrival {s.arrival_rate:.2f} req/s: {current - 1} replicas would run at {load:.0%} load "
+              f"(< {policy.safe_load:.0%}), attainment held for {held:.0f} s")
+    return Decision(current - 1, DOWN, "scale_down", reason, replace(memory, high_since=now))
