@@ -58,6 +58,25 @@ def run_ours(args, items, threads: int) -> tuple[SystemRun, dict]:
     return run, summary
 
 
+def run_system(name: str, args, items, model, pad_id: int) -> SystemRun:
+    before = [round(x, 2) for x in os.getloadavg()]
+    if name == "ours":
+        run, summary = run_ours(args, items, args.threads)
+        run.config["serve_summary"] = summary
+    elif name == "transformers-cb":
+        run = run_transformers_cb(model, items, args.max_batched_tokens, args.cb_page_size, args.max_num_seqs)
+    else:
+        run = run_static(model, items, args.static_batch_size, pad_id)
+    run.config["loadavg_before_after"] = [*before, *(round(x, 2) for x in os.getloadavg())]
+    return run
+
+
+def median_run(runs: list[SystemRun]) -> SystemRun:
+    """The round with the median throughput (the lower middle one for an even count)."""
+    ordered = sorted(runs, key=lambda r: r.output_tokens_per_s)
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def agreement(ours_texts: list[str], reference: SystemRun, tokenizer) -> float:
     """Share of requests whose text equals the decoded reference tokens (greedy outputs should match).
 
@@ -117,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=16, help="our KV block size")
     p.add_argument("--cb-page-size", type=int, default=256, help="transformers CB page size (its default)")
     p.add_argument("--static-batch-size", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=1, help="rounds; each system's median round is reported")
     p.add_argument("--warmup", type=int, default=2, help="short requests to our server before timing")
     p.add_argument("--slo-ttft", type=float, default=None)
     p.add_argument("--slo-tpot", type=float, default=None)
@@ -143,25 +163,19 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
-    runs: dict[str, SystemRun] = {}
-    loads: dict[str, list[float]] = {}
-    serve_summary = None
+    all_runs: dict[str, list[SystemRun]] = {name: [] for name in systems}
     model = None
-    for name in systems:
-        before = os.getloadavg()
-        print(f"running {name} ...", flush=True)
-        if name == "ours":
-            runs[name], serve_summary = run_ours(args, items, args.threads)
-        else:
-            model = model or load_model(args.model_dir)
-            if name == "transformers-cb":
-                runs[name] = run_transformers_cb(model, items, args.max_batched_tokens, args.cb_page_size,
-                                                 args.max_num_seqs)
-            else:
-                runs[name] = run_static(model, items, args.static_batch_size, tokenizer.pad_token_id)
-        loads[name] = [*before, *os.getloadavg()]
-        print(f"  {name}: {runs[name].wall_s:.1f} s, {runs[name].output_tokens_per_s:.1f} useful tok/s",
-              flush=True)
+    for round_ in range(args.repeat):
+        for name in systems:
+            print(f"running {name} (round {round_ + 1}/{args.repeat}) ...", flush=True)
+            if name != "ours":
+                model = model or load_model(args.model_dir)
+            run = run_system(name, args, items, model, tokenizer.pad_token_id)
+            all_runs[name].append(run)
+            print(f"  {name}: {run.wall_s:.1f} s, {run.output_tokens_per_s:.1f} useful tok/s, "
+                  f"load average {run.config['loadavg_before_after']}", flush=True)
+    runs = {name: median_run(done) for name, done in all_runs.items()}
+    serve_summary = runs["ours"].config.get("serve_summary") if "ours" in runs else None
 
     rows = {name: system_row(run) for name, run in runs.items()}
     ratios: dict[str, dict] = {}
@@ -184,9 +198,9 @@ def main(argv: list[str] | None = None) -> dict:
         "workload": describe(items),
         "source": source_revision(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
-                    "transformers": __import__("transformers").__version__,
-                    "loadavg_1_5_15_before_after": loads},
+                    "transformers": __import__("transformers").__version__},
         "systems": rows,
+        "all_rounds": {name: [system_row(r) for r in done] for name, done in all_runs.items()},
         "ratios_ours_over": ratios,
         "targets_met": checks,
         "ours_serve_summary": serve_summary,
