@@ -27,6 +27,10 @@ def parse_args(argv: list[str] | None, defaults: Settings) -> argparse.Namespace
                         help="port of /metrics, 0 for none (env METRICS_PORT)")
     parser.add_argument("--resync-seconds", type=float, default=defaults.resync_seconds,
                         help="reconcile every service at least this often (env RESYNC_SECONDS)")
+    parser.add_argument("--autoscaler-period-seconds", type=float, default=defaults.autoscaler_period_seconds,
+                        help="goodput autoscaler period (env AUTOSCALER_PERIOD_SECONDS)")
+    parser.add_argument("--autoscaler-window-seconds", type=float, default=defaults.autoscaler_window_seconds,
+                        help="window for rates and attainment, the long one 5x (env AUTOSCALER_WINDOW_SECONDS)")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     return parser.parse_args(argv)
 
@@ -41,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
         liveness_port=args.liveness_port,
         metrics_port=args.metrics_port,
         resync_seconds=args.resync_seconds,
+        autoscaler_period_seconds=args.autoscaler_period_seconds,
+        autoscaler_window_seconds=args.autoscaler_window_seconds,
     )
     kopf.configure(verbose=args.verbose, log_prefix=True)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)

@@ -11,6 +11,7 @@ from typing import Any
 import kopf
 import prometheus_client
 
+from goodput_operator.autoscaler import Autoscaler
 from goodput_operator.builders import MANAGED_BY
 from goodput_operator.context import Context
 from goodput_operator.hub import ConfigFetcher, Waiter
@@ -73,9 +74,10 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
                                 on_ready=lambda waiters: reconcile_soon(memo.ctx, waiters))
         memo.ctx = Context(kube, settings, fetcher, instance=os.environ.get("POD_NAME") or socket.gethostname())
         # A plain loop rather than a kopf timer: timers put a finalizer on every service.
-        task = asyncio.create_task(resync_forever(memo.ctx), name="resync")
-        background.add(task)
-        task.add_done_callback(background.discard)
+        for task in (asyncio.create_task(resync_forever(memo.ctx), name="resync"),
+                     asyncio.create_task(Autoscaler.from_context(memo.ctx).run_forever(), name="autoscaler")):
+            background.add(task)
+            task.add_done_callback(background.discard)
         if settings.metrics_port:
             prometheus_client.start_http_server(settings.metrics_port)
         scope = f"namespace {settings.namespace}" if settings.namespace else "all namespaces"

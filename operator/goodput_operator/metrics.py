@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILES = Counter(
     "goodput_operator_reconciles_total", "Reconcile passes by result (ok, invalid, error).", ["result"]
@@ -16,4 +16,19 @@ CHILD_WRITES = Counter(
 )
 RECONCILE_ERRORS = Counter(
     "goodput_operator_reconcile_errors_total", "Reconcile passes that failed and will be retried.", ["reason"]
+)
+
+AUTOSCALER_DESIRED = Gauge(
+    "goodput_autoscaler_desired_replicas", "Replicas the goodput autoscaler wants, per service.", ["namespace", "name"]
+)
+AUTOSCALER_ATTAINMENT = Gauge(
+    "goodput_autoscaler_slo_attainment_ratio", "SLO attainment the autoscaler saw over its short window.",
+    ["namespace", "name"],
+)
+AUTOSCALER_SCALE_EVENTS = Counter(
+    "goodput_autoscaler_scale_events_total", "Replica changes the autoscaler wrote, by direction and cause.",
+    ["direction", "reason"],
+)
+AUTOSCALER_METRIC_ERRORS = Counter(
+    "goodput_autoscaler_metric_errors_total", "Periods in which a service's metrics could not be read (held)."
 )

@@ -26,6 +26,9 @@ class Settings:
     discovery_seconds: float = 60.0  # how long optional APIs (PDB version, monitors) stay cached
     hf_endpoint: str = DEFAULT_HF_ENDPOINT
     hub_timeout_seconds: float = 10.0
+    autoscaler_period_seconds: float = 15.0  # the goodput control loop's period
+    autoscaler_window_seconds: float = 60.0  # short window for rates and attainment; the long one is 5×
+    prometheus_url: str | None = None  # None: the autoscaler scrapes the pods itself
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -40,4 +43,7 @@ class Settings:
             discovery_seconds=float(env.get("DISCOVERY_SECONDS", "60")),
             hf_endpoint=(env.get("HF_ENDPOINT") or DEFAULT_HF_ENDPOINT).rstrip("/"),
             hub_timeout_seconds=float(env.get("HUB_TIMEOUT_SECONDS", "10")),
+            autoscaler_period_seconds=float(env.get("AUTOSCALER_PERIOD_SECONDS", "15")),
+            autoscaler_window_seconds=float(env.get("AUTOSCALER_WINDOW_SECONDS", "60")),
+            prometheus_url=(env.get("PROMETHEUS_URL") or "").rstrip("/") or None,
         )

@@ -1,0 +1,190 @@
+"""The goodput control loop: every period, for each service in goodput mode, read → decide → act → record.
+
+One loop per operator process; the operator runs as one replica (Deployment strategy
+Recreate), so exactly one writer of replicas exists. It writes only the scale
+subresource, under its own field manager, and status.autoscaler and status.slo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from goodput_operator import metrics
+from goodput_operator.autoscaler_law import UP, Decision, Memory, Observation, Policy, decide
+from goodput_operator.autoscaler_sources import (
+    DirectSource,
+    Endpoints,
+    PrometheusSource,
+    Reading,
+    endpoint_slice_version,
+    service_endpoints,
+)
+from goodput_operator.context import Context
+from goodput_operator.k8s import ApiError, Kube, load_config, owner_collection, owner_path
+from goodput_operator.spec import ServiceSpec, SpecError, parse, parse_duration
+
+logger = logging.getLogger(__name__)
+FIELD_MANAGER = "goodput-autoscaler"
+
+
+class Source(Protocol):
+    async def read(self, key: tuple[str, str], served_name: str, endpoints: Endpoints, now: float) -> Reading: ...
+    def forget(self, key: tuple[str, str]) -> None: ...
+    async def close(self) -> None: ...
+
+
+def policy_for(svc: ServiceSpec, raw: dict[str, Any]) -> tuple[Policy, float | None]:
+    """The law's policy from the spec, and the configured starting capacity per replica (requests/s)."""
+    idle = raw.get("idlePeriod")
+    capacity = raw.get("capacityPerReplica")
+    policy = Policy(
+        min_replicas=svc.autoscaling.min_replicas,
+        max_replicas=svc.autoscaling.max_replicas,
+        attainment_target=svc.slo.attainment,
+        ttft_target=svc.slo.ttft_seconds,
+        tpot_target=svc.slo.tpot_seconds,
+        target_utilization=float(raw.get("targetUtilization", 0.8)),
+        scale_down_window=svc.autoscaling.scale_down_window_seconds,
+        idle_period=parse_duration(idle, "autoscaling.idlePeriod") if idle else None,
+    )
+    return policy, float(capacity) if capacity is not None else None
+
+
+@dataclass
+class Autoscaler:
+    ctx: Context
+    kube: Kube  # its own client: servers before 1.22 name a scale write's manager after the user agent
+    source: Source
+    period: float
+    window: float
+    memories: dict[tuple[str, str], Memory] = field(default_factory=dict)
+    _slice_version: str | None = None
+
+    @classmethod
+    def from_context(cls, ctx: Context) -> Autoscaler:
+        s = ctx.settings
+        long_window = s.autoscaler_window_seconds * 5
+        source: Source = (PrometheusSource(s.prometheus_url, s.autoscaler_window_seconds, long_window)
+                          if s.prometheus_url else DirectSource(s.autoscaler_window_seconds, long_window))
+        api = load_config()
+        api.user_agent = FIELD_MANAGER
+        return cls(ctx, Kube(api, FIELD_MANAGER), source, s.autoscaler_period_seconds, s.autoscaler_window_seconds)
+
+    async def run_forever(self) -> None:
+        try:
+            while True:
+                started = time.monotonic()
+                await self.tick()
+                await asyncio.sleep(max(0.0, self.period - (time.monotonic() - started)))
+        finally:
+            await self.source.close()
+
+    async def tick(self) -> None:
+        try:
+            listing = await self.kube.request("GET", owner_collection(self.ctx.settings.namespace))
+        except Exception as err:
+            logger.warning("Listing InferenceServices for the autoscaler failed: %s", err)
+            return
+        seen = set()
+        for body in listing.get("items") or ():
+            meta = body["metadata"]
+            key = (meta["namespace"], meta["name"])
+            if meta.get("deletionTimestamp") or ((body.get("spec") or {}).get("autoscaling") or {}).get(
+                    "mode") != "goodput":
+                continue
+            seen.add(key)
+            try:
+                await self.scale(body)
+            except SpecError:
+                continue  # the reconcile reports it as Valid=False
+            except Exception as err:
+                metrics.AUTOSCALER_METRIC_ERRORS.inc()
+                logger.warning("Autoscaling %s/%s failed, holding replicas: %s", *key, err)
+        for key in set(self.memories) - seen:
+            self.memories.pop(key, None)
+            self.source.forget(key)
+
+    async def scale(self, body: dict[str, Any]) -> Decision:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        key = (namespace, name)
+        raw_spec = body.get("spec") or {}
+        svc = parse(name, namespace, raw_spec)
+        policy, configured = policy_for(svc, raw_spec.get("autoscaling") or {})
+        memory = self.memories.get(key) or Memory(capacity_per_replica=configured)
+        if self._slice_version is None:
+            self._slice_version = await endpoint_slice_version(self.kube)
+        # spec.replicas unset: the Deployment runs minReplicas (builders.py), so that is the current count
+        current = svc.desired_replicas
+        endpoints = await service_endpoints(self.kube, self._slice_version, namespace, name)
+        now = time.monotonic()
+        reading = await self.source.read(key, svc.model.served_name, endpoints, now)
+        if reading.signals is None and reading.ready and "second scrape" not in reading.missing:
+            metrics.AUTOSCALER_METRIC_ERRORS.inc()
+        decision = decide(policy, Observation(now, current, reading.ready, reading.signals, reading.missing),
+                          memory)
+        self.memories[key] = decision.memory
+        if decision.desired != current:
+            await self._write_replicas(body, current, decision)
+        await self._write_status(body, current, decision, reading)
+        metrics.AUTOSCALER_DESIRED.labels(namespace=namespace, name=name).set(decision.desired)
+        if reading.signals is not None and reading.signals.attainment is not None:
+            metrics.AUTOSCALER_ATTAINMENT.labels(namespace=namespace, name=name).set(reading.signals.attainment)
+        return decision
+
+    async def _write_replicas(self, body: dict[str, Any], current: int, decision: Decision) -> None:
+        meta = body["metadata"]
+        path = owner_path(meta["namespace"], meta["name"])
+        patch = {"spec": {"replicas": decision.desired}}
+        try:
+            await self.kube.request("PATCH", path + "/scale", body=patch, query={"fieldManager": FIELD_MANAGER},
+                                        content_type="application/merge-patch+json")
+        except ApiError as err:
+            # API servers before 1.21 refuse the scale subresource of a custom resource whose spec.replicas
+            # is unset; that first write sets it on the object itself, under the same field manager.
+            if not (err.status == 500 and "does not exist" in err.message and "replicas" not in (
+                    body.get("spec") or {})):
+                raise
+            await self.kube.request("PATCH", path, body=patch, query={"fieldManager": FIELD_MANAGER},
+                                        content_type="application/merge-patch+json")
+        verb = "ScaledUp" if decision.direction == UP else "ScaledDown"
+        message = f"{current} → {decision.desired} replicas: {decision.reason}"
+        logger.info("%s %s/%s %s", verb, meta["namespace"], meta["name"], message)
+        metrics.AUTOSCALER_SCALE_EVENTS.labels(direction=decision.direction, reason=decision.cause).inc()
+        await self.ctx.event(body, "Normal", verb, message)
+
+    async def _write_status(self, body: dict[str, Any], current: int, decision: Decision, reading: Reading) -> None:
+        meta = body["metadata"]
+        before = body.get("status") or {}
+        autoscaler: dict[str, Any] = {
+            "desiredReplicas": decision.desired,
+            "currentReplicas": current,
+            "readyReplicas": reading.ready,
+            "message": decision.reason,
+        }
+        mu = decision.memory.capacity_per_replica
+        if mu is not None:
+            autoscaler["capacityPerReplica"] = round(mu, 3)
+        if decision.desired != current:
+            autoscaler["lastDecision"] = {
+                "time": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "from": current, "to": decision.desired, "reason": decision.reason,
+            }
+        status: dict[str, Any] = {"autoscaler": autoscaler}
+        s = reading.signals
+        if s is not None:
+            slo = {"window": f"{self.window:.0f}s",
+                   "goodputRequestsPerSecond": round(s.arrival_rate * (s.attainment or 0.0), 3),
+                   "attainment": None if s.attainment is None else round(s.attainment, 4),
+                   "ttftP90": None if s.ttft_p90 is None else round(s.ttft_p90, 4),
+                   "tpotP90": None if s.tpot_p90 is None else round(s.tpot_p90, 4)}
+            status["slo"] = slo
+        old = before.get("autoscaler") or {}
+        if all(old.get(k) == v for k, v in autoscaler.items()) and status.get("slo") in (None, before.get("slo")):
+            return
+        await self.kube.patch_status(meta["namespace"], meta["name"], status)

@@ -1,0 +1,159 @@
+"""Where the autoscaler's numbers come from: the service's ready endpoints, then the pods or Prometheus.
+
+Ready pods are the service's EndpointSlices' ready endpoints (the same set the Service
+routes to); their count, not the Deployment's, is the capacity serving now. By default
+each ready pod's /metrics is scraped directly; with PROMETHEUS_URL the same signals are
+asked of Prometheus (series labelled `namespace` by the ServiceMonitor or PodMonitor and
+`model` by the runtime). A failed read is reported as missing, never as zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from goodput_operator.autoscaler_law import Signals
+from goodput_operator.autoscaler_signals import History, PodSample, parse_pod_metrics
+from goodput_operator.k8s import ApiError, Kube
+
+logger = logging.getLogger(__name__)
+SCRAPE_TIMEOUT_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    ready: tuple[str, ...]  # metrics URLs of ready pods
+    starting: int  # endpoints not ready yet
+
+
+@dataclass(frozen=True)
+class Reading:
+    ready: int
+    signals: Signals | None
+    missing: str = ""
+
+
+async def endpoint_slice_version(kube: Kube) -> str:
+    for version in ("discovery.k8s.io/v1", "discovery.k8s.io/v1beta1"):
+        if await kube.has_resource(version, "endpointslices"):
+            return version
+    raise ApiError(404, "NotFound", "the server serves no EndpointSlices")
+
+
+async def service_endpoints(kube: Kube, version: str, namespace: str, service: str) -> Endpoints:
+    listing = await kube.request(
+        "GET", f"/apis/{version}/namespaces/{namespace}/endpointslices",
+        query={"labelSelector": f"kubernetes.io/service-name={service}"})
+    ready: list[str] = []
+    starting = 0
+    for piece in (listing or {}).get("items") or ():
+        ports = {p.get("name"): p.get("port") for p in piece.get("ports") or ()}
+        port = ports.get("metrics") or ports.get("http")
+        for endpoint in piece.get("endpoints") or ():
+            conditions = endpoint.get("conditions") or {}
+            if conditions.get("terminating"):
+                continue
+            if conditions.get("ready") is False or port is None:
+                starting += 1
+                continue
+            host = endpoint["addresses"][0]
+            host = f"[{host}]" if ":" in host else host
+            ready.append(f"http://{host}:{port}/metrics")
+    return Endpoints(tuple(sorted(ready)), starting)
+
+
+class DirectSource:
+    """Scrapes every ready pod's /metrics itself; no Prometheus needed."""
+
+    def __init__(self, window: float, long_window: float) -> None:
+        self.window, self.long_window = window, long_window
+        self._history: dict[tuple[str, str], History] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def _scrape(self, url: str) -> PodSample:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS))
+        async with self._session.get(url) as response:
+            response.raise_for_status()
+            return parse_pod_metrics(await response.text())
+
+    async def read(self, key: tuple[str, str], served_name: str, endpoints: Endpoints, now: float) -> Reading:
+        history = self._history.setdefault(key, History(keep_seconds=self.long_window + self.window))
+        if not endpoints.ready:
+            return Reading(0, None, "no ready pods to read metrics from")
+        results = await asyncio.gather(*(self._scrape(url) for url in endpoints.ready), return_exceptions=True)
+        failed = [(url, r) for url, r in zip(endpoints.ready, results, strict=True) if isinstance(r, BaseException)]
+        if failed:
+            url, err = failed[0]
+            return Reading(len(endpoints.ready), None,
+                           f"metrics of {len(failed)} of {len(endpoints.ready)} ready pods unreadable ({url}: {err})")
+        history.add(now, {url: r for url, r in zip(endpoints.ready, results, strict=True)
+                          if isinstance(r, PodSample)})
+        signals = history.signals(now, self.window, self.long_window)
+        return Reading(len(endpoints.ready), signals, "" if signals else "waiting for a second scrape")
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._history.pop(key, None)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+class PrometheusSource:
+    """The same signals as PromQL over the series Prometheus scraped from the pods."""
+
+    def __init__(self, url: str, window: float, long_window: float) -> None:
+        self.url, self.window, self.long_window = url.rstrip("/"), window, long_window
+        self._session: aiohttp.ClientSession | None = None
+
+    async def _query(self, promql: str) -> float | None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS))
+        async with self._session.get(f"{self.url}/api/v1/query", params={"query": promql}) as response:
+            response.raise_for_status()
+            body: dict[str, Any] = await response.json()
+        result = body["data"]["result"]
+        if not result:
+            return None
+        value = float(result[0]["value"][1])
+        return None if value != value else value  # NaN: 0/0, nothing finished
+
+    async def read(self, key: tuple[str, str], served_name: str, endpoints: Endpoints, now: float) -> Reading:
+        if not endpoints.ready:
+            return Reading(0, None, "no ready pods to read metrics from")
+        sel = f'namespace="{key[0]}",model="{served_name}"'
+        w, lw = f"{self.window:.0f}s", f"{self.long_window:.0f}s"
+
+        def attainment(window: str) -> str:
+            return (f"sum(rate(goodput_requests_good_total{{{sel}}}[{window}])) / "
+                    f"sum(rate(goodput_requests_total{{{sel}}}[{window}]))")
+
+        def p90(metric: str) -> str:
+            return f"histogram_quantile(0.9, sum by (le) (rate({metric}_bucket{{{sel}}}[{w}])))"
+
+        queries = [f"sum(rate(goodput_requests_total{{{sel}}}[{w}]))", attainment(w), attainment(lw),
+                   f"sum(goodput_requests_waiting{{{sel}}})", f"sum(goodput_requests_running{{{sel}}})",
+                   f"avg(goodput_kv_cache_usage_ratio{{{sel}}})",
+                   p90("goodput_time_to_first_token_seconds"), p90("goodput_time_per_output_token_seconds")]
+        try:
+            rate, att, att_long, waiting, running, kv, ttft, tpot = await asyncio.gather(
+                *(self._query(q) for q in queries))
+        except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError) as err:
+            return Reading(len(endpoints.ready), None, f"Prometheus query failed: {err!r}")
+        if rate is None or waiting is None:
+            return Reading(len(endpoints.ready), None, f"Prometheus has no goodput series for {sel}")
+        return Reading(len(endpoints.ready), Signals(
+            arrival_rate=rate, attainment=att, attainment_long=att_long, waiting=round(waiting),
+            running=round(running or 0), kv_usage=kv or 0.0, ttft_p90=ttft, tpot_p90=tpot))
+
+    def forget(self, key: tuple[str, str]) -> None:
+        pass
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()

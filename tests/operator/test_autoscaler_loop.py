@@ -1,0 +1,67 @@
+"""The goodput control loop against a real API server: its writes, its status, its refusal to guess.
+
+No runtime pods here (the live proof is test_autoscaler_live.py): the service's
+EndpointSlices are written by the test as the EndpointSlice controller would.
+"""
+
+import pytest
+from autoscaling_helpers import free_port, host_address, operator_metric, put_endpoint, scale_replicas
+from harness import OperatorProcess, wait_for
+
+pytestmark = pytest.mark.apiserver
+
+SPEC = {"model": {"source": "file:///models/tiny", "servedName": "tiny"}, "resources": {"gpu": 0, "memory": "2Gi"},
+        "slo": {"ttft": "500ms", "tpot": "50ms", "attainment": 0.9},
+        "autoscaling": {"mode": "goodput", "minReplicas": 2, "maxReplicas": 4, "scaleDownWindow": "10s"}}
+
+
+@pytest.fixture(scope="module")
+def metrics_port():
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def operator(cluster, hub, metrics_port, tmp_path_factory):
+    log = tmp_path_factory.mktemp("operator-autoscaler") / "operator.log"
+    process = OperatorProcess(cluster.kubeconfig, log, hub.endpoint, "--metrics-port", str(metrics_port),
+                              "--autoscaler-period-seconds", "1", "--autoscaler-window-seconds", "3").start()
+    yield process
+    process.stop()
+
+
+def test_replicas_outside_the_bounds_are_brought_in_through_the_scale_subresource(cluster, operator, namespace):
+    cluster.create_service(namespace, "auto", {**SPEC, "replicas": 7})
+    wait_for(lambda: scale_replicas(cluster, namespace, "auto") == 4, 20, "4 replicas written")
+    decision = wait_for(lambda: (cluster.get_service(namespace, "auto").get("status") or {}).get(
+        "autoscaler", {}).get("lastDecision"), 20, "status.autoscaler.lastDecision")
+    assert (decision["from"], decision["to"]) == (7, 4)
+    assert "outside [2, 4]" in decision["reason"]
+    wait_for(lambda: any(e.reason == "ScaledDown" and "7 → 4" in e.message for e in cluster.events(namespace, "auto")),
+             20, "a ScaledDown event")
+    wait_for(lambda: cluster.deployment(namespace, "auto").spec.replicas == 4, 20, "the Deployment at 4")
+
+
+def test_no_ready_pods_holds_at_min_without_writing(cluster, operator, namespace):
+    cluster.create_service(namespace, "idle", SPEC)  # spec.replicas left out, as under GitOps
+    autoscaler = wait_for(lambda: ((cluster.get_service(namespace, "idle").get("status") or {}).get(
+        "autoscaler")), 20, "status.autoscaler")
+    assert autoscaler["message"] == "holding 2 replicas: no ready pods to read metrics from"
+    assert (autoscaler["currentReplicas"], autoscaler["desiredReplicas"]) == (2, 2)
+    assert "replicas" not in cluster.get_service(namespace, "idle")["spec"]
+
+
+def test_unreadable_metrics_hold_the_count_and_are_counted(cluster, operator, namespace, metrics_port):
+    cluster.create_service(namespace, "dark", {**SPEC, "replicas": 3})
+    closed = free_port()  # nothing listens there: a pod whose metrics cannot be read
+    for pod in ("a", "b"):
+        put_endpoint(cluster, namespace, "dark", pod, host_address(), closed, ready=True)
+    errors_before = operator_metric(metrics_port, "goodput_autoscaler_metric_errors_total")
+
+    def message() -> str:
+        return ((cluster.get_service(namespace, "dark").get("status") or {}).get("autoscaler") or {}).get(
+            "message", "")
+    wait_for(lambda: "metrics of 2 of 2 ready pods unreadable" in message(), 20, "the hold to be explained")
+    wait_for(lambda: operator_metric(metrics_port, "goodput_autoscaler_metric_errors_total") > errors_before, 10,
+             "goodput_autoscaler_metric_errors_total to count it")
+    assert scale_replicas(cluster, namespace, "dark") == 3  # held, not read as zero load
+    assert operator_metric(metrics_port, 'goodput_autoscaler_desired_replicas{name="dark"') == 3
