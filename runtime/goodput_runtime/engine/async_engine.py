@@ -134,35 +134,43 @@ class AsyncEngine:
             self._abort_now(request_id)
         await asyncio.to_thread(self.core.close)
 
+    @property
+    def alive(self) -> bool:
+        """False once the step loop has stopped: nothing will make progress any more."""
+        return self.loop_task is not None and not self.loop_task.done()
+
     async def _run(self) -> None:
-        core = self.core
-        loop = asyncio.get_running_loop()
         while True:
-            if not core.has_unfinished():
+            if not self.core.has_unfinished():
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
-            out = core.scheduler.schedule()
-            if not out.scheduled:
-                await asyncio.sleep(0.001)  # nothing fits this instant: let aborts and arrivals in
-                continue
-            self.stepping = True
             try:
-                sampled = await loop.run_in_executor(self.executor, core.runner.run, out)
+                await self._step()
             except Exception:
-                log.exception("Step failed; failing its %d requests", len(out.scheduled))
+                # a bug, not a bad request: fail what is in flight, keep serving the rest
+                log.exception("Engine step failed; failing %d requests", len(self.streams))
                 self.stepping = False
-                for item in out.scheduled:
-                    self._abort_now(item.seq.request_id, outcome="error")
-                continue
-            finally:
-                self.stepping = False
-            for output in core.update(out, sampled):
-                self._deliver(output)
-            for request_id in self.pending_aborts:
-                self._abort_now(request_id)
-            self.pending_aborts.clear()
+                for request_id in list(self.streams):
+                    self._abort_now(request_id, outcome="error")
             await asyncio.sleep(0)  # let handlers read their outputs before the next step
+
+    async def _step(self) -> None:
+        core = self.core
+        out = core.scheduler.schedule()
+        if not out.scheduled:
+            await asyncio.sleep(0.001)  # nothing fits this instant: let aborts and arrivals in
+            return
+        self.stepping = True
+        try:
+            sampled = await asyncio.get_running_loop().run_in_executor(self.executor, core.runner.run, out)
+        finally:
+            self.stepping = False
+        for output in core.update(out, sampled):
+            self._deliver(output)
+        for request_id in self.pending_aborts:
+            self._abort_now(request_id)
+        self.pending_aborts.clear()
 
     def _abort_now(self, request_id: str, outcome: str = "abort") -> None:
         output = self.core.abort(request_id, outcome)

@@ -128,7 +128,10 @@ async def get_model(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    phase = request.app[STATE].phase
+    state = request.app[STATE]
+    phase = state.phase
+    if phase == "ready" and not state.engine.alive:
+        phase = "engine stopped"  # the step loop is gone: let the kubelet restart the pod
     return web.json_response({"status": phase}, status=200 if phase == "ready" else 503)
 
 

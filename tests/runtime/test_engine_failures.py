@@ -1,0 +1,53 @@
+"""A failing step fails its requests, not the server; a dead step loop shows in health.
+
+Faults are injected into the real engine (a forward pass that raises once, as a device
+error would), since a real device fault cannot be produced on demand here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from goodput_runtime.config import EngineConfig
+from goodput_runtime.engine.async_engine import AsyncEngine
+from goodput_runtime.sampling import SamplingParams
+
+pytestmark = pytest.mark.runtime
+
+
+async def collect(stream) -> tuple[list[int], str | None]:
+    tokens, reason = [], None
+    async for out in stream:
+        tokens += out.token_ids
+        reason = out.finish_reason
+    return tokens, reason
+
+
+async def test_a_step_that_raises_fails_its_requests_and_the_engine_keeps_serving(tiny_model_dir):
+    engine = AsyncEngine.from_config(EngineConfig(model=str(tiny_model_dir), kv_cache_memory=1 << 20,
+                                                  max_model_len=256))
+    await engine.start()
+    real_run = engine.core.runner.run
+    calls = {"n": 0}
+
+    def run_failing_once(out):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected device error")
+        return real_run(out)
+
+    engine.core.runner.run = run_failing_once
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    try:
+        failed = await asyncio.gather(*(collect(engine.add_request(f"a{i}", [5, 6, 7, i + 8], params))
+                                        for i in range(3)))
+        assert {reason for _, reason in failed} == {"error"}
+        assert engine.num_free_blocks == engine.num_total_blocks
+        tokens, reason = await collect(engine.add_request("after", [5, 6, 7], params))
+        assert reason == "length" and len(tokens) == 20
+        assert engine.alive
+    finally:
+        await engine.shutdown()
+    assert not engine.alive
