@@ -52,7 +52,6 @@ class AsyncEngine:
         self.admitting = True
         self.wakeup = asyncio.Event()
         self.loop_task: asyncio.Task | None = None
-        self.ready = False
         # one thread runs every forward pass, so a step still running at shutdown can be waited for
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine-step")
 
@@ -93,7 +92,6 @@ class AsyncEngine:
             self.core.metrics = metrics
         self.wakeup = asyncio.Event()
         self.loop_task = asyncio.create_task(self._run(), name="engine-loop")
-        self.ready = True
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> RequestStream:
         if not self.admitting or self.loop_task is None:
