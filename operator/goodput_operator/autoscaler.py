@@ -133,6 +133,12 @@ class Autoscaler:
             await self._write_replicas(body, current, decision)
         await self._write_status(body, current, decision, reading)
         metrics.AUTOSCALER_DESIRED.labels(namespace=namespace, name=name).set(decision.desired)
+        for kind, value in (("current", current), ("ready", reading.ready), ("min", policy.min_replicas),
+                            ("max", policy.max_replicas), ("starting", max(0, current - reading.ready))):
+            metrics.AUTOSCALER_REPLICAS.labels(namespace=namespace, name=name, kind=kind).set(value)
+        if decision.memory.capacity_per_replica is not None:
+            metrics.AUTOSCALER_CAPACITY.labels(namespace=namespace, name=name).set(
+                decision.memory.capacity_per_replica)
         if reading.signals is not None and reading.signals.attainment is not None:
             metrics.AUTOSCALER_ATTAINMENT.labels(namespace=namespace, name=name).set(reading.signals.attainment)
         return decision

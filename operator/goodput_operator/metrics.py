@@ -32,3 +32,11 @@ AUTOSCALER_SCALE_EVENTS = Counter(
 AUTOSCALER_METRIC_ERRORS = Counter(
     "goodput_autoscaler_metric_errors_total", "Periods in which a service's metrics could not be read (held)."
 )
+AUTOSCALER_REPLICAS = Gauge(
+    "goodput_autoscaler_replicas", "Replica counts the autoscaler works with: current, ready, starting, min, max.",
+    ["namespace", "name", "kind"],
+)
+AUTOSCALER_CAPACITY = Gauge(
+    "goodput_autoscaler_capacity_per_replica", "Requests per second one replica serves within the SLO, as learnt.",
+    ["namespace", "name"],
+)

@@ -1,0 +1,173 @@
+"""Renders the Grafana autoscaling dashboard and the two objects that ship it.
+
+    python manifests/monitoring/render.py
+
+writes goodput-autoscaling.json (import it by hand), dashboard-configmap.yaml (a ConfigMap
+labelled grafana_dashboard: "1" for kube-prometheus-stack's sidecar) and
+grafana-dashboard.yaml (a GrafanaDashboard for grafana-operator v5). A test checks the
+committed files match this script.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+UID = "goodput-autoscaling"
+RUNTIME = 'namespace=~"$namespace", model=~"$model"'
+OPERATOR = 'namespace=~"$namespace", name=~"$service"'
+RATE = "$__rate_interval"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+
+
+def q(expr: str, legend: str) -> dict[str, Any]:
+    return {"expr": expr, "legendFormat": legend, "datasource": DS, "range": True}
+
+
+def quantiles(metric: str, slo_gauge: str) -> list[dict[str, Any]]:
+    targets = [q(f"histogram_quantile({p}, sum by (le) (rate({metric}_bucket{{{RUNTIME}}}[{RATE}])))", f"p{p * 100:g}")
+               for p in (0.5, 0.9, 0.99)]
+    return [*targets, q(f"max({slo_gauge}{{{RUNTIME}}})", "SLO target")]
+
+
+def panel(title: str, targets: list[dict[str, Any]], unit: str, x: int, y: int, w: int = 12,
+          step: bool = False, threshold: float | None = None, description: str = "") -> dict[str, Any]:
+    custom: dict[str, Any] = {"lineWidth": 2, "fillOpacity": 0, "showPoints": "never"}
+    if step:
+        custom["lineInterpolation"] = "stepAfter"
+    thresholds: dict[str, Any] = {"mode": "absolute", "steps": [{"color": "green", "value": None}]}
+    if threshold is not None:
+        custom["thresholdsStyle"] = {"mode": "line+area"}
+        thresholds["steps"] = [{"color": "red", "value": None}, {"color": "transparent", "value": threshold}]
+    refs = "ABCDEFGH"
+    return {
+        "type": "timeseries", "title": title, "description": description, "datasource": DS,
+        "gridPos": {"x": x, "y": y, "w": w, "h": 8},
+        "fieldConfig": {"defaults": {"unit": unit, "custom": custom, "thresholds": thresholds}, "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
+        "targets": [{**t, "refId": refs[i]} for i, t in enumerate(targets)],
+    }
+
+
+def variable(name: str, query: str, label: str) -> dict[str, Any]:
+    return {"name": name, "label": label, "type": "query", "datasource": DS,
+            "query": {"query": query, "refId": name}, "definition": query, "refresh": 2,
+            "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "sort": 1}
+
+
+def dashboard() -> dict[str, Any]:
+    good = f"sum(rate(goodput_requests_good_total{{{RUNTIME}}}[{RATE}]))"
+    total = f"sum(rate(goodput_requests_total{{{RUNTIME}}}[{RATE}]))"
+    panels = [
+        panel("SLO attainment vs target", [
+            q(f"{good} / {total}", "attainment"),
+            q(f"goodput:slo_attainment:ratio_rate5m{{{RUNTIME}}}", "attainment 5m (recorded)"),
+            q(f"goodput_autoscaler_slo_attainment_ratio{{{OPERATOR}}}", "autoscaler's window: {{name}}"),
+        ], "percentunit", 0, 0, threshold=0.95,
+            description="Share of requests that met both TTFT and TPOT targets; red below the 0.95 target."),
+        panel("Goodput vs throughput", [
+            q(good, "goodput (good requests/s)"), q(total, "throughput (requests/s)"),
+            q(f"goodput:goodput:rate5m{{{RUNTIME}}}", "goodput 5m (recorded)"),
+        ], "reqps", 12, 0),
+        panel("Time to first token", quantiles("goodput_time_to_first_token_seconds", "goodput_slo_ttft_seconds"),
+              "s", 0, 8, description="p50/p90/p99 against the service's TTFT target."),
+        panel("Time per output token", quantiles("goodput_time_per_output_token_seconds", "goodput_slo_tpot_seconds"),
+              "s", 12, 8, description="p50/p90/p99 against the service's TPOT target."),
+        panel("Replicas: desired vs ready", [
+            q(f"goodput_autoscaler_desired_replicas{{{OPERATOR}}}", "desired"),
+            q(f'goodput_autoscaler_replicas{{{OPERATOR}, kind=~"current|ready|min|max"}}', "{{kind}}"),
+        ], "none", 0, 16, step=True),
+        panel("Arrival rate and per-replica load vs capacity", [
+            q(total, "arrival (requests/s)"),
+            q(f"{total} / count(goodput_requests_running{{{RUNTIME}}})", "load per replica"),
+            q(f"goodput_autoscaler_capacity_per_replica{{{OPERATOR}}}", "capacity per replica (learnt)"),
+        ], "reqps", 12, 16),
+        panel("Queue depth", [
+            q(f"sum(goodput_requests_waiting{{{RUNTIME}}})", "waiting"),
+            q(f"sum(goodput_requests_running{{{RUNTIME}}})", "running"),
+            q(f"histogram_quantile(0.9, sum by (le) (rate(goodput_request_queue_time_seconds_bucket{{{RUNTIME}}}"
+              f"[{RATE}])))", "p90 queue time (s)"),
+        ], "short", 0, 24),
+        panel("KV cache usage", [
+            q(f"avg(goodput_kv_cache_usage_ratio{{{RUNTIME}}})", "mean"),
+            q(f"max(goodput_kv_cache_usage_ratio{{{RUNTIME}}})", "fullest pod"),
+        ], "percentunit", 12, 24),
+        panel("Preemptions", [q(f"sum(rate(goodput_preemptions_total{{{RUNTIME}}}[{RATE}]))", "preemptions/s")],
+              "short", 0, 32, w=8),
+        panel("Pod start-up", [q(f'goodput_autoscaler_replicas{{{OPERATOR}, kind="starting"}}', "starting: {{name}}")],
+              "none", 8, 32, w=8, step=True,
+              description="Replicas asked for whose endpoints are not ready yet: capacity on its way."),
+        panel("Error budget burn rate", [
+            q(f"goodput:slo_errors:ratio_rate5m{{{RUNTIME}}} / 0.05", "5m"),
+            q(f"goodput:slo_errors:ratio_rate1h{{{RUNTIME}}} / 0.05", "1h"),
+            q(f"goodput:slo_errors:ratio_rate6h{{{RUNTIME}}} / 0.05", "6h"),
+        ], "short", 16, 32, w=8, threshold=None,
+            description="1 spends the budget (0.05 for a 0.95 target) exactly over the SLO period; 14.4 pages."),
+    ]
+    return {
+        "uid": UID, "title": "Goodput / Autoscaling", "tags": ["goodput", "slo", "autoscaling"],
+        "timezone": "browser", "schemaVersion": 39, "version": 1, "refresh": "30s", "editable": True,
+        "time": {"from": "now-3h", "to": "now"},
+        "annotations": {"list": [{
+            "name": "Scale events", "enable": True, "iconColor": "orange", "datasource": DS,
+            "expr": "sum by (direction, reason) (increase(goodput_autoscaler_scale_events_total[1m])) > 0",
+            "step": "30s", "titleFormat": "scaled {{direction}}", "textFormat": "{{reason}}",
+            "tagKeys": "direction,reason",
+        }]},
+        "templating": {"list": [
+            {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+             "current": {}, "refresh": 1},
+            variable("namespace", "label_values(goodput_requests_total, namespace)", "Namespace"),
+            variable("model", 'label_values(goodput_requests_total{namespace=~"$namespace"}, model)', "Model"),
+            variable("service", 'label_values(goodput_autoscaler_desired_replicas{namespace=~"$namespace"}, name)',
+                     "InferenceService"),
+        ]},
+        "panels": panels,
+    }
+
+
+def _yaml_block(text: str, indent: int) -> str:
+    pad = " " * indent
+    return "\n".join(pad + line if line else line for line in text.splitlines())
+
+
+def render() -> dict[str, str]:
+    text = json.dumps(dashboard(), indent=2) + "\n"
+    configmap = f"""# Generated by render.py; kube-prometheus-stack's Grafana sidecar loads ConfigMaps with this label.
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: goodput-autoscaling-dashboard
+  labels:
+    grafana_dashboard: "1"
+    app.kubernetes.io/name: goodput
+data:
+  goodput-autoscaling.json: |
+{_yaml_block(text, 4)}
+"""
+    grafana_dashboard = """# Generated by render.py; for grafana-operator v5: the JSON in the ConfigMap beside it.
+apiVersion: grafana.integreatly.org/v1beta1
+kind: GrafanaDashboard
+metadata:
+  name: goodput-autoscaling
+  labels:
+    app.kubernetes.io/name: goodput
+spec:
+  instanceSelector:
+    matchLabels:
+      dashboards: grafana
+  allowCrossNamespaceImport: true
+  configMapRef:
+    name: goodput-autoscaling-dashboard
+    key: goodput-autoscaling.json
+"""
+    return {"goodput-autoscaling.json": text, "dashboard-configmap.yaml": configmap,
+            "grafana-dashboard.yaml": grafana_dashboard}
+
+
+if __name__ == "__main__":
+    for name, content in render().items():
+        (HERE / name).write_text(content)
+        print(f"wrote {HERE / name}")
