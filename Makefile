@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 install:
 	$(PY) -m pip install --quiet -e ".[dev]"
 
-test: install k8s-binaries
+test: install k8s-binaries prometheus
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint:
@@ -24,3 +24,11 @@ run-runtime: install
 # built once from Debian's Kubernetes source, cached under ~/.cache/goodput.
 k8s-binaries:
 	hack/k8s-binaries.sh >/dev/null
+
+.PHONY: prometheus
+
+# prometheus and promtool (Debian's package) for the monitoring tests: the rules' unit tests and a
+# real Prometheus scraping real runtime pods.
+prometheus:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
