@@ -189,7 +189,10 @@ def main(argv: list[str] | None = None) -> dict:
     items = make_workload(spec, prompt_vocabulary(args.tokenizer))
     load = run_load(args.base_url, args.model, items, args.concurrency,
                     args.max_duration, args.request_timeout, args.warmup)
-    records, duration = asyncio.run(load)
+    try:
+        records, duration = asyncio.run(load)
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from None
     summary = summarize(records, duration, args.slo_ttft, args.slo_tpot)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     config["rate"] = "inf" if math.isinf(args.rate) else args.rate
