@@ -79,14 +79,15 @@ def learn_capacity(mu: float | None, signals: Signals, ready: int, target: float
     """Capacity per replica from load vs attainment.
 
     A load served within the SLO with nothing queued is a lower bound on capacity; a load
-    at which attainment fails while requests queue is an upper bound. Unset, capacity is
-    first learnt at the load where attainment first failed (an underestimate, so safe).
+    at which attainment fails is an upper bound (queued or not: large batches slow every
+    token before anything queues). Unset, capacity is first learnt at the load where
+    attainment first failed (an underestimate, so safe).
     """
     if ready <= 0 or signals.attainment is None or signals.arrival_rate <= 0:
         return mu
     load = signals.arrival_rate / ready
     met = signals.attainment >= target and signals.waiting == 0
-    missed = signals.attainment < target and signals.waiting > 0
+    missed = signals.attainment < target
     if met and mu is not None and load > mu:
         return mu + LEARNING_RATE * (load - mu)
     if missed and (mu is None or load < mu):
@@ -193,6 +194,7 @@ def _scale_down(policy: Policy, obs: Observation, s: Signals, memory: Memory, mu
     if load >= policy.safe_load:
         return Decision(current, HOLD, "steady", f"{current - 1} replicas would run at {load:.0%} load "
                         f"(≥ {policy.safe_load:.0%})", memory)
-    reason = (f"arrival {s.arrival_rate:.2f} req/s: {current - 1} replicas would run at {load:.0%} load "
-              f"(< {policy.safe_load:.0%}), attainment held for {held:.0f} s")
+    fewer = f"{current - 1} replica{'s' if current - 1 != 1 else ''}"
+    reason = (f"arrival {s.arrival_rate:.2f} req/s: {fewer} would run at {load:.0%} load "
+              f"(< {policy.safe_load:.0%}), with the SLO met for {held:.0f} s")
     return Decision(current - 1, DOWN, "scale_down", reason, replace(memory, high_since=now))

@@ -37,7 +37,8 @@ CASES = [
     ("guard adds half the ready replicas", 4, 4, missed(8.0), KNOWN, 6, UP, "slo_guard"),
     ("guard adds at least one", 1, 1, missed(2.0), KNOWN, 2, UP, "slo_guard"),
     ("guard waits for starting pods", 6, 4, missed(8.0), KNOWN, 6, HOLD, "slo_guard"),
-    ("no guard without a queue", 2, 2, Signals(6.0, attainment=0.5, waiting=0), KNOWN, 2, HOLD, "steady"),
+    ("a miss without a queue lowers the capacity learnt", 2, 2, Signals(6.0, attainment=0.5), KNOWN, 3, UP,
+     "capacity"),
     ("no guard without finished requests", 2, 2, Signals(6.0, attainment=None, waiting=3), KNOWN, 2, HOLD,
      "steady"),
     ("missing metrics hold", 5, 5, None, KNOWN, 5, HOLD, "metrics_missing"),
@@ -108,6 +109,7 @@ def test_min_zero_needs_an_idle_period():
     (4.0, met(10.0), 2, 4.3),                # served 5 within the SLO: move up towards it
     (4.0, missed(6.0), 2, 3.7),              # failed at 3: move down towards it
     (4.0, missed(10.0), 2, 4.0),             # failed above the estimate: nothing learnt
+    (4.0, Signals(6.0, attainment=0.5), 2, 3.7),   # a miss with nothing queued still bounds capacity
     (4.0, Signals(10.0, attainment=None), 2, 4.0),
 ])
 def test_capacity_is_learnt_from_load_vs_attainment(mu, signals, ready, expected):

@@ -1,0 +1,157 @@
+"""Real runtime processes standing in for a service's pods, and the load that drives them.
+
+There is no kubelet in the test cluster, so `Actuator` plays the part the Deployment,
+the kubelet and the EndpointSlice controller play in a cluster: it follows the replica
+count the autoscaler wrote through the scale subresource, starts or stops that many
+`python -m goodput_runtime` processes, and publishes each one as an EndpointSlice
+endpoint (not ready while it boots, ready once /health answers 200).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autoscaling_helpers import delete_endpoint, host_address, put_endpoint, scale_replicas
+from harness import Cluster
+
+
+class Pod:
+    def __init__(self, name: str, model_dir: Path, log: Path, flags: tuple[str, ...]) -> None:
+        self.name, self.log_path = name, log
+        self._log = log.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "goodput_runtime", "--model", str(model_dir), "--served-model-name", "tiny",
+             "--host", "0.0.0.0", "--port", "0", "--device", "cpu", "--dtype", "float32",
+             "--max-model-len", "512", "--kv-cache-memory", "2Mi", "--shutdown-grace", "1", *flags],
+            stdout=self._log, stderr=subprocess.STDOUT)
+        self.port = 0
+        self.ready = False
+
+    def poll_ready(self) -> bool:
+        if not self.port:
+            match = re.search(r"Listening on http://[^:]+:(\d+)", self.log_path.read_text(errors="replace"))
+            if not match:
+                return False
+            self.port = int(match[1])
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as response:
+                self.ready = response.status == 200
+        except OSError:
+            self.ready = False
+        return self.ready
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+@dataclass
+class Actuator:
+    cluster: Cluster
+    namespace: str
+    service: str
+    model_dir: Path
+    log_dir: Path
+    flags: tuple[str, ...]
+    on_targets: object = None  # called with [(pod name, port)] whenever the ready set changes
+    pods: list[Pod] = field(default_factory=list)
+    history: list[tuple[float, int]] = field(default_factory=list)  # (time, replicas asked for)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _count: int = 0
+
+    def start(self) -> Actuator:
+        self._thread = threading.Thread(target=self._run, daemon=True, name="actuator")
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        address = host_address()
+        while not self._stop.is_set():
+            try:
+                wanted = scale_replicas(self.cluster, self.namespace, self.service)
+            except Exception:
+                time.sleep(0.3)
+                continue
+            if not self.history or self.history[-1][1] != wanted:
+                self.history.append((time.monotonic(), wanted))
+            changed = False
+            while len(self.pods) < wanted:
+                self._count += 1
+                name = f"pod-{self._count}"
+                self.pods.append(Pod(name, self.model_dir, self.log_dir / f"{name}.log", self.flags))
+            while len(self.pods) > wanted:
+                pod = self.pods.pop()
+                delete_endpoint(self.cluster, self.namespace, self.service, pod.name)
+                pod.stop()
+                changed = True
+            for pod in self.pods:
+                was = pod.ready
+                if pod.poll_ready() != was or (not was and pod.port and not getattr(pod, "published", False)):
+                    put_endpoint(self.cluster, self.namespace, self.service, pod.name, address, pod.port, pod.ready)
+                    pod.published = True  # type: ignore[attr-defined]
+                    changed = True
+            if changed and callable(self.on_targets):
+                self.on_targets([(p.name, p.port) for p in self.pods if p.ready])
+            time.sleep(0.3)
+
+    def ready_ports(self) -> list[int]:
+        return [p.port for p in list(self.pods) if p.ready]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for pod in self.pods:
+            pod.stop()
+
+
+class Load:
+    """`workers` clients, each sending one completion after another to the ready pods in turn."""
+
+    def __init__(self, actuator: Actuator) -> None:
+        self.actuator = actuator
+        self.workers = 0
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._turn = 0
+
+    def set_workers(self, n: int) -> None:
+        with self._lock:
+            self.workers = n
+            while len(self._threads) < n:
+                index = len(self._threads)
+                thread = threading.Thread(target=self._work, args=(index,), daemon=True)
+                self._threads.append(thread)
+                thread.start()
+            if n == 0:
+                self._threads = []
+
+    def _work(self, index: int) -> None:
+        body = json.dumps({"model": "tiny", "prompt": "the quick brown fox jumps over the lazy dog " * 4,
+                           "max_tokens": 12, "ignore_eos": True}).encode()
+        while index < self.workers:
+            ports = self.actuator.ready_ports()
+            if not ports:
+                time.sleep(0.1)
+                continue
+            self._turn += 1
+            port = ports[self._turn % len(ports)]
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(request, timeout=30).read()
+            except OSError:
+                time.sleep(0.1)
