@@ -6,7 +6,7 @@ EndpointSlices are written by the test as the EndpointSlice controller would.
 
 import pytest
 from autoscaling_helpers import free_port, host_address, operator_metric, put_endpoint, scale_replicas
-from harness import OperatorProcess, wait_for
+from harness import ROOT, OperatorProcess, wait_for
 
 pytestmark = pytest.mark.apiserver
 
@@ -65,3 +65,20 @@ def test_unreadable_metrics_hold_the_count_and_are_counted(cluster, operator, na
              "goodput_autoscaler_metric_errors_total to count it")
     assert scale_replicas(cluster, namespace, "dark") == 3  # held, not read as zero load
     assert operator_metric(metrics_port, 'goodput_autoscaler_desired_replicas{name="dark"') == 3
+
+
+def test_the_operators_role_allows_what_the_loop_does_and_no_more(cluster):
+    for part in ("namespace.yaml", "service_account.yaml", "rbac.yaml"):
+        cluster.kubectl("apply", "-f", str(ROOT / "manifests" / part))
+    who = "--as=system:serviceaccount:goodput-system:goodput-operator"
+
+    def can(*args: str) -> bool:
+        result = cluster.kubectl("auth", "can-i", *args, who, "-n", "default", check=False)
+        return result.stdout.strip() == "yes"
+    assert wait_for(lambda: can("patch", "inferenceservices.serving.goodput.dev", "--subresource=scale"), 20,
+                    "the scale subresource to be granted")
+    assert can("get", "inferenceservices.serving.goodput.dev", "--subresource=scale")
+    assert can("list", "endpointslices.discovery.k8s.io")
+    assert not can("update", "inferenceservices.serving.goodput.dev", "--subresource=scale")
+    assert not can("get", "pods")
+    assert not can("watch", "endpointslices.discovery.k8s.io")
