@@ -135,3 +135,27 @@ def test_mistral_sliding_window_matches_transformers(tiny_model_dir, tmp_path):
     cases = workload(seed=3, n=6)
     core = build_core(small_config(model_dir, blocks=200))
     assert run_all(core, cases) == reference(model_dir, cases)
+
+
+def test_one_token_prefill_chunks_beside_longer_decodes_match_transformers(tiny_model_dir):
+    # a budget of three tokens with two requests decoding leaves one token per step for a long
+    # new prompt: its chunks are single tokens, like decodes, but of a much shorter context
+    config = EngineConfig(model=str(tiny_model_dir), block_size=4, kv_cache_memory=400 * 4 * BYTES_PER_TOKEN,
+                          max_model_len=128, max_num_batched_tokens=3, max_num_seqs=8)
+    core = build_core(config)
+    cases = [([7 + i for i in range(12)], 40), ([300, 301, 302, 303, 304], 40), ([500 + i for i in range(40)], 5)]
+    produced: dict[str, list[int]] = {"0": [], "1": [], "2": []}
+    for i in (0, 1):
+        core.add(str(i), cases[i][0], greedy(cases[i][1]))
+    while not (produced["0"] and produced["1"]):
+        for output in core.step():
+            produced[output.request_id].extend(output.token_ids)
+    core.add("2", cases[2][0], greedy(cases[2][1]))
+    out = core.scheduler.schedule()
+    assert sorted(s.num_tokens for s in out.scheduled) == [1, 1, 1]  # two decodes and a one-token chunk
+    for output in core.update(out, core.runner.run(out)):
+        produced[output.request_id].extend(output.token_ids)
+    while core.has_unfinished():
+        for output in core.step():
+            produced[output.request_id].extend(output.token_ids)
+    assert [produced[str(i)] for i in range(3)] == reference(tiny_model_dir, cases)

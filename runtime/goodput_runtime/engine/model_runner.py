@@ -52,8 +52,9 @@ def plan_step(out: SchedulerOutput) -> tuple[list[int], list[StepItem]]:
     """The step's items, decodes first and longest context first, so similar lengths share a padded
     attention batch; with the scheduled position of each."""
     scheduled = out.scheduled
+    # by the context the step attends to (a one-token prefill chunk is a decode of a short context)
     order = sorted(range(len(scheduled)),
-                   key=lambda i: (scheduled[i].num_tokens != 1, -scheduled[i].seq.num_tokens))
+                   key=lambda i: (scheduled[i].num_tokens != 1, -(scheduled[i].start + scheduled[i].num_tokens)))
     items = []
     for i in order:
         s = scheduled[i]
