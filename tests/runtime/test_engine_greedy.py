@@ -159,3 +159,30 @@ def test_one_token_prefill_chunks_beside_longer_decodes_match_transformers(tiny_
         for output in core.step():
             produced[output.request_id].extend(output.token_ids)
     assert [produced[str(i)] for i in range(3)] == reference(tiny_model_dir, cases)
+
+
+@pytest.mark.parametrize("trial", range(4))
+def test_random_budgets_block_sizes_and_arrivals_match_transformers(tiny_model_dir, trial):
+    rng = random.Random(100 + trial)
+    cases = workload(seed=trial, n=8)
+    block_size = rng.choice([1, 2, 4, 8, 16])
+    longest = max(len(p) + m for p, m in cases)
+    blocks = -(-longest // block_size) + rng.randint(0, 3 * longest // block_size)  # from tight to roomy
+    config = EngineConfig(model=str(tiny_model_dir), block_size=block_size, max_model_len=128,
+                          kv_cache_memory=blocks * block_size * BYTES_PER_TOKEN,
+                          max_num_batched_tokens=rng.randint(2, 40), max_num_seqs=rng.randint(1, 8),
+                          enable_prefix_caching=rng.random() < 0.8)
+    core = build_core(config)
+    arrivals = sorted(rng.randint(0, 40) for _ in cases)
+    produced: dict[str, list[int]] = {str(i): [] for i in range(len(cases))}
+    step = added = 0
+    while added < len(cases) or core.has_unfinished():
+        while added < len(cases) and arrivals[added] <= step:
+            core.add(str(added), cases[added][0], greedy(cases[added][1]))
+            added += 1
+        for output in core.step():
+            produced[output.request_id].extend(output.token_ids)
+        step += 1
+        assert step < 20_000
+    assert [produced[str(i)] for i in range(len(cases))] == reference(tiny_model_dir, cases), config
+    assert core.block_manager.num_free_blocks == core.block_manager.num_blocks
