@@ -8,8 +8,9 @@ Pure: no clock, no API, no I/O. The loop (autoscaler.py) and the simulator
     SLO guard     = current + max(1, ⌈ready / 2⌉) while attainment misses its target and requests queue
 
 Up: at once, at most doubling per period, and only on top of pods still starting.
-Down: one replica per stabilisation window, only while attainment holds and N−1
-replicas would stay under the safe load. No signals: hold.
+Down: only once the need has stayed below the current count for the stabilisation
+window, then one replica per period, only while attainment holds and N−1 replicas would
+stay under the safe load. No signals: hold.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, replace
 
 UP, DOWN, HOLD = "up", "down", "hold"
 LEARNING_RATE = 0.3
+LOAD_RELATED = 0.5  # misses below this share of the estimated capacity teach nothing about it
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class Policy:
     safe_load: float = 0.7  # N−1 replicas must stay below this share of their capacity
     scale_down_window: float = 300.0  # seconds
     idle_period: float | None = None  # seconds without requests before 1 → 0; needed for minReplicas 0
+    settle_seconds: float = 300.0  # after a change, misses are the shortage's, not capacity's, this long
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,8 @@ class Signals:
     kv_usage: float = 0.0
     ttft_p90: float | None = None
     tpot_p90: float | None = None
+    finished_long: float | None = None  # requests finished in the long window, to judge a miss's weight
+    arrival_rate_now: float | None = None  # over the last period only: a surge shows here first
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,7 @@ class Memory:
     capacity_per_replica: float | None = None  # requests per second one replica serves within the SLO
     high_since: float | None = None  # when the need last reached the current count
     idle_since: float | None = None
+    changed_at: float | None = None  # when the replica count last changed or pods were last starting
 
 
 @dataclass(frozen=True)
@@ -80,19 +86,32 @@ def learn_capacity(mu: float | None, signals: Signals, ready: int, target: float
 
     A load served within the SLO with nothing queued is a lower bound on capacity; a load
     at which attainment fails is an upper bound (queued or not: large batches slow every
-    token before anything queues). Unset, capacity is first learnt at the load where
-    attainment first failed (an underestimate, so safe).
+    token before anything queues) — unless it is under half the estimate, where a miss
+    says more about the requests than about the load. Unset, capacity is first learnt at
+    the load where attainment first failed (an underestimate, so safe). A miss counts when
+    the long window shows it too, beyond chance: the short one holds a few dozen requests.
     """
     if ready <= 0 or signals.attainment is None or signals.arrival_rate <= 0:
         return mu
     load = signals.arrival_rate / ready
     met = signals.attainment >= target and signals.waiting == 0
-    missed = signals.attainment < target
+    missed = signals.attainment < target and _lasting_miss(signals, target) and (
+        mu is None or load >= mu * LOAD_RELATED)
     if met and mu is not None and load > mu:
         return mu + LEARNING_RATE * (load - mu)
     if missed and (mu is None or load < mu):
         return load if mu is None else mu + LEARNING_RATE * (load - mu)
     return mu
+
+
+def _lasting_miss(signals: Signals, target: float) -> bool:
+    """The long window misses too, by more than chance would (two binomial standard deviations)."""
+    long, n = signals.attainment_long, signals.finished_long
+    if long is None:
+        return True
+    if not n:
+        return long < target
+    return (1 - long) * n > (1 - target) * n + 2 * math.sqrt(n * target * (1 - target))
 
 
 def capacity_term(arrival_rate: float, mu: float | None, utilization: float) -> int:
@@ -133,12 +152,19 @@ def decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
         return Decision(current, HOLD, "metrics_missing",
                         f"holding {current} replicas: {obs.missing or 'metrics missing'}", memory)
 
-    mu = learn_capacity(memory.capacity_per_replica, s, obs.ready, policy.attainment_target)
+    starting = max(0, current - obs.ready)
+    if starting:
+        memory = replace(memory, changed_at=obs.now)
+    settled = memory.changed_at is None or obs.now - memory.changed_at >= policy.settle_seconds
+    mu = memory.capacity_per_replica
+    if settled or (s.attainment is not None and s.attainment >= policy.attainment_target):
+        mu = learn_capacity(mu, s, obs.ready, policy.attainment_target)
     idle = s.arrival_rate == 0 and s.waiting == 0 and s.running == 0
     memory = replace(memory, capacity_per_replica=mu,
                      idle_since=(memory.idle_since if memory.idle_since is not None else obs.now) if idle else None)
-    need = capacity_term(s.arrival_rate, mu, policy.target_utilization)
-    starting = max(0, current - obs.ready)
+    # while requests queue, up on the last period's rate too, so a surge is met a window early
+    surge = max(s.arrival_rate, s.arrival_rate_now or 0.0) if s.waiting else s.arrival_rate
+    need = capacity_term(surge, mu, policy.target_utilization)
     missing_slo = s.attainment is not None and s.attainment < policy.attainment_target and s.waiting > 0
     guard = 0
     if missing_slo:
@@ -155,15 +181,15 @@ def decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
             cause, reason = "slo_guard", slo_miss_text(policy, s)
         else:
             cause = "capacity"
-            reason = (f"arrival {s.arrival_rate:.2f} req/s needs {need} replicas at "
+            reason = (f"arrival {surge:.2f} req/s needs {need} replicas at "
                       f"{mu:.2f} req/s each and {policy.target_utilization:.0%} target load")
-        return Decision(desired, UP, cause, reason, replace(memory, high_since=obs.now))
+        return Decision(desired, UP, cause, reason, replace(memory, high_since=obs.now, changed_at=obs.now))
 
     if missing_slo:  # pods are starting: they are the added capacity
         return Decision(current, HOLD, "slo_guard",
                         f"{starting} replicas starting; " + slo_miss_text(policy, s),
                         replace(memory, high_since=obs.now))
-    if wanted == current:
+    if wanted == current or capacity_term(s.arrival_rate, mu, policy.target_utilization) >= current:
         return Decision(current, HOLD, "steady", f"{current} replicas fit "
                         f"arrival {s.arrival_rate:.2f} req/s", replace(memory, high_since=obs.now))
     return _scale_down(policy, obs, s, memory, mu)
@@ -197,4 +223,5 @@ def _scale_down(policy: Policy, obs: Observation, s: Signals, memory: Memory, mu
     fewer = f"{current - 1} replica{'s' if current - 1 != 1 else ''}"
     reason = (f"arrival {s.arrival_rate:.2f} req/s: {fewer} would run at {load:.0%} load "
               f"(< {policy.safe_load:.0%}), with the SLO met for {held:.0f} s")
-    return Decision(current - 1, DOWN, "scale_down", reason, replace(memory, high_since=now))
+    # the window has passed: further steps may follow period by period while N−1 stays safe
+    return Decision(current - 1, DOWN, "scale_down", reason, replace(memory, changed_at=now))

@@ -100,14 +100,19 @@ class History:
         base = older[-1] if older else self.scrapes[0]
         return None if base is self.scrapes[-1] else base
 
-    def attainment(self, now: float, window: float) -> float | None:
+    def finished(self, now: float, window: float) -> tuple[float, float]:
+        """(finished, good) requests over the window."""
         base = self._base(now, window)
         if base is None:
-            return None
+            return 0.0, 0.0
         latest = self.scrapes[-1][1]
         pods = latest.keys() & base[1].keys()
         total = sum(_delta(latest[p].requests, base[1][p].requests) for p in pods)
         good = sum(_delta(latest[p].good, base[1][p].good) for p in pods)
+        return total, good
+
+    def attainment(self, now: float, window: float) -> float | None:
+        total, good = self.finished(now, window)
         return min(1.0, good / total) if total > 0 else None
 
     def signals(self, now: float, window: float, long_window: float) -> Signals | None:
@@ -132,6 +137,7 @@ class History:
             kv_usage=sum(s.kv_usage for s in latest.values()) / max(1, len(latest)),
             ttft_p90=histogram_quantile(0.9, ttft),
             tpot_p90=histogram_quantile(0.9, tpot),
+            finished_long=self.finished(now, long_window)[0],
         )
 
     @staticmethod

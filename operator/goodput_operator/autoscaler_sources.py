@@ -139,9 +139,10 @@ class PrometheusSource:
         queries = [f"sum(rate(goodput_requests_total{{{sel}}}[{w}]))", attainment(w), attainment(lw),
                    f"sum(goodput_requests_waiting{{{sel}}})", f"sum(goodput_requests_running{{{sel}}})",
                    f"avg(goodput_kv_cache_usage_ratio{{{sel}}})",
-                   p90("goodput_time_to_first_token_seconds"), p90("goodput_time_per_output_token_seconds")]
+                   p90("goodput_time_to_first_token_seconds"), p90("goodput_time_per_output_token_seconds"),
+                   f"sum(increase(goodput_requests_total{{{sel}}}[{lw}]))"]
         try:
-            rate, att, att_long, waiting, running, kv, ttft, tpot = await asyncio.gather(
+            rate, att, att_long, waiting, running, kv, ttft, tpot, finished = await asyncio.gather(
                 *(self._query(q) for q in queries))
         except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError) as err:
             return Reading(len(endpoints.ready), None, f"Prometheus query failed: {err!r}")
@@ -149,7 +150,7 @@ class PrometheusSource:
             return Reading(len(endpoints.ready), None, f"Prometheus has no goodput series for {sel}")
         return Reading(len(endpoints.ready), Signals(
             arrival_rate=rate, attainment=att, attainment_long=att_long, waiting=round(waiting),
-            running=round(running or 0), kv_usage=kv or 0.0, ttft_p90=ttft, tpot_p90=tpot))
+            running=round(running or 0), kv_usage=kv or 0.0, ttft_p90=ttft, tpot_p90=tpot, finished_long=finished))
 
     def forget(self, key: tuple[str, str]) -> None:
         pass

@@ -73,14 +73,30 @@ def test_scale_down_waits_and_steps_one_at_a_time(rate, held, desired, cause):
     assert (decision.desired, decision.cause) == (desired, cause), decision.reason
 
 
-def test_scale_down_window_restarts_after_each_step():
+def test_after_the_window_steps_down_one_per_period_until_load_says_stop():
     memory = Memory(capacity_per_replica=4.0, high_since=0.0)
-    first = decide(POLICY, Observation(300.0, 4, 4, met(1.0)), memory)
+    first = decide(POLICY, Observation(300.0, 4, 4, met(5.0)), memory)
     assert first.desired == 3
-    second = decide(POLICY, Observation(315.0, 3, 3, met(1.0)), first.memory)
-    assert (second.desired, second.cause) == (3, "stabilizing")
-    third = decide(POLICY, Observation(600.0, 3, 3, met(1.0)), second.memory)
-    assert third.desired == 2
+    second = decide(POLICY, Observation(315.0, 3, 3, met(5.0)), first.memory)
+    assert second.desired == 2  # 5 req/s on 2 replicas: 62 % < 70 %
+    third = decide(POLICY, Observation(330.0, 2, 2, met(5.0)), second.memory)
+    assert (third.desired, third.cause) == (2, "steady")  # on 1 replica: 125 %
+
+
+def test_a_need_inside_the_window_restarts_it():
+    memory = Memory(capacity_per_replica=4.0, high_since=0.0)
+    busy = decide(POLICY, Observation(200.0, 4, 4, met(12.0)), memory)
+    assert busy.desired == 4
+    quiet = decide(POLICY, Observation(400.0, 4, 4, met(1.0)), busy.memory)
+    assert (quiet.desired, quiet.cause) == (4, "stabilizing")
+
+
+def test_misses_while_pods_start_teach_nothing_about_capacity():
+    memory = Memory(capacity_per_replica=4.0)
+    during = decide(POLICY, Observation(100.0, 6, 4, missed(14.0)), memory)
+    assert during.memory.capacity_per_replica == 4.0
+    settled = decide(POLICY, Observation(100.0 + POLICY.settle_seconds, 6, 6, missed(14.0)), during.memory)
+    assert settled.memory.capacity_per_replica < 4.0
 
 
 def test_no_scale_down_while_slo_missed():
@@ -109,6 +125,7 @@ def test_min_zero_needs_an_idle_period():
     (4.0, met(10.0), 2, 4.3),                # served 5 within the SLO: move up towards it
     (4.0, missed(6.0), 2, 3.7),              # failed at 3: move down towards it
     (4.0, missed(10.0), 2, 4.0),             # failed above the estimate: nothing learnt
+    (4.0, missed(3.0), 2, 4.0),              # failed at 1.5, under half the estimate: not the load
     (4.0, Signals(6.0, attainment=0.5), 2, 3.7),   # a miss with nothing queued still bounds capacity
     (4.0, Signals(10.0, attainment=None), 2, 4.0),
 ])

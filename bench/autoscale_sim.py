@@ -1,0 +1,393 @@
+"""Trace-driven simulation of a Goodput service under three scaling policies.
+
+    python -m bench.autoscale_sim [--plots] [--startup 60] [--duration 3600]
+
+Replicas follow the capacity curve measured from our runtime (bench/autoscale_capacity.json:
+throughput, TTFT and TPOT against concurrency) and become ready `--startup` seconds after
+they are asked for. Arrivals are Poisson on four traces (steady, ramp, spike, diurnal),
+seeded. The same traces go to:
+
+- goodput: the operator's own law (goodput_operator.autoscaler_law.decide), every 15 s;
+- concurrency-hpa: what KServe and KubeAI do, a Kubernetes HPA on requests in flight per
+  replica, its target the concurrency at which one replica meets the SLO (10 % tolerance,
+  scale-up max(4 pods, 100 %) per period, 300 s scale-down stabilisation);
+- static-peak: the replicas the trace's peak needs at the same 80 % target utilisation.
+
+Prints SLO attainment and replica-seconds per trace and policy; writes the table as JSON
+(and PNGs with --plots) under bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from goodput_operator.autoscaler_law import Memory, Observation, Policy, Signals, decide
+
+HERE = Path(__file__).resolve().parent
+CURVE = HERE / "autoscale_capacity.json"
+RESULTS = HERE / "results"
+DT = 0.5  # simulation step, seconds
+PERIOD = 15.0  # control period of every autoscaler
+WINDOW = 60.0  # metrics window the autoscalers read
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One replica: throughput (req/s), TTFT and TPOT (s) against requests in flight."""
+
+    concurrency: tuple[int, ...]
+    throughput: tuple[float, ...]
+    ttft: tuple[float, ...]  # p50
+    tpot: tuple[float, ...]  # p50
+    ttft_p90: tuple[float, ...]
+    tpot_p90: tuple[float, ...]
+    slo_ttft: float
+    slo_tpot: float
+
+    @classmethod
+    def load(cls, path: Path = CURVE) -> Curve:
+        data = json.loads(path.read_text())
+        points = data["points"]
+        def col(key: str) -> tuple[float, ...]:
+            """The monotone envelope: single points on a shared machine are noisy; more load never helps."""
+            out, top = [], 0.0
+            for p in points:
+                top = max(top, float(p[key]))
+                out.append(top)
+            return tuple(out)
+        return cls(tuple(p["concurrency"] for p in points), col("requests_per_s"), col("ttft_p50_s"),
+                   col("tpot_p50_s"), col("ttft_p90_s"), col("tpot_p90_s"), data["slo"]["ttft_s"],
+                   data["slo"]["tpot_s"])
+
+    def _at(self, values: tuple[float, ...], n: float) -> float:
+        xs = self.concurrency
+        if n <= xs[0]:
+            return values[0]
+        if n >= xs[-1]:
+            return values[-1]
+        i = bisect_left(xs, n)
+        f = (n - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return values[i - 1] + f * (values[i] - values[i - 1])
+
+    def rate_per_request(self, n: float) -> float:
+        return self._at(self.throughput, n) / max(n, 1)
+
+    def ttft_at(self, n: int, z: float) -> float:
+        """A request's TTFT at `n` in flight: lognormal through the measured p50 and p90, z its quantile."""
+        return self._lognormal(self.ttft, self.ttft_p90, n, z)
+
+    def tpot_at(self, n: int, z: float) -> float:
+        return self._lognormal(self.tpot, self.tpot_p90, n, z)
+
+    def _lognormal(self, p50s: tuple[float, ...], p90s: tuple[float, ...], n: float, z: float) -> float:
+        p50, p90 = self._at(p50s, n), self._at(p90s, n)
+        sigma = math.log(max(p90, p50) / p50) / 1.2816
+        return p50 * math.exp(sigma * z)
+
+    def share_within_slo(self, n: float) -> float:
+        """Share of requests at `n` in flight that meet both targets, from the lognormals."""
+        share = 1.0
+        for p50s, p90s, slo in ((self.ttft, self.ttft_p90, self.slo_ttft), (self.tpot, self.tpot_p90, self.slo_tpot)):
+            p50, p90 = self._at(p50s, n), self._at(p90s, n)
+            sigma = max(math.log(max(p90, p50) / p50) / 1.2816, 1e-9)
+            share *= 0.5 * (1 + math.erf(math.log(slo / p50) / (sigma * math.sqrt(2))))
+        return share
+
+    def capacity_point(self, target: float) -> tuple[float, float]:
+        """(requests/s, requests in flight) at the most load one replica carries with `target` of requests
+        inside both SLO targets: the measured capacity per replica."""
+        best = (self._at(self.throughput, 1), 1.0)
+        n = 1.0
+        while n <= self.concurrency[-1]:
+            if self.share_within_slo(n) >= target:
+                best = max(best, (self._at(self.throughput, n), n))
+            n += 0.25
+        return best
+
+
+@dataclass
+class Request:
+    arrival: float
+    work: float  # 1.0 is a typical request
+    z_ttft: float  # where this request falls in the latency distributions (standard normal)
+    z_tpot: float
+    started: float | None = None
+    ttft: float = 0.0
+    tpot_sum: float = 0.0
+    steps: int = 0
+    done: float = 0.0
+
+
+@dataclass
+class Replica:
+    ready_at: float
+    draining: bool = False
+    queue: deque[Request] = field(default_factory=deque)
+    running: list[Request] = field(default_factory=list)
+
+    def load(self) -> int:
+        return len(self.queue) + len(self.running)
+
+
+def traces(base: float, duration: float) -> dict[str, Callable[[float], float]]:
+    """Arrival rate (req/s) over time, in units of one replica's capacity `base`."""
+    return {
+        "steady": lambda t: 4 * base,
+        "ramp": lambda t: base * (1 + 7 * min(1.0, t / (0.6 * duration))),
+        "spike": lambda t: base * (6 if 0.4 * duration <= t < 0.4 * duration + 300 else 3),
+        "diurnal": lambda t: base * (4.5 - 3.5 * math.cos(2 * math.pi * t / duration)),
+    }
+
+
+def arrivals(rate: Callable[[float], float], duration: float, seed: int) -> list[float]:
+    """A Poisson process of time-varying rate, by thinning."""
+    rng = random.Random(seed)
+    peak = max(rate(i * duration / 1000) for i in range(1001))
+    t, out = 0.0, list[float]()
+    while True:
+        t += rng.expovariate(peak)
+        if t >= duration:
+            return out
+        if rng.random() < rate(t) / peak:
+            out.append(t)
+
+
+class Service:
+    def __init__(self, curve: Curve, replicas: int, startup: float, max_num_seqs: int) -> None:
+        self.curve, self.startup, self.max_num_seqs = curve, startup, max_num_seqs
+        self.replicas = [Replica(ready_at=0.0) for _ in range(replicas)]
+        self.draining: list[Replica] = []  # removed from routing, finishing what they hold (SIGTERM drain)
+        self.finished: list[tuple[float, bool, float, float]] = []  # (time, good, ttft, tpot)
+
+    def ready(self, now: float) -> list[Replica]:
+        return [r for r in self.replicas if r.ready_at <= now]
+
+    def scale_to(self, n: int, now: float) -> None:
+        while len(self.replicas) < n:
+            self.replicas.append(Replica(ready_at=now + self.startup))
+        while len(self.replicas) > n:
+            # starting pods go first, then the least loaded ready one
+            victim = min(self.replicas, key=lambda r: (r.ready_at <= now, r.load()))
+            self.replicas.remove(victim)
+            if victim.ready_at <= now and victim.load():
+                victim.draining = True
+                self.draining.append(victim)
+
+    def route(self, req: Request, now: float) -> None:
+        ready = self.ready(now) or self.replicas
+        min(ready, key=Replica.load).queue.append(req)
+
+    def step(self, now: float) -> None:
+        c = self.curve
+        for rep in [*self.ready(now), *self.draining]:
+            while rep.queue and len(rep.running) < self.max_num_seqs:
+                req = rep.queue.popleft()
+                req.started = now
+                req.ttft = now - req.arrival + c.ttft_at(len(rep.running) + 1, req.z_ttft)
+                rep.running.append(req)
+            n = len(rep.running)
+            if not n:
+                continue
+            progress = c.rate_per_request(n) * DT
+            still = []
+            for req in rep.running:
+                req.done += progress / req.work
+                req.tpot_sum += c.tpot_at(n, req.z_tpot)
+                req.steps += 1
+                if req.done >= 1.0:
+                    mean_tpot = req.tpot_sum / req.steps
+                    good = req.ttft <= c.slo_ttft and mean_tpot <= c.slo_tpot
+                    self.finished.append((now, good, req.ttft, mean_tpot))
+                else:
+                    still.append(req)
+            rep.running = still
+        self.draining = [r for r in self.draining if r.load()]
+
+    def replica_count(self) -> int:
+        return len(self.replicas) + len(self.draining)
+
+
+def signals(svc: Service, now: float, arrived: deque[float]) -> Signals:
+    recent = [f for f in svc.finished[-5000:] if f[0] > now - WINDOW]
+    long = [f[1] for f in svc.finished[-20000:] if f[0] > now - 5 * WINDOW]
+    ttfts = sorted(f[2] for f in recent)
+    tpots = sorted(f[3] for f in recent)
+    ready = svc.ready(now)
+    return Signals(
+        arrival_rate=sum(1 for a in arrived if a > now - WINDOW) / min(WINDOW, max(now, DT)),
+        arrival_rate_now=sum(1 for a in arrived if a > now - PERIOD) / min(PERIOD, max(now, DT)),
+        attainment=sum(f[1] for f in recent) / len(recent) if recent else None,
+        attainment_long=sum(long) / len(long) if long else None,
+        finished_long=len(long),
+        waiting=sum(len(r.queue) for r in ready),
+        running=sum(len(r.running) for r in ready),
+        ttft_p90=ttfts[int(0.9 * (len(ttfts) - 1))] if ttfts else None,
+        tpot_p90=tpots[int(0.9 * (len(tpots) - 1))] if tpots else None,
+    )
+
+
+def goodput_policy(curve: Curve, low: int, high: int, target: float, capacity: float) -> Callable[..., int]:
+    policy = Policy(min_replicas=low, max_replicas=high, attainment_target=target, ttft_target=curve.slo_ttft,
+                    tpot_target=curve.slo_tpot, scale_down_window=120.0)
+    memory = Memory(capacity_per_replica=capacity)
+
+    def law(svc: Service, now: float, arrived: deque[float]) -> int:
+        nonlocal memory
+        obs = Observation(now, len(svc.replicas), len(svc.ready(now)), signals(svc, now, arrived))
+        decision = decide(policy, obs, memory)
+        memory = decision.memory
+        return decision.desired
+    return law
+
+
+def hpa_policy(low: int, high: int, target: float, metric: Callable[[Replica], int]) -> Callable[..., int]:
+    """A Kubernetes HPA (autoscaling/v2 behaviour) on a per-pod metric: 10 % tolerance, pods not ready
+    counted as zero, scale-up max(4 pods, 100 %) per period, 300 s scale-down stabilisation."""
+    history: deque[tuple[float, int]] = deque()
+
+    def law(svc: Service, now: float, arrived: deque[float]) -> int:
+        current = len(svc.replicas)
+        total = sum(metric(r) for r in svc.ready(now))
+        ratio = total / max(1, current) / target
+        want = current if abs(ratio - 1) <= 0.1 else math.ceil(total / target)
+        want = max(low, min(high, want))
+        history.append((now, want))
+        while history and history[0][0] < now - 300:
+            history.popleft()
+        if want > current:
+            return min(want, current + max(4, current))
+        return min(current, max(w for _, w in history))
+    return law
+
+
+def peak_minute(times: list[float]) -> float:
+    """The busiest minute's arrival rate: what provisioning from observed traffic sizes for."""
+    counts: dict[int, int] = {}
+    for t in times:
+        counts[int(t // 60)] = counts.get(int(t // 60), 0) + 1
+    return max(counts.values()) / 60.0
+
+
+def run(curve: Curve, trace: Callable[[float], float], duration: float, policy: str, startup: float,
+        seed: int, low: int, high: int, target: float, max_num_seqs: int) -> dict:
+    times = arrivals(trace, duration, seed)
+    base, concurrency = curve.capacity_point(target)
+    static = min(high, math.ceil(peak_minute(times) / (base * 0.8)))
+    start = max(low, math.ceil(trace(0) / (base * 0.8)))
+    svc = Service(curve, static if policy == "static-peak" else start, startup, max_num_seqs)
+    laws = {"goodput": lambda: goodput_policy(curve, low, high, target, base),
+            "queue-hpa": lambda: hpa_policy(low, high, 2.0, lambda r: len(r.queue)),
+            "concurrency-hpa": lambda: hpa_policy(low, high, concurrency, Replica.load)}
+    law = laws[policy]() if policy in laws else None
+    rng = random.Random(seed + 1)
+    arrived: deque[float] = deque()
+    timeline, i, now, replica_seconds, next_control = [], 0, 0.0, 0.0, PERIOD
+    while now < duration or any(r.load() for r in [*svc.replicas, *svc.draining]):
+        while i < len(times) and times[i] <= now:
+            svc.route(Request(times[i], rng.uniform(0.5, 1.5), rng.gauss(0, 1), rng.gauss(0, 1)), now)
+            arrived.append(times[i])
+            i += 1
+        while arrived and arrived[0] < now - WINDOW:
+            arrived.popleft()
+        svc.step(now)
+        if law is not None and now >= next_control and now < duration:
+            svc.scale_to(law(svc, now, arrived), now)
+            next_control += PERIOD
+        if now < duration:
+            replica_seconds += svc.replica_count() * DT
+            if int(now / DT) % int(PERIOD / DT) == 0:
+                recent = [f[1] for f in svc.finished[-3000:] if f[0] > now - WINDOW]
+                timeline.append((now, trace(now), len(svc.replicas), len(svc.ready(now)),
+                                 sum(recent) / len(recent) if recent else None))
+        now += DT
+        if now > duration * 2:
+            break
+    good = sum(f[1] for f in svc.finished)
+    return {"attainment": good / max(1, len(times)), "replica_seconds": replica_seconds, "requests": len(times),
+            "timeline": timeline}
+
+
+POLICIES = ("goodput", "queue-hpa", "concurrency-hpa", "static-peak")
+
+
+def simulate(duration: float = 3600.0, startup: float = 60.0, seed: int = 7, target: float = 0.95,
+             low: int = 1, high: int = 20, curve: Curve | None = None,
+             max_num_seqs: int = 8) -> dict[str, dict[str, dict]]:
+    curve = curve or Curve.load()
+    out: dict[str, dict[str, dict]] = {}
+    for name, trace in traces(curve.capacity_point(target)[0], duration).items():
+        out[name] = {p: run(curve, trace, duration, p, startup, seed, low, high, target, max_num_seqs)
+                     for p in POLICIES}
+    return out
+
+
+def table(results: dict[str, dict[str, dict]]) -> str:
+    lines = [f"{'trace':<8} {'policy':<16} {'attainment':>10} {'replica-s':>9} {'/static':>7} {'/queue':>7} "
+             f"{'/conc':>7}", "-" * 70]
+    for name, by_policy in results.items():
+        for policy, r in by_policy.items():
+            rs = r["replica_seconds"]
+            ratios = [rs / by_policy[p]["replica_seconds"] for p in ("static-peak", "queue-hpa", "concurrency-hpa")]
+            lines.append(f"{name:<8} {policy:<16} {r['attainment']:>10.3f} {rs:>9.0f} "
+                         + " ".join(f"{x:>7.2f}" for x in ratios))
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, dict[str, dict]], out: Path) -> list[Path]:
+    import matplotlib  # optional: only for --plots
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for name, by_policy in results.items():
+        fig, (ax_load, ax_rep, ax_att) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+        first = next(iter(by_policy.values()))["timeline"]
+        ax_load.plot([p[0] for p in first], [p[1] for p in first], color="black")
+        ax_load.set_ylabel("arrivals (req/s)")
+        for policy, r in by_policy.items():
+            t = [p[0] for p in r["timeline"]]
+            ax_rep.step(t, [p[2] for p in r["timeline"]], where="post", label=policy)
+            ax_att.plot(t, [p[4] if p[4] is not None else float("nan") for p in r["timeline"]], label=policy)
+        ax_rep.set_ylabel("replicas")
+        ax_rep.legend()
+        ax_att.set_ylabel("attainment (1 min)")
+        ax_att.set_xlabel("seconds")
+        ax_att.set_ylim(0, 1.02)
+        fig.suptitle(f"trace: {name}")
+        path = out / f"autoscale-{name}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=3600.0, help="seconds per trace")
+    parser.add_argument("--startup", type=float, default=60.0, help="seconds from asking for a pod to it serving")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--max-num-seqs", type=int, default=8, help="the engine's running-sequence cap per replica")
+    parser.add_argument("--plots", action="store_true", help="PNG per trace (needs matplotlib)")
+    args = parser.parse_args()
+    results = simulate(args.duration, args.startup, args.seed, max_num_seqs=args.max_num_seqs)
+    print(table(results))
+    RESULTS.mkdir(exist_ok=True)
+    summary = {t: {p: {k: v for k, v in r.items() if k != "timeline"} for p, r in by.items()}
+               for t, by in results.items()}
+    (RESULTS / "autoscale-sim.json").write_text(json.dumps(summary, indent=2))
+    if args.plots:
+        for path in plot(results, RESULTS):
+            print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
