@@ -115,21 +115,29 @@ class History:
         total, good = self.finished(now, window)
         return min(1.0, good / total) if total > 0 else None
 
-    def signals(self, now: float, window: float, long_window: float) -> Signals | None:
-        """None until two scrapes exist: a rate needs an interval."""
-        base = self._base(now, window)
-        if base is None:
-            return None
+    def _arrival_rate(self, base: tuple[float, dict[str, PodSample]]) -> float:
+        """Finished requests plus the growth of those running and waiting, per second since `base`."""
         then, old = base
         latest = self.scrapes[-1][1]
         pods = latest.keys() & old.keys()
         elapsed = max(self.scrapes[-1][0] - then, 1e-9)
         finished = sum(_delta(latest[p].requests, old[p].requests) for p in pods)
         in_flight = sum(latest[p].running + latest[p].waiting - old[p].running - old[p].waiting for p in pods)
+        return max(0.0, (finished + in_flight) / elapsed)
+
+    def signals(self, now: float, window: float, long_window: float) -> Signals | None:
+        """None until two scrapes exist: a rate needs an interval."""
+        base = self._base(now, window)
+        if base is None:
+            return None
+        old = base[1]
+        latest = self.scrapes[-1][1]
+        pods = latest.keys() & old.keys()
         ttft = self._bucket_delta(pods, latest, old, "ttft_buckets")
         tpot = self._bucket_delta(pods, latest, old, "tpot_buckets")
         return Signals(
-            arrival_rate=max(0.0, (finished + in_flight) / elapsed),
+            arrival_rate=self._arrival_rate(base),
+            arrival_rate_now=self._arrival_rate(self.scrapes[-2]),
             attainment=self.attainment(now, window),
             attainment_long=self.attainment(now, long_window),
             waiting=round(sum(s.waiting for s in latest.values())),
