@@ -31,6 +31,7 @@ class SystemRun:
     config: dict = field(default_factory=dict)
     notes: str = ""
     texts: list[str] = field(default_factory=list)  # per request, when only text came back
+    cpu_s: float | None = None  # CPU time (all threads) spent over wall_s
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -70,7 +71,7 @@ def run_transformers_cb(
     with model.continuous_batching_context_manager(
         generation_config=gen_config, continuous_batching_config=cb_config, block=True, timeout=60, warmup=True
     ) as manager:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         for item in items:
             # add_request, unlike generate_batch, takes a max_new_tokens per request
             manager.add_request(input_ids=item.prompt_ids, request_id=f"req-{item.index}",
@@ -82,6 +83,7 @@ def run_transformers_cb(
             elif result is None and not manager.is_running():
                 raise RuntimeError("transformers continuous batching stopped before finishing the batch")
         wall = max(r.lifespan[1] for r in results.values()) - t0
+        cpu = time.process_time() - cpu0
     ordered = [results[f"req-{i.index}"] for i in items]
     failed = [r.request_id for r in ordered if r.error is not None]
     if failed:
@@ -95,6 +97,7 @@ def run_transformers_cb(
         ttft_s=[r.timestamps[0] - t0 for r in ordered],
         e2e_s=[r.timestamps[-1] - t0 for r in ordered],
         outputs=[list(r.generated_tokens) for r in ordered],
+        cpu_s=cpu,
         config={"page_size": page_size, "num_blocks": num_blocks, "max_batch_tokens": max_batch_tokens,
                 "max_requests_per_batch": max_seqs, "attn_implementation": model.config._attn_implementation},
         notes="ContinuousBatchingManager.add_request per request (own max_new_tokens); TTFT and e2e from the "
@@ -140,7 +143,7 @@ def run_static(model, items: list[WorkItem], batch_size: int, pad_id: int) -> Sy
         warm_ids, warm_mask = left_pad(items[:2], pad_id)
         model.generate(input_ids=warm_ids, attention_mask=warm_mask, max_new_tokens=2, do_sample=False,
                        pad_token_id=pad_id)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         for first in range(0, len(items), batch_size):
             batch = items[first:first + batch_size]
@@ -158,7 +161,7 @@ def run_static(model, items: list[WorkItem], batch_size: int, pad_id: int) -> Sy
                 outputs.append(generated[row, :item.max_tokens].tolist())
                 ttft.append(clock.steps[0] - t0)
                 e2e.append(clock.steps[item.max_tokens - 1] - t0)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     return SystemRun(
         system="static-batch",
         wall_s=wall,
@@ -167,6 +170,7 @@ def run_static(model, items: list[WorkItem], batch_size: int, pad_id: int) -> Sy
         ttft_s=ttft,
         e2e_s=e2e,
         outputs=outputs,
+        cpu_s=cpu,
         config={"batch_size": batch_size, "padding": "left",
                 "attn_implementation": model.config._attn_implementation},
         notes="model.generate per fixed batch in arrival order, max_new_tokens = the batch's longest wanted "

@@ -21,7 +21,7 @@ import torch
 
 from bench.baselines import SystemRun, cb_cache_blocks, load_model, run_static, run_transformers_cb
 from bench.serve import default_output, run_load, write_json
-from bench.server_process import REPO, ensure_model, kv_cache_bytes, start_server
+from bench.server_process import REPO, cpu_seconds, ensure_model, kv_cache_bytes, start_server
 from bench.stats import distribution, summarize
 from bench.workload import WorkloadSpec, describe, make_workload, parse_range, prompt_vocabulary
 
@@ -34,10 +34,13 @@ def run_ours(args, items, threads: int) -> tuple[SystemRun, dict]:
     extra = ["--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_batched_tokens),
              "--kv-cache-memory", str(kv_cache_bytes(args.model_dir, items, args.block_size)),
              "--block-size", str(args.block_size), "--max-model-len", str(longest), *args.server_arg]
-    with start_server(args.model_dir, "bench-model", threads, extra, args.log_dir) as base_url:
-        load = run_load(base_url, "bench-model", items, concurrency=len(items), warmup=args.warmup,
+    with start_server(args.model_dir, "bench-model", threads, extra, args.log_dir) as server:
+        load = run_load(server.base_url, "bench-model", items, concurrency=len(items), warmup=args.warmup,
                         max_duration_s=args.max_duration)
+        client_cpu, server_cpu = time.process_time(), cpu_seconds(server.pid)
         records, duration = asyncio.run(load)
+        client_cpu = time.process_time() - client_cpu
+        server_cpu = None if server_cpu is None else (cpu_seconds(server.pid) or server_cpu) - server_cpu
     failed = [r for r in records if not r.ok]
     if failed:
         raise RuntimeError(f"{len(failed)} requests to our server failed, first: {failed[0].error}")
@@ -50,7 +53,9 @@ def run_ours(args, items, threads: int) -> tuple[SystemRun, dict]:
         ttft_s=[r.ttft_s for r in records if r.ttft_s is not None],
         e2e_s=[r.start_s + r.e2e_s for r in records if r.e2e_s is not None],
         outputs=[],
-        config={"server_args": extra, "concurrency": len(items)},
+        config={"server_args": extra, "concurrency": len(items),
+                "cpu_s": {"server": server_cpu, "client": client_cpu}},
+        cpu_s=None if server_cpu is None else server_cpu + client_cpu,
         notes="python -m goodput_runtime as a subprocess, measured at the client over streaming HTTP "
               "(the client shares the machine's cores); wall = first request sent to last response done",
         texts=[r.text for r in records],
@@ -94,6 +99,8 @@ def system_row(run: SystemRun) -> dict:
         "useful_output_tokens": run.useful_output_tokens,
         "computed_output_tokens": run.computed_output_tokens,
         "output_tokens_per_s": run.output_tokens_per_s,
+        "cpu_s": run.cpu_s,  # CPU time of every process involved; / wall = cores kept busy
+        "cores_busy": None if run.cpu_s is None else run.cpu_s / run.wall_s,
         "ttft_s": distribution(run.ttft_s),
         "e2e_s": distribution(run.e2e_s),
         "config": run.config,
@@ -102,13 +109,15 @@ def system_row(run: SystemRun) -> dict:
 
 
 def markdown(rows: dict[str, dict], ratios: dict[str, dict]) -> str:
-    lines = ["| system | wall (s) | useful output tok/s | TTFT p50 (s) | TTFT p90 (s) | ours / system (tok/s) |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| system | wall (s) | useful output tok/s | TTFT p50 (s) | TTFT p90 (s) | ours / system (tok/s) "
+             "| cores busy |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, row in rows.items():
         ratio = ratios.get(name, {}).get("throughput")
+        busy = row["cores_busy"]
         lines.append(f"| {name} | {row['wall_s']:.1f} | {row['output_tokens_per_s']:.1f} | "
                      f"{row['ttft_s']['p50']:.2f} | {row['ttft_s']['p90']:.2f} | "
-                     f"{'-' if ratio is None else f'{ratio:.2f}x'} |")
+                     f"{'-' if ratio is None else f'{ratio:.2f}x'} | {'-' if busy is None else f'{busy:.2f}'} |")
     return "\n".join(lines)
 
 

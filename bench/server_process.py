@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.workload import WorkItem
@@ -49,6 +50,21 @@ def kv_cache_bytes(model_dir: str, items: list[WorkItem], block_size: int) -> in
     return blocks * block_size * per_token
 
 
+@dataclass(frozen=True)
+class Server:
+    base_url: str
+    pid: int
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far (Linux /proc), None where unavailable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -67,8 +83,8 @@ def healthy(url: str) -> bool:
 def start_server(
     model_dir: str, served_name: str, threads: int, extra_args: list[str], log_dir: Path,
     ready_timeout_s: float = 600.0,
-) -> Iterator[str]:
-    """Yields the base URL; stops the server with SIGTERM (then SIGKILL) on the way out."""
+) -> Iterator[Server]:
+    """Yields the running server; stops it with SIGTERM (then SIGKILL) on the way out."""
     port = free_port()
     cmd = [sys.executable, "-m", "goodput_runtime", "--model", model_dir, "--served-model-name", served_name,
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--device", "cpu",
@@ -90,7 +106,7 @@ def start_server(
                     raise RuntimeError(f"server not ready after {ready_timeout_s:.0f} s; see {log_path}")
                 time.sleep(0.5)
             print(f"  server ready at {base_url} (log {log_path})", flush=True)
-            yield base_url
+            yield Server(base_url, proc.pid)
         finally:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
