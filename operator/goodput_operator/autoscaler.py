@@ -108,6 +108,7 @@ class Autoscaler:
         for key in set(self.memories) - seen:
             self.memories.pop(key, None)
             self.source.forget(key)
+            _forget_series(*key)
 
     async def scale(self, body: dict[str, Any]) -> Decision:
         meta = body["metadata"]
@@ -194,3 +195,17 @@ class Autoscaler:
         if all(old.get(k) == v for k, v in autoscaler.items()) and status.get("slo") in (None, before.get("slo")):
             return
         await self.kube.patch_status(meta["namespace"], meta["name"], status)
+
+
+def _forget_series(namespace: str, name: str) -> None:
+    """A service gone from goodput mode leaves no stale gauges behind."""
+    for gauge in (metrics.AUTOSCALER_DESIRED, metrics.AUTOSCALER_ATTAINMENT, metrics.AUTOSCALER_CAPACITY):
+        try:
+            gauge.remove(namespace, name)
+        except KeyError:
+            pass
+    for kind in ("current", "ready", "starting", "min", "max"):
+        try:
+            metrics.AUTOSCALER_REPLICAS.remove(namespace, name, kind)
+        except KeyError:
+            pass

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,7 @@ class Pod:
             stdout=self._log, stderr=subprocess.STDOUT)
         self.port = 0
         self.ready = False
+        self.published = False  # an EndpointSlice endpoint exists for it
 
     def poll_ready(self) -> bool:
         if not self.port:
@@ -67,7 +69,7 @@ class Actuator:
     model_dir: Path
     log_dir: Path
     flags: tuple[str, ...]
-    on_targets: object = None  # called with [(pod name, port)] whenever the ready set changes
+    on_targets: Callable[[list[tuple[str, int]]], None] | None = None  # told the ready (name, port)s on change
     pods: list[Pod] = field(default_factory=list)
     history: list[tuple[float, int]] = field(default_factory=list)  # (time, replicas asked for)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -100,11 +102,11 @@ class Actuator:
                 changed = True
             for pod in self.pods:
                 was = pod.ready
-                if pod.poll_ready() != was or (not was and pod.port and not getattr(pod, "published", False)):
+                if pod.poll_ready() != was or (pod.port and not pod.published):
                     put_endpoint(self.cluster, self.namespace, self.service, pod.name, address, pod.port, pod.ready)
-                    pod.published = True  # type: ignore[attr-defined]
+                    pod.published = True
                     changed = True
-            if changed and callable(self.on_targets):
+            if changed and self.on_targets is not None:
                 self.on_targets([(p.name, p.port) for p in self.pods if p.ready])
             time.sleep(0.3)
 

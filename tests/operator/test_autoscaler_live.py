@@ -6,13 +6,16 @@ processes on the tiny model: live_pods.Actuator follows the replica count the au
 writes through the scale subresource and publishes each process as an EndpointSlice
 endpoint, as the Deployment, the kubelet and the EndpointSlice controller would (the test
 cluster has no kubelet). A load generator steps from light load to more clients than one
-replica serves within its 0.2 s TTFT target, then to none. A real Prometheus scrapes the
-same pods and the operator with the shipped recording rules, and afterwards every panel
-of the shipped dashboard is asked for data.
+replica serves within its 0.2 s TTFT target, then to none; capacityPerReplica is set far
+above what the tiny model serves, so the SLO guard, not the capacity term, is what acts.
+A real Prometheus scrapes the same pods and the operator with the shipped recording
+rules; afterwards every panel of the shipped dashboard is asked for data, and the
+autoscaler's Prometheus source reads the service's signals from it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.request
@@ -25,6 +28,7 @@ from live_pods import Actuator, Load
 from prometheus_process import PROMETHEUS, Prometheus
 
 from goodput_operator.autoscaler_signals import History, parse_pod_metrics
+from goodput_operator.autoscaler_sources import Endpoints, PrometheusSource
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow,
               pytest.mark.skipif(PROMETHEUS is None, reason="prometheus missing (make prometheus)")]
@@ -35,7 +39,7 @@ SERVICE = "live"
 SPEC = {"model": {"source": "file:///models/tiny", "servedName": "tiny"}, "resources": {"gpu": 0, "memory": "2Gi"},
         "replicas": 1, "slo": {"ttft": "200ms", "tpot": "100ms", "attainment": TARGET},
         "autoscaling": {"mode": "goodput", "minReplicas": 1, "maxReplicas": 3, "scaleDownWindow": f"{DOWN_WINDOW:g}s",
-                        "capacityPerReplica": 40}}
+                        "capacityPerReplica": 500}}
 RUNTIME_FLAGS = ("--max-num-seqs", "1", "--slo-ttft", "0.2", "--slo-tpot", "0.1")
 
 
@@ -161,3 +165,26 @@ def test_every_dashboard_query_and_recording_rule_returns_data(live):
     empty = [name for name, expr in [*_dashboard_queries(namespace), *recorded]
              if not prometheus.query_range(expr, run.started, run.ended)]
     assert not empty, f"no data for: {empty}"
+
+
+def _read_from_prometheus(prometheus: Prometheus, namespace: str):
+    source = PrometheusSource(f"http://127.0.0.1:{prometheus.port}", window=60, long_window=300)
+
+    async def read():
+        try:
+            return await source.read((namespace, SERVICE), "tiny", Endpoints(ready=("pod",), starting=0), 0.0)
+        finally:
+            await source.close()
+    return asyncio.run(read())
+
+
+def test_the_prometheus_source_reads_the_same_signals(live):
+    """With PROMETHEUS_URL set the loop asks Prometheus instead of the pods: the same service, seen there."""
+    _, namespace, _, prometheus, _, _ = live
+    reading = _read_from_prometheus(prometheus, namespace)
+    assert reading.signals is not None, reading.missing
+    s = reading.signals
+    assert s.arrival_rate > 0 and s.attainment is not None and 0 <= s.attainment < 1  # the heavy phase missed
+    assert s.finished_long and s.ttft_p90 is not None and s.ttft_p90 > 0.2
+    missing = _read_from_prometheus(prometheus, "elsewhere")
+    assert missing.signals is None and "no goodput series" in missing.missing  # held, not read as zero
