@@ -10,8 +10,9 @@ install:
 test: install k8s-binaries prometheus
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-lint:
-	ruff check .
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 # Serves a small model made on the spot: the runtime's main job on a machine without a GPU.
 run-runtime: install
