@@ -7,6 +7,7 @@ EndpointSlices are written by the test as the EndpointSlice controller would.
 import pytest
 from autoscaling_helpers import free_port, host_address, operator_metric, put_endpoint, scale_replicas
 from harness import ROOT, OperatorProcess, wait_for
+from kubernetes.client.exceptions import ApiException
 
 pytestmark = pytest.mark.apiserver
 
@@ -82,3 +83,12 @@ def test_the_operators_role_allows_what_the_loop_does_and_no_more(cluster):
     assert not can("update", "inferenceservices.serving.goodput.dev", "--subresource=scale")
     assert not can("get", "pods")
     assert not can("watch", "endpointslices.discovery.k8s.io")
+
+
+@pytest.mark.parametrize(("field", "value"), [("capacityPerReplica", 0), ("targetUtilization", 1.5),
+                                              ("idlePeriod", "soon")])
+def test_the_server_refuses_bad_autoscaler_settings(cluster, namespace, field, value):
+    spec = {**SPEC, "autoscaling": {**SPEC["autoscaling"], field: value}}
+    with pytest.raises(ApiException) as refused:
+        cluster.create_service(namespace, "bad", spec)
+    assert refused.value.status == 422 and field in refused.value.body
