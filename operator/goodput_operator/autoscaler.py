@@ -125,7 +125,7 @@ class Autoscaler:
         endpoints = await service_endpoints(self.kube, self._slice_version, namespace, name)
         now = time.monotonic()
         reading = await self.source.read(key, svc.model.served_name, endpoints, now)
-        if reading.signals is None and reading.ready and "second scrape" not in reading.missing:
+        if reading.failed:
             metrics.AUTOSCALER_METRIC_ERRORS.inc()
         decision = decide(policy, Observation(now, current, reading.ready, reading.signals, reading.missing),
                           memory)

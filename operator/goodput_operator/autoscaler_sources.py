@@ -34,7 +34,8 @@ class Endpoints:
 class Reading:
     ready: int
     signals: Signals | None
-    missing: str = ""
+    missing: str = ""  # why signals is None
+    failed: bool = False  # a read went wrong (not merely too early, or no pod ready)
 
 
 async def endpoint_slice_version(kube: Kube) -> str:
@@ -90,7 +91,8 @@ class DirectSource:
         if failed:
             url, err = failed[0]
             return Reading(len(endpoints.ready), None,
-                           f"metrics of {len(failed)} of {len(endpoints.ready)} ready pods unreadable ({url}: {err})")
+                           f"metrics of {len(failed)} of {len(endpoints.ready)} ready pods unreadable ({url}: {err})",
+                           failed=True)
         history.add(now, {url: r for url, r in zip(endpoints.ready, results, strict=True)
                           if isinstance(r, PodSample)})
         signals = history.signals(now, self.window, self.long_window)
@@ -145,9 +147,9 @@ class PrometheusSource:
             rate, att, att_long, waiting, running, kv, ttft, tpot, finished = await asyncio.gather(
                 *(self._query(q) for q in queries))
         except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError) as err:
-            return Reading(len(endpoints.ready), None, f"Prometheus query failed: {err!r}")
+            return Reading(len(endpoints.ready), None, f"Prometheus query failed: {err!r}", failed=True)
         if rate is None or waiting is None:
-            return Reading(len(endpoints.ready), None, f"Prometheus has no goodput series for {sel}")
+            return Reading(len(endpoints.ready), None, f"Prometheus has no goodput series for {sel}", failed=True)
         return Reading(len(endpoints.ready), Signals(
             arrival_rate=rate, attainment=att, attainment_long=att_long, waiting=round(waiting),
             running=round(running or 0), kv_usage=kv or 0.0, ttft_p90=ttft, tpot_p90=tpot, finished_long=finished))
