@@ -112,7 +112,7 @@ def engine_config(args, mode: Mode, items: list[WorkItem]) -> EngineConfig:
     kv = args.concurrency * (longest + 2 * BLOCK_SIZE) * per_token
     return EngineConfig(model=str(args.model_dir), dtype=mode.dtype, device=args.device, max_model_len=longest,
                         max_num_seqs=args.concurrency, block_size=BLOCK_SIZE, kv_cache_memory=kv,
-                        seed=args.seed)
+                        enable_prefix_caching=False, seed=args.seed)  # repeats send the same prompts
 
 
 def start_mode(args, mode: Mode, items: list[WorkItem]) -> tuple[EngineCore, dict]:
@@ -169,11 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default=None, help="comma-separated subset of the modes, in order")
     p.add_argument("--include-lm-head", action="store_true", help="quantize the LM head too")
     p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--single-requests", type=int, default=6, help="requests of the concurrency-1 run")
-    p.add_argument("--batch-requests", type=int, default=48, help="requests of the concurrency-N run")
+    p.add_argument("--single-requests", type=int, default=4, help="requests of the concurrency-1 run")
+    p.add_argument("--batch-requests", type=int, default=32, help="requests of the concurrency-N run")
     p.add_argument("--repeats", type=int, default=2, help="runs per mode, modes taking turns; the best is kept")
     p.add_argument("--prompt-len", default="16-256")
-    p.add_argument("--output-len", default="16-128")
+    p.add_argument("--output-len", default="16-96")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--output", type=Path, default=None)
