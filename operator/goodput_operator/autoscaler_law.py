@@ -222,6 +222,6 @@ def _scale_down(policy: Policy, obs: Observation, s: Signals, memory: Memory, mu
                         f"(≥ {policy.safe_load:.0%})", memory)
     fewer = f"{current - 1} replica{'s' if current - 1 != 1 else ''}"
     reason = (f"arrival {s.arrival_rate:.2f} req/s: {fewer} would run at {load:.0%} load "
-              f"(< {policy.safe_load:.0%}), with the SLO met for {held:.0f} s")
+              f"(< {policy.safe_load:.0%}); {current} not needed for {held:.0f} s")
     # the window has passed: further steps may follow period by period while N−1 stays safe
     return Decision(current - 1, DOWN, "scale_down", reason, replace(memory, changed_at=now))
