@@ -3,6 +3,8 @@
 One loop per operator process; the operator runs as one replica (Deployment strategy
 Recreate), so exactly one writer of replicas exists. It writes only the scale
 subresource, under its own field manager, and status.autoscaler and status.slo.
+In hpa and keda modes it decides but does not act: the HPA or ScaledObject follows the
+decision through goodput_autoscaler_desired_replicas and is the one writer.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from goodput_operator.autoscaler_sources import (
 )
 from goodput_operator.context import Context
 from goodput_operator.k8s import ApiError, Kube, load_config, owner_collection, owner_path
+from goodput_operator.scaling import DESIRED_METRIC
 from goodput_operator.spec import ServiceSpec, SpecError, parse, parse_duration
 
 logger = logging.getLogger(__name__)
 FIELD_MANAGER = "goodput-autoscaler"
+DECIDING_MODES = ("goodput", "hpa", "keda")
 
 
 class Source(Protocol):
@@ -95,7 +99,7 @@ class Autoscaler:
             meta = body["metadata"]
             key = (meta["namespace"], meta["name"])
             if meta.get("deletionTimestamp") or ((body.get("spec") or {}).get("autoscaling") or {}).get(
-                    "mode") != "goodput":
+                    "mode") not in DECIDING_MODES:
                 continue
             seen.add(key)
             try:
@@ -130,9 +134,10 @@ class Autoscaler:
         decision = decide(policy, Observation(now, current, reading.ready, reading.signals, reading.missing),
                           memory)
         self.memories[key] = decision.memory
-        if decision.desired != current:
+        acting = svc.autoscaling.mode == "goodput"
+        if decision.desired != current and acting:
             await self._write_replicas(body, current, decision)
-        await self._write_status(body, current, decision, reading)
+        await self._write_status(body, current, decision, reading, acting)
         metrics.AUTOSCALER_DESIRED.labels(namespace=namespace, name=name).set(decision.desired)
         for kind, value in (("current", current), ("ready", reading.ready), ("min", policy.min_replicas),
                             ("max", policy.max_replicas), ("starting", max(0, current - reading.ready))):
@@ -165,19 +170,21 @@ class Autoscaler:
         metrics.AUTOSCALER_SCALE_EVENTS.labels(direction=decision.direction, reason=decision.cause).inc()
         await self.ctx.event(body, "Normal", verb, message)
 
-    async def _write_status(self, body: dict[str, Any], current: int, decision: Decision, reading: Reading) -> None:
+    async def _write_status(self, body: dict[str, Any], current: int, decision: Decision, reading: Reading,
+                            acting: bool) -> None:
         meta = body["metadata"]
         before = body.get("status") or {}
+        mode = body["spec"]["autoscaling"]["mode"]
         autoscaler: dict[str, Any] = {
             "desiredReplicas": decision.desired,
             "currentReplicas": current,
             "readyReplicas": reading.ready,
-            "message": decision.reason,
+            "message": decision.reason if acting else f"{mode} follows {DESIRED_METRIC}: {decision.reason}",
         }
         mu = decision.memory.capacity_per_replica
         if mu is not None:
             autoscaler["capacityPerReplica"] = round(mu, 3)
-        if decision.desired != current:
+        if decision.desired != current and acting:
             autoscaler["lastDecision"] = {
                 "time": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "from": current, "to": decision.desired, "reason": decision.reason,

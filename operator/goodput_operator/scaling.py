@@ -1,9 +1,12 @@
 """External autoscalers pointed at the InferenceService's scale subresource (hpa and keda modes).
 
-Both hold the runtime's `goodput_requests_waiting` gauge at `autoscaling.targetWaitingRequests`
-per replica; HPA reads it through a custom-metrics adapter (e.g. prometheus-adapter),
-KEDA straight from Prometheus. They write `spec.replicas`; the operator copies it to the
-Deployment like any other scale.
+Both follow the goodput law. In these modes the operator's control loop still decides every
+period but writes nothing: it exports its decision as `goodput_autoscaler_desired_replicas`
+{namespace, name} on its /metrics, and the external autoscaler holds the replica count at
+that value (an AverageValue target of 1 makes the count equal the metric). HPA reads it as
+an external metric through an adapter (e.g. prometheus-adapter), KEDA straight from
+Prometheus. They alone write `spec.replicas`; the operator copies it to the Deployment like
+any other scale.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from goodput_operator.builders import Manifest, labels
 from goodput_operator.settings import GROUP, KIND, VERSION
 from goodput_operator.spec import ServiceSpec
 
-WAITING_METRIC = "goodput_requests_waiting"
+DESIRED_METRIC = "goodput_autoscaler_desired_replicas"
 
 
 def _target_ref(svc: ServiceSpec) -> dict[str, str]:
@@ -23,10 +26,6 @@ def _target_ref(svc: ServiceSpec) -> dict[str, str]:
 
 def _metadata(svc: ServiceSpec, owner: dict[str, Any]) -> dict[str, Any]:
     return {"name": svc.name, "namespace": svc.namespace, "labels": labels(svc), "ownerReferences": [owner]}
-
-
-def _quantity(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{int(value * 1000)}m"
 
 
 def build_hpa(svc: ServiceSpec, owner: dict[str, Any], api_version: str = "autoscaling/v2") -> Manifest | None:
@@ -42,10 +41,11 @@ def build_hpa(svc: ServiceSpec, owner: dict[str, Any], api_version: str = "autos
             "minReplicas": a.min_replicas,
             "maxReplicas": a.max_replicas,
             "metrics": [{
-                "type": "Pods",
-                "pods": {
-                    "metric": {"name": WAITING_METRIC},
-                    "target": {"type": "AverageValue", "averageValue": _quantity(a.target_waiting)},
+                "type": "External",
+                "external": {
+                    "metric": {"name": DESIRED_METRIC,
+                               "selector": {"matchLabels": {"namespace": svc.namespace, "name": svc.name}}},
+                    "target": {"type": "AverageValue", "averageValue": "1"},
                 },
             }],
             "behavior": {
@@ -64,7 +64,7 @@ def build_scaled_object(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest | N
     a = svc.autoscaling
     if a.mode != "keda":
         return None
-    query = f'sum({WAITING_METRIC}{{namespace="{svc.namespace}",model="{svc.model.served_name}"}})'
+    query = f'max({DESIRED_METRIC}{{namespace="{svc.namespace}",name="{svc.name}"}})'
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
@@ -79,7 +79,7 @@ def build_scaled_object(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest | N
                 "metadata": {
                     "serverAddress": a.prometheus_address,
                     "query": query,
-                    "threshold": f"{a.target_waiting:g}",
+                    "threshold": "1",
                 },
             }],
         },

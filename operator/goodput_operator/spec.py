@@ -93,7 +93,6 @@ class Autoscaling:
     max_replicas: int = 1
     scale_up_window_seconds: float = 0.0
     scale_down_window_seconds: float = 300.0
-    target_waiting: float = 2.0  # hpa/keda: waiting requests per replica to hold
     prometheus_address: str | None = None  # keda: where its trigger queries
 
 
@@ -239,7 +238,6 @@ def _autoscaling(raw: dict[str, Any]) -> Autoscaling:
         scale_down_window_seconds=parse_duration(
             raw.get("scaleDownWindow", "5m"), "autoscaling.scaleDownWindow"
         ),
-        target_waiting=float(raw.get("targetWaitingRequests", 2)),
         prometheus_address=raw.get("prometheusAddress"),
     )
 

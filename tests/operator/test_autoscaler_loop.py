@@ -68,6 +68,21 @@ def test_unreadable_metrics_hold_the_count_and_are_counted(cluster, operator, na
     assert operator_metric(metrics_port, 'goodput_autoscaler_desired_replicas{name="dark"') == 3
 
 
+def test_in_hpa_mode_the_law_decides_and_the_hpa_alone_writes(cluster, operator, namespace, metrics_port):
+    spec = {**SPEC, "replicas": 7, "autoscaling": {**SPEC["autoscaling"], "mode": "hpa"}}
+    cluster.create_service(namespace, "advised", spec)
+    autoscaler = wait_for(lambda: ((cluster.get_service(namespace, "advised").get("status") or {}).get(
+        "autoscaler")), 20, "status.autoscaler")
+    assert autoscaler["desiredReplicas"] == 4
+    assert autoscaler["message"].startswith("hpa follows goodput_autoscaler_desired_replicas: ")
+    assert "lastDecision" not in autoscaler
+    wait_for(lambda: operator_metric(metrics_port, 'goodput_autoscaler_desired_replicas{name="advised"') == 4, 20,
+             "the decision exported for the HPA")
+    hpa = cluster.kubectl("get", "hpa", "advised", "-n", namespace, "-o", "json")  # any served version
+    assert "goodput_autoscaler_desired_replicas" in hpa.stdout
+    assert scale_replicas(cluster, namespace, "advised") == 7  # the operator wrote nothing
+
+
 def test_the_operators_role_allows_what_the_loop_does_and_no_more(cluster):
     for part in ("namespace.yaml", "service_account.yaml", "rbac.yaml"):
         cluster.kubectl("apply", "-f", str(ROOT / "manifests" / part))

@@ -11,22 +11,23 @@ MODEL = {"source": "hf://Qwen/Qwen2.5-7B-Instruct", "servedName": "qwen"}
 TARGET = {"apiVersion": "serving.goodput.dev/v1alpha1", "kind": "InferenceService", "name": "chat"}
 
 
-def test_hpa_scales_the_service_on_waiting_requests():
+def test_hpa_holds_the_service_at_the_goodput_laws_desired_replicas():
     svc = parse("chat", "ns", {"model": MODEL, "autoscaling": {
-        "mode": "hpa", "minReplicas": 1, "maxReplicas": 6, "targetWaitingRequests": 1.5,
-        "scaleDownWindow": "10m"}})
+        "mode": "hpa", "minReplicas": 1, "maxReplicas": 6, "scaleDownWindow": "10m"}})
     hpa = build_hpa(svc, OWNER, "autoscaling/v2beta2")
     assert hpa["apiVersion"] == "autoscaling/v2beta2"
     assert hpa["spec"]["scaleTargetRef"] == TARGET
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 6)
-    assert hpa["spec"]["metrics"] == [{"type": "Pods", "pods": {
-        "metric": {"name": "goodput_requests_waiting"},
-        "target": {"type": "AverageValue", "averageValue": "1500m"}}}]
+    # an AverageValue target of 1 makes HPA's desired count equal the metric's value
+    assert hpa["spec"]["metrics"] == [{"type": "External", "external": {
+        "metric": {"name": "goodput_autoscaler_desired_replicas",
+                   "selector": {"matchLabels": {"namespace": "ns", "name": "chat"}}},
+        "target": {"type": "AverageValue", "averageValue": "1"}}}]
     assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 600
     assert build_scaled_object(svc, OWNER) is None
 
 
-def test_keda_queries_prometheus_for_this_model():
+def test_keda_follows_the_goodput_laws_desired_replicas_from_prometheus():
     svc = parse("chat", "ns", {"model": MODEL, "autoscaling": {
         "mode": "keda", "minReplicas": 0, "maxReplicas": 4, "prometheusAddress": "http://prom:9090"}})
     scaled = build_scaled_object(svc, OWNER)
@@ -35,8 +36,8 @@ def test_keda_queries_prometheus_for_this_model():
     (trigger,) = scaled["spec"]["triggers"]
     assert trigger["metadata"] == {
         "serverAddress": "http://prom:9090",
-        "query": 'sum(goodput_requests_waiting{namespace="ns",model="qwen"})',
-        "threshold": "2",
+        "query": 'max(goodput_autoscaler_desired_replicas{namespace="ns",name="chat"})',
+        "threshold": "1",
     }
     assert build_hpa(svc, OWNER) is None
 
