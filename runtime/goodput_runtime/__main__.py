@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--device", default=default("device"), choices=["auto", "cpu", "cuda"])
     model.add_argument("--max-model-len", type=positive_int, help="context length (default: the model's)")
     model.add_argument("--quantization", default="none", choices=["none", "int8", "fp8"],
-                       help="weight-only quantization")
+                       help="int8 or fp8 weights with per-channel scales (fp8: GPUs of compute capability 8.9+)")
+    model.add_argument("--quantize-lm-head", action="store_true", help="quantize the LM head too")
     model.add_argument("--tensor-parallel-size", type=positive_int, default=1,
                        help="ranks the model is split over, one process each (gloo on CPU, NCCL on GPU)")
     engine = p.add_argument_group("engine")
@@ -118,9 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.quantization != "none":
-        parser.error(f"--quantization {args.quantization}: quantization is not supported yet; "
-                     "use --quantization none")
     return args
 
 
@@ -132,7 +130,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         block_size=args.block_size, kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=args.enable_prefix_caching, max_queue=args.max_queue, seed=args.seed,
-        tensor_parallel_size=args.tensor_parallel_size,
+        tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
+        quantize_lm_head=args.quantize_lm_head,
     )
 
 

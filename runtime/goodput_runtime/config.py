@@ -23,6 +23,7 @@ class EngineConfig:
     seed: int = 0
     tensor_parallel_size: int = 1
     quantization: str = "none"  # none | int8 | fp8
+    quantize_lm_head: bool = False
 
     @property
     def model_name(self) -> str:

@@ -57,8 +57,6 @@ def test_kv_cache_memory_takes_kubernetes_quantities(text: str, size: int) -> No
 
 @pytest.mark.parametrize(("flags", "complaint"), [
     (["--tensor-parallel-size", "0"], "must be at least 1"),
-    (["--quantization", "int8"], "quantization is not supported yet"),
-    (["--quantization", "fp8"], "quantization is not supported yet"),
     (["--quantization", "awq"], "invalid choice"),
     (["--kv-cache-memory", "lots"], "not a size in bytes"),
     (["--kv-cache-memory", "0"], "at least one byte"),
@@ -84,6 +82,13 @@ def test_a_tensor_parallel_size_the_heads_do_not_divide_is_refused_before_any_ra
     assert "Traceback" not in result.stderr
 
 
+def test_fp8_on_a_machine_without_a_capable_gpu_is_refused_naming_the_requirement(tiny_model_dir) -> None:
+    result = run_cli("--model", str(tiny_model_dir), "--quantization", "fp8", "--host", "127.0.0.1", "--port", "0")
+    assert result.returncode == 1
+    assert "compute capability 8.9" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_help_lists_every_flag() -> None:
     result = run_cli("--help")
     assert result.returncode == 0
@@ -91,7 +96,7 @@ def test_help_lists_every_flag() -> None:
                  "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--block-size",
                  "--kv-cache-memory", "--gpu-memory-utilization", "--enable-prefix-caching",
                  "--no-enable-prefix-caching", "--max-queue", "--slo-ttft", "--slo-tpot", "--shutdown-grace",
-                 "--seed", "--log-level", "--tensor-parallel-size", "--quantization"):
+                 "--seed", "--log-level", "--tensor-parallel-size", "--quantization", "--quantize-lm-head"):
         assert flag in result.stdout
 
 

@@ -25,6 +25,7 @@ from goodput_runtime.loader import (
     resolve_model_path,
 )
 from goodput_runtime.metrics import RuntimeMetrics
+from goodput_runtime.quantization import check_method, quantize_model
 
 log = logging.getLogger(__name__)
 
@@ -87,13 +88,16 @@ def load_for_rank(config: EngineConfig, model_dir: Path, rank: int = 0, world: i
     device = pick_device(config.device)
     dtype = pick_dtype(config.dtype, device, model_config)
     if world == 1:
-        return load_model(model_dir, dtype, device), device
-    device = parallel.rank_device(device, rank)
-    assert port is not None
-    parallel.init_group(rank, world, port, device)
-    model = load_model(model_dir, dtype, torch.device("cpu"))
-    parallel.shard_model(model, rank, world)
-    return model.to(device), device
+        model = load_model(model_dir, dtype, device)
+    else:
+        device = parallel.rank_device(device, rank)
+        assert port is not None
+        parallel.init_group(rank, world, port, device)
+        model = load_model(model_dir, dtype, torch.device("cpu"))
+        parallel.shard_model(model, rank, world)
+        model = model.to(device)
+    quantize_model(model, config.quantization, device, config.quantize_lm_head)
+    return model, device
 
 
 def size_kv_cache(config: EngineConfig, device: torch.device, model_config, dtype: torch.dtype,
@@ -132,6 +136,7 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
     if max_model_len > limit:
         raise EngineConfigError(f"--max-model-len {max_model_len} exceeds the model's limit of {limit} tokens")
     world = config.tensor_parallel_size
+    check_method(config.quantization, pick_device(config.device))  # before any rank or weight is loaded
     followers = None
     port = None
     if world > 1:
