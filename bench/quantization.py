@@ -29,7 +29,7 @@ from bench.workload import WorkItem, WorkloadSpec, describe, make_workload, pars
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.builder import build_core
 from goodput_runtime.engine.core import EngineCore
-from goodput_runtime.quantization import FP8_MIN_CAPABILITY, quantize_model
+from goodput_runtime.quantization import FP8_MIN_CAPABILITY, QuantizedLinear, model_bytes, quantize_model
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.tools.make_model import SHAPES
 
@@ -103,7 +103,7 @@ def run_closed_loop(core, items: list[WorkItem], concurrency: int) -> dict:
     }
 
 
-def engine_config(args, mode: Mode, items: list[WorkItem]) -> EngineConfig:
+def engine_config(args, mode: Mode, items: list[WorkItem], quantization: str) -> EngineConfig:
     longest = max(len(i.prompt_ids) + i.max_tokens for i in items)
     # every request of the concurrency-32 run at its longest, fp32, in whole blocks
     model_config = json.loads((args.model_dir / "config.json").read_text())
@@ -112,17 +112,24 @@ def engine_config(args, mode: Mode, items: list[WorkItem]) -> EngineConfig:
     kv = args.concurrency * (longest + 2 * BLOCK_SIZE) * per_token
     return EngineConfig(model=str(args.model_dir), dtype=mode.dtype, device=args.device, max_model_len=longest,
                         max_num_seqs=args.concurrency, block_size=BLOCK_SIZE, kv_cache_memory=kv,
-                        enable_prefix_caching=False, seed=args.seed)  # repeats send the same prompts
+                        enable_prefix_caching=False,  # repeats send the same prompts
+                        quantization=quantization, quantize_lm_head=args.include_lm_head, seed=args.seed)
 
 
 def start_mode(args, mode: Mode, items: list[WorkItem]) -> tuple[EngineCore, dict]:
-    core = build_core(engine_config(args, mode, items))
-    report = quantize_model(core.runner.model, mode.method, core.runner.device, args.include_lm_head, mode.kernel)
+    # the engine quantizes at load (--quantization); a kernel other than its choice is applied afterwards
+    wired = mode.kernel is None
+    core = build_core(engine_config(args, mode, items, mode.method if wired else "none"))
+    model = core.runner.model
+    if not wired:
+        quantize_model(model, mode.method, core.runner.device, args.include_lm_head, mode.kernel)
     run_closed_loop(core, [WorkItem(-1, items[0].prompt_ids[:16], 4, 0.0)], 1)  # warm-up
+    quantized = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
     row = {
-        "mode": mode.name, "dtype": mode.dtype, "method": mode.method, "kernel": report.kernel,
-        "num_quantized_linears": report.num_linears,
-        "weight_bytes": report.weight_bytes_after,
+        "mode": mode.name, "dtype": mode.dtype, "method": mode.method,
+        "kernel": quantized[0].kernel if quantized else "none",
+        "num_quantized_linears": len(quantized),
+        "weight_bytes": model_bytes(model),
         "kv_bytes_per_token": core.runner.layout.bytes_per_token(),
         "repeats": [],
     }

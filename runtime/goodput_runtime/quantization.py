@@ -232,7 +232,7 @@ def quantize_model(model: nn.Module, method: str, device: torch.device, include_
     weight_dtype = torch.int8 if method == "int8" else torch.float8_e4m3fn
     with torch.no_grad():
         for parent, name, child in targets:
-            fits = kernel != "scaled_mm" or (child.in_features % 16 == 0 and child.out_features % 16 == 0)
+            fits = kernel != "scaled_mm" or all(size % 16 == 0 for size in child.weight.shape)
             _replace(parent, name, child, QuantizedLinear.of(child, weight_dtype, kernel if fits else "dequant"))
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the KV cache is sized from the memory the driver reports free
