@@ -10,6 +10,7 @@ from torch import nn
 from goodput_runtime.quantization import (
     QuantizationError,
     QuantizedLinear,
+    check_method,
     model_bytes,
     quantize_model,
     quantize_weight,
@@ -176,3 +177,18 @@ def test_a_kernel_override_must_exist_and_suit_the_method():
     model = ToyLM()
     assert quantize_model(model, "int8", CPU, kernel="dequant").kernel == "dequant"
     assert model.model.layers[0].q_proj.kernel == "dequant"
+
+
+@pytest.mark.parametrize(("capability", "refused"), [((8, 0), True), ((8, 6), True), ((8, 9), False), ((9, 0), False)])
+def test_fp8_needs_compute_capability_8_9(monkeypatch, capability, refused):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA Test GPU")
+    monkeypatch.setattr(torch.version, "hip", None)
+    if refused:
+        major, minor = capability
+        expected = rf"8\.9 or newer.*this machine has NVIDIA Test GPU \(compute capability {major}\.{minor}\)"
+        with pytest.raises(QuantizationError, match=expected):
+            check_method("fp8", torch.device("cuda"))
+    else:
+        check_method("fp8", torch.device("cuda"))
