@@ -129,10 +129,10 @@ def test_the_engine_serves_a_quantized_model_like_transformers_does(tiny_model_d
     # 40 blocks of 4 tokens: too few for every request at once, so some are preempted
     config = EngineConfig(model=str(tiny_model_dir), device="cpu", dtype="float32", block_size=4,
                           kv_cache_memory=40 * 4 * KV_BYTES_PER_TOKEN, max_model_len=128,
-                          max_num_batched_tokens=24, max_num_seqs=8)
+                          max_num_batched_tokens=24, max_num_seqs=8, quantization="int8")
     metrics = RuntimeMetrics("tiny", None, None)
     core = build_core(config, metrics)
-    quantize_model(core.runner.model, "int8", CPU)
+    assert isinstance(core.runner.model.model.layers[0].mlp.down_proj, QuantizedLinear)
     for i, (prompt, max_tokens) in enumerate(cases):
         core.add(str(i), prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
     produced: list[list[int]] = [[] for _ in cases]
