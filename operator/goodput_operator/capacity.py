@@ -3,8 +3,8 @@
 Pure functions of a Hugging Face `config.json` (as a dict) and the spec's numbers.
 Dense decoder-only transformers in the Llama/Qwen/Mistral shape; mixture-of-experts
 configs count every expert's MLP. Weight-only quantization (int8, fp8) stores each
-transformer-layer linear weight in one byte plus one scale per output channel in the
-compute dtype; embeddings, norms, biases and the LM head stay in the compute dtype.
+transformer-layer linear weight in one byte plus one float32 scale per output channel (as
+the runtime does); embeddings, norms, biases and the LM head stay in the compute dtype.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from goodput_operator.spec import Resources
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 QUANTIZED_BYTES = {"int8": 1, "fp8": 1}
+SCALE_BYTES = 4  # the runtime keeps one float32 scale per output channel
 # CUDA context, activations and allocator slack, per GPU, kept out of the KV budget.
 RESERVED_BYTES_PER_GPU = 512 * 2**20
 GIB = 2**30
@@ -153,7 +154,7 @@ def weight_bytes(c: ModelConfig, dtype: str, quantization: str = "none") -> int:
     if quantization == "none":
         return parameter_count(c) * width
     linear = c.num_layers * layer_linear_params(c)
-    scales = c.num_layers * _layer_output_channels(c) * width
+    scales = c.num_layers * _layer_output_channels(c) * SCALE_BYTES
     rest = parameter_count(c) - linear
     return linear * QUANTIZED_BYTES[quantization] + scales + rest * width
 

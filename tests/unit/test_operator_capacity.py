@@ -68,13 +68,13 @@ def test_weight_bytes_by_dtype_and_int8_quantization():
     llama = ModelConfig.from_dict(LLAMA3_8B)
     assert capacity.weight_bytes(llama, "bfloat16") == 16_060_522_496
     assert capacity.weight_bytes(llama, "float32") == 32_121_044_992
-    # int8: 32 layers x 218,103,808 linear weights at 1 byte, plus one bf16 scale per
+    # int8: 32 layers x 218,103,808 linear weights at 1 byte, plus one float32 scale per
     # output channel (4096+1024+1024+4096+14336+14336+4096 = 43,008 per layer), plus
     # embeddings, head and norms (1,050,939,392) at 2 bytes.
     assert capacity.weight_bytes(llama, "bfloat16", "int8") == (
-        6_979_321_856 + 32 * 43_008 * 2 + 1_050_939_392 * 2
-    ) == 9_083_953_152
-    assert capacity.weight_bytes(llama, "bfloat16", "fp8") == 9_083_953_152
+        6_979_321_856 + 32 * 43_008 * 4 + 1_050_939_392 * 2
+    ) == 9_086_705_664
+    assert capacity.weight_bytes(llama, "bfloat16", "fp8") == 9_086_705_664
 
 
 def test_llama3_8b_on_one_80gib_gpu_holds_56_full_length_sequences():
