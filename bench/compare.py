@@ -82,6 +82,20 @@ def median_run(runs: list[SystemRun]) -> SystemRun:
     return ordered[(len(ordered) - 1) // 2]
 
 
+def round_ratios(all_runs: dict[str, list[SystemRun]]) -> list[dict]:
+    """Per round: ours over each baseline measured next to it, and the round's highest 1-minute load."""
+    rounds = []
+    for i in range(len(next(iter(all_runs.values())))):
+        here = {name: done[i] for name, done in all_runs.items()}
+        entry: dict = {"max_loadavg_1m": max(max(r.config["loadavg_before_after"][0::3]) for r in here.values())}
+        if "ours" in here:
+            for name in TARGETS:
+                if name in here:
+                    entry[name] = here["ours"].output_tokens_per_s / here[name].output_tokens_per_s
+        rounds.append(entry)
+    return rounds
+
+
 def agreement(ours_texts: list[str], reference: SystemRun, tokenizer) -> float:
     """Share of requests whose text equals the decoded reference tokens (greedy outputs should match).
 
@@ -211,6 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
         "systems": rows,
         "all_rounds": {name: [system_row(r) for r in done] for name, done in all_runs.items()},
         "ratios_ours_over": ratios,
+        "ratios_per_round": round_ratios(all_runs),
         "targets_met": checks,
         "ours_serve_summary": serve_summary,
         "cb_cache_blocks": cb_cache_blocks(items, args.cb_page_size),
@@ -218,6 +233,11 @@ def main(argv: list[str] | None = None) -> dict:
     path = write_json(args.output or default_output("compare"), payload)
     print()
     print(markdown(rows, ratios))
+    if args.repeat > 1:
+        print("\nmedian round per system; ours over each baseline within each round:")
+        for i, entry in enumerate(payload["ratios_per_round"]):
+            cells = ", ".join(f"{k} {v:.2f}" for k, v in entry.items())
+            print(f"- round {i + 1}: {cells}")
     print()
     for check, ok in checks.items():
         print(f"- {'met' if ok else 'NOT met'}: {check}")
