@@ -62,10 +62,6 @@ class AsyncEngine:
         return cls(build_core(config, metrics), config)
 
     @property
-    def num_running(self) -> int:
-        return len(self.core.scheduler.running)
-
-    @property
     def num_waiting(self) -> int:
         return len(self.core.scheduler.waiting)
 
