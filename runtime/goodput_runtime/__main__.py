@@ -39,6 +39,13 @@ def seconds(text: str) -> float:
     return float(match.group(1)) / (1000 if match.group(2) == "ms" else 1)
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default only when it has one; unset flags explain themselves in their help."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def positive_seconds(text: str) -> float:
     value = seconds(text)
     if value <= 0:
@@ -75,7 +82,7 @@ def fraction(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m goodput_runtime", description=__doc__,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=DefaultsHelpFormatter)
     model = p.add_argument_group("model")
     model.add_argument("--model", required=True, help="local model directory or Hugging Face id (org/name)")
     model.add_argument("--served-model-name", help="the name clients send as 'model' (default: --model)")
