@@ -21,10 +21,11 @@ run-runtime: install
 
 .PHONY: k8s-binaries
 
-# etcd, kube-apiserver, kube-controller-manager and kubectl for the operator tests:
+# etcd, kube-apiserver, kube-controller-manager and kubectl for the operator tests, and
+# kube-scheduler, kubelet and kube-proxy for the one-node cluster of the e2e tests:
 # built once from Debian's Kubernetes source, cached under ~/.cache/goodput.
 k8s-binaries:
-	hack/k8s-binaries.sh >/dev/null
+	hack/k8s-binaries.sh --node >/dev/null
 
 .PHONY: prometheus
 

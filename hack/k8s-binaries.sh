@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager and kubectl from Debian's Kubernetes
-# source package, once per machine, and prints the folder holding them and etcd.
+# Builds kube-apiserver, kube-controller-manager and kubectl (with --node also
+# kube-scheduler, kubelet and kube-proxy) from Debian's Kubernetes source package,
+# once per machine, and prints the folder holding them and etcd.
 #
 # Cached under ${GOODPUT_CACHE:-~/.cache/goodput}/k8s-<version>/bin, so later runs
 # take seconds. When KUBEBUILDER_ASSETS already holds kube-apiserver and etcd (the
 # envtest convention) nothing is built and that folder is printed instead.
 #
-# Usage: hack/k8s-binaries.sh            # build if needed; last line of stdout is the bin dir
+# Usage: hack/k8s-binaries.sh [--node]   # build if needed; last line of stdout is the bin dir
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-1.20.2}"
@@ -14,6 +15,8 @@ CACHE_ROOT="${GOODPUT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/goodput}"
 CACHE="$CACHE_ROOT/k8s-$K8S_VERSION"
 BIN="$CACHE/bin"
 WANT=(kube-apiserver kube-controller-manager kubectl)
+NODE_BINARIES=(kube-scheduler kubelet kube-proxy)
+if [[ "${1:-}" == "--node" ]]; then WANT+=("${NODE_BINARIES[@]}"); fi
 APT_PACKAGES=(etcd-server golang-go rsync jq openssl dpkg-dev make)
 
 log() { echo "k8s-binaries: $*" >&2; }
@@ -23,7 +26,8 @@ have_all() {
   for b in "$@"; do [[ -x "$dir/$b" ]] || return 1; done
 }
 
-if [[ -n "${KUBEBUILDER_ASSETS:-}" ]] && have_all "$KUBEBUILDER_ASSETS" kube-apiserver etcd; then
+if [[ -n "${KUBEBUILDER_ASSETS:-}" ]] && have_all "$KUBEBUILDER_ASSETS" kube-apiserver etcd \
+  && { [[ "${1:-}" != "--node" ]] || have_all "$KUBEBUILDER_ASSETS" "${NODE_BINARIES[@]}"; }; then
   log "using KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
   echo "$KUBEBUILDER_ASSETS"
   exit 0
@@ -114,15 +118,17 @@ build() {
   local tree="$1"
   mkdir -p "$tree/.go/src/k8s.io"
   ln -sfn "$tree" "$tree/.go/src/k8s.io/kubernetes"
-  log "building ${WANT[*]} (cold: 10-15 min on 2 cores)"
+  local what=() b
+  for b in "${WANT[@]}"; do [[ -x "$BIN/$b" ]] || what+=("cmd/$b"); done
+  log "building ${what[*]} (cold: 10-15 min on 2 cores, more with the node binaries)"
   local start=$SECONDS
   (
     cd "$tree/.go/src/k8s.io/kubernetes"
     export GOPATH="$tree/.go" CGO_ENABLED=0 GO111MODULE=off GOFLAGS=
-    nice -n 10 make WHAT="cmd/kube-apiserver cmd/kube-controller-manager cmd/kubectl" >&2
+    nice -n 10 make WHAT="${what[*]}" >&2
   )
   mkdir -p "$BIN"
-  for b in "${WANT[@]}"; do install -m 0755 "$tree/_output/bin/$b" "$BIN/$b"; done
+  for b in "${what[@]}"; do b="${b#cmd/}"; install -m 0755 "$tree/_output/bin/$b" "$BIN/$b"; done
   log "built in $((SECONDS - start)) s"
 }
 
