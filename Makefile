@@ -34,3 +34,14 @@ k8s-binaries:
 prometheus:
 	@command -v promtool >/dev/null && command -v prometheus >/dev/null || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+
+.PHONY: demo demo-down
+
+# The main job on a cluster: a local cluster (kind, or this machine as a one-node cluster when
+# root on Debian/Ubuntu), both images built from the Dockerfiles, the operator installed, a small
+# model served and asked a question. MODEL=hf://org/name serves that model instead.
+demo:
+	hack/demo.sh
+
+demo-down:
+	hack/demo.sh down

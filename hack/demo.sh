@@ -1,0 +1,289 @@
+#!/usr/bin/env bash
+# `make demo`: from nothing to an answer from an InferenceService, on a local cluster.
+#
+#   hack/demo.sh          bring up a cluster, build and load both images, install Goodput,
+#                         serve a model, ask it something, show `kubectl get gsvc`
+#   hack/demo.sh down     tear the demo cluster down again
+#
+# The cluster: kind when `docker` and `kind` are on the PATH (the images are built with
+# `docker build` and loaded with `kind load`); otherwise, as root on Debian or Ubuntu, this
+# machine becomes a one-node cluster (hack/cluster.sh up --node; images built with buildah by
+# hack/images.sh and imported into its containerd).
+#
+# The model: MODEL unset makes a small random-weight Llama with a locally trained tokenizer
+# (no download) on a hostPath PersistentVolume, written by a Job running the runtime image;
+# MODEL=hf://Qwen/Qwen2.5-0.5B-Instruct (any supported hf:// id) serves that instead, where
+# the cluster can reach the Hugging Face Hub. Either way the runtime runs on CPU here.
+#
+# Each step is named and timed; a failing step names its log under .cache/demo/logs.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEMO="$ROOT/.cache/demo"
+LOGS="$DEMO/logs"
+CLUSTER_DIR="$DEMO/cluster"
+KIND_CLUSTER="${KIND_CLUSTER:-goodput-demo}"
+MODEL="${MODEL:-}"
+NAME=chat
+MODELS_HOST_DIR="$DEMO/models"
+MODELS_NODE_DIR=""       # the models folder as the node sees it
+READY_TIMEOUT="${DEMO_READY_TIMEOUT:-600}"
+RUNTIME_IMAGE=ghcr.io/goodput-dev/goodput-runtime:0.1.0
+OPERATOR_IMAGE=ghcr.io/goodput-dev/goodput-operator:0.1.0
+KUBECTL=(kubectl)
+PORT_FORWARD_PID=""
+
+START=$SECONDS
+STEP_NO=0
+
+say() { printf '%s\n' "$*"; }
+
+# step "title" command...: runs the command with its output in its own log; prints the time taken.
+step() {
+  local title="$1"; shift
+  STEP_NO=$((STEP_NO + 1))
+  local log
+  log="$LOGS/$(printf '%02d' "$STEP_NO")-$(echo "$title" | tr -c 'a-zA-Z0-9\n' '-' | tr -s '-' | sed 's/-$//' | tr '[:upper:]' '[:lower:]').log"
+  printf '==> [%d] %s ... ' "$STEP_NO" "$title"
+  local t0=$SECONDS
+  if "$@" >"$log" 2>&1; then
+    printf 'done (%ds)\n' $((SECONDS - t0))
+  else
+    printf 'FAILED after %ds\n' $((SECONDS - t0))
+    say "--- last lines of $log:"
+    tail -n 25 "$log" | sed 's/^/    /'
+    say "--- step '$title' failed; full log: $log"
+    exit 1
+  fi
+}
+
+k() { "${KUBECTL[@]}" "$@"; }
+
+cleanup() {
+  [[ -n "$PORT_FORWARD_PID" ]] && kill "$PORT_FORWARD_PID" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+pick_cluster() {
+  if command -v docker >/dev/null && command -v kind >/dev/null && docker info >/dev/null 2>&1; then
+    echo kind
+  elif [[ $(id -u) -eq 0 ]] && grep -qiE '^(ID|ID_LIKE)=.*(debian|ubuntu)' /etc/os-release 2>/dev/null; then
+    echo node
+  else
+    echo none
+  fi
+}
+
+# --- kind ------------------------------------------------------------------------------
+
+kind_up() {
+  if kind get clusters 2>/dev/null | grep -qx "$KIND_CLUSTER"; then
+    echo "kind cluster $KIND_CLUSTER already exists"
+  else
+    cat >"$DEMO/kind.yaml" <<EOF
+kind: Cluster
+apiVersion: kind.x-k8s.io/v1alpha4
+nodes:
+  - role: control-plane
+    extraMounts:
+      - hostPath: $MODELS_HOST_DIR
+        containerPath: /goodput-models
+EOF
+    kind create cluster --name "$KIND_CLUSTER" --config "$DEMO/kind.yaml" --wait 120s
+  fi
+  kubectl config use-context "kind-$KIND_CLUSTER"
+}
+
+kind_images() {
+  docker build -f "$ROOT/Dockerfile.operator" -t "$OPERATOR_IMAGE" "$ROOT"
+  docker build -f "$ROOT/Dockerfile.runtime" -t "$RUNTIME_IMAGE" \
+    --build-arg BASE_IMAGE=python:3.11-slim-bookworm \
+    --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu "$ROOT"
+  kind load docker-image --name "$KIND_CLUSTER" "$OPERATOR_IMAGE" "$RUNTIME_IMAGE"
+}
+
+# --- the Debian node -------------------------------------------------------------------
+
+node_up() {
+  "$ROOT/hack/cluster.sh" up --node --dir "$CLUSTER_DIR" >"$DEMO/cluster.env"
+  cat "$DEMO/cluster.env"
+}
+
+node_images() {
+  # shellcheck disable=SC1091
+  source "$DEMO/cluster.env"
+  "$ROOT/hack/images.sh" all
+}
+
+# --- common ----------------------------------------------------------------------------
+
+install_operator() {
+  k apply -k "$ROOT/manifests"
+  k -n goodput-system rollout status deployment/goodput-operator --timeout=300s
+}
+
+make_model() {
+  # A Job in the runtime image writes the model onto the node's hostPath volume.
+  cat <<EOF | k apply -f -
+apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: goodput-demo-models
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteOnce, ReadOnlyMany]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  hostPath: {path: $MODELS_NODE_DIR, type: Directory}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: models
+  namespace: default
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: ""
+  volumeName: goodput-demo-models
+  resources: {requests: {storage: 1Gi}}
+EOF
+  if [[ -f "$MODELS_HOST_DIR/tiny/model.safetensors" ]]; then
+    echo "model already made in $MODELS_HOST_DIR/tiny"
+    return
+  fi
+  k delete job make-model --ignore-not-found --wait=true
+  cat <<EOF | k apply -f -
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: make-model
+  namespace: default
+spec:
+  backoffLimit: 1
+  template:
+    spec:
+      restartPolicy: Never
+      securityContext: {runAsUser: 65532, runAsGroup: 65532}
+      containers:
+        - name: make-model
+          image: $RUNTIME_IMAGE
+          imagePullPolicy: IfNotPresent
+          command: [python3, -m, goodput_runtime.tools.make_model, --out, /models/tiny]
+          env: [{name: HOME, value: /tmp}]
+          volumeMounts: [{name: models, mountPath: /models}]
+      volumes: [{name: models, persistentVolumeClaim: {claimName: models}}]
+EOF
+  k wait --for=condition=complete job/make-model --timeout=300s
+  k logs job/make-model | tail -n 5
+}
+
+apply_service() {
+  local source="pvc://models/tiny" served=tiny-llama
+  if [[ -n "$MODEL" ]]; then source="$MODEL"; served="$NAME"; fi
+  cat <<EOF | k apply -f -
+apiVersion: serving.goodput.dev/v1alpha1
+kind: InferenceService
+metadata:
+  name: $NAME
+  namespace: default
+spec:
+  model:
+    source: $source
+    servedName: $served
+    maxModelLen: 1024
+    dtype: float32
+  engine:
+    maxNumSeqs: 8
+  resources:
+    gpu: 0
+    cpu: 500m
+    memory: 2Gi
+  slo:
+    ttft: 2s
+    tpot: 200ms
+EOF
+  echo "$served" >"$DEMO/served-name"
+}
+
+wait_ready() {
+  k wait --for=condition=Ready "inferenceservice/$NAME" --timeout="${READY_TIMEOUT}s"
+}
+
+ask() {
+  local port url served
+  served="$(cat "$DEMO/served-name")"
+  port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  k port-forward "service/$NAME" "$port:80" >"$LOGS/port-forward.log" 2>&1 &
+  PORT_FORWARD_PID=$!
+  url="http://127.0.0.1:$port/v1/chat/completions"
+  for _ in $(seq 60); do
+    curl -sf -o /dev/null "http://127.0.0.1:$port/health" && break
+    sleep 0.5
+  done
+  echo "POST $url"
+  curl -sS --fail-with-body "$url" -H 'Content-Type: application/json' -d "{
+    \"model\": \"$served\", \"max_tokens\": 24, \"temperature\": 0,
+    \"messages\": [{\"role\": \"user\", \"content\": \"Say hello to Kubernetes.\"}]}" | tee "$DEMO/answer.json"
+  echo
+}
+
+down() {
+  case "$(pick_cluster)" in
+    kind) kind delete cluster --name "$KIND_CLUSTER" ;;
+    node) "$ROOT/hack/cluster.sh" down --dir "$CLUSTER_DIR" ;;
+    *) echo "nothing to tear down" ;;
+  esac
+}
+
+main() {
+  mkdir -p "$LOGS" "$MODELS_HOST_DIR"
+  chmod 0777 "$MODELS_HOST_DIR"   # the model Job runs as a non-root user
+  local kind
+  kind="$(pick_cluster)"
+  say "Goodput demo: cluster=${kind}, model=${MODEL:-a small model made locally}; logs in $LOGS"
+  case "$kind" in
+    kind)
+      MODELS_NODE_DIR=/goodput-models
+      step "create the kind cluster $KIND_CLUSTER" kind_up
+      step "build both images with docker and load them into kind" kind_images
+      ;;
+    node)
+      MODELS_NODE_DIR="$MODELS_HOST_DIR"
+      step "bring up a one-node cluster on this machine (hack/cluster.sh up --node)" node_up
+      # shellcheck disable=SC1091
+      source "$DEMO/cluster.env"
+      step "build both images with buildah and import them (hack/images.sh all)" node_images
+      ;;
+    *)
+      say "make demo needs either docker + kind (https://kind.sigs.k8s.io), or root on Debian/Ubuntu"
+      say "for the built-in one-node cluster."
+      exit 1
+      ;;
+  esac
+  command -v kubectl >/dev/null || { say "make demo needs kubectl (>= 1.21) on the PATH"; exit 1; }
+  step "install Goodput: kubectl apply -k manifests/" install_operator
+  if [[ -z "$MODEL" ]]; then
+    step "make a small model on a PersistentVolume (a Job in the runtime image)" make_model
+  fi
+  step "apply InferenceService $NAME (${MODEL:-pvc://models/tiny})" apply_service
+  step "wait until $NAME is Ready" wait_ready
+  step "send a chat completion to service/$NAME" ask
+  say ""
+  say "Answer:"
+  python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("  " + repr(r["choices"][0]["message"]["content"])); print("  usage:", r["usage"])' "$DEMO/answer.json"
+  say ""
+  say "\$ kubectl get gsvc"
+  k get gsvc
+  say ""
+  say "Done in $((SECONDS - START)) s."
+  if [[ "$kind" == node ]]; then
+    say "Use it:      source $DEMO/cluster.env && kubectl get gsvc,pods"
+  fi
+  say "Tear down:   make demo-down"
+}
+
+case "${1:-up}" in
+  up) main ;;
+  down) down ;;
+  *) echo "usage: $0 [up|down]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,101 @@
+"""End to end on a real one-node cluster.
+
+The session brings up hack/cluster.sh's control plane with this machine as its node
+(containerd, runc, CNI bridge, kubelet, kube-proxy, kube-scheduler), builds both images
+from the project's Dockerfiles with hack/images.sh and imports them into the node's
+containerd, installs Goodput with `kubectl apply -k manifests/`, and puts locally made
+models on a hostPath PersistentVolume. Nothing is mocked; needs root on Debian/Ubuntu.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from node import OPERATOR_NAMESPACE, ROOT, Node, copy_model, node_unsupported, wait_for
+
+MODELS_PV = "goodput-e2e-models"
+MODELS_CLAIM = "models"
+OPERATOR_READY_SECONDS = 180
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).parent == Path(__file__).parent:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    reason = node_unsupported()
+    if reason:
+        pytest.skip(f"{reason}; use kind elsewhere (make demo)")
+    # a short path: containerd's socket lives under it (108-byte limit for unix sockets)
+    workdir = tmp_path_factory.mktemp("node")
+    node = Node.up(workdir)
+    try:
+        node.load_images()
+        yield node
+    finally:
+        node.down()
+
+
+@pytest.fixture(scope="session")
+def installed(node: Node) -> Node:
+    """Goodput installed the way the README says: `kubectl apply -k manifests/`."""
+    node.apply_kustomization(ROOT / "manifests")
+    wait_for(lambda: deployment_available(node, OPERATOR_NAMESPACE, "goodput-operator"), OPERATOR_READY_SECONDS,
+             "the operator Deployment to become Available", explain=lambda: node.describe(OPERATOR_NAMESPACE))
+    return node
+
+
+def deployment_available(node: Node, namespace: str, name: str) -> bool:
+    deploy = node.get("deployment", name, namespace)
+    if not deploy:
+        return False
+    status = deploy.get("status", {})
+    return bool(status.get("availableReplicas", 0) >= 1 and status.get("updatedReplicas") == status.get("replicas"))
+
+
+@pytest.fixture(scope="session")
+def models(node: Node, tiny_model_dir: Path) -> dict[str, Path]:
+    """A hostPath PersistentVolume on the node, bound to the claim `models` in `default`.
+
+    Holds `tiny` (a small random-weight Llama with a locally trained tokenizer) and
+    `unknown-arch` (the same files, with an architecture the runtime does not support).
+    """
+    root = node.dir / "models"
+    tiny = copy_model(tiny_model_dir, root / "tiny")
+    unknown = copy_model(tiny_model_dir, root / "unknown-arch")
+    config = json.loads((unknown / "config.json").read_text())
+    config["architectures"] = ["GPTNeoXForCausalLM"]
+    (unknown / "config.json").write_text(json.dumps(config))
+    root.chmod(0o755)
+    node.apply([
+        {
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": MODELS_PV},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadOnlyMany", "ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": str(root), "type": "Directory"},
+            },
+        },
+        {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": MODELS_CLAIM, "namespace": "default"},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "volumeName": MODELS_PV,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    ])
+    wait_for(lambda: (node.get("pvc", MODELS_CLAIM) or {}).get("status", {}).get("phase") == "Bound", 60,
+             "the models claim to bind")
+    return {"tiny": tiny, "unknown-arch": unknown}

@@ -1,0 +1,164 @@
+"""The one-node cluster of the e2e tier: bring-up, images, kubectl and HTTP helpers."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER_SCRIPT = ROOT / "hack" / "cluster.sh"
+IMAGES_SCRIPT = ROOT / "hack" / "images.sh"
+RUNTIME_IMAGE = "ghcr.io/goodput-dev/goodput-runtime:0.1.0"
+OPERATOR_IMAGE = "ghcr.io/goodput-dev/goodput-operator:0.1.0"
+OPERATOR_NAMESPACE = "goodput-system"
+
+
+def node_unsupported() -> str | None:
+    """Why this machine cannot run the node, or None."""
+    if os.geteuid() != 0:
+        return "the one-node cluster needs root (containerd, iptables, cgroups)"
+    try:
+        release = Path("/etc/os-release").read_text()
+    except OSError:
+        return "no /etc/os-release: the one-node cluster is written for Debian or Ubuntu"
+    if not re.search(r"^(ID|ID_LIKE)=.*(debian|ubuntu)", release, re.MULTILINE | re.IGNORECASE):
+        return "the one-node cluster is written for Debian or Ubuntu"
+    return None
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, every: float = 1.0,
+             explain: Callable[[], str] | None = None) -> Any:
+    """Poll `check` until it returns something truthy; fail naming `what` (and `explain()`) after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            detail = f"\n{explain()}" if explain else ""
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
+        time.sleep(every)
+
+
+def run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> str:
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {result.returncode}:\n{result.stdout[-3000:]}\n"
+                           f"{result.stderr[-6000:]}")
+    return result.stdout
+
+
+@dataclass
+class Node:
+    """A running control plane plus this machine as its one node."""
+
+    dir: Path
+    kubeconfig: Path
+    containerd_address: str
+    bin: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def up(cls, workdir: Path) -> Node:
+        out = run([str(CLUSTER_SCRIPT), "up", "--node", "--dir", str(workdir)], timeout=3600)
+        exports = dict(re.findall(r"export (\w+)=(\S+)", out))
+        node = cls(workdir, Path(exports["KUBECONFIG"]), exports["CONTAINERD_ADDRESS"],
+                   Path((workdir / "bin").read_text().strip()))
+        node.env = {**os.environ, "KUBECONFIG": str(node.kubeconfig), "CONTAINERD_ADDRESS": node.containerd_address}
+        return node
+
+    def down(self) -> None:
+        subprocess.run([str(CLUSTER_SCRIPT), "down", "--dir", str(self.dir)], capture_output=True, timeout=300)
+
+    def load_images(self) -> None:
+        """Build both images from the project's Dockerfiles (cached when unchanged) and import them."""
+        run([str(IMAGES_SCRIPT), "all"], timeout=3600, env=self.env)
+
+    def kubectl(self, *args: str, input_text: str | None = None, check: bool = True,
+                timeout: float = 120, kubectl: str | None = None) -> subprocess.CompletedProcess[str]:
+        own = self.bin / "kubectl"
+        cmd = [kubectl or (str(own) if own.exists() else "kubectl"), "--kubeconfig", str(self.kubeconfig),
+               "--cache-dir", str(self.dir / "kubectl-cache"), *args]
+        result = subprocess.run(cmd, capture_output=True, text=True, input=input_text, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def apply_kustomization(self, path: Path) -> None:
+        """`kubectl apply -k` with the kubectl on the PATH: the node's own 1.20 kubectl embeds a
+        kustomize too old for today's kustomization files."""
+        kubectl = shutil.which("kubectl")
+        if kubectl is None:
+            raise AssertionError("`kubectl apply -k` needs a kubectl >= 1.21 on the PATH")
+        self.kubectl("apply", "-k", str(path), kubectl=kubectl)
+
+    def get(self, kind: str, name: str = "", namespace: str = "default", selector: str = "") -> Any:
+        """The object as JSON; None when it does not exist (or a List's items with a selector)."""
+        args = ["get", kind, *([name] if name else []), "-n", namespace, "-o", "json"]
+        if selector:
+            args += ["-l", selector]
+        result = self.kubectl(*args, check=False)
+        if result.returncode != 0:
+            if "NotFound" in result.stderr:
+                return None
+            raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr}")
+        data = json.loads(result.stdout)
+        return data["items"] if data.get("kind", "").endswith("List") else data
+
+    def apply(self, manifest: dict[str, Any] | list[dict[str, Any]]) -> None:
+        items = manifest if isinstance(manifest, list) else [manifest]
+        self.kubectl("apply", "-f", "-", input_text=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+
+    def describe(self, namespace: str = "default") -> str:
+        """What to print when a wait fails: pods, events and the operator's log tail."""
+        parts = []
+        for args in (["get", "pods,deploy,gsvc", "-n", namespace, "-o", "wide"],
+                     ["get", "events", "-n", namespace, "--sort-by=.lastTimestamp"],
+                     ["logs", "-n", OPERATOR_NAMESPACE, "deploy/goodput-operator", "--tail=40"]):
+            result = self.kubectl(*args, check=False)
+            parts.append(f"$ kubectl {' '.join(args)}\n{result.stdout[-4000:]}{result.stderr[-1000:]}")
+        return "\n".join(parts)
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    for c in (obj or {}).get("status", {}).get("conditions") or ():
+        if c.get("type") == type_:
+            return dict(c)
+    return {}
+
+
+def cluster_ip(node: Node, service: str, namespace: str = "default") -> str:
+    svc = node.get("service", service, namespace)
+    assert svc is not None, f"no Service {service}"
+    return str(svc["spec"]["clusterIP"])
+
+
+def chat(host: str, model: str, content: str, max_tokens: int = 8, port: int = 80,
+         conn: http.client.HTTPConnection | None = None, timeout: float = 60) -> dict[str, Any]:
+    """One non-streamed chat completion; raises on anything but 200."""
+    conn = conn or http.client.HTTPConnection(host, port, timeout=timeout)
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": content}],
+                       "max_tokens": max_tokens, "temperature": 0})
+    conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    data = response.read()
+    if response.status != 200:
+        raise RuntimeError(f"HTTP {response.status}: {data[:300]!r}")
+    return dict(json.loads(data))
+
+
+def copy_model(src: Path, dest: Path) -> Path:
+    """A copy readable by the runtime's non-root user (the hostPath volume keeps file modes)."""
+    shutil.copytree(src, dest, dirs_exist_ok=True)
+    for path in [dest, *dest.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return dest
