@@ -9,6 +9,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
+import socket
+from typing import Any, cast
 
 import kopf
 
@@ -60,6 +63,9 @@ def main(argv: list[str] | None = None) -> None:
         namespaces=[settings.namespace] if settings.namespace else (),
         liveness_endpoint=f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None,
         memo=kopf.Memo(),
+        # Named here: kopf's own guess asks the password database for the user, and a
+        # non-root UID in a container usually has no entry there.
+        identity=cast(Any, os.environ.get("POD_NAME") or f"{socket.gethostname()}@{os.getpid()}"),
     )
 
 
