@@ -15,7 +15,12 @@ SERVICE_LABEL = f"{GROUP}/service"
 MANAGED_BY = "goodput-operator"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 RUNTIME_UID = 1000
-TERMINATION_GRACE_SECONDS = 60
+# After SIGTERM the runtime keeps admitting requests (Connection: close) with /health at 503
+# for SHUTDOWN_DELAY_SECONDS, so endpoints drop the pod before it stops accepting; then it
+# drains in-flight requests for up to RUNTIME_DRAIN_SECONDS (its --shutdown-grace default).
+SHUTDOWN_DELAY_SECONDS = 5
+RUNTIME_DRAIN_SECONDS = 30
+TERMINATION_GRACE_SECONDS = 60  # above delay + drain, so the kubelet's SIGKILL never cuts a drain short
 
 Manifest = dict[str, Any]
 
@@ -98,6 +103,7 @@ def runtime_args(svc: ServiceSpec) -> list[str]:
     if svc.slo.tpot_seconds is not None:
         args += ["--slo-tpot", _seconds(svc.slo.tpot_seconds)]
     args += ["--tensor-parallel-size", str(svc.tensor_parallel), "--quantization", m.quantization]
+    args += ["--shutdown-delay", str(SHUTDOWN_DELAY_SECONDS)]
     return args + list(e.extra_args)
 
 
@@ -172,6 +178,9 @@ def _container(svc: ServiceSpec, settings: Settings, mounts: list[dict[str, Any]
         "env": _env(svc, settings),
         "resources": _resources(svc),
         "volumeMounts": mounts,
+        # The runtime writes why it cannot start to /dev/termination-log; otherwise the log's tail
+        # stands in. Either becomes lastState.terminated.message, which the operator reports.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         # Loading weights can take many minutes; liveness waits for the first success.
         "startupProbe": _probe(period=10, failures=180),
         "readinessProbe": _probe(period=5, failures=3),
@@ -193,7 +202,7 @@ def _pod_spec(svc: ServiceSpec, settings: Settings) -> dict[str, Any]:
     volumes, mounts = _volumes(svc)
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
-        # above the runtime's 30 s drain after SIGTERM, so in-flight requests finish
+        # above the runtime's shutdown delay and drain after SIGTERM, so in-flight requests finish
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "enableServiceLinks": False,
         "securityContext": {

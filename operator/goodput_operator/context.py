@@ -37,6 +37,8 @@ class Context:
     _locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = field(
         default_factory=weakref.WeakValueDictionary
     )
+    # (namespace, name) -> Failure.key of the pod failure last posted as an Event
+    reported_failures: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
     _discovered: Discovered | None = None
     _discovered_at: float = 0.0
 
@@ -48,6 +50,11 @@ class Context:
             lock = asyncio.Lock()
             self._locks[key] = lock
         return lock
+
+    def forget_failures_except(self, services: set[tuple[str, str]]) -> None:
+        """Drop what was remembered about services that no longer exist."""
+        for key in self.reported_failures.keys() - services:
+            del self.reported_failures[key]
 
     async def discovery(self) -> Discovered:
         if self._discovered is None or time.monotonic() - self._discovered_at > self.settings.discovery_seconds:

@@ -12,7 +12,7 @@ import kopf
 import prometheus_client
 
 from goodput_operator.autoscaler import Autoscaler
-from goodput_operator.builders import MANAGED_BY
+from goodput_operator.builders import MANAGED_BY, SERVICE_LABEL
 from goodput_operator.context import Context
 from goodput_operator.hub import ConfigFetcher, Waiter
 from goodput_operator.k8s import ApiError, Kube, load_config, owner_collection
@@ -26,6 +26,8 @@ CHILD_RESOURCES = (
     {"group": "", "version": "v1", "plural": "services"},
     {"group": "policy", "plural": "poddisruptionbudgets"},
 )
+# Runtime pods: their status says why a service does not serve (crash loop, image pull, scheduling).
+POD_RESOURCE = {"group": "", "version": "v1", "plural": "pods"}
 RETRY_BACKOFF_SECONDS = 5.0
 
 
@@ -39,6 +41,10 @@ def operator_settings() -> kopf.OperatorSettings:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 30
+    # Children and pods are watched through a server-side label selector: only ours are listed and sent.
+    selector = ",".join(f"{key}={value}" for key, value in OWNED.items())
+    for resource in (*CHILD_RESOURCES, POD_RESOURCE):
+        settings.watching.label_selectors[resource["group"], resource["plural"]] = selector
     return settings
 
 
@@ -103,6 +109,15 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
             if owner is not None and getattr(memo, "ctx", None) is not None:
                 await _quietly(memo.ctx, *owner)
 
+    # An event handler only: kopf keeps no progress, diff base or finalizer on pods, so it
+    # never writes to them (the role may not either). Pods belong to ReplicaSets, not to the
+    # service; the service label names it.
+    @kopf.on.event(**POD_RESOURCE, id="pod", labels=OWNED, registry=registry)  # type: ignore[arg-type]
+    async def pod_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        service = body.metadata.labels.get(SERVICE_LABEL)
+        if service and body.metadata.namespace and getattr(memo, "ctx", None) is not None:
+            await _quietly(memo.ctx, body.metadata.namespace, service)
+
 
 async def resync_forever(ctx: Context) -> None:
     """Reconcile every service now and then, so nothing depends on a single missed event."""
@@ -114,7 +129,9 @@ async def resync_forever(ctx: Context) -> None:
         except Exception as err:
             logger.warning("Listing InferenceServices for resync failed: %s", err)
             continue
-        for item in listing.get("items") or ():
+        items = listing.get("items") or ()
+        ctx.forget_failures_except({(i["metadata"]["namespace"], i["metadata"]["name"]) for i in items})
+        for item in items:
             if not item["metadata"].get("deletionTimestamp"):
                 try:
                     await reconcile(ctx, item)

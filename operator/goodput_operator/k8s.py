@@ -26,6 +26,7 @@ PLURALS = {
     "PodMonitor": "podmonitors",
     "InferenceService": PLURAL,
     "Secret": "secrets",
+    "Pod": "pods",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
     "ScaledObject": "scaledobjects",
 }
@@ -121,6 +122,10 @@ class Kube:
                 return None
             raise
         return result
+
+    async def list_items(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+        listing = await self.request("GET", path, query={"labelSelector": label_selector})
+        return list((listing or {}).get("items") or ())
 
     async def apply(self, manifest: dict[str, Any], live: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
         """Server-side apply unless `live` already matches.

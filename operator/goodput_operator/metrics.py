@@ -17,6 +17,10 @@ CHILD_WRITES = Counter(
 RECONCILE_ERRORS = Counter(
     "goodput_operator_reconcile_errors_total", "Reconcile passes that failed and will be retried.", ["reason"]
 )
+RUNTIME_FAILURES = Counter(
+    "goodput_operator_runtime_failures_total",
+    "Distinct pod failures reported (one Warning Event each), by reason.", ["reason"],
+)
 
 AUTOSCALER_DESIRED = Gauge(
     "goodput_autoscaler_desired_replicas", "Replicas the goodput autoscaler wants, per service.", ["namespace", "name"]

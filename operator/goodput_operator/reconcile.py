@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from goodput_operator import builders, capacity, metrics, scaling
+from goodput_operator import builders, capacity, metrics, pods, scaling
 from goodput_operator.conditions import (
     AVAILABLE,
     FALSE,
@@ -87,8 +87,11 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
         before = find((body.get("status") or {}).get("conditions"), AVAILABLE) or {}
         if before.get("reason") != "ChildConflict":
             await ctx.event(body, "Warning", "ChildConflict", str(err))
+        failure = None
     else:
-        available = _available(deployment, svc.desired_replicas)
+        failure = pods.failure(await ctx.kube.list_items(resource_path("v1", "Pod", namespace),
+                                                         builders.selector_string(svc)))
+        available = _available(deployment, svc.desired_replicas, failure)
     conditions = [Condition(VALID, TRUE, "SpecValid", "the spec is valid"), fit.condition, available]
     conditions.append(derive_ready(conditions))
     dstatus = deployment.get("status") or {}
@@ -104,7 +107,34 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
     await _write_status(ctx, body, status)
     if fit.condition.status == FALSE and _flipped(body, MODEL_FITS, FALSE):
         await ctx.event(body, "Warning", fit.condition.reason, fit.condition.message)
+    if available.reason != "ChildConflict":
+        await _report_failure(ctx, body, failure)
     return "ok"
+
+
+async def _report_failure(ctx: Context, body: dict[str, Any], failure: pods.Failure | None) -> None:
+    """One Warning Event per distinct pod failure, not one per reconcile.
+
+    Remembered in memory; after an operator restart the Available condition stands in
+    for the memory (it already tells the failure when its message holds every part).
+    """
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    if failure is None:
+        ctx.reported_failures.pop(key, None)
+        return
+    if key in ctx.reported_failures:
+        if ctx.reported_failures[key] == failure.key:
+            return
+    else:
+        before = find((body.get("status") or {}).get("conditions"), AVAILABLE) or {}
+        if all(part in (before.get("message") or "") for part in failure.detail):
+            ctx.reported_failures[key] = failure.key
+            return
+    ctx.reported_failures[key] = failure.key
+    logger.warning("%s/%s: %s: %s", key[0], key[1], failure.reason, failure.message)
+    metrics.RUNTIME_FAILURES.labels(reason=failure.reason).inc()
+    await ctx.event(body, "Warning", failure.reason, failure.message)
 
 
 async def _refuse(ctx: Context, body: dict[str, Any], err: SpecError, generation: int) -> None:
@@ -238,18 +268,27 @@ def _owned_by(obj: dict[str, Any], uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or ())
 
 
-def _available(deployment: dict[str, Any], desired: int) -> Condition:
+def _available(deployment: dict[str, Any], desired: int, failure: pods.Failure | None = None) -> Condition:
+    """Whether pods serve; when none does and a pod fails, why (RuntimeFailing, ImagePullFailed, ...).
+
+    With some replicas serving, a failing pod (a rollout to a broken spec, one bad node)
+    is named in the message while the service stays Available.
+    """
     status = deployment.get("status") or {}
     ready = status.get("readyReplicas", 0)
     counts = f"{ready}/{desired} replicas ready"
     if desired == 0:
         return Condition(AVAILABLE, FALSE, "ScaledToZero", "spec.replicas is 0")
+    if failure is not None and ready == 0:
+        return Condition(AVAILABLE, FALSE, failure.reason, failure.message)
+    also = f"; {failure.message}" if failure is not None else ""
     conditions = status.get("conditions") or ()
     progressing: dict[str, Any] = next((c for c in conditions if c.get("type") == "Progressing"), {})
     if progressing.get("reason") == "ProgressDeadlineExceeded":
-        return Condition(AVAILABLE, FALSE, "ProgressDeadlineExceeded", f"{counts}; {progressing.get('message', '')}")
+        return Condition(AVAILABLE, FALSE, "ProgressDeadlineExceeded",
+                         f"{counts}; {progressing.get('message', '')}{also}")
     if ready >= 1:
-        return Condition(AVAILABLE, TRUE, "MinimumReplicasAvailable", counts)
+        return Condition(AVAILABLE, TRUE, "MinimumReplicasAvailable", counts + also)
     return Condition(AVAILABLE, FALSE, "ReplicasNotReady", counts)
 
 

@@ -42,7 +42,7 @@ def test_short_name_and_printer_columns(cluster, namespace):
     cluster.create_service(namespace, "chat", GOOD)
     out = cluster.kubectl("get", "gsvc", "-n", namespace).stdout
     header = out.splitlines()[0].split()
-    assert header == ["NAME", "MODEL", "REPLICAS", "READY", "ATTAINMENT", "AGE"]
+    assert header == ["NAME", "MODEL", "REPLICAS", "READY", "STATUS", "ATTAINMENT", "AGE"]
     assert "hf://Qwen/Qwen2.5-0.5B-Instruct" in out
 
 

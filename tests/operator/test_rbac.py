@@ -60,7 +60,8 @@ def test_verbs_the_role_lacks_are_refused(cluster, operator_kubeconfig, namespac
     for args in (["get", "secrets", "-n", namespace],  # get one by name, never list
                  ["create", "configmap", "x", "-n", namespace],
                  ["delete", "deployment", "chat-runtime", "-n", namespace],
-                 ["get", "pods", "-n", namespace]):
+                 ["get", "pod", "chat-runtime-x", "-n", namespace],  # pods: list and watch only
+                 ["delete", "pod", "chat-runtime-x", "-n", namespace]):
         result = cluster.kubectl(*args, check=False, kubeconfig=operator_kubeconfig)
         assert result.returncode != 0 and "forbidden" in result.stderr.lower(), (args, result.stderr)
         assert 'User "system:serviceaccount:goodput-system:goodput-operator" cannot' in result.stderr

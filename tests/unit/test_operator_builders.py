@@ -1,6 +1,8 @@
 """The children an InferenceService turns into, compared as plain dicts."""
 
 from goodput_operator.builders import (
+    RUNTIME_DRAIN_SECONDS,
+    SHUTDOWN_DELAY_SECONDS,
     build_deployment,
     build_pdb,
     build_pod_monitor,
@@ -41,7 +43,7 @@ def test_runtime_command_line_is_derived_from_the_spec():
         "--host", "0.0.0.0", "--port", "8000", "--device", "cuda", "--dtype", "bfloat16", "--max-model-len", "8192",
         "--max-num-seqs", "128", "--max-num-batched-tokens", "4096", "--gpu-memory-utilization", "0.85",
         "--enable-prefix-caching", "--max-queue", "64", "--slo-ttft", "0.5", "--slo-tpot", "0.05",
-        "--tensor-parallel-size", "2", "--quantization", "int8", "--seed", "7",
+        "--tensor-parallel-size", "2", "--quantization", "int8", "--shutdown-delay", "5", "--seed", "7",
     ]
 
 
@@ -77,6 +79,18 @@ def test_deployment_runs_tensor_gpus_per_pod_with_probes_and_a_restricted_contex
     assert pod["priorityClassName"] == "serving"
     assert pod["automountServiceAccountToken"] is False
     assert pod["terminationGracePeriodSeconds"] == 60
+    # the kubelet falls back to the log's tail when the runtime wrote no termination message
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_grace_period_covers_the_shutdown_delay_and_the_drain():
+    pod = build_deployment(parse("chat", "ns", FULL), SETTINGS, OWNER)["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    delay = float(args[args.index("--shutdown-delay") + 1])
+    assert delay == SHUTDOWN_DELAY_SECONDS == 5
+    parser_default = build_parser().parse_args(["--model", "m"]).shutdown_grace
+    assert parser_default == RUNTIME_DRAIN_SECONDS  # the runtime's drain, as the operator assumes it
+    assert pod["terminationGracePeriodSeconds"] > delay + RUNTIME_DRAIN_SECONDS
 
 
 def test_pvc_source_is_mounted_read_only_and_passed_as_a_path():
@@ -127,6 +141,7 @@ def test_the_runtime_accepts_the_command_line_the_operator_derives():
     full = parser.parse_args(runtime_args(parse("chat", "ns", FULL)))
     assert (full.slo_ttft, full.slo_tpot, full.max_num_seqs, full.enable_prefix_caching) == (0.5, 0.05, 128, True)
     assert (full.quantization, full.dtype, full.revision, full.seed) == ("int8", "bfloat16", "v1", 7)
+    assert full.shutdown_delay == 5
 
 
 def test_a_hub_mirror_reaches_the_pods_too():

@@ -38,4 +38,4 @@ def test_names_subresources_and_columns():
         "labelSelectorPath": ".status.selector",
     }
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Model", "Replicas", "Ready", "Attainment", "Age"]
+        "Model", "Replicas", "Ready", "Status", "Attainment", "Age", "Message"]
