@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -55,6 +56,15 @@ def _owner_of(child: Any) -> tuple[str, str] | None:
     return None
 
 
+def in_cluster_server(default: str) -> str:
+    """The API server as client-go finds it in a pod: from the Service environment variables,
+    which need no cluster DNS (kopf's own guess is the DNS name kubernetes.default.svc)."""
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return default
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+
+
 def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
     """Attach the handlers to `registry` (one registry per operator instance)."""
     background: set[asyncio.Task[None]] = set()
@@ -69,7 +79,10 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         """The same credentials as our own calls: in-cluster service account, else kubeconfig."""
         try:
-            return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+            in_cluster = kopf.login_with_service_account(**kwargs)
+            if in_cluster is not None:
+                return dataclasses.replace(in_cluster, server=in_cluster_server(in_cluster.server))
+            return kopf.login_with_kubeconfig(**kwargs)
         except kopf.LoginError:
             return None
 
