@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     reason = node_unsupported()
     if reason:
@@ -42,7 +42,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         node.down()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def installed(node: Node) -> Node:
     """Goodput installed the way the README says: `kubectl apply -k manifests/`."""
     node.apply_kustomization(ROOT / "manifests")
@@ -59,7 +59,7 @@ def deployment_available(node: Node, namespace: str, name: str) -> bool:
     return bool(status.get("availableReplicas", 0) >= 1 and status.get("updatedReplicas") == status.get("replicas"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def models(node: Node, tiny_model_dir: Path) -> dict[str, Path]:
     """A hostPath PersistentVolume on the node, bound to the claim `models` in `default`.
 
