@@ -8,12 +8,54 @@ import logging
 import re
 import signal
 import sys
+from pathlib import Path
+from typing import NoReturn
 
 from goodput_runtime.config import EngineConfig
 
 BYTE_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
               "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 log = logging.getLogger("goodput_runtime")
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+TERMINATION_MESSAGE_BYTES = 4000  # Kubernetes keeps 4 KiB of it
+
+
+def write_termination_message(path: str, reason: str) -> None:
+    """Why the runtime exits, in one line, where Kubernetes shows it (``kubectl describe pod``).
+
+    Writes only to an existing regular file, or a new file in an existing directory other than
+    /dev, so on a host outside Kubernetes the default path creates nothing. Never raises.
+    """
+    try:
+        target = Path(path)
+        if not (target.is_file() or (not target.exists() and target.parent.is_dir()
+                                     and target.parent.resolve() != Path("/dev"))):
+            return
+        line = " ".join(reason.split()).encode()[:TERMINATION_MESSAGE_BYTES].decode(errors="ignore")
+        target.write_text(line + "\n")
+    except Exception as exc:  # a reason we cannot record must not hide the real exit
+        log.warning("Cannot write the termination message to %s: %s", path, exc)
+
+
+def termination_message_path(argv: list[str] | None) -> str:
+    """``--termination-message-path`` from a command line that may not parse as a whole."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    pre.add_argument("--termination-message-path", default=TERMINATION_MESSAGE_PATH)
+    try:
+        known, _ = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
+    except (argparse.ArgumentError, SystemExit):
+        return TERMINATION_MESSAGE_PATH
+    return str(known.termination_message_path)
+
+
+class ReasonedArgumentParser(argparse.ArgumentParser):
+    """Writes why the command line was refused to the termination message file, then exits 2."""
+
+    termination_path = TERMINATION_MESSAGE_PATH
+
+    def error(self, message: str) -> NoReturn:
+        write_termination_message(self.termination_path, f"Invalid arguments: {message}")
+        super().error(message)
 
 
 def default(name: str):
@@ -80,9 +122,9 @@ def fraction(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m goodput_runtime", description=__doc__,
-                                formatter_class=DefaultsHelpFormatter)
+def build_parser() -> ReasonedArgumentParser:
+    p = ReasonedArgumentParser(prog="python -m goodput_runtime", description=__doc__,
+                               formatter_class=DefaultsHelpFormatter)
     model = p.add_argument_group("model")
     model.add_argument("--model", required=True, help="local model directory or Hugging Face id (org/name)")
     model.add_argument("--served-model-name", help="the name clients send as 'model' (default: --model)")
@@ -118,13 +160,21 @@ def build_parser() -> argparse.ArgumentParser:
     serving.add_argument("--slo-ttft", type=positive_seconds, help="time-to-first-token target, seconds")
     serving.add_argument("--slo-tpot", type=positive_seconds, help="time-per-output-token target, seconds")
     serving.add_argument("--shutdown-grace", type=seconds, default=30.0,
-                         help="seconds in-flight requests get to finish after SIGTERM")
+                         help="seconds in-flight requests get to finish after SIGTERM (after --shutdown-delay)")
+    serving.add_argument("--shutdown-delay", type=seconds, default=0.0,
+                         help="seconds after SIGTERM during which /health is 503 but new requests are still "
+                              "served, each with Connection: close, while Kubernetes removes the pod from its "
+                              "endpoints; then new requests get 503 and --shutdown-grace begins")
+    serving.add_argument("--termination-message-path", default=TERMINATION_MESSAGE_PATH,
+                         help="file that gets a one-line reason when the runtime cannot start; written only "
+                              "if it exists, or if its directory exists and is not /dev")
     serving.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
+    parser.termination_path = termination_message_path(argv)
     args = parser.parse_args(argv)
     return args
 
@@ -155,20 +205,26 @@ async def run(args: argparse.Namespace) -> int:
             log.warning("Received %s again: aborting in-flight requests now", sig.name)
             force.set()
         else:
-            log.info("Received %s: no longer admitting requests", sig.name)
+            log.info("Received %s: shutting down", sig.name)
             stop.set()
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-    return await serve(config, metrics, args.host, args.port, args.shutdown_grace, stop, force)
+    return await serve(config, metrics, args.host, args.port, args.shutdown_grace, stop, force,
+                       shutdown_delay=args.shutdown_delay,
+                       on_failure=lambda reason: write_termination_message(args.termination_message_path, reason))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return asyncio.run(run(args))
+    try:
+        return asyncio.run(run(args))
+    except Exception as exc:
+        write_termination_message(args.termination_message_path, f"Runtime crashed: {type(exc).__name__}: {exc}")
+        raise
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ def test_defaults_serve_the_model_under_its_own_name() -> None:
     config = engine_config(args)
     assert config.model_name == "Qwen/Qwen2.5-0.5B-Instruct"
     assert (args.host, args.port, args.shutdown_grace) == ("0.0.0.0", 8000, 30.0)
+    assert (args.shutdown_delay, args.termination_message_path) == (0.0, "/dev/termination-log")
     assert config.enable_prefix_caching is True
     assert args.slo_ttft is None and args.slo_tpot is None
 
@@ -35,6 +36,7 @@ def test_every_engine_flag_reaches_the_config() -> None:
         "--no-enable-prefix-caching", "--max-queue", "7", "--seed", "42", "--slo-ttft", "500ms",
         "--slo-tpot", "0.05", "--shutdown-grace", "10", "--port", "9000", "--host", "127.0.0.1",
         "--log-level", "debug", "--tensor-parallel-size", "1", "--quantization", "none",
+        "--shutdown-delay", "5", "--termination-message-path", "/tmp/why",
     ])
     config = engine_config(args)
     assert (config.model, config.served_model_name, config.model_name) == ("/models/m", "chat", "chat")
@@ -45,6 +47,7 @@ def test_every_engine_flag_reaches_the_config() -> None:
     assert (config.max_queue, config.seed) == (7, 42)
     assert (args.slo_ttft, args.slo_tpot, args.shutdown_grace) == (0.5, 0.05, 10.0)
     assert (args.host, args.port, args.log_level) == ("127.0.0.1", 9000, "debug")
+    assert (args.shutdown_delay, args.termination_message_path) == (5.0, "/tmp/why")
 
 
 @pytest.mark.parametrize(("text", "size"), [
@@ -65,6 +68,7 @@ def test_kv_cache_memory_takes_kubernetes_quantities(text: str, size: int) -> No
     (["--slo-ttft", "-1"], "not a duration"),
     (["--slo-tpot", "0"], "greater than zero"),
     (["--port", "70000"], "not a TCP port"),
+    (["--shutdown-delay", "soon"], "not a duration"),
     (["--dtype", "int4"], "invalid choice"),
 ])
 def test_bad_flags_exit_2_with_a_reason(flags: list[str], complaint: str, capsys) -> None:
@@ -96,7 +100,8 @@ def test_help_lists_every_flag() -> None:
                  "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--block-size",
                  "--kv-cache-memory", "--gpu-memory-utilization", "--enable-prefix-caching",
                  "--no-enable-prefix-caching", "--max-queue", "--slo-ttft", "--slo-tpot", "--shutdown-grace",
-                 "--seed", "--log-level", "--tensor-parallel-size", "--quantization", "--quantize-lm-head"):
+                 "--shutdown-delay", "--termination-message-path", "--seed", "--log-level",
+                 "--tensor-parallel-size", "--quantization", "--quantize-lm-head"):
         assert flag in result.stdout
 
 

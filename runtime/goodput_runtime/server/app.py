@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.server.errors import APIError, from_http_exception, internal, invalid, unavailable
@@ -34,13 +34,22 @@ class ServerState:
         self.root = root or model_name
         self.metrics = metrics
         self.engine: Any = None
-        self.phase = "loading"  # loading | ready | draining
+        self.phase = "loading"  # loading | ready | stopping | draining
         self.created = int(time.time())
         self.tracker = Tracker()
 
     def set_ready(self, engine: Any) -> None:
         self.engine = engine
         self.phase = "ready"
+
+    def set_stopping(self) -> None:
+        """Health turns 503 so readiness drops, but new requests are still served (the shutdown delay)."""
+        self.phase = "stopping"
+
+    @property
+    def closing(self) -> bool:
+        """Once a stop has arrived, every response tells its client to reconnect elsewhere."""
+        return self.phase in ("stopping", "draining")
 
     def set_draining(self) -> None:
         self.phase = "draining"
@@ -135,6 +144,13 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": phase}, status=200 if phase == "ready" else 503)
 
 
+async def close_connections_when_stopping(request: web.Request, response: web.StreamResponse) -> None:
+    """``Connection: close`` once stopping, so keep-alive clients reconnect and land on another pod."""
+    if request.app[STATE].closing:
+        response.force_close()  # the server closes the connection after this response
+        response.headers[hdrs.CONNECTION] = "close"  # headers are already computed: say so explicitly
+
+
 async def metrics(request: web.Request) -> web.Response:
     body, content_type = request.app[STATE].metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": content_type})
@@ -143,6 +159,7 @@ async def metrics(request: web.Request) -> web.Response:
 def build_app(state: ServerState) -> web.Application:
     app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
     app[STATE] = state
+    app.on_response_prepare.append(close_connections_when_stopping)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", list_models)

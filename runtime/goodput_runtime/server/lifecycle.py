@@ -1,8 +1,10 @@
 """The server's life: listen, load and warm the engine, serve, then drain on a stop signal.
 
 Health answers 503 while the model loads, 200 once the engine is warm, and 503 again from
-the moment a stop arrives; in-flight requests then get up to ``shutdown_grace`` seconds to
-finish before they are aborted.
+the moment a stop arrives. New requests are still served for ``shutdown_delay`` seconds after
+the stop (the time Kubernetes takes to take the pod out of its Services' endpoints), each
+response saying ``Connection: close``; then new requests get 503 and in-flight requests get
+up to ``shutdown_grace`` seconds to finish before they are aborted.
 """
 
 from __future__ import annotations
@@ -85,8 +87,20 @@ async def wait_until(condition: Callable[[], bool], timeout: float, *interrupts:
 async def serve(config: EngineConfig, metrics: RuntimeMetrics, host: str, port: int, shutdown_grace: float,
                 stop: asyncio.Event, force: asyncio.Event | None = None,
                 engine_factory: EngineFactory = load_engine,
-                on_listening: Callable[[int], None] | None = None) -> int:
-    """Serve until ``stop`` is set; return the process exit code."""
+                on_listening: Callable[[int], None] | None = None, shutdown_delay: float = 0.0,
+                on_failure: Callable[[str], None] | None = None) -> int:
+    """Serve until ``stop`` is set; return the process exit code.
+
+    ``on_failure`` hears, in one line, why the server cannot serve when it returns 1.
+    """
+    if force is None:
+        force = asyncio.Event()
+
+    def fail(reason: str) -> int:
+        if on_failure is not None:
+            on_failure(reason)
+        return 1
+
     state = ServerState(config.model_name, metrics, config.model)
     runner = web.AppRunner(build_app(state), handler_cancellation=True, shutdown_timeout=FINAL_WRITE_SECONDS,
                            access_log_class=QuietAccessLogger)
@@ -94,9 +108,10 @@ async def serve(config: EngineConfig, metrics: RuntimeMetrics, host: str, port: 
     try:
         await web.TCPSite(runner, host, port).start()
     except OSError as exc:
-        log.error("Cannot listen on %s:%d: %s", host, port, exc.strerror or exc)
+        reason = f"Cannot listen on {host}:{port}: {exc.strerror or exc}"
+        log.error("%s", reason)
         await runner.cleanup()
-        return 1
+        return fail(reason)
     bound = runner.addresses[0][1]
     log.info("Listening on http://%s:%d (model %s loading)", host, bound, config.model)
     if on_listening is not None:
@@ -109,18 +124,24 @@ async def serve(config: EngineConfig, metrics: RuntimeMetrics, host: str, port: 
                 return 0
             await engine.start()
         except (ModelLoadError, ValueError) as exc:
-            log.error("Cannot serve %s: %s", config.model, exc)
-            return 1
-        except Exception:
+            reason = f"Cannot serve {config.model}: {exc}"
+            log.error("%s", reason)
+            return fail(reason)
+        except Exception as exc:
             log.exception("Engine for model %s failed to start; exiting", config.model)
-            return 1
+            return fail(f"Engine for model {config.model} failed to start: {type(exc).__name__}: {exc}")
         state.set_ready(engine)
         log.info("Ready: serving %s as '%s'", config.model, state.model_name)
         await stop.wait()
-        await drain(state, shutdown_grace, force or asyncio.Event())
+        if shutdown_delay > 0:
+            await shutdown_delay_phase(state, shutdown_delay, force)
+            state.set_draining()
+            if closed := close_idle_connections(runner):
+                log.info("Closed %d idle keep-alive connections", closed)
+        await drain(state, shutdown_grace, force)
         return 0
     finally:
-        if state.phase == "ready":
+        if state.phase in ("ready", "stopping"):
             state.set_draining()
         await runner.cleanup()
         if engine is not None:
@@ -140,9 +161,42 @@ async def load_or_stop(config: EngineConfig, metrics: RuntimeMetrics, factory: E
     return None
 
 
+async def shutdown_delay_phase(state: ServerState, delay: float, force: asyncio.Event) -> None:
+    """Health 503 at once, but keep serving new requests for ``delay`` seconds (a second signal ends it).
+
+    Kubernetes sends SIGTERM as it removes the pod from its Services' endpoints; kube-proxies
+    and keep-alive clients keep sending here for a while yet, and those requests should succeed.
+    """
+    state.set_stopping()
+    log.info("Stopping: health is 503 now; still serving new requests for %.1fs, each told Connection: close "
+             "(%d in flight)", delay, len(state.tracker))
+    try:
+        await asyncio.wait_for(force.wait(), delay)
+        log.warning("Shutdown delay cut short by a second signal")
+    except asyncio.TimeoutError:
+        log.info("Shutdown delay over: %d requests in flight", len(state.tracker))
+
+
+def close_idle_connections(runner: web.AppRunner) -> int:
+    """Hang up the keep-alive connections that wait for their next request, so their clients reconnect
+    (by now to another pod) rather than get 503; busy ones close after their response (Connection: close).
+
+    aiohttp has no public "idle" test: a connection waits for its next request on ``_waiter``. Its
+    ``close()`` is no substitute: on an idle connection it stops reading but leaves the socket open.
+    """
+    closed = 0
+    for connection in runner.server.connections if runner.server is not None else []:
+        waiter = getattr(connection, "_waiter", None)
+        if waiter is not None and not waiter.done():
+            connection.force_close()
+            closed += 1
+    return closed
+
+
 async def drain(state: ServerState, grace: float, force: asyncio.Event) -> None:
     state.set_draining()
-    log.info("Draining: %d requests in flight, up to %.1fs to finish", len(state.tracker), grace)
+    log.info("Draining: no longer admitting requests; %d in flight, up to %.1fs to finish",
+             len(state.tracker), grace)
     if await wait_until(lambda: not state.tracker.active, grace, force):
         log.info("Drained: every in-flight request finished")
         return
