@@ -6,6 +6,7 @@
 #   hack/images.sh build [runtime|operator|all]   # the images (default all); needs the base
 #   hack/images.sh import [--containerd-socket PATH]   # into containerd's k8s.io namespace
 #   hack/images.sh all [--containerd-socket PATH]      # base + build all + import
+#   hack/images.sh names                      # prints the base, runtime and operator image names
 #
 # Images (the tags manifests/operator.yaml and the operator's default runtime image name, pulled
 # IfNotPresent):
@@ -22,11 +23,11 @@
 #   docker build -f Dockerfile.operator -t ghcr.io/goodput-dev/goodput-operator:0.1.0 .
 #
 # Caching, all under ${GOODPUT_CACHE:-${XDG_CACHE_HOME:-~/.cache}/goodput}:
-#   base-<suite>-<BASE_VERSION>/rootfs.tar   the debootstrap root file system (about 90 MB);
+#   base-<suite>-<BASE_VERSION>/rootfs.tar   the debootstrap root file system (180 MB);
 #       bump BASE_VERSION below when the base's recipe changes. The base image is rebuilt only
 #       when it is missing or was made from another rootfs.tar (label org.goodput.base).
-#   images/<name>-<image id>.tar             the archives imported into containerd (about 1.9 GB
-#       for the runtime, 0.2 GB for the operator); only the newest per image is kept.
+#   images/<name>-<image id>.tar             the archives imported into containerd (1.3 GB for
+#       the runtime, 0.35 GB for the operator); only the newest per image is kept.
 #   An image is rebuilt only when the hash of its inputs (Dockerfile, .dockerignore, the files
 #   it copies, the base image's id, the pip settings passed in) differs from its label
 #   org.goodput.inputs; buildah's layer cache (--layers) keeps the dependency layer across
@@ -88,8 +89,13 @@ step() {
   log "$name: done in $(since "$t0")s"
 }
 
+# usage 0: the whole header above, on stderr; usage (an error): the commands only, exit 2.
 usage() {
-  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+  if [[ "${1:-2}" == 0 ]]; then
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+  else
+    sed -n '5,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}/images: usage: /' >&2
+  fi
   exit "${1:-2}"
 }
 
@@ -213,11 +219,14 @@ pip_setting() {
 # index-url, extra-index-url and find-links, with the local folders they name mounted read-only
 # at the same paths (for a file:// index .../simple the folder above it, as the index's links
 # point next to it, ../../files/); and cert, the CA bundle pip trusts here (a TLS-inspecting
-# proxy's CA, say), mounted at $CERT_MOUNT for the build only, never stored in an image.
-CERT_MOUNT=/run/goodput-pip-cert.pem
+# proxy's CA, say), mounted over the image's own bundle for the RUN steps only. MOUNTS lists
+# the mount points, which tidy_mountpoints removes from the image when buildah left them empty.
+CERT_MOUNT=/etc/ssl/certs/ca-certificates.crt
 PIP_ARGS=()
+MOUNTS=()
 pip_args() {
   PIP_ARGS=()
+  MOUNTS=()
   local setting value entry dir kept mounted=" " name
   for setting in index-url extra-index-url find-links; do
     value="$(pip_setting "$setting")"
@@ -233,7 +242,7 @@ pip_args() {
         dir="${dir%/}"
         [[ -d "$dir" ]] || { log "pip $setting: $entry is not a folder here, left out"; continue; }
         [[ "$setting" != find-links && "${dir##*/}" == simple ]] && dir="${dir%/*}"
-        [[ "$mounted" == *" $dir "* ]] || PIP_ARGS+=(--volume "$dir:$dir:ro")
+        [[ "$mounted" == *" $dir "* ]] || { PIP_ARGS+=(--volume "$dir:$dir:ro"); MOUNTS+=("$dir"); }
         mounted+="$dir "
       fi
       kept+=("$entry")
@@ -245,6 +254,34 @@ pip_args() {
   value="$(pip_setting cert)"
   if [[ -n "$value" && -f "$value" ]]; then
     PIP_ARGS+=(--volume "$(readlink -f "$value"):$CERT_MOUNT:ro" --build-arg "PIP_CERT=$CERT_MOUNT")
+    MOUNTS+=("$CERT_MOUNT")
+  fi
+}
+
+# buildah bud --volume leaves each mount point behind in the image, empty (/opt/wheels, ...):
+# removes those (and parents they leave empty) in one more layer, keeping config and labels.
+tidy_mountpoints() {
+  local image="$1" c m path gone=()
+  [[ ${#MOUNTS[@]} -gt 0 ]] || return 0
+  c="$(buildah from --quiet --pull=never "$image")"
+  m="$(buildah mount "$c")"
+  for path in "${MOUNTS[@]}"; do
+    if [[ -f "$m$path" && ! -s "$m$path" ]]; then
+      rm -f "$m$path"; gone+=("$path")
+    elif [[ -d "$m$path" ]] && rmdir "$m$path" 2>/dev/null; then
+      gone+=("$path")
+    else
+      continue
+    fi
+    path="${path%/*}"
+    while [[ -n "$path" ]] && rmdir "$m$path" 2>/dev/null; do gone+=("$path"); path="${path%/*}"; done
+  done
+  buildah umount "$c" >/dev/null
+  if [[ ${#gone[@]} -gt 0 ]]; then
+    log "build: removing the empty mount points ${gone[*]}"
+    buildah commit --quiet --format docker --rm "$c" "$image" >/dev/null
+  else
+    buildah rm "$c" >/dev/null
   fi
 }
 
@@ -281,6 +318,7 @@ build_one() {
     --build-arg "BASE_IMAGE=$BASE_IMAGE" "${PIP_ARGS[@]}" \
     --label "org.goodput.inputs=$hash" \
     -f "$ROOT/Dockerfile.$which" -t "$image" "$ROOT" >&2
+  tidy_mountpoints "$image"
   log "build $which: done in $(since "$t0")s, $(buildah images --format '{{.Size}}' "$image" | head -n1)"
   echo "$image"
 }
@@ -346,6 +384,7 @@ done
 
 case "$cmd" in
   base|build|import|all) ;;
+  names) printf '%s\n' "$BASE_IMAGE" "$RUNTIME_IMAGE" "$OPERATOR_IMAGE"; exit 0 ;;
   -h|--help|help) usage 0 ;;
   *) usage ;;
 esac
