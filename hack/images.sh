@@ -45,7 +45,9 @@
 #     /var/lib/containers sits on overlayfs itself (inside a container) run with
 #     STORAGE_DRIVER=vfs, which buildah reads from the environment.
 #   --isolation chroot: RUN steps need no runc, no cgroups and no network namespace, so they
-#     reach PyPI and the Debian mirror like the host does (override: BUILDAH_ISOLATION=oci).
+#     reach PyPI and the Debian mirror like the host does. The default (oci, runc) worked on that
+#     VM too, host network included; chroot is kept as it also works where runc cannot create
+#     namespaces or cgroups (nested in a container). Override: BUILDAH_ISOLATION=oci.
 #   --format docker: keeps Dockerfile.runtime's HEALTHCHECK (OCI images have none).
 #
 # Environment: GOODPUT_CACHE, DEBIAN_MIRROR (default http://deb.debian.org/debian),
