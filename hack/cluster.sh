@@ -237,6 +237,25 @@ wait_for() {
   done
 }
 
+# One node per machine: the bridge, iptables and containerd's image store are shared.
+claim_node() {
+  local owner="$CACHE_ROOT/node-owner" other
+  mkdir -p "$CACHE_ROOT"
+  if [[ -f "$owner" ]]; then
+    other="$(cat "$owner")"
+    if [[ "$other" != "$DIR" && -f "$other/pids" ]] && (DIR="$other"; running); then
+      die "a one-node cluster already runs in $other; \`$0 down --dir $other\` first"
+    fi
+  fi
+  echo "$DIR" >"$owner"
+}
+
+release_node() {
+  local owner="$CACHE_ROOT/node-owner"
+  [[ -f "$owner" && "$(cat "$owner")" == "$DIR" ]] && rm -f "$owner"
+  return 0
+}
+
 up_node() {
   local bin="$1" kubectl="$2" ip="$3" node_name="$4" api="$5"
   local pki="$DIR/pki"
@@ -373,6 +392,7 @@ up() {
   fi
   [[ $NODE -eq 1 ]] && node_requirements
   [[ -d "$DIR" ]] && down_quiet
+  [[ $NODE -eq 1 ]] && claim_node
   local bin
   if [[ $NODE -eq 1 ]]; then
     bin="$("$ROOT/hack/k8s-binaries.sh" --node | tail -n 1)"
@@ -454,7 +474,7 @@ stop_pids() {
 
 down_quiet() {
   stop_pids
-  [[ -f "$DIR/node" ]] && remove_node_leftovers
+  if [[ -f "$DIR/node" ]]; then remove_node_leftovers; release_node; fi
   rm -rf "$DIR"
 }
 
