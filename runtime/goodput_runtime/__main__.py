@@ -146,7 +146,8 @@ def build_parser() -> ReasonedArgumentParser:
     engine.add_argument("--block-size", type=positive_int, default=default("block_size"),
                         help="tokens per KV cache block")
     engine.add_argument("--kv-cache-memory", type=byte_size,
-                        help="KV cache size on CPU, in bytes (512Mi, 2Gi); default a quarter of free memory")
+                        help="KV cache size on CPU, in bytes (512Mi, 2Gi); default a quarter of free memory "
+                             "(within the container's memory limit), at most 4Gi")
     engine.add_argument("--gpu-memory-utilization", type=fraction, default=default("gpu_memory_utilization"),
                         help="share of GPU memory for weights, activations and KV cache")
     engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,

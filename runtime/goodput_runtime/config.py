@@ -16,7 +16,7 @@ class EngineConfig:
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     block_size: int = 16
-    kv_cache_memory: int | None = None  # bytes; CPU default is a quarter of free memory
+    kv_cache_memory: int | None = None  # bytes; CPU default is a quarter of free memory (cgroup-aware)
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     max_queue: int = 1024

@@ -55,14 +55,33 @@ def pick_dtype(name: str, device: torch.device, model_config) -> torch.dtype:
     return saved if saved in (torch.bfloat16, torch.float16) else torch.bfloat16
 
 
-def available_memory() -> int:
+def available_memory(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """Memory this process may still use: the machine's available memory, or less when a
+    container's memory limit (cgroup v2 or v1) leaves less room."""
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+                available = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    headroom = cgroup_memory_headroom(cgroup_root)
+    return min(available, headroom) if headroom is not None else available
+
+
+def cgroup_memory_headroom(root: Path) -> int | None:
+    """The cgroup's memory limit minus its usage, or None where no limit is set."""
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            limit_text = (root / limit_file).read_text().strip()
+            usage = int((root / usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit_text == "max" or int(limit_text) >= 1 << 60:  # v1 spells "no limit" as a huge number
+            return None
+        return max(int(limit_text) - usage, 0)
+    return None
 
 
 def kv_cache_bytes(config: EngineConfig, device: torch.device, model_config) -> int:
