@@ -168,7 +168,8 @@ spec:
         - name: make-model
           image: $RUNTIME_IMAGE
           imagePullPolicy: IfNotPresent
-          command: [python3, -m, goodput_runtime.tools.make_model, --out, /models/tiny]
+          # readable by the runtime's own user, whatever uid writes it
+          command: [sh, -c, "python3 -m goodput_runtime.tools.make_model --out /models/tiny && chmod -R a+rX /models/tiny"]
           env: [{name: HOME, value: /tmp}]
           volumeMounts: [{name: models, mountPath: /models}]
       volumes: [{name: models, persistentVolumeClaim: {claimName: models}}]
@@ -206,7 +207,12 @@ EOF
 }
 
 wait_ready() {
-  k wait --for=condition=Ready "inferenceservice/$NAME" --timeout="${READY_TIMEOUT}s"
+  if ! k wait --for=condition=Ready "inferenceservice/$NAME" --timeout="${READY_TIMEOUT}s"; then
+    # what the operator says is wrong, and the pods behind it
+    k get inferenceservice "$NAME" -o wide
+    k get pods -l "serving.goodput.dev/service=$NAME" -o wide
+    return 1
+  fi
 }
 
 ask() {

@@ -32,6 +32,7 @@ def resolve_model_path(model: str, revision: str | None = None) -> Path:
         model = model[len("file://") :]
     local = Path(model).expanduser()
     if local.is_dir():
+        check_readable(local)
         return local
     if model.startswith(("/", ".", "~")):
         raise ModelLoadError(f"model directory {model} does not exist")
@@ -45,6 +46,17 @@ def resolve_model_path(model: str, revision: str | None = None) -> Path:
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot fetch model {repo_id!r} (revision {revision or 'main'}): {exc}") from exc
     return Path(path)
+
+
+def check_readable(model_dir: Path) -> None:
+    """Refuse a local model whose files this process cannot read (a volume written by another
+    user), naming the files, rather than failing later with a misleading error."""
+    unreadable = [p.name for p in sorted(model_dir.iterdir()) if p.is_file() and not os.access(p, os.R_OK)]
+    if unreadable:
+        raise ModelLoadError(
+            f"cannot read {', '.join(unreadable[:5])}{' ...' if len(unreadable) > 5 else ''} in {model_dir} "
+            f"as uid {os.getuid()}: permission denied (make the files readable, e.g. chmod -R a+rX)"
+        )
 
 
 def check_architecture(model_dir: Path) -> dict:

@@ -64,7 +64,8 @@ def models(node: Node, tiny_model_dir: Path) -> dict[str, Path]:
     """A hostPath PersistentVolume on the node, bound to the claim `models` in `default`.
 
     Holds `tiny` (a small random-weight Llama with a locally trained tokenizer) and
-    `unknown-arch` (the same files, with an architecture the runtime does not support).
+    `unknown-arch` (the same files, with an architecture the runtime does not support) and
+    `unreadable` (weights only root may read; the runtime runs as a non-root user).
     """
     root = node.dir / "models"
     tiny = copy_model(tiny_model_dir, root / "tiny")
@@ -72,6 +73,8 @@ def models(node: Node, tiny_model_dir: Path) -> dict[str, Path]:
     config = json.loads((unknown / "config.json").read_text())
     config["architectures"] = ["GPTNeoXForCausalLM"]
     (unknown / "config.json").write_text(json.dumps(config))
+    unreadable = copy_model(tiny_model_dir, root / "unreadable")
+    (unreadable / "model.safetensors").chmod(0o600)  # root's; the runtime runs as another user
     root.chmod(0o755)
     node.apply([
         {
@@ -98,4 +101,4 @@ def models(node: Node, tiny_model_dir: Path) -> dict[str, Path]:
     ])
     wait_for(lambda: (node.get("pvc", MODELS_CLAIM) or {}).get("status", {}).get("phase") == "Bound", 60,
              "the models claim to bind")
-    return {"tiny": tiny, "unknown-arch": unknown}
+    return {"tiny": tiny, "unknown-arch": unknown, "unreadable": unreadable}

@@ -185,6 +185,7 @@ def test_a_deleted_pod_comes_back_and_serves(chat_service: Node) -> None:
 @pytest.mark.parametrize(("name", "source", "expected"), [
     ("missing-path", "pvc://models/no-such-model", "no-such-model"),
     ("unknown-arch", "pvc://models/unknown-arch", "GPTNeoXForCausalLM"),
+    ("unreadable", "pvc://models/unreadable", "model.safetensors in /mnt/models/unreadable as uid 1000: permission"),
 ])
 def test_a_spec_that_cannot_run_says_why_in_a_condition_and_an_event(
         installed: Node, models: dict[str, Any], name: str, source: str, expected: str) -> None:
