@@ -277,6 +277,7 @@ main() {
   say ""
   say "Answer:"
   python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("  " + repr(r["choices"][0]["message"]["content"])); print("  usage:", r["usage"])' "$DEMO/answer.json"
+  [[ -z "$MODEL" ]] && say "  (random weights: the words are noise; MODEL=hf://... serves a trained model)"
   say ""
   say "\$ kubectl get gsvc"
   k get gsvc
