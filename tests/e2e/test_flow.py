@@ -198,7 +198,7 @@ def test_a_spec_that_cannot_run_says_why_in_a_condition_and_an_event(
 
         ready = wait_for(failing, READY_SECONDS, f"{name}: Ready=False naming {expected!r}", explain=node.describe)
         assert ready["reason"] == "RuntimeFailing", ready
-        events = node.get("events", selector="") or []
+        events = node.get("events") or []
         warnings = [e for e in events if e["involvedObject"].get("kind") == "InferenceService"
                     and e["involvedObject"].get("name") == name and e.get("type") == "Warning"]
         assert any(expected in e.get("message", "") for e in warnings), [e.get("message") for e in warnings]
