@@ -26,6 +26,21 @@ def made_model(name: str, *args: str) -> Path:
     return out
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked `gpu` are collected everywhere and run only where a CUDA GPU is visible."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU, and none is visible here (torch.cuda.is_available() is "
+                                   "False); run `pytest -m gpu` on a machine with one")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """A ~0.2M-parameter Llama with random weights, a locally trained tokenizer and a chat template."""

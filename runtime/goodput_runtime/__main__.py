@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import re
 import signal
@@ -155,6 +156,8 @@ def build_parser() -> ReasonedArgumentParser:
     engine.add_argument("--max-queue", type=positive_int, default=default("max_queue"),
                         help="most requests waiting; beyond it requests get 429")
     engine.add_argument("--seed", type=int, default=default("seed"))
+    engine.add_argument("--enforce-eager", action="store_true",
+                        help="on GPU, run decode steps eagerly instead of replaying captured CUDA graphs")
     serving = p.add_argument_group("serving")
     serving.add_argument("--host", default="0.0.0.0")
     serving.add_argument("--port", type=port_number, default=8000, help="0 picks a free port")
@@ -181,16 +184,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model, served_model_name=args.served_model_name, revision=args.revision,
-        dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size, kv_cache_memory=args.kv_cache_memory,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enable_prefix_caching=args.enable_prefix_caching, max_queue=args.max_queue, seed=args.seed,
-        tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
-        quantize_lm_head=args.quantize_lm_head,
-    )
+    """The engine's settings: every EngineConfig field from the flag of the same name."""
+    return EngineConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(EngineConfig)})
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     quantization: str = "none"  # none | int8 | fp8
     quantize_lm_head: bool = False
+    enforce_eager: bool = False  # on GPU: no CUDA graphs for decode steps
 
     @property
     def model_name(self) -> str:

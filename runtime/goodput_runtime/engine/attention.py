@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface
 
 ATTN_IMPLEMENTATION = "goodput_paged"
 
@@ -128,10 +127,7 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     return out.unsqueeze(0), None  # [1, T, H, D]
 
 
-def no_mask(*args, **kwargs) -> None:
-    """The paged function builds its own masks from the step's layout."""
-    return None
-
-
+# No mask function is registered beside it: transformers then builds no mask at all (the paged
+# function builds its own from the step's layout) and skips its packed-sequence check, which
+# would read a tensor on the host every step and cannot run inside a CUDA graph capture.
 AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)
-AttentionMaskInterface.register(ATTN_IMPLEMENTATION, no_mask)

@@ -128,7 +128,7 @@ def size_kv_cache(config: EngineConfig, device: torch.device, model_config, dtyp
     budget = kv_cache_bytes(config, device, model_config)
     if device.type != "cuda":
         budget //= world  # on CPU the budget is the whole cache, shared out by KV heads
-    num_blocks = budget // block_bytes
+    num_blocks = budget // block_bytes  # the runner adds one scratch block beyond these
     tokens = num_blocks * config.block_size
     if tokens < max_model_len:
         raise EngineConfigError(
@@ -180,6 +180,11 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
     if followers is not None:
         parallel.broadcast(num_blocks)
         runner.broadcast = parallel.broadcast
+    if device.type == "cuda" and not config.enforce_eager:
+        if world == 1:
+            runner.enable_decode_graphs(config.max_num_seqs, max_model_len, capture=True)
+        else:
+            log.info("decode CUDA graphs are off under tensor parallelism; decode steps run eagerly")
     return EngineCore(runner, scheduler, tokenizer, max_model_len, metrics, followers)
 
 

@@ -109,6 +109,6 @@ class EngineCore:
             seq.times.num_output_tokens = seq.num_output_tokens
             if self.metrics:
                 self.metrics.record_finished(seq.times)
-            self.runner.sampler.forget(seq.request_id)
+            self.runner.forget(seq.request_id)
             del self.requests[seq.request_id]
         return output

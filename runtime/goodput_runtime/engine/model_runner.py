@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from goodput_runtime.engine.attention import DecodeGroup, KVCache, PagedBatch, PrefillChunk
+from goodput_runtime.engine.decode_graphs import MIN_WIDTH, DecodeGraphs
 from goodput_runtime.engine.sampler import Sampler
 from goodput_runtime.engine.scheduler import SchedulerOutput
 
@@ -71,11 +72,30 @@ class ModelRunner:
         self.dtype = model.get_input_embeddings().weight.dtype
         self.block_size = block_size
         self.layout = KVLayout.of(model.config, self.dtype, tensor_parallel)
-        self.cache = KVCache.allocate(self.layout.num_layers, num_blocks * block_size, self.layout.kv_heads,
+        # one block more than the block manager hands out: the scratch block that padded decode rows write to
+        self.scratch_block = num_blocks
+        self.cache = KVCache.allocate(self.layout.num_layers, (num_blocks + 1) * block_size, self.layout.kv_heads,
                                       self.layout.head_dim, self.dtype, self.device)
         self.sampler = Sampler(seed)
         # on the leader of a tensor-parallel group: sends each step's plan to the other ranks
         self.broadcast: Callable[[list[StepItem]], object] | None = None
+        self.graphs: DecodeGraphs | None = None
+
+    @torch.inference_mode()
+    def enable_decode_graphs(self, max_batch: int, max_len: int, capture: bool, min_width: int = MIN_WIDTH) -> None:
+        """Run decode-only steps over static buffers; with `capture`, replay them as CUDA graphs."""
+        self.graphs = DecodeGraphs(self._decode_forward, self.cache, self.block_size, self.scratch_block,
+                                   max_batch, max_len, self.device, capture,
+                                   max_tokens=self.scratch_block * self.block_size, min_width=min_width)
+        self.graphs.capture()
+
+    def _decode_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
+        return self.model(input_ids=input_ids, position_ids=positions, paged=batch, logits_to_keep=0,
+                          use_cache=False).logits[0]
+
+    def forget(self, request_id: str) -> None:
+        """Drop what the runner keeps for a finished request (its sampling generator)."""
+        self.sampler.forget(request_id)
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> list[int | None]:
@@ -83,7 +103,9 @@ class ModelRunner:
         order, items = plan_step(out)
         if self.broadcast is not None:
             self.broadcast(items)
-        logits = self.execute(items)
+        logits = self._decode_static(items)
+        if logits is None:
+            logits = self.execute(items)
         result: list[int | None] = [None] * len(items)
         sampling = [(pos, out.scheduled[pos].seq) for pos, item in zip(order, items, strict=True) if item.samples]
         if not sampling:
@@ -106,6 +128,20 @@ class ModelRunner:
         output = self.model(input_ids=input_ids[None], position_ids=positions[None], paged=batch,
                             logits_to_keep=keep, use_cache=False)
         return output.logits[0].float()  # [N, V]
+
+    def _decode_static(self, items: list[StepItem]) -> torch.Tensor | None:
+        """Logits of a decode-only step from the static path, or None where it does not apply."""
+        graphs = self.graphs
+        if graphs is None or not items or any(len(i.token_ids) != 1 or not i.samples for i in items):
+            return None
+        shape = graphs.shape_for(len(items), max(i.context_len for i in items))
+        if shape is None:
+            return None
+        bs = self.block_size
+        graphs.fill([i.token_ids[0] for i in items], [i.start for i in items],
+                    [i.block_table[i.start // bs] * bs + i.start % bs for i in items],
+                    [i.block_table for i in items], [i.context_len for i in items], shape)
+        return graphs.run(shape, len(items)).float()
 
     def _context_slots(self, tables: list[list[int]], width: int) -> torch.Tensor:
         """[B * width] cache slots of the first `width` positions of each block table."""

@@ -42,6 +42,8 @@ SHAPES = {
     "tiny": ModelShape(64, 2, 4, 2, 128, 1024),
     # ~59M parameters: benchmarks
     "60m": ModelShape(512, 12, 8, 4, 1792, 16000),
+    # ~1.1B parameters (TinyLlama's shape): GPU decode benchmarks, where only speed matters
+    "1b": ModelShape(2048, 22, 32, 4, 5632, 32000),
 }
 
 
@@ -91,6 +93,7 @@ def make_model(
     seed: int = 0,
     chat_template: bool = True,
     architecture: str = "llama",
+    dtype: str = "float32",
 ) -> Path:
     """Write a random-weight model and a trained tokenizer to ``out_dir``; return the path."""
     import torch
@@ -132,6 +135,9 @@ def make_model(
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if dtype != "float32":
+        model = model.to(getattr(torch, dtype))
+        model.config.dtype = dtype
     model.save_pretrained(out, safe_serialization=True)
     params = sum(p.numel() for p in model.parameters())
     log.info("Made %s model with %d parameters in %s", architecture, params, out)
@@ -146,12 +152,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--architecture", default="llama", help="llama, qwen2 or mistral")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-chat-template", action="store_true")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="dtype of the saved weights")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     if (Path(args.out) / "config.json").exists():
         log.info("Model already present in %s", args.out)
         return
-    make_model(args.out, args.shape, args.seed, not args.no_chat_template, args.architecture)
+    make_model(args.out, args.shape, args.seed, not args.no_chat_template, args.architecture, args.dtype)
 
 
 if __name__ == "__main__":
