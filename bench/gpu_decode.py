@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"{name}; {weights / 1e9:.2f} GB of weights read per step ({args.dtype}); peak "
           f"{peak / 1e12 if peak else float('nan'):.2f} TB/s; {len(graphs.graphs)} graphs captured in "
-          f"{graphs.capture_seconds:.1f} s ({graphs.capture_bytes / 2**20:.0f} MiB); greedy tokens equal: {same_tokens}")
+          f"{graphs.capture_seconds:.1f} s ({graphs.capture_bytes / 2**20:.0f} MiB); "
+          f"greedy tokens equal: {same_tokens}")
     print("| batch | graphs step ms | eager step ms | graphs tok/s | eager tok/s | graphs MBU | eager MBU | speedup |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_engine_greedy import BYTES_PER_TOKEN, reference, run_all, small_config, workload
 
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.builder import build_core
 from goodput_runtime.engine.decode_graphs import batch_buckets, width_buckets
 from goodput_runtime.metrics import RuntimeMetrics
-from test_engine_greedy import BYTES_PER_TOKEN, reference, run_all, small_config, workload
 
 pytestmark = pytest.mark.runtime
 

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -92,7 +93,7 @@ class DecodeGraphs:
         self.lens = torch.ones(b, dtype=torch.long, device=device)
         self.offsets = torch.arange(block_size, device=device)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.pool = None
+        self.pool: Any = None  # the memory pool all captured graphs share
         self.replays = 0  # decode steps served from this path
         self.capture_seconds = 0.0
         self.capture_bytes = 0  # device memory the captured graphs hold
