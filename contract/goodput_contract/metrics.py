@@ -1,0 +1,32 @@
+"""Series names shared by the runtime (which exports them), the autoscaler and the dashboards (which read them).
+
+Names follow Prometheus conventions with the ``goodput_`` prefix; each runtime series carries the
+label ``model``. vLLM exports the same signals under ``vllm:``; ``ENGINE_ALIASES`` maps them.
+"""
+
+from __future__ import annotations
+
+PREFIX = "goodput_"
+
+TTFT = PREFIX + "time_to_first_token_seconds"
+TPOT = PREFIX + "time_per_output_token_seconds"
+E2E_LATENCY = PREFIX + "e2e_request_latency_seconds"
+QUEUE_TIME = PREFIX + "request_queue_time_seconds"
+REQUESTS_RUNNING = PREFIX + "requests_running"
+REQUESTS_WAITING = PREFIX + "requests_waiting"
+KV_CACHE_USAGE = PREFIX + "kv_cache_usage_ratio"
+SLO_TTFT = PREFIX + "slo_ttft_seconds"
+SLO_TPOT = PREFIX + "slo_tpot_seconds"
+REQUESTS = PREFIX + "requests_total"  # label outcome
+REQUESTS_GOOD = PREFIX + "requests_good_total"
+SLO_VIOLATIONS = PREFIX + "slo_violations_total"  # label slo
+PROMPT_TOKENS = PREFIX + "prompt_tokens_total"
+GENERATION_TOKENS = PREFIX + "generation_tokens_total"
+PREEMPTIONS = PREFIX + "preemptions_total"
+PREFIX_CACHE_QUERIES = PREFIX + "prefix_cache_queries_total"
+PREFIX_CACHE_HITS = PREFIX + "prefix_cache_hits_total"
+
+AUTOSCALER_DESIRED_REPLICAS = PREFIX + "autoscaler_desired_replicas"
+
+# another engine's prefix -> ours, for the same signal
+ENGINE_ALIASES = {"vllm:": PREFIX}
