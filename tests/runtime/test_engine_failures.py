@@ -51,3 +51,29 @@ async def test_a_step_that_raises_fails_its_requests_and_the_engine_keeps_servin
     finally:
         await engine.shutdown()
     assert not engine.alive
+
+
+async def test_an_abort_that_arrives_during_a_failing_step_does_not_outlive_it(tiny_model_dir):
+    engine = AsyncEngine.from_config(EngineConfig(model=str(tiny_model_dir), kv_cache_memory=1 << 20,
+                                                  max_model_len=256))
+    await engine.start()
+    real_run = engine.core.runner.run
+    calls = {"n": 0}
+
+    def run_failing_with_an_abort(out):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            engine.abort("x")  # the client goes away while this step runs: the abort waits for the step
+            raise RuntimeError("injected device error")
+        return real_run(out)
+
+    engine.core.runner.run = run_failing_with_an_abort
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    try:
+        _, reason = await collect(engine.add_request("x", [5, 6, 7, 8], params))
+        assert reason == "error"
+        # the same id again (a retry): the stale abort must not end it
+        tokens, reason = await collect(engine.add_request("x", [5, 6, 7, 8], params))
+        assert reason == "length" and len(tokens) == 20
+    finally:
+        await engine.shutdown()

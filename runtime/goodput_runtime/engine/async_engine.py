@@ -77,15 +77,8 @@ class AsyncEngine:
         return bool(self.streams)
 
     async def start(self) -> None:
-        """Warm up with one short request, then start the step loop."""
-        metrics, self.core.metrics = self.core.metrics, None
-        try:
-            prompt = list(range(1, 9))
-            self.core.add("warmup", prompt, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
-            while self.core.has_unfinished():
-                await asyncio.get_running_loop().run_in_executor(self.executor, self.core.step)
-        finally:
-            self.core.metrics = metrics
+        """Warm up (on the step thread, where every later forward pass runs), then start the step loop."""
+        await asyncio.get_running_loop().run_in_executor(self.executor, self.core.warmup)
         self.wakeup = asyncio.Event()
         self.loop_task = asyncio.create_task(self._run(), name="engine-loop")
 
@@ -145,26 +138,30 @@ class AsyncEngine:
                 # a bug, not a bad request: fail what is in flight, keep serving the rest
                 log.exception("Engine step failed; failing %d requests", len(self.streams))
                 self.stepping = False
+                self.pending_aborts.clear()  # every stream is failed below, those included
                 for request_id in list(self.streams):
                     self._abort_now(request_id, outcome="error")
             await asyncio.sleep(0)  # let handlers read their outputs before the next step
 
     async def _step(self) -> None:
+        """EngineCore's three phases, with the forward pass on the step thread."""
         core = self.core
-        out = core.scheduler.schedule()
+        out = core.schedule()
         if not out.scheduled:
             await asyncio.sleep(0.001)  # nothing fits this instant: let aborts and arrivals in
             return
         self.stepping = True
         try:
-            sampled = await asyncio.get_running_loop().run_in_executor(self.executor, core.runner.run, out)
+            sampled = await asyncio.get_running_loop().run_in_executor(self.executor, core.execute, out)
         finally:
             self.stepping = False
-        for output in core.update(out, sampled):
-            self._deliver(output)
-        for request_id in self.pending_aborts:
-            self._abort_now(request_id)
-        self.pending_aborts.clear()
+        try:
+            for output in core.update(out, sampled):
+                self._deliver(output)
+        finally:
+            aborts, self.pending_aborts = self.pending_aborts, []
+            for request_id in aborts:
+                self._abort_now(request_id)
 
     def _abort_now(self, request_id: str, outcome: str = "abort") -> None:
         output = self.core.abort(request_id, outcome)

@@ -1,4 +1,8 @@
-"""One engine step: schedule → run → update. Synchronous; the async engine drives it."""
+"""One engine step in three phases: schedule → execute → update.
+
+Synchronous. `step()` runs the three in a row; the async engine calls the same phases itself so
+that `execute`, the forward pass, runs on its worker thread while the event loop stays free.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ from goodput_runtime.engine.scheduler import Scheduler, SchedulerOutput
 from goodput_runtime.engine.sequence import Sequence
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
+
+WARMUP_REQUEST_ID = "warmup"
 
 
 @dataclass
@@ -57,12 +63,33 @@ class EngineCore:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
-        out = self.scheduler.schedule()
+        out = self.schedule()
         if not out.scheduled:
             return []
-        return self.update(out, self.runner.run(out))
+        return self.update(out, self.execute(out))
 
-    def update(self, out: SchedulerOutput, sampled: list[int | None]) -> list[RequestOutput]:
+    def schedule(self) -> SchedulerOutput:
+        """Phase 1: which sequences run this step, and how many tokens each."""
+        return self.scheduler.schedule()
+
+    def execute(self, out: SchedulerOutput) -> list[int | None]:
+        """Phase 2, the forward pass: the sampled token per scheduled sequence (None mid-prefill).
+        Touches only the runner's tensors, so it may run on another thread than the other phases."""
+        return self.runner.run(out)
+
+    def warmup(self) -> None:
+        """One short request through every phase before serving, so the first real request does not
+        pay for lazy initialisation; it leaves no trace in the metrics."""
+        self.add(WARMUP_REQUEST_ID, list(range(1, 9)),
+                 SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+        while WARMUP_REQUEST_ID in self.requests:
+            out = self.schedule()
+            if out.scheduled:
+                self.update(out, self.execute(out), record=False)
+
+    def update(self, out: SchedulerOutput, sampled: list[int | None], record: bool = True) -> list[RequestOutput]:
+        """Phase 3: advance the sequences with their sampled tokens; the outputs to stream. `record`
+        False keeps the step out of the metrics."""
         now = time.monotonic()
         advanced = self.scheduler.update(out, sampled)
         outputs = []
@@ -72,8 +99,8 @@ class EngineCore:
                 seq.times.first_token = now
             if request.detokenizer.add(seq.token_ids[-1]):
                 self.scheduler.finish(seq, "stop")
-            outputs.append(self._output(request, now))
-        if self.metrics:
+            outputs.append(self._output(request, now, record))
+        if self.metrics and record:
             num_generated = sum(1 for t in sampled if t is not None)
             self.metrics.record_step(len(self.scheduler.running), len(self.scheduler.waiting),
                                      self.block_manager.usage, out.num_tokens - num_generated,
@@ -90,7 +117,7 @@ class EngineCore:
         request.seq.times.outcome = outcome
         return self._output(request, time.monotonic())
 
-    def _output(self, request: Request, now: float) -> RequestOutput:
+    def _output(self, request: Request, now: float, record: bool = True) -> RequestOutput:
         seq = request.seq
         new_tokens = seq.output_token_ids[request.num_sent_tokens :]
         request.num_sent_tokens = seq.num_output_tokens
@@ -107,7 +134,7 @@ class EngineCore:
         if seq.is_finished:
             seq.times.finished = now
             seq.times.num_output_tokens = seq.num_output_tokens
-            if self.metrics:
+            if self.metrics and record:
                 self.metrics.record_finished(seq.times)
             self.runner.forget(seq.request_id)
             del self.requests[seq.request_id]
