@@ -1,10 +1,13 @@
 """End to end on a real one-node cluster.
 
 The session brings up hack/cluster.sh's control plane with this machine as its node
-(containerd, runc, CNI bridge, kubelet, kube-proxy, kube-scheduler), builds both images
+(containerd, runc, CNI bridge, kubelet, kube-proxy, kube-scheduler), or uses the one already
+running here (`make demo` leaves one; a machine has one node), builds both images
 from the project's Dockerfiles with hack/images.sh and imports them into the node's
 containerd, installs Goodput with `kubectl apply -k manifests/`, and puts locally made
-models on a hostPath PersistentVolume. Nothing is mocked; needs root on Debian/Ubuntu.
+models on a hostPath PersistentVolume. Everything the tests make lives in the namespace
+`goodput-e2e` and one PersistentVolume, both removed at the end; a node the session brought up
+is taken down, one it found running is left running. Nothing is mocked; needs root on Debian/Ubuntu.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 import pytest
 from node import OPERATOR_NAMESPACE, ROOT, Node, copy_model, node_unsupported, wait_for
 
+NAMESPACE = "goodput-e2e"
 MODELS_PV = "goodput-e2e-models"
 MODELS_CLAIM = "models"
 OPERATOR_READY_SECONDS = 180
@@ -34,18 +38,26 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         pytest.skip(f"{reason}; use kind elsewhere (make demo)")
     # a short path: containerd's socket lives under it (108-byte limit for unix sockets)
     workdir = tmp_path_factory.mktemp("node")
-    node = Node.up(workdir)
+    node = Node.running(workdir) or Node.up(workdir)
     try:
+        node.use_namespace(NAMESPACE)
         node.load_images()
         yield node
     finally:
-        node.down()
+        if node.borrowed:
+            node.remove(NAMESPACE, f"persistentvolume/{MODELS_PV}")
+        else:
+            node.down()
 
 
 @pytest.fixture(scope="module")
 def installed(node: Node) -> Node:
     """Goodput installed the way the README says: `kubectl apply -k manifests/`."""
     node.apply_kustomization(ROOT / "manifests")
+    if node.borrowed:  # the operator may run an image older than the one just built under the same tag
+        node.kubectl("rollout", "restart", "deployment/goodput-operator", "-n", OPERATOR_NAMESPACE)
+        node.kubectl("rollout", "status", "deployment/goodput-operator", "-n", OPERATOR_NAMESPACE,
+                     "--timeout=300s", timeout=320)
     wait_for(lambda: deployment_available(node, OPERATOR_NAMESPACE, "goodput-operator"), OPERATOR_READY_SECONDS,
              "the operator Deployment to become Available", explain=lambda: node.describe(OPERATOR_NAMESPACE))
     return node
@@ -61,13 +73,13 @@ def deployment_available(node: Node, namespace: str, name: str) -> bool:
 
 @pytest.fixture(scope="module")
 def models(node: Node, tiny_model_dir: Path) -> dict[str, Path]:
-    """A hostPath PersistentVolume on the node, bound to the claim `models` in `default`.
+    """A hostPath PersistentVolume on the node, bound to the claim `models` in the tests' namespace.
 
     Holds `tiny` (a small random-weight Llama with a locally trained tokenizer) and
     `unknown-arch` (the same files, with an architecture the runtime does not support) and
     `unreadable` (weights only root may read; the runtime runs as a non-root user).
     """
-    root = node.dir / "models"
+    root = node.scratch / "models"
     tiny = copy_model(tiny_model_dir, root / "tiny")
     unknown = copy_model(tiny_model_dir, root / "unknown-arch")
     config = json.loads((unknown / "config.json").read_text())
@@ -90,7 +102,7 @@ def models(node: Node, tiny_model_dir: Path) -> dict[str, Path]:
         },
         {
             "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": MODELS_CLAIM, "namespace": "default"},
+            "metadata": {"name": MODELS_CLAIM},
             "spec": {
                 "accessModes": ["ReadOnlyMany"],
                 "storageClassName": "",

@@ -57,24 +57,72 @@ def run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> st
     return result.stdout
 
 
+def cache_root() -> Path:
+    """hack/cluster.sh's cache folder, where it records which cluster owns this machine's node."""
+    if os.environ.get("GOODPUT_CACHE"):
+        return Path(os.environ["GOODPUT_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "goodput"
+
+
 @dataclass
 class Node:
-    """A running control plane plus this machine as its one node."""
+    """A running control plane plus this machine as its one node.
+
+    `dir` is the cluster's own folder; `scratch` is this test session's (models, kubeconfig).
+    A node `borrowed` from a cluster that already ran (the demo's, say) is left running: the
+    session keeps to its own namespace and removes what it made.
+    """
 
     dir: Path
     kubeconfig: Path
     containerd_address: str
     bin: Path
+    scratch: Path
+    borrowed: bool = False
     env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def _from_exports(cls, cluster_dir: Path, exports_text: str, scratch: Path, borrowed: bool) -> Node:
+        exports = dict(re.findall(r"export (\w+)=(\S+)", exports_text))
+        node = cls(cluster_dir, Path(exports["KUBECONFIG"]), exports["CONTAINERD_ADDRESS"],
+                   Path((cluster_dir / "bin").read_text().strip()), scratch, borrowed)
+        node.env = {**os.environ, "KUBECONFIG": str(node.kubeconfig), "CONTAINERD_ADDRESS": node.containerd_address}
+        return node
 
     @classmethod
     def up(cls, workdir: Path) -> Node:
         out = run([str(CLUSTER_SCRIPT), "up", "--node", "--dir", str(workdir)], timeout=3600)
-        exports = dict(re.findall(r"export (\w+)=(\S+)", out))
-        node = cls(workdir, Path(exports["KUBECONFIG"]), exports["CONTAINERD_ADDRESS"],
-                   Path((workdir / "bin").read_text().strip()))
-        node.env = {**os.environ, "KUBECONFIG": str(node.kubeconfig), "CONTAINERD_ADDRESS": node.containerd_address}
-        return node
+        return cls._from_exports(workdir, out, workdir, borrowed=False)
+
+    @classmethod
+    def running(cls, scratch: Path) -> Node | None:
+        """The one-node cluster already running on this machine (hack/cluster.sh allows one), if any."""
+        owner = cache_root() / "node-owner"
+        if not owner.is_file():
+            return None
+        cluster_dir = Path(owner.read_text().strip())
+        result = subprocess.run([str(CLUSTER_SCRIPT), "env", "--dir", str(cluster_dir)], capture_output=True,
+                                text=True, timeout=60)
+        if result.returncode != 0 or "CONTAINERD_ADDRESS" not in result.stdout:
+            return None
+        return cls._from_exports(cluster_dir, result.stdout, scratch, borrowed=True)
+
+    def use_namespace(self, namespace: str) -> None:
+        """Create `namespace` and make it the default of every later kubectl call (a kubeconfig of our own)."""
+        own = self.scratch / "e2e.kubeconfig"
+        shutil.copyfile(self.kubeconfig, own)
+        self.kubeconfig = own
+        self.env["KUBECONFIG"] = str(own)
+        wait_for(lambda: not (self.get("namespace", namespace) or {}).get("metadata", {}).get("deletionTimestamp"),
+                 300, f"namespace {namespace} left over from an earlier run to finish terminating")
+        self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        self.kubectl("config", "set-context", "--current", f"--namespace={namespace}")
+
+    def remove(self, namespace: str, *cluster_objects: str) -> None:
+        """Delete `namespace` with everything in it, then cluster-scoped objects (`kind/name`); waits for both."""
+        self.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true", timeout=600)
+        for obj in cluster_objects:
+            self.kubectl("delete", obj, "--ignore-not-found", "--wait=true", timeout=120)
 
     def down(self) -> None:
         subprocess.run([str(CLUSTER_SCRIPT), "down", "--dir", str(self.dir)], capture_output=True, timeout=300)
@@ -87,7 +135,7 @@ class Node:
                 timeout: float = 120, kubectl: str | None = None) -> subprocess.CompletedProcess[str]:
         own = self.bin / "kubectl"
         cmd = [kubectl or (str(own) if own.exists() else "kubectl"), "--kubeconfig", str(self.kubeconfig),
-               "--cache-dir", str(self.dir / "kubectl-cache"), *args]
+               "--cache-dir", str(self.scratch / "kubectl-cache"), *args]
         result = subprocess.run(cmd, capture_output=True, text=True, input=input_text, timeout=timeout)
         if check and result.returncode != 0:
             raise AssertionError(f"{' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
@@ -101,9 +149,10 @@ class Node:
             raise AssertionError("`kubectl apply -k` needs a kubectl >= 1.21 on the PATH")
         self.kubectl("apply", "-k", str(path), kubectl=kubectl)
 
-    def get(self, kind: str, name: str = "", namespace: str = "default", selector: str = "") -> Any:
-        """The object as JSON; None when it does not exist (or a List's items with a selector)."""
-        args = ["get", kind, *([name] if name else []), "-n", namespace, "-o", "json"]
+    def get(self, kind: str, name: str = "", namespace: str | None = None, selector: str = "") -> Any:
+        """The object as JSON; None when it does not exist (or a List's items with a selector). In the
+        kubeconfig's namespace unless `namespace` is given."""
+        args = ["get", kind, *([name] if name else []), *(["-n", namespace] if namespace else []), "-o", "json"]
         if selector:
             args += ["-l", selector]
         result = self.kubectl(*args, check=False)
@@ -118,11 +167,12 @@ class Node:
         items = manifest if isinstance(manifest, list) else [manifest]
         self.kubectl("apply", "-f", "-", input_text=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
 
-    def describe(self, namespace: str = "default") -> str:
+    def describe(self, namespace: str | None = None) -> str:
         """What to print when a wait fails: pods, events and the operator's log tail."""
         parts = []
-        for args in (["get", "pods,deploy,gsvc", "-n", namespace, "-o", "wide"],
-                     ["get", "events", "-n", namespace, "--sort-by=.lastTimestamp"],
+        ns = ["-n", namespace] if namespace else []
+        for args in (["get", "pods,deploy,gsvc", *ns, "-o", "wide"],
+                     ["get", "events", *ns, "--sort-by=.lastTimestamp"],
                      ["logs", "-n", OPERATOR_NAMESPACE, "deploy/goodput-operator", "--tail=40"]):
             result = self.kubectl(*args, check=False)
             parts.append(f"$ kubectl {' '.join(args)}\n{result.stdout[-4000:]}{result.stderr[-1000:]}")
@@ -136,7 +186,7 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     return {}
 
 
-def cluster_ip(node: Node, service: str, namespace: str = "default") -> str:
+def cluster_ip(node: Node, service: str, namespace: str | None = None) -> str:
     svc = node.get("service", service, namespace)
     assert svc is not None, f"no Service {service}"
     return str(svc["spec"]["clusterIP"])
