@@ -65,7 +65,7 @@ def test_static_decode_path_is_skipped_for_shapes_past_the_cache(tiny_model_dir:
 
 def gpu_config(model_dir: Path, **settings) -> EngineConfig:
     base = {"device": "cuda", "dtype": "float32", "block_size": 16, "max_model_len": 256,
-            "max_num_batched_tokens": 256, "max_num_seqs": 16, "kv_cache_memory": 4000 * BYTES_PER_TOKEN}
+            "max_num_batched_tokens": 256, "max_num_seqs": 16, "kv_cache_memory": 8000 * BYTES_PER_TOKEN}
     return EngineConfig(model=str(model_dir), **{**base, **settings})
 
 
