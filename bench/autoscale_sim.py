@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.autoscale_model import DT, Curve, Replica, Request, Service, arrivals, traces
-from goodput_operator.autoscaler_law import Memory, Observation, Policy, Signals, decide
+from goodput_operator.autoscaling.law import Memory, Observation, Policy, Signals, decide
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PERIOD = 15.0  # control period of every autoscaler

@@ -7,11 +7,10 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 from goodput_operator.hub import ConfigFetcher
-from goodput_operator.k8s import ApiError, Kube
+from goodput_operator.k8s import ApiError, Kube, build_event
 from goodput_operator.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -75,30 +74,7 @@ class Context:
     async def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """Post a core/v1 Event about the service; a failure to post is logged, never raised."""
         meta = body["metadata"]
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": body.get("apiVersion"),
-                "kind": body.get("kind"),
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta["uid"],
-                "resourceVersion": meta.get("resourceVersion"),
-            },
-            "type": type_,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": "goodput-operator"},
-            "reportingComponent": "goodput-operator",
-            "reportingInstance": self.instance,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
         try:
-            await self.kube.create_event(meta["namespace"], event)
+            await self.kube.create_event(meta["namespace"], build_event(body, type_, reason, message, self.instance))
         except ApiError as err:
             logger.warning("Posting event %s for %s/%s failed: %s", reason, meta["namespace"], meta["name"], err)

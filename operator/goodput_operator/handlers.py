@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 import prometheus_client
 
-from goodput_operator.autoscaler import Autoscaler
+from goodput_operator.autoscaling.loop import Autoscaler
 from goodput_operator.builders import MANAGED_BY, SERVICE_LABEL
 from goodput_operator.context import Context
 from goodput_operator.hub import ConfigFetcher, Waiter

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from datetime import datetime, timezone
 from typing import Any
 
 import kubernetes
@@ -72,6 +73,45 @@ def owner_path(namespace: str, name: str) -> str:
 
 def owner_collection(namespace: str | None) -> str:
     return resource_path(f"{GROUP}/{VERSION}", "InferenceService", namespace)
+
+
+def now_timestamp() -> str:
+    """The current time as the API writes timestamps (RFC 3339, UTC, whole seconds)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def object_metadata(name: str, namespace: str, labels: dict[str, str], owner: dict[str, Any]) -> dict[str, Any]:
+    """A child's metadata: its name, namespace, labels and one controller owner reference."""
+    return {"name": name, "namespace": namespace, "labels": labels, "ownerReferences": [owner]}
+
+
+def build_event(body: dict[str, Any], type_: str, reason: str, message: str, instance: str,
+                now: str | None = None) -> dict[str, Any]:
+    """A core/v1 Event about the object `body` (type Normal or Warning), posted by goodput-operator."""
+    meta = body["metadata"]
+    now = now or now_timestamp()
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": body.get("apiVersion"),
+            "kind": body.get("kind"),
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": "goodput-operator"},
+        "reportingComponent": "goodput-operator",
+        "reportingInstance": instance,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
 
 
 def is_subset(desired: Any, live: Any) -> bool:

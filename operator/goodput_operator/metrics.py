@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from goodput_contract.metrics import AUTOSCALER_DESIRED_REPLICAS
+
 RECONCILES = Counter(
-    "goodput_operator_reconciles_total", "Reconcile passes by result (ok, invalid, error).", ["result"]
+    "goodput_operator_reconciles_total",
+    "Reconcile passes by result (ok, invalid, error, skipped: the namespace is being deleted).", ["result"],
 )
 RECONCILE_SECONDS = Histogram(
     "goodput_operator_reconcile_duration_seconds", "Time one reconcile pass took.",
@@ -23,7 +26,7 @@ RUNTIME_FAILURES = Counter(
 )
 
 AUTOSCALER_DESIRED = Gauge(
-    "goodput_autoscaler_desired_replicas", "Replicas the goodput autoscaler wants, per service.", ["namespace", "name"]
+    AUTOSCALER_DESIRED_REPLICAS, "Replicas the goodput autoscaler wants, per service.", ["namespace", "name"]
 )
 AUTOSCALER_ATTAINMENT = Gauge(
     "goodput_autoscaler_slo_attainment_ratio", "SLO attainment the autoscaler saw over its short window.",
@@ -35,6 +38,12 @@ AUTOSCALER_SCALE_EVENTS = Counter(
 )
 AUTOSCALER_METRIC_ERRORS = Counter(
     "goodput_autoscaler_metric_errors_total", "Periods in which a service's metrics could not be read (held)."
+)
+AUTOSCALER_WRITE_ERRORS = Counter(
+    "goodput_autoscaler_write_errors_total",
+    "Autoscaler writes the API server refused or did not answer, by target: replicas (the scale subresource) "
+    "or status.",
+    ["target"],
 )
 AUTOSCALER_REPLICAS = Gauge(
     "goodput_autoscaler_replicas", "Replica counts the autoscaler works with: current, ready, starting, min, max.",

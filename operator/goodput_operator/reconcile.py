@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
-from goodput_operator import builders, capacity, metrics, pods, scaling
+from goodput_operator import builders, capacity, metrics, pods
+from goodput_operator.autoscaling import external
 from goodput_operator.conditions import (
     AVAILABLE,
     FALSE,
@@ -22,7 +22,7 @@ from goodput_operator.conditions import (
     merge,
 )
 from goodput_operator.context import Context
-from goodput_operator.k8s import ApiError, owner_path, resource_path
+from goodput_operator.k8s import ApiError, now_timestamp, owner_path, resource_path
 from goodput_operator.spec import ServiceSpec, SpecError, parse
 
 logger = logging.getLogger(__name__)
@@ -33,10 +33,6 @@ class Fit:
     condition: Condition
     capacity: dict[str, Any] | None = None
     invalid: SpecError | None = None  # a fact about the model makes the spec unservable
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def reconcile_by_name(ctx: Context, namespace: str, name: str) -> None:
@@ -68,6 +64,9 @@ async def reconcile(ctx: Context, body: dict[str, Any]) -> None:
 async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
     meta = body["metadata"]
     namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation", 1)
+    before = body.get("status") or {}  # the status this pass started from, read here only
+    old = before.get("conditions")
+    fit: Fit | None = None
     try:
         svc = parse(name, namespace, body.get("spec") or {})
         fit = await _model_fit(ctx, svc)
@@ -76,7 +75,7 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
         owner = builders.owner_reference(name, meta["uid"])
         desired, unwanted = await _desired_children(ctx, svc, owner)
     except SpecError as err:
-        await _refuse(ctx, body, err, generation)
+        await _refuse(ctx, body, before, err, generation, fit.condition if fit else None)
         return "invalid"
 
     try:
@@ -84,8 +83,7 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
     except ChildConflict as err:
         deployment = {}
         available = Condition(AVAILABLE, FALSE, "ChildConflict", str(err))
-        before = find((body.get("status") or {}).get("conditions"), AVAILABLE) or {}
-        if before.get("reason") != "ChildConflict":
+        if (find(old, AVAILABLE) or {}).get("reason") != "ChildConflict":
             await ctx.event(body, "Warning", "ChildConflict", str(err))
         failure = None
     else:
@@ -102,17 +100,18 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
         "selector": builders.selector_string(svc),
         "url": builders.service_url(svc),
         "capacity": fit.capacity,
-        "conditions": merge((body.get("status") or {}).get("conditions"), conditions, generation, _now()),
+        "conditions": merge(old, conditions, generation, now_timestamp()),
     }
-    await _write_status(ctx, body, status)
-    if fit.condition.status == FALSE and _flipped(body, MODEL_FITS, FALSE):
+    await _write_status(ctx, body, before, status)
+    if fit.condition.status == FALSE and _flipped(old, MODEL_FITS, FALSE):
         await ctx.event(body, "Warning", fit.condition.reason, fit.condition.message)
     if available.reason != "ChildConflict":
-        await _report_failure(ctx, body, failure)
+        await _report_failure(ctx, body, failure, old)
     return "ok"
 
 
-async def _report_failure(ctx: Context, body: dict[str, Any], failure: pods.Failure | None) -> None:
+async def _report_failure(ctx: Context, body: dict[str, Any], failure: pods.Failure | None,
+                          old: list[dict[str, Any]] | None) -> None:
     """One Warning Event per distinct pod failure, not one per reconcile.
 
     Remembered in memory; after an operator restart the Available condition stands in
@@ -127,8 +126,8 @@ async def _report_failure(ctx: Context, body: dict[str, Any], failure: pods.Fail
         if ctx.reported_failures[key] == failure.key:
             return
     else:
-        before = find((body.get("status") or {}).get("conditions"), AVAILABLE) or {}
-        if all(part in (before.get("message") or "") for part in failure.detail):
+        available = find(old, AVAILABLE) or {}
+        if all(part in (available.get("message") or "") for part in failure.detail):
             ctx.reported_failures[key] = failure.key
             return
     ctx.reported_failures[key] = failure.key
@@ -137,21 +136,27 @@ async def _report_failure(ctx: Context, body: dict[str, Any], failure: pods.Fail
     await ctx.event(body, "Warning", failure.reason, failure.message)
 
 
-async def _refuse(ctx: Context, body: dict[str, Any], err: SpecError, generation: int) -> None:
-    """Report an invalid spec; children stay as they are."""
+async def _refuse(ctx: Context, body: dict[str, Any], before: dict[str, Any], err: SpecError, generation: int,
+                  fits: Condition | None) -> None:
+    """Report an invalid spec, and the model's fit where it was worked out; children stay as they are."""
     conditions = [Condition(VALID, FALSE, err.reason, str(err))]
+    if fits is not None:
+        conditions.append(fits)
     conditions.append(derive_ready(conditions))
-    old = (body.get("status") or {}).get("conditions")
-    status = {"observedGeneration": generation, "conditions": merge(old, conditions, generation, _now())}
-    before = find(old, VALID)
-    if before is None or before.get("status") != FALSE or before.get("message") != str(err):
+    old = before.get("conditions")
+    status = {"observedGeneration": generation, "conditions": merge(old, conditions, generation, now_timestamp())}
+    valid = find(old, VALID)
+    if valid is None or valid.get("status") != FALSE or valid.get("message") != str(err):
         logger.warning("Invalid spec of %s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], err)
         await ctx.event(body, "Warning", "Invalid", str(err))
-    await _write_status(ctx, body, status)
+    await _write_status(ctx, body, before, status)
+    # a fit problem that is itself the invalidity was just posted as Invalid
+    if fits is not None and fits.status == FALSE and fits.reason != err.reason and _flipped(old, MODEL_FITS, FALSE):
+        await ctx.event(body, "Warning", fits.reason, fits.message)
 
 
-def _flipped(body: dict[str, Any], type_: str, status: str) -> bool:
-    before = find((body.get("status") or {}).get("conditions"), type_)
+def _flipped(old: list[dict[str, Any]] | None, type_: str, status: str) -> bool:
+    before = find(old, type_)
     return before is None or before.get("status") != status
 
 
@@ -214,11 +219,11 @@ async def _desired_children(ctx: Context, svc: ServiceSpec,
         (builders.build_pdb(svc, owner, discovered.pdb_api_version),
          resource_path(discovered.pdb_api_version, "PodDisruptionBudget", svc.namespace,
                        builders.deployment_name(svc))),
-        (scaling.build_hpa(svc, owner, discovered.hpa_api_version),
+        (external.build_hpa(svc, owner, discovered.hpa_api_version),
          resource_path(discovered.hpa_api_version, "HorizontalPodAutoscaler", svc.namespace, svc.name)),
     ]
     if discovered.scaled_objects:
-        optional.append((scaling.build_scaled_object(svc, owner),
+        optional.append((external.build_scaled_object(svc, owner),
                          resource_path("keda.sh/v1alpha1", "ScaledObject", svc.namespace, svc.name)))
     desired += [manifest for manifest, _ in optional if manifest]
     return desired, [path for manifest, path in optional if not manifest]
@@ -292,10 +297,9 @@ def _available(deployment: dict[str, Any], desired: int, failure: pods.Failure |
     return Condition(AVAILABLE, FALSE, "ReplicasNotReady", counts)
 
 
-async def _write_status(ctx: Context, body: dict[str, Any], status: dict[str, Any]) -> None:
-    """Patch status only where it differs, so an unchanged service sees no writes."""
-    current = body.get("status") or {}
-    if all(current.get(key) == value for key, value in status.items()):
+async def _write_status(ctx: Context, body: dict[str, Any], before: dict[str, Any], status: dict[str, Any]) -> None:
+    """Patch status only where it differs from `before`, so an unchanged service sees no writes."""
+    if all(before.get(key) == value for key, value in status.items()):
         return
     meta = body["metadata"]
     await ctx.kube.patch_status(meta["namespace"], meta["name"], status)

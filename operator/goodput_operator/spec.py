@@ -49,7 +49,6 @@ class TokenSecretRef:
 @dataclass(frozen=True)
 class Model:
     source: ModelSource
-    source_uri: str
     revision: str = "main"
     served_name: str = ""
     max_model_len: int | None = None
@@ -94,6 +93,10 @@ class Autoscaling:
     scale_up_window_seconds: float = 0.0
     scale_down_window_seconds: float = 300.0
     prometheus_address: str | None = None  # keda: where its trigger queries
+    # goodput law (all deciding modes)
+    capacity_per_replica: float | None = None  # requests/s one replica serves within the SLO, a starting point
+    target_utilization: float = 0.8  # share of that capacity to plan for
+    idle_period_seconds: float | None = None  # with minReplicas 0: no requests this long removes the last one
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,6 @@ def _model(raw: dict[str, Any], name: str) -> Model:
     secret = raw.get("tokenSecretRef")
     return Model(
         source=parse_source(raw["source"]),
-        source_uri=raw["source"],
         revision=raw.get("revision") or "main",
         served_name=raw.get("servedName") or name,
         max_model_len=raw.get("maxModelLen"),
@@ -216,6 +218,7 @@ def _slo(raw: dict[str, Any]) -> Slo:
 
 def _autoscaling(raw: dict[str, Any]) -> Autoscaling:
     mode = raw.get("mode", "none")
+    capacity, idle = raw.get("capacityPerReplica"), raw.get("idlePeriod")
     low = int(raw.get("minReplicas", 1))
     high = int(raw.get("maxReplicas", max(low, 1)))
     if high < low:
@@ -239,6 +242,9 @@ def _autoscaling(raw: dict[str, Any]) -> Autoscaling:
             raw.get("scaleDownWindow", "5m"), "autoscaling.scaleDownWindow"
         ),
         prometheus_address=raw.get("prometheusAddress"),
+        capacity_per_replica=float(capacity) if capacity is not None else None,
+        target_utilization=float(raw.get("targetUtilization", 0.8)),
+        idle_period_seconds=parse_duration(idle, "autoscaling.idlePeriod") if idle else None,
     )
 
 

@@ -27,8 +27,8 @@ from harness import ROOT, OperatorProcess, wait_for
 from live_pods import Actuator, Load
 from prometheus_process import PROMETHEUS, Prometheus
 
-from goodput_operator.autoscaler_signals import History, parse_pod_metrics
-from goodput_operator.autoscaler_sources import Endpoints, PrometheusSource
+from goodput_operator.autoscaling.signals import History, parse_pod_metrics
+from goodput_operator.autoscaling.sources import Endpoints, PrometheusSource
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow,
               pytest.mark.skipif(PROMETHEUS is None, reason="prometheus missing (make prometheus)")]
@@ -173,7 +173,7 @@ def _read_from_prometheus(prometheus: Prometheus, namespace: str):
 
     async def read():
         try:
-            return await source.read((namespace, SERVICE), "tiny", Endpoints(ready=("pod",), starting=0), 0.0)
+            return await source.read((namespace, SERVICE), "tiny", Endpoints(ready=("pod",)), 0.0)
         finally:
             await source.close()
     return asyncio.run(read())

@@ -49,6 +49,7 @@ def test_tensor_parallel_that_does_not_divide_the_heads_is_refused(cluster, oper
     valid = cluster.wait_condition(namespace, "tp8", "Valid", "False")
     assert valid["reason"] == "TensorParallelMismatch"
     assert "28 attention heads" in valid["message"]
+    assert cluster.wait_condition(namespace, "tp8", "ModelFits", "False")["reason"] == "TensorParallelMismatch"
     assert cluster.deployment(namespace, "tp8") is None
 
 
@@ -60,6 +61,8 @@ def test_fp8_on_a_gpu_older_than_ada_is_refused_before_any_pod(cluster, operator
     assert valid["reason"] == "QuantizationUnsupported"
     assert "compute capability 8.9 or newer" in valid["message"]
     assert "NVIDIA-A100-SXM4-80GB has 8.0" in valid["message"]
+    fits = cluster.wait_condition(namespace, "fp8-a100", "ModelFits", "False")
+    assert fits["reason"] == "QuantizationUnsupported"
     assert cluster.deployment(namespace, "fp8-a100") is None
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from goodput_operator.autoscaler_law import (
+from goodput_operator.autoscaling.law import (
     DOWN,
     HOLD,
     UP,

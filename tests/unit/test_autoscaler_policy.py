@@ -1,6 +1,6 @@
 """The law's policy as a user writes it in spec.slo and spec.autoscaling."""
 
-from goodput_operator.autoscaler import policy_for
+from goodput_operator.autoscaling.loop import policy_for
 from goodput_operator.spec import parse
 
 BASE = {"model": {"source": "hf://org/model"}, "resources": {"gpu": 1}}
@@ -10,7 +10,7 @@ def test_slo_and_bounds_come_from_the_spec():
     raw = {**BASE, "slo": {"ttft": "500ms", "tpot": "50ms", "attainment": 0.99},
            "autoscaling": {"mode": "goodput", "minReplicas": 2, "maxReplicas": 9, "scaleDownWindow": "2m",
                            "capacityPerReplica": 3.5, "targetUtilization": 0.7}}
-    policy, capacity = policy_for(parse("chat", "ns", raw), raw["autoscaling"])
+    policy, capacity = policy_for(parse("chat", "ns", raw))
     assert (policy.min_replicas, policy.max_replicas, policy.scale_down_window) == (2, 9, 120.0)
     assert (policy.attainment_target, policy.ttft_target, policy.tpot_target) == (0.99, 0.5, 0.05)
     assert (policy.target_utilization, capacity, policy.idle_period) == (0.7, 3.5, None)
@@ -18,11 +18,11 @@ def test_slo_and_bounds_come_from_the_spec():
 
 def test_defaults_plan_for_80_percent_and_learn_capacity():
     raw = {**BASE, "autoscaling": {"mode": "goodput", "maxReplicas": 3}}
-    policy, capacity = policy_for(parse("chat", "ns", raw), raw["autoscaling"])
+    policy, capacity = policy_for(parse("chat", "ns", raw))
     assert (policy.target_utilization, policy.safe_load, capacity) == (0.8, 0.7, None)
 
 
 def test_idle_period_is_what_lets_min_zero_reach_zero():
     raw = {**BASE, "autoscaling": {"mode": "goodput", "minReplicas": 0, "maxReplicas": 3, "idlePeriod": "15m"}}
-    policy, _ = policy_for(parse("chat", "ns", raw), raw["autoscaling"])
+    policy, _ = policy_for(parse("chat", "ns", raw))
     assert policy.idle_period == 900.0

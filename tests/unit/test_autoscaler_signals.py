@@ -3,7 +3,7 @@
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from goodput_operator.autoscaler_signals import History, histogram_quantile, parse_pod_metrics
+from goodput_operator.autoscaling.signals import History, histogram_quantile, parse_pod_metrics
 from goodput_runtime.engine.outputs import RequestTimes
 from goodput_runtime.metrics import RuntimeMetrics
 

@@ -129,6 +129,10 @@ def _body(available_message=""):
     return {"metadata": {"namespace": "ns", "name": "chat", "uid": "u"}, "status": {"conditions": conditions}}
 
 
+def _report(ctx, body, f):
+    return _report_failure(ctx, body, f, body["status"]["conditions"])
+
+
 def test_one_event_per_distinct_failure_and_again_after_it_cleared():
     ctx = FakeContext()
     three = failure([pod(containers=[crash_looping(restarts=3)])])
@@ -137,11 +141,11 @@ def test_one_event_per_distinct_failure_and_again_after_it_cleared():
 
     async def run():
         for f in (three, three, four, three):
-            await _report_failure(ctx, _body(), f)
+            await _report(ctx, _body(), f)
         assert [e[1] for e in ctx.events] == ["RuntimeFailing"]
-        await _report_failure(ctx, _body(), other)
-        await _report_failure(ctx, _body(), None)  # serves again
-        await _report_failure(ctx, _body(), three)
+        await _report(ctx, _body(), other)
+        await _report(ctx, _body(), None)  # serves again
+        await _report(ctx, _body(), three)
     asyncio.run(run())
     assert [e[2] for e in ctx.events] == [three.message, other.message, three.message]
     assert all(e[0] == "Warning" for e in ctx.events)
@@ -152,8 +156,8 @@ def test_after_an_operator_restart_the_condition_stands_in_for_the_memory():
     four = failure([pod(containers=[crash_looping(restarts=4)])])
     other = failure([pod(containers=[crash_looping(message="CUDA out of memory")])])
     restarted = FakeContext()  # nothing remembered; the status already tells `three`
-    asyncio.run(_report_failure(restarted, _body(available_message=three.message), four))
+    asyncio.run(_report(restarted, _body(available_message=three.message), four))
     assert restarted.events == []
     restarted = FakeContext()
-    asyncio.run(_report_failure(restarted, _body(available_message=three.message), other))
+    asyncio.run(_report(restarted, _body(available_message=three.message), other))
     assert [e[2] for e in restarted.events] == [other.message]

@@ -2,8 +2,8 @@
 
 import pytest
 
+from goodput_operator.autoscaling.external import build_hpa, build_scaled_object
 from goodput_operator.builders import owner_reference
-from goodput_operator.scaling import build_hpa, build_scaled_object
 from goodput_operator.spec import SpecError, parse
 
 OWNER = owner_reference("chat", "uid-1")

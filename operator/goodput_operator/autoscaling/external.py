@@ -13,19 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from goodput_contract.metrics import AUTOSCALER_DESIRED_REPLICAS as DESIRED_METRIC
 from goodput_operator.builders import Manifest, labels
+from goodput_operator.k8s import object_metadata
 from goodput_operator.settings import GROUP, KIND, VERSION
 from goodput_operator.spec import ServiceSpec
-
-DESIRED_METRIC = "goodput_autoscaler_desired_replicas"
 
 
 def _target_ref(svc: ServiceSpec) -> dict[str, str]:
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": svc.name}
-
-
-def _metadata(svc: ServiceSpec, owner: dict[str, Any]) -> dict[str, Any]:
-    return {"name": svc.name, "namespace": svc.namespace, "labels": labels(svc), "ownerReferences": [owner]}
 
 
 def build_hpa(svc: ServiceSpec, owner: dict[str, Any], api_version: str = "autoscaling/v2") -> Manifest | None:
@@ -35,7 +31,7 @@ def build_hpa(svc: ServiceSpec, owner: dict[str, Any], api_version: str = "autos
     return {
         "apiVersion": api_version,
         "kind": "HorizontalPodAutoscaler",
-        "metadata": _metadata(svc, owner),
+        "metadata": object_metadata(svc.name, svc.namespace, labels(svc), owner),
         "spec": {
             "scaleTargetRef": _target_ref(svc),
             "minReplicas": a.min_replicas,
@@ -68,7 +64,7 @@ def build_scaled_object(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest | N
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
-        "metadata": _metadata(svc, owner),
+        "metadata": object_metadata(svc.name, svc.namespace, labels(svc), owner),
         "spec": {
             "scaleTargetRef": _target_ref(svc),
             "minReplicaCount": a.min_replicas,

@@ -13,11 +13,21 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from goodput_operator.autoscaler_law import Signals
+from goodput_contract.metrics import (
+    ENGINE_ALIASES,
+    KV_CACHE_USAGE,
+    REQUESTS,
+    REQUESTS_GOOD,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+    TPOT,
+    TTFT,
+)
+from goodput_operator.autoscaling.law import Signals
 
-ALIASES = {"vllm:": "goodput_"}
-TTFT = "goodput_time_to_first_token_seconds"
-TPOT = "goodput_time_per_output_token_seconds"
+# runtime series -> the PodSample field it adds up into
+_SUMMED = {REQUESTS: "requests", REQUESTS_GOOD: "good", REQUESTS_RUNNING: "running", REQUESTS_WAITING: "waiting",
+           KV_CACHE_USAGE: "kv_usage"}
 
 
 @dataclass(frozen=True)
@@ -39,24 +49,20 @@ def parse_pod_metrics(text: str) -> PodSample:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name
-            for old, new in ALIASES.items():
+            for old, new in ENGINE_ALIASES.items():
                 name = name.replace(old, new, 1) if name.startswith(old) else name
-            if name == "goodput_requests_total":
-                seen = True
-                values["requests"] = values.get("requests", 0.0) + sample.value
-            elif name == "goodput_requests_good_total":
-                values["good"] = values.get("good", 0.0) + sample.value
-            elif name in ("goodput_requests_running", "goodput_requests_waiting", "goodput_kv_cache_usage_ratio"):
-                key = name.removeprefix("goodput_").removeprefix("requests_").removesuffix("_cache_usage_ratio")
+            if name in _SUMMED:
+                seen = seen or name == REQUESTS
+                key = _SUMMED[name]
                 values[key] = values.get(key, 0.0) + sample.value
             elif name.endswith("_bucket") and name[: -len("_bucket")] in buckets:
                 le = float(sample.labels["le"])
                 table = buckets[name[: -len("_bucket")]]
                 table[le] = table.get(le, 0.0) + sample.value
     if not seen:
-        raise ValueError("no goodput_requests_total series: not a Goodput runtime")
+        raise ValueError(f"no {REQUESTS} series: not a Goodput runtime")
     return PodSample(values.get("requests", 0.0), values.get("good", 0.0), values.get("running", 0.0),
-                     values.get("waiting", 0.0), values.get("kv", 0.0),
+                     values.get("waiting", 0.0), values.get("kv_usage", 0.0),
                      tuple(sorted(buckets[TTFT].items())), tuple(sorted(buckets[TPOT].items())))
 
 

@@ -13,50 +13,46 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 
+from goodput_contract.metrics import AUTOSCALER_DESIRED_REPLICAS as DESIRED_METRIC
 from goodput_operator import metrics
-from goodput_operator.autoscaler_law import UP, Decision, Memory, Observation, Policy, decide
-from goodput_operator.autoscaler_sources import (
+from goodput_operator.autoscaling.law import UP, Decision, Memory, Observation, Policy, decide
+from goodput_operator.autoscaling.sources import (
     DirectSource,
-    Endpoints,
     PrometheusSource,
     Reading,
+    Source,
     endpoint_slice_version,
     service_endpoints,
 )
 from goodput_operator.context import Context
-from goodput_operator.k8s import ApiError, Kube, load_config, owner_collection, owner_path
-from goodput_operator.scaling import DESIRED_METRIC
-from goodput_operator.spec import ServiceSpec, SpecError, parse, parse_duration
+from goodput_operator.k8s import ApiError, Kube, load_config, now_timestamp, owner_collection, owner_path
+from goodput_operator.spec import ServiceSpec, SpecError, parse
 
 logger = logging.getLogger(__name__)
 FIELD_MANAGER = "goodput-autoscaler"
 DECIDING_MODES = ("goodput", "hpa", "keda")
 
 
-class Source(Protocol):
-    async def read(self, key: tuple[str, str], served_name: str, endpoints: Endpoints, now: float) -> Reading: ...
-    def forget(self, key: tuple[str, str]) -> None: ...
-    async def close(self) -> None: ...
-
-
-def policy_for(svc: ServiceSpec, raw: dict[str, Any]) -> tuple[Policy, float | None]:
+def policy_for(svc: ServiceSpec) -> tuple[Policy, float | None]:
     """The law's policy from the spec, and the configured starting capacity per replica (requests/s)."""
-    idle = raw.get("idlePeriod")
-    capacity = raw.get("capacityPerReplica")
+    a = svc.autoscaling
     policy = Policy(
-        min_replicas=svc.autoscaling.min_replicas,
-        max_replicas=svc.autoscaling.max_replicas,
+        min_replicas=a.min_replicas,
+        max_replicas=a.max_replicas,
         attainment_target=svc.slo.attainment,
         ttft_target=svc.slo.ttft_seconds,
         tpot_target=svc.slo.tpot_seconds,
-        target_utilization=float(raw.get("targetUtilization", 0.8)),
-        scale_down_window=svc.autoscaling.scale_down_window_seconds,
-        idle_period=parse_duration(idle, "autoscaling.idlePeriod") if idle else None,
+        target_utilization=a.target_utilization,
+        scale_down_window=a.scale_down_window_seconds,
+        idle_period=a.idle_period_seconds,
     )
-    return policy, float(capacity) if capacity is not None else None
+    return policy, a.capacity_per_replica
+
+
+class WriteFailed(Exception):
+    """The API server refused or did not answer a write of replicas or status (counted apart from reads)."""
 
 
 @dataclass
@@ -98,14 +94,21 @@ class Autoscaler:
         for body in listing.get("items") or ():
             meta = body["metadata"]
             key = (meta["namespace"], meta["name"])
-            if meta.get("deletionTimestamp") or ((body.get("spec") or {}).get("autoscaling") or {}).get(
-                    "mode") not in DECIDING_MODES:
+            if meta.get("deletionTimestamp"):
+                continue
+            try:
+                svc = parse(meta["name"], meta["namespace"], body.get("spec") or {})
+            except SpecError:
+                if key in self.memories:
+                    seen.add(key)  # the reconcile reports it as Valid=False; keep what was learnt meanwhile
+                continue
+            if svc.autoscaling.mode not in DECIDING_MODES:
                 continue
             seen.add(key)
             try:
-                await self.scale(body)
-            except SpecError:
-                continue  # the reconcile reports it as Valid=False
+                await self.scale(body, svc)
+            except WriteFailed as err:
+                logger.warning("Autoscaling %s/%s: %s", *key, err)
             except Exception as err:
                 metrics.AUTOSCALER_METRIC_ERRORS.inc()
                 logger.warning("Autoscaling %s/%s failed, holding replicas: %s", *key, err)
@@ -114,13 +117,10 @@ class Autoscaler:
             self.source.forget(key)
             _forget_series(*key)
 
-    async def scale(self, body: dict[str, Any]) -> Decision:
-        meta = body["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
+    async def scale(self, body: dict[str, Any], svc: ServiceSpec) -> Decision:
+        namespace, name = svc.namespace, svc.name
         key = (namespace, name)
-        raw_spec = body.get("spec") or {}
-        svc = parse(name, namespace, raw_spec)
-        policy, configured = policy_for(svc, raw_spec.get("autoscaling") or {})
+        policy, configured = policy_for(svc)
         memory = self.memories.get(key) or Memory(capacity_per_replica=configured)
         if self._slice_version is None:
             self._slice_version = await endpoint_slice_version(self.kube)
@@ -134,10 +134,17 @@ class Autoscaler:
         decision = decide(policy, Observation(now, current, reading.ready, reading.signals, reading.missing),
                           memory)
         self.memories[key] = decision.memory
-        acting = svc.autoscaling.mode == "goodput"
-        if decision.desired != current and acting:
-            await self._write_replicas(body, current, decision)
-        await self._write_status(body, current, decision, reading, acting)
+        if decision.desired != current and svc.autoscaling.mode == "goodput":
+            try:
+                await self._write_replicas(body, current, decision)
+            except Exception as err:
+                metrics.AUTOSCALER_WRITE_ERRORS.labels(target="replicas").inc()
+                raise WriteFailed(f"writing {decision.desired} replicas failed: {err}") from err
+        try:
+            await self._write_status(body, svc, current, decision, reading)
+        except Exception as err:
+            metrics.AUTOSCALER_WRITE_ERRORS.labels(target="status").inc()
+            raise WriteFailed(f"writing status.autoscaler failed: {err}") from err
         metrics.AUTOSCALER_DESIRED.labels(namespace=namespace, name=name).set(decision.desired)
         for kind, value in (("current", current), ("ready", reading.ready), ("min", policy.min_replicas),
                             ("max", policy.max_replicas), ("starting", max(0, current - reading.ready))):
@@ -170,11 +177,12 @@ class Autoscaler:
         metrics.AUTOSCALER_SCALE_EVENTS.labels(direction=decision.direction, reason=decision.cause).inc()
         await self.ctx.event(body, "Normal", verb, message)
 
-    async def _write_status(self, body: dict[str, Any], current: int, decision: Decision, reading: Reading,
-                            acting: bool) -> None:
+    async def _write_status(self, body: dict[str, Any], svc: ServiceSpec, current: int, decision: Decision,
+                            reading: Reading) -> None:
         meta = body["metadata"]
         before = body.get("status") or {}
-        mode = body["spec"]["autoscaling"]["mode"]
+        mode = svc.autoscaling.mode
+        acting = mode == "goodput"
         autoscaler: dict[str, Any] = {
             "desiredReplicas": decision.desired,
             "currentReplicas": current,
@@ -186,7 +194,7 @@ class Autoscaler:
             autoscaler["capacityPerReplica"] = round(mu, 3)
         if decision.desired != current and acting:
             autoscaler["lastDecision"] = {
-                "time": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "time": now_timestamp(),
                 "from": current, "to": decision.desired, "reason": decision.reason,
             }
         status: dict[str, Any] = {"autoscaler": autoscaler}

@@ -12,12 +12,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
-from goodput_operator.autoscaler_law import Signals
-from goodput_operator.autoscaler_signals import History, PodSample, parse_pod_metrics
+from goodput_contract.metrics import (
+    KV_CACHE_USAGE,
+    REQUESTS,
+    REQUESTS_GOOD,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+    TPOT,
+    TTFT,
+)
+from goodput_operator.autoscaling.law import Signals
+from goodput_operator.autoscaling.signals import History, PodSample, parse_pod_metrics
 from goodput_operator.k8s import ApiError, Kube
 
 logger = logging.getLogger(__name__)
@@ -27,7 +36,6 @@ SCRAPE_TIMEOUT_SECONDS = 5.0
 @dataclass(frozen=True)
 class Endpoints:
     ready: tuple[str, ...]  # metrics URLs of ready pods
-    starting: int  # endpoints not ready yet
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,14 @@ class Reading:
     signals: Signals | None
     missing: str = ""  # why signals is None
     failed: bool = False  # a read went wrong (not merely too early, or no pod ready)
+
+
+class Source(Protocol):
+    """Signals for one service from its ready endpoints; DirectSource and PrometheusSource below."""
+
+    async def read(self, key: tuple[str, str], served_name: str, endpoints: Endpoints, now: float) -> Reading: ...
+    def forget(self, key: tuple[str, str]) -> None: ...
+    async def close(self) -> None: ...
 
 
 async def endpoint_slice_version(kube: Kube) -> str:
@@ -50,7 +66,6 @@ async def service_endpoints(kube: Kube, version: str, namespace: str, service: s
         "GET", f"/apis/{version}/namespaces/{namespace}/endpointslices",
         query={"labelSelector": f"kubernetes.io/service-name={service}"})
     ready: list[str] = []
-    starting = 0
     for piece in (listing or {}).get("items") or ():
         ports = {p.get("name"): p.get("port") for p in piece.get("ports") or ()}
         port = ports.get("metrics") or ports.get("http")
@@ -59,12 +74,11 @@ async def service_endpoints(kube: Kube, version: str, namespace: str, service: s
             if conditions.get("terminating"):
                 continue
             if conditions.get("ready") is False or port is None:
-                starting += 1
-                continue
+                continue  # starting: the loop counts it from spec.replicas
             host = endpoint["addresses"][0]
             host = f"[{host}]" if ":" in host else host
             ready.append(f"http://{host}:{port}/metrics")
-    return Endpoints(tuple(sorted(ready)), starting)
+    return Endpoints(tuple(sorted(ready)))
 
 
 class DirectSource:
@@ -132,17 +146,16 @@ class PrometheusSource:
         w, lw = f"{self.window:.0f}s", f"{self.long_window:.0f}s"
 
         def attainment(window: str) -> str:
-            return (f"sum(rate(goodput_requests_good_total{{{sel}}}[{window}])) / "
-                    f"sum(rate(goodput_requests_total{{{sel}}}[{window}]))")
+            return (f"sum(rate({REQUESTS_GOOD}{{{sel}}}[{window}])) / "
+                    f"sum(rate({REQUESTS}{{{sel}}}[{window}]))")
 
         def p90(metric: str) -> str:
             return f"histogram_quantile(0.9, sum by (le) (rate({metric}_bucket{{{sel}}}[{w}])))"
 
-        queries = [f"sum(rate(goodput_requests_total{{{sel}}}[{w}]))", attainment(w), attainment(lw),
-                   f"sum(goodput_requests_waiting{{{sel}}})", f"sum(goodput_requests_running{{{sel}}})",
-                   f"avg(goodput_kv_cache_usage_ratio{{{sel}}})",
-                   p90("goodput_time_to_first_token_seconds"), p90("goodput_time_per_output_token_seconds"),
-                   f"sum(increase(goodput_requests_total{{{sel}}}[{lw}]))"]
+        queries = [f"sum(rate({REQUESTS}{{{sel}}}[{w}]))", attainment(w), attainment(lw),
+                   f"sum({REQUESTS_WAITING}{{{sel}}})", f"sum({REQUESTS_RUNNING}{{{sel}}})",
+                   f"avg({KV_CACHE_USAGE}{{{sel}}})", p90(TTFT), p90(TPOT),
+                   f"sum(increase({REQUESTS}{{{sel}}}[{lw}]))"]
         try:
             rate, att, att_long, waiting, running, kv, ttft, tpot, finished = await asyncio.gather(
                 *(self._query(q) for q in queries))
