@@ -8,11 +8,11 @@ import os
 import re
 import shutil
 import subprocess
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = ROOT / "hack" / "cluster.sh"
@@ -33,20 +33,6 @@ def node_unsupported() -> str | None:
     if not re.search(r"^(ID|ID_LIKE)=.*(debian|ubuntu)", release, re.MULTILINE | re.IGNORECASE):
         return "the one-node cluster is written for Debian or Ubuntu"
     return None
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str, every: float = 1.0,
-             explain: Callable[[], str] | None = None) -> Any:
-    """Poll `check` until it returns something truthy; fail naming `what` (and `explain()`) after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            detail = f"\n{explain()}" if explain else ""
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
-        time.sleep(every)
 
 
 def run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> str:

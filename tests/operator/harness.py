@@ -7,13 +7,13 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+import helpers
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
@@ -25,19 +25,8 @@ WAIT_SECONDS = 60.0
 
 
 def wait_for(check: Callable[[], Any], timeout: float = WAIT_SECONDS, what: str = "condition") -> Any:
-    """Poll `check` until it returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except (ApiException, OSError) as err:
-            last_error = err
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}" + (
-        f" (last error: {last_error})" if last_error else ""))
+    """helpers.wait_for as this tier polls: every 0.25 s, API and connection errors counting as "not yet"."""
+    return helpers.wait_for(check, timeout, what, every=0.25, ignore=(ApiException, OSError))
 
 
 @dataclass
@@ -203,13 +192,8 @@ class OperatorProcess:
         return self
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process:
+            helpers.stop_process(self.process, timeout=30)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

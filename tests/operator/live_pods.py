@@ -22,6 +22,7 @@ from pathlib import Path
 
 from autoscaling_helpers import delete_endpoint, host_address, put_endpoint, scale_replicas
 from harness import Cluster
+from helpers import stop_process
 
 
 class Pod:
@@ -51,13 +52,7 @@ class Pod:
         return self.ready
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout=15)
         self._log.close()
 
 

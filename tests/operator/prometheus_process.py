@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from autoscaling_helpers import free_port
 from harness import ROOT, wait_for
+from helpers import stop_process
 
 PROMETHEUS = shutil.which("prometheus")
 RULE = ROOT / "manifests" / "monitoring" / "prometheus-rule.yaml"
@@ -72,13 +73,7 @@ class Prometheus:
         return list(body["data"]["result"])
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout=20)
         self.log.close()
 
     @staticmethod

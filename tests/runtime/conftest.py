@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from helpers import stop_process, wait_for
 
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.metrics import RuntimeMetrics
@@ -37,14 +38,6 @@ def get(url: str) -> tuple[int, dict | str]:
     except urllib.error.HTTPError as exc:
         status, raw, kind = exc.code, exc.read(), exc.headers.get("Content-Type", "")
     return status, json.loads(raw) if "json" in kind else raw.decode()
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 class ServerThread:
@@ -92,7 +85,7 @@ class ServerThread:
         return self
 
     def wait_ready(self) -> None:
-        wait_for(lambda: get(f"{self.url}/health")[0] == 200, 60, "the server to become ready")
+        wait_for(lambda: get(f"{self.url}/health")[0] == 200, 60, "the server to become ready", every=0.02)
 
     def get(self, path: str) -> tuple[int, dict | str]:
         return get(f"{self.url}{path}")
@@ -118,7 +111,7 @@ class ServerThread:
 
     def wait_idle(self, timeout: float = 30) -> None:
         """Every request gone and every KV block free again."""
-        wait_for(self.idle, timeout, "every KV block to be free")
+        wait_for(self.idle, timeout, "every KV block to be free", every=0.02)
 
 
 async def sse_events(response: Any) -> list[str]:
@@ -221,9 +214,7 @@ class RuntimeProcess:
             await asyncio.sleep(0.05)
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, timeout=0)  # killed at once: a drain is what the tests send SIGTERM for
         self.log_file.close()
 
 
