@@ -1,4 +1,4 @@
-"""Trace-driven simulation of a Goodput service under three scaling policies.
+"""Trace-driven simulation of a Goodput service under four scaling policies.
 
     python -m bench.autoscale_sim [--plots] [--startup 60] [--duration 3600]
 
@@ -7,7 +7,9 @@ throughput, TTFT and TPOT against concurrency) and become ready `--startup` seco
 they are asked for. Arrivals are Poisson on four traces (steady, ramp, spike, diurnal),
 seeded. The same traces go to:
 
-- goodput: the operator's own law (goodput_operator.autoscaler_law.decide), every 15 s;
+- goodput: the operator's own law (goodput_operator.autoscaling.law.decide), every 15 s;
+- queue-hpa: a Kubernetes HPA on requests waiting per replica, target 2 (the queue-length
+  signal KServe/KubeAI-style setups scale on), with the same HPA behaviour as below;
 - concurrency-hpa: what KServe and KubeAI do, a Kubernetes HPA on requests in flight per
   replica, its target the concurrency at which one replica meets the SLO (10 % tolerance,
   scale-up max(4 pods, 100 %) per period, 300 s scale-down stabilisation);

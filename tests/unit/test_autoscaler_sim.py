@@ -1,4 +1,5 @@
-"""The simulator's verdict on the goodput law (bench/autoscale_sim.py), against the issue's targets.
+"""The simulator's verdict on the goodput law (bench/autoscale_sim.py): it meets the SLO with fewer
+replica-seconds than static peak provisioning, and beats the queue-length HPA (bench/README.md).
 
 One hour per trace on the measured capacity curve, a 60 s pod start-up, seeded Poisson
 arrivals; the same run `python -m bench.autoscale_sim` prints.

@@ -1,4 +1,5 @@
-"""The CRD file: every field explained, and the API's names as DESIGN.md gives them."""
+"""The CRD file: every field explained for kubectl explain, and the API's names (group, kind, short name,
+version, subresources, printer columns) as users and the operator rely on them."""
 
 from pathlib import Path
 
