@@ -1,7 +1,9 @@
 """The law's policy as a user writes it in spec.slo and spec.autoscaling."""
 
+import pytest
+
 from goodput_operator.autoscaling.loop import policy_for
-from goodput_operator.spec import parse
+from goodput_operator.spec import SpecError, parse
 
 BASE = {"model": {"source": "hf://org/model"}, "resources": {"gpu": 1}}
 
@@ -26,3 +28,10 @@ def test_idle_period_is_what_lets_min_zero_reach_zero():
     raw = {**BASE, "autoscaling": {"mode": "goodput", "minReplicas": 0, "maxReplicas": 3, "idlePeriod": "15m"}}
     policy, _ = policy_for(parse("chat", "ns", raw))
     assert policy.idle_period == 900.0
+
+
+def test_a_bad_idle_period_is_a_spec_error_naming_the_field():
+    raw = {**BASE, "autoscaling": {"mode": "goodput", "minReplicas": 0, "maxReplicas": 3, "idlePeriod": "soon"}}
+    with pytest.raises(SpecError) as err:
+        parse("chat", "ns", raw)
+    assert err.value.field == "spec.autoscaling.idlePeriod"

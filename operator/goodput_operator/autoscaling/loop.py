@@ -136,7 +136,7 @@ class Autoscaler:
         self.memories[key] = decision.memory
         if decision.desired != current and svc.autoscaling.mode == "goodput":
             try:
-                await self._write_replicas(body, current, decision)
+                await self._write_replicas(body, svc, current, decision)
             except Exception as err:
                 metrics.AUTOSCALER_WRITE_ERRORS.labels(target="replicas").inc()
                 raise WriteFailed(f"writing {decision.desired} replicas failed: {err}") from err
@@ -156,7 +156,7 @@ class Autoscaler:
             metrics.AUTOSCALER_ATTAINMENT.labels(namespace=namespace, name=name).set(reading.signals.attainment)
         return decision
 
-    async def _write_replicas(self, body: dict[str, Any], current: int, decision: Decision) -> None:
+    async def _write_replicas(self, body: dict[str, Any], svc: ServiceSpec, current: int, decision: Decision) -> None:
         meta = body["metadata"]
         path = owner_path(meta["namespace"], meta["name"])
         patch = {"spec": {"replicas": decision.desired}}
@@ -166,8 +166,7 @@ class Autoscaler:
         except ApiError as err:
             # API servers before 1.21 refuse the scale subresource of a custom resource whose spec.replicas
             # is unset; that first write sets it on the object itself, under the same field manager.
-            if not (err.status == 500 and "does not exist" in err.message and "replicas" not in (
-                    body.get("spec") or {})):
+            if not (err.status == 500 and "does not exist" in err.message and svc.replicas is None):
                 raise
             await self.kube.request("PATCH", path, body=patch, query={"fieldManager": FIELD_MANAGER},
                                         content_type="application/merge-patch+json")
