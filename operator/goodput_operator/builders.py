@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from goodput_contract import flags
 from goodput_operator.settings import DEFAULT_HF_ENDPOINT, GROUP, KIND, VERSION, Settings
 from goodput_operator.spec import ServiceSpec
 
@@ -75,35 +76,31 @@ def model_path(svc: ServiceSpec) -> str:
     return source.path
 
 
-def _seconds(value: float) -> str:
-    return f"{value:g}"
-
-
 def runtime_args(svc: ServiceSpec) -> list[str]:
-    """The runtime's command line, derived from the spec."""
+    """The runtime's command line, derived from the spec: each CR field under the flag the
+    contract (goodput_contract.flags) names for it; unset fields leave the runtime's default."""
     m, e = svc.model, svc.engine
-    args = ["--model", model_path(svc), "--served-model-name", m.served_name]
-    if m.source.scheme == "hf":
-        args += ["--revision", m.revision]
-    device = "cuda" if svc.resources.gpu else "cpu"
-    args += ["--host", "0.0.0.0", "--port", str(RUNTIME_PORT), "--device", device, "--dtype", m.dtype]
-    if m.max_model_len is not None:
-        args += ["--max-model-len", str(m.max_model_len)]
-    if e.max_num_seqs is not None:
-        args += ["--max-num-seqs", str(e.max_num_seqs)]
-    if e.max_batched_tokens is not None:
-        args += ["--max-num-batched-tokens", str(e.max_batched_tokens)]
-    args += ["--gpu-memory-utilization", f"{e.gpu_memory_utilization:g}"]
-    if e.prefix_caching is not None:
-        args.append("--enable-prefix-caching" if e.prefix_caching else "--no-enable-prefix-caching")
-    if e.max_queue is not None:
-        args += ["--max-queue", str(e.max_queue)]
-    if svc.slo.ttft_seconds is not None:
-        args += ["--slo-ttft", _seconds(svc.slo.ttft_seconds)]
-    if svc.slo.tpot_seconds is not None:
-        args += ["--slo-tpot", _seconds(svc.slo.tpot_seconds)]
-    args += ["--tensor-parallel-size", str(svc.tensor_parallel), "--quantization", m.quantization]
-    args += ["--shutdown-delay", str(SHUTDOWN_DELAY_SECONDS)]
+    args = flags.to_args({
+        "model.source": model_path(svc),
+        "model.servedName": m.served_name,
+        "model.revision": m.revision if m.source.scheme == "hf" else None,
+    })
+    args += [flags.HOST, "0.0.0.0", flags.PORT, str(RUNTIME_PORT)]
+    args += flags.to_args({
+        "resources.gpu": "cuda" if svc.resources.gpu else "cpu",
+        "model.dtype": m.dtype,
+        "model.maxModelLen": m.max_model_len,
+        "engine.maxNumSeqs": e.max_num_seqs,
+        "engine.maxBatchedTokens": e.max_batched_tokens,
+        "engine.gpuMemoryUtilization": e.gpu_memory_utilization,
+        "engine.prefixCaching": e.prefix_caching,
+        "engine.maxQueue": e.max_queue,
+        "slo.ttft": svc.slo.ttft_seconds,
+        "slo.tpot": svc.slo.tpot_seconds,
+        "parallelism.tensor": svc.tensor_parallel,
+        "model.quantization": m.quantization,
+    })
+    args += [flags.SHUTDOWN_DELAY, str(SHUTDOWN_DELAY_SECONDS)]
     return args + list(e.extra_args)
 
 

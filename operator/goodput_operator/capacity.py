@@ -12,12 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from goodput_contract import architectures as arch
+from goodput_contract import parallel
+from goodput_contract import quantization as quant
 from goodput_operator.quantity import quantity_bytes
 from goodput_operator.spec import Resources
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-QUANTIZED_BYTES = {"int8": 1, "fp8": 1}
-SCALE_BYTES = 4  # the runtime keeps one float32 scale per output channel
+QUANTIZED_BYTES = quant.WEIGHT_BYTES
+SCALE_BYTES = quant.SCALE_BYTES  # the runtime keeps one float32 scale per output channel
 # CUDA context, activations and allocator slack, per GPU, kept out of the KV budget.
 RESERVED_BYTES_PER_GPU = 512 * 2**20
 GIB = 2**30
@@ -49,20 +52,21 @@ GPU_COMPUTE_CAPABILITY = {
     "NVIDIA-L4": (8, 9),
     "Tesla-T4": (7, 5),
 }
-FP8_MIN_CAPABILITY = (8, 9)
+FP8_MIN_CAPABILITY = quant.FP8_MIN_CAPABILITY
 
 
-def quantization_problem(quantization: str, r: Resources) -> str | None:
-    """Why the spec's quantization cannot run on its GPUs, when that is known before any pod starts."""
-    if quantization != "fp8":
-        return None
+def quantization_problem(method: str, r: Resources) -> str | None:
+    """Why the spec's quantization cannot run on its GPUs, when that is known before any pod starts
+    (no GPU, or a GPU product of known compute capability); the runtime checks the rest at start."""
+    if problem := quant.method_problem(method):
+        return problem
     if r.gpu == 0:
-        return "fp8 weights need an NVIDIA GPU with compute capability 8.9 or newer (Ada, Hopper); resources.gpu is 0"
+        return quant.capability_problem(method, None, "resources.gpu is 0")
     capability = GPU_COMPUTE_CAPABILITY.get(r.gpu_product or "")
-    if capability is not None and capability < FP8_MIN_CAPABILITY:
-        return (f"fp8 weights need an NVIDIA GPU with compute capability 8.9 or newer (Ada, Hopper); "
-                f"resources.gpuProduct {r.gpu_product} has {capability[0]}.{capability[1]}")
-    return None
+    if capability is None:
+        return None
+    return quant.capability_problem(
+        method, capability, f"resources.gpuProduct {r.gpu_product} has {capability[0]}.{capability[1]}")
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,12 @@ class ModelConfig:
     num_experts: int
     torch_dtype: str
     max_position_embeddings: int | None
+    architectures: tuple[str, ...] = ()
+
+    @property
+    def shape(self) -> parallel.ModelShape:
+        """What tensor parallelism splits."""
+        return parallel.ModelShape(self.num_heads, self.num_kv_heads, self.intermediate_size)
 
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> ModelConfig:
@@ -108,6 +118,7 @@ class ModelConfig:
             num_experts=int(config.get("num_local_experts") or config.get("num_experts") or 1),
             torch_dtype=str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"),
             max_position_embeddings=config.get("max_position_embeddings"),
+            architectures=tuple(str(a) for a in config.get("architectures") or ()),
         )
 
 
@@ -160,8 +171,9 @@ def weight_bytes(c: ModelConfig, dtype: str, quantization: str = "none") -> int:
 
 
 def kv_heads_per_gpu(c: ModelConfig, tensor: int) -> int:
-    """KV heads each GPU holds; heads are replicated when there are fewer than GPUs."""
-    return max(1, c.num_kv_heads // tensor)
+    """KV heads each GPU holds: an even share (ValueError where `tensor` does not divide them;
+    `tensor_parallel_problem` says so first)."""
+    return parallel.kv_heads_per_rank(c.shape, tensor)
 
 
 def kv_bytes_per_token(c: ModelConfig, dtype: str, tensor: int = 1) -> int:
@@ -171,12 +183,14 @@ def kv_bytes_per_token(c: ModelConfig, dtype: str, tensor: int = 1) -> int:
 
 
 def tensor_parallel_problem(c: ModelConfig, tensor: int) -> str | None:
-    """Why `tensor` GPUs cannot split this model's attention, or None when they can."""
-    if c.num_heads % tensor:
-        return f"parallelism.tensor={tensor} does not divide the model's {c.num_heads} attention heads"
-    if c.num_kv_heads % tensor and tensor % c.num_kv_heads:
-        return f"parallelism.tensor={tensor} and the model's {c.num_kv_heads} KV heads do not divide each other"
-    return None
+    """Why `tensor` GPUs cannot split this model (the runtime's rule: the tensor-parallel size divides
+    the attention heads, the KV heads and the MLP's intermediate size), or None when they can."""
+    return parallel.tensor_parallel_problem(c.shape, tensor, "parallelism.tensor")
+
+
+def architecture_problem(c: ModelConfig) -> str | None:
+    """Why the runtime cannot serve this model's architecture, or None when it can."""
+    return arch.architecture_problem(c.architectures, "config.json")
 
 
 @dataclass(frozen=True)

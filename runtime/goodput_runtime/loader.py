@@ -7,15 +7,10 @@ import logging
 import os
 from pathlib import Path
 
+from goodput_contract.architectures import architecture_problem
+
 log = logging.getLogger(__name__)
 
-# Architectures whose transformers model code routes attention through the attention
-# interface, so the paged attention drops in; each is exercised by the test suite.
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-    "MistralForCausalLM": "mistral",
-}
 HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.txt"]
 
 
@@ -65,13 +60,9 @@ def check_architecture(model_dir: Path) -> dict:
     if not config_file.exists():
         raise ModelLoadError(f"{model_dir} has no config.json: not a Hugging Face model directory")
     config = json.loads(config_file.read_text())
-    architectures = config.get("architectures") or []
-    if not any(a in SUPPORTED_ARCHITECTURES for a in architectures):
-        supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
-        raise ModelLoadError(
-            f"unsupported architecture {', '.join(architectures) or '(none given)'} in {config_file}; "
-            f"supported: {supported}"
-        )
+    problem = architecture_problem(config.get("architectures") or [], str(config_file))
+    if problem:
+        raise ModelLoadError(problem)
     return config
 
 
@@ -81,14 +72,13 @@ def load_tokenizer(model_dir: Path):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def load_model(model_dir: Path, dtype, device):
-    """transformers' model code and weights, with attention routed to the paged implementation."""
+def load_model(model_dir: Path, dtype, device, attn_implementation: str):
+    """transformers' model code and weights, with attention routed to ``attn_implementation``
+    (registered with transformers' attention interface beforehand)."""
     from transformers import AutoModelForCausalLM
 
-    from goodput_runtime.engine.attention import ATTN_IMPLEMENTATION
-
     check_architecture(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn_implementation)
     model.to(device)
     model.eval()
     log.info("Loaded %s (%s) on %s as %s", model_dir, type(model).__name__, device, dtype)

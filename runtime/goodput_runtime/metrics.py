@@ -1,5 +1,7 @@
 """Every metric the runtime exports: one module, one prefix, base units, label ``model``.
 
+The names come from ``goodput_contract.metrics``, which the autoscaler and dashboards read too.
+
 Bucket boundaries follow vLLM's, so dashboards and the operator's metric reader treat
 ``goodput_*`` and ``vllm:*`` series alike; each latency histogram also gets a boundary
 exactly at its SLO so attainment can be read straight off the buckets.
@@ -10,7 +12,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from goodput_runtime.engine.outputs import RequestTimes
+from goodput_contract import metrics as names
+from goodput_runtime.request_times import RequestTimes
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -18,7 +21,7 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-PREFIX = "goodput_"
+PREFIX = names.PREFIX
 
 
 def with_boundary(buckets: tuple[float, ...], *extra: float | None) -> tuple[float, ...]:
@@ -42,37 +45,39 @@ class RuntimeMetrics:
         r, labels = self.registry, ["model"]
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=r).labels(model)
+            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(model)
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(PREFIX + name, doc, labels, registry=r).labels(model)
+            return Gauge(name, doc, labels, registry=r).labels(model)
+
+        # a counter's name carries _total, which prometheus_client appends to the name it is given
+        def counter_name(name: str) -> str:
+            return name.removesuffix("_total")
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(PREFIX + name, doc, labels, registry=r).labels(model)
+            return Counter(counter_name(name), doc, labels, registry=r).labels(model)
 
-        self.ttft = histogram("time_to_first_token_seconds", "Time from arrival to the first output token.",
+        self.ttft = histogram(names.TTFT, "Time from arrival to the first output token.",
                               with_boundary(TTFT_BUCKETS, slo_ttft))
-        self.tpot = histogram("time_per_output_token_seconds",
-                              "Mean time per output token after the first, per request.",
+        self.tpot = histogram(names.TPOT, "Mean time per output token after the first, per request.",
                               with_boundary(TPOT_BUCKETS, slo_tpot))
-        self.e2e = histogram("e2e_request_latency_seconds", "Time from arrival to the last token.",
-                             REQUEST_LATENCY_BUCKETS)
-        self.queue_time = histogram("request_queue_time_seconds", "Time from arrival to first scheduling.",
+        self.e2e = histogram(names.E2E_LATENCY, "Time from arrival to the last token.", REQUEST_LATENCY_BUCKETS)
+        self.queue_time = histogram(names.QUEUE_TIME, "Time from arrival to first scheduling.",
                                     REQUEST_LATENCY_BUCKETS)
-        self.running = gauge("requests_running", "Requests in the running batch.")
-        self.waiting = gauge("requests_waiting", "Requests waiting to be scheduled.")
-        self.kv_usage = gauge("kv_cache_usage_ratio", "Share of KV cache blocks in use (0-1).")
-        self.requests = Counter(PREFIX + "requests", "Finished requests by outcome.",
+        self.running = gauge(names.REQUESTS_RUNNING, "Requests in the running batch.")
+        self.waiting = gauge(names.REQUESTS_WAITING, "Requests waiting to be scheduled.")
+        self.kv_usage = gauge(names.KV_CACHE_USAGE, "Share of KV cache blocks in use (0-1).")
+        self.requests = Counter(counter_name(names.REQUESTS), "Finished requests by outcome.",
                                 ["model", "outcome"], registry=r)
-        self.good = counter("requests_good", "Requests that succeeded and met both the TTFT and TPOT SLOs.")
-        self.violations = Counter(PREFIX + "slo_violations", "Successful requests that missed an SLO target.",
+        self.good = counter(names.REQUESTS_GOOD, "Requests that succeeded and met both the TTFT and TPOT SLOs.")
+        self.violations = Counter(counter_name(names.SLO_VIOLATIONS), "Successful requests that missed an SLO target.",
                                   ["model", "slo"], registry=r)
-        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed (prefill).")
-        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
-        self.preemptions = counter("preemptions", "Requests preempted for lack of KV cache blocks.")
-        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
-        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
-        for name, value in (("slo_ttft_seconds", slo_ttft), ("slo_tpot_seconds", slo_tpot)):
+        self.prompt_tokens = counter(names.PROMPT_TOKENS, "Prompt tokens processed (prefill).")
+        self.generation_tokens = counter(names.GENERATION_TOKENS, "Tokens generated.")
+        self.preemptions = counter(names.PREEMPTIONS, "Requests preempted for lack of KV cache blocks.")
+        self.prefix_queries = counter(names.PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter(names.PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.")
+        for name, value in ((names.SLO_TTFT, slo_ttft), (names.SLO_TPOT, slo_tpot)):
             g = gauge(name, "Configured SLO target in seconds (absent when no target is set).")
             if value is not None:
                 g.set(value)

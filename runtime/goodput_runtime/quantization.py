@@ -41,11 +41,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from goodput_contract import flags
+from goodput_contract import quantization as rules
+
 log = logging.getLogger(__name__)
 
-METHODS = ("none", "int8", "fp8")
+METHODS = rules.METHODS
 KERNELS = ("int_mm", "scaled_mm", "dequant")
-FP8_MIN_CAPABILITY = (8, 9)
+FP8_MIN_CAPABILITY = rules.FP8_MIN_CAPABILITY
 INT8_MAX = 127.0
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 EPS = 1e-12
@@ -142,17 +145,24 @@ def _gpu_description(device: torch.device) -> str:
     return f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
 
 
+def nvidia_capability(device: torch.device) -> tuple[int, int] | None:
+    """The CUDA compute capability of an NVIDIA GPU device; None for the CPU or an AMD GPU."""
+    if device.type != "cuda" or not torch.cuda.is_available() or torch.version.hip:
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return major, minor
+
+
 def check_method(method: str, device: torch.device) -> None:
-    """Refuse an unknown method, or fp8 where the GPU cannot hold fp8 weights."""
-    if method not in METHODS:
-        raise QuantizationError(f"unknown quantization method {method!r}; choose one of {', '.join(METHODS)}")
-    if method == "fp8":
-        supported = (device.type == "cuda" and torch.cuda.is_available() and not torch.version.hip
-                     and torch.cuda.get_device_capability(device) >= FP8_MIN_CAPABILITY)
-        if not supported:
-            raise QuantizationError(
-                "fp8 weights need an NVIDIA GPU with compute capability 8.9 or newer (Ada, Hopper); "
-                f"this machine has {_gpu_description(device)}; use --quantization int8 or none")
+    """Refuse an unknown method, or one this device cannot run (the contract's rule: fp8 needs 8.9+)."""
+    problem = rules.method_problem(method)
+    if problem is None and rules.requirement(method) is not None:
+        others = [m for m in METHODS if rules.supported(m, None)]
+        problem = rules.capability_problem(
+            method, nvidia_capability(device),
+            f"this machine has {_gpu_description(device)}; use {flags.QUANTIZATION} {' or '.join(reversed(others))}")
+    if problem:
+        raise QuantizationError(problem)
 
 
 def _kernel_works(kernel: str, weight_dtype: torch.dtype, act_dtype: torch.dtype, device: torch.device) -> bool:

@@ -136,10 +136,32 @@ def test_tensor_parallel_must_divide_qwen_attention_heads(tensor, problem):
         assert "heads" in message
 
 
-def test_llama_tensor_parallel_beyond_kv_heads_replicates_them():
+def test_llama_tensor_parallel_beyond_its_kv_heads_is_refused_as_the_runtime_refuses_it():
+    # the runtime splits KV heads evenly and never replicates them: 16 ranks cannot split 8
     llama = ModelConfig.from_dict(LLAMA3_8B)
-    assert capacity.tensor_parallel_problem(llama, 16) is None
-    assert capacity.kv_bytes_per_token(llama, "bfloat16", tensor=16) == 2 * 32 * 1 * 128 * 2
+    message = capacity.tensor_parallel_problem(llama, 16)
+    assert message is not None
+    assert "KV heads (8) is not divisible by parallelism.tensor 16" in message
+    assert "must be 1, 2, 4 or 8" in message
+    assert capacity.tensor_parallel_problem(llama, 8) is None
+    assert capacity.kv_bytes_per_token(llama, "bfloat16", tensor=8) == 2 * 32 * 1 * 128 * 2
+
+
+def test_tensor_parallel_must_divide_the_mlp_intermediate_size():
+    # heads and KV heads split 4 ways, the MLP's 1002 columns do not
+    config = ModelConfig.from_dict({**LLAMA3_8B, "intermediate_size": 1002})
+    message = capacity.tensor_parallel_problem(config, 4)
+    assert message is not None and "MLP intermediate size (1002) is not divisible by parallelism.tensor 4" in message
+    assert capacity.tensor_parallel_problem(config, 2) is None
+
+
+def test_an_architecture_the_runtime_does_not_serve_is_named():
+    assert capacity.architecture_problem(ModelConfig.from_dict(LLAMA3_8B)) is None
+    gpt2 = ModelConfig.from_dict({**LLAMA3_8B, "architectures": ["GPT2LMHeadModel"]})
+    message = capacity.architecture_problem(gpt2)
+    assert message is not None
+    assert "unsupported architecture GPT2LMHeadModel" in message
+    assert "LlamaForCausalLM" in message
 
 
 def test_config_without_a_needed_key_names_it():

@@ -1,7 +1,7 @@
 """Paged attention behind transformers' attention interface.
 
 transformers' model code projects queries, keys and values and applies rotary embeddings;
-the function registered here takes over from there: it writes the step's keys and values
+the function ``register()`` installs takes over from there: it writes the step's keys and values
 into the paged cache and attends each sequence to its own context. The step is one flat
 row of tokens: single-token decodes first (attended as one padded batch), then prefill
 chunks (each attended on its own, causally, after its cached context).
@@ -127,7 +127,13 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     return out.unsqueeze(0), None  # [1, T, H, D]
 
 
-# No mask function is registered beside it: transformers then builds no mask at all (the paged
-# function builds its own from the step's layout) and skips its packed-sequence check, which
-# would read a tensor on the host every step and cannot run inside a CUDA graph capture.
-AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)
+def register() -> str:
+    """Make ``paged_attention`` transformers' attention implementation ``ATTN_IMPLEMENTATION``,
+    for models loaded after this call; the name to load them with. Calling it again is harmless.
+
+    No mask function is registered beside it: transformers then builds no mask at all (the paged
+    function builds its own from the step's layout) and skips its packed-sequence check, which
+    would read a tensor on the host every step and cannot run inside a CUDA graph capture.
+    """
+    AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)
+    return ATTN_IMPLEMENTATION

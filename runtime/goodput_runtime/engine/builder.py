@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from goodput_runtime.config import EngineConfig
-from goodput_runtime.engine import parallel
+from goodput_runtime.engine import attention, parallel
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.core import EngineCore
 from goodput_runtime.engine.model_runner import KVLayout, ModelRunner
@@ -106,13 +106,14 @@ def load_for_rank(config: EngineConfig, model_dir: Path, rank: int = 0, world: i
     model_config = AutoConfig.from_pretrained(model_dir)
     device = pick_device(config.device)
     dtype = pick_dtype(config.dtype, device, model_config)
+    attn_implementation = attention.register()  # every rank, rank 0 and the followers, loads through here
     if world == 1:
-        model = load_model(model_dir, dtype, device)
+        model = load_model(model_dir, dtype, device, attn_implementation)
     else:
         device = parallel.rank_device(device, rank)
         assert port is not None
         parallel.init_group(rank, world, port, device)
-        model = load_model(model_dir, dtype, torch.device("cpu"))
+        model = load_model(model_dir, dtype, torch.device("cpu"), attn_implementation)
         parallel.shard_model(model, rank, world)
         model = model.to(device)
     quantize_model(model, config.quantization, device, config.quantize_lm_head)

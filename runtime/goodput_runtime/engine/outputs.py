@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# its home is the leaf module request_times (metrics reads it without importing the engine)
+from goodput_runtime.request_times import RequestTimes
+
 
 class EngineError(Exception):
     """Base for errors a caller can act on."""
@@ -37,14 +40,5 @@ class RequestOutput:
     num_cached_tokens: int = 0
 
 
-@dataclass(slots=True)
-class RequestTimes:
-    """Monotonic timestamps of one request, in seconds; the source of its latency metrics."""
-
-    arrival: float
-    first_scheduled: float | None = None
-    first_token: float | None = None
-    finished: float | None = None
-    num_prompt_tokens: int = 0
-    num_output_tokens: int = 0
-    outcome: str = "success"  # success | abort | error
+__all__ = ["EngineError", "EngineStoppedError", "InvalidPromptError", "PromptTooLongError", "QueueFullError",
+           "RequestOutput", "RequestTimes"]

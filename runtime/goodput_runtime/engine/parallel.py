@@ -26,6 +26,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from goodput_contract import flags
+from goodput_contract.parallel import ModelShape, tensor_parallel_problem
+
 log = logging.getLogger(__name__)
 
 COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -38,20 +41,21 @@ class TensorParallelError(ValueError):
     """The model or the machine cannot be split this many ways."""
 
 
-def validate(model_config, world: int, device: torch.device) -> None:
+def model_shape(model_config) -> ModelShape:
+    """What tensor parallelism splits, from a transformers config."""
     heads = model_config.num_attention_heads
     kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
-    problems = [
-        f"{what} ({n}) is not divisible by --tensor-parallel-size {world}"
-        for what, n in (("attention heads", heads), ("KV heads", kv_heads),
-                        ("MLP intermediate size", model_config.intermediate_size))
-        if n % world
-    ]
-    if problems:
-        raise TensorParallelError("; ".join(problems))
+    return ModelShape(heads, kv_heads, model_config.intermediate_size)
+
+
+def validate(model_config, world: int, device: torch.device) -> None:
+    """Refuse a split the model's shape does not allow (the contract's rule), or more GPUs than are visible."""
+    problem = tensor_parallel_problem(model_shape(model_config), world, flags.TENSOR_PARALLEL_SIZE)
+    if problem:
+        raise TensorParallelError(problem)
     if device.type == "cuda" and world > torch.cuda.device_count():
         raise TensorParallelError(
-            f"--tensor-parallel-size {world} needs {world} GPUs; {torch.cuda.device_count()} are visible")
+            f"{flags.TENSOR_PARALLEL_SIZE} {world} needs {world} GPUs; {torch.cuda.device_count()} are visible")
 
 
 def _shard(linear: nn.Linear, dim: int, rank: int, world: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from goodput_runtime.engine.outputs import RequestTimes
+from goodput_runtime.request_times import RequestTimes
 from goodput_runtime.sampling import SamplingParams
 
 

@@ -1,0 +1,19 @@
+"""The timestamps of one request: written by the engine, read by the metrics. Imports nothing
+of the runtime, so both can depend on it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class RequestTimes:
+    """Monotonic timestamps of one request, in seconds; the source of its latency metrics."""
+
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    outcome: str = "success"  # success | abort | error
