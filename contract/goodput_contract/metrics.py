@@ -26,7 +26,14 @@ PREEMPTIONS = PREFIX + "preemptions_total"
 PREFIX_CACHE_QUERIES = PREFIX + "prefix_cache_queries_total"
 PREFIX_CACHE_HITS = PREFIX + "prefix_cache_hits_total"
 
+# the operator's autoscaler series, read by the dashboards (and by HPA/KEDA in those modes)
 AUTOSCALER_DESIRED_REPLICAS = PREFIX + "autoscaler_desired_replicas"
+AUTOSCALER_SLO_ATTAINMENT = PREFIX + "autoscaler_slo_attainment_ratio"
+AUTOSCALER_SCALE_EVENTS = PREFIX + "autoscaler_scale_events_total"
+AUTOSCALER_METRIC_ERRORS = PREFIX + "autoscaler_metric_errors_total"
+AUTOSCALER_WRITE_ERRORS = PREFIX + "autoscaler_write_errors_total"
+AUTOSCALER_REPLICAS = PREFIX + "autoscaler_replicas"
+AUTOSCALER_CAPACITY_PER_REPLICA = PREFIX + "autoscaler_capacity_per_replica"
 
 # another engine's prefix -> ours, for the same signal
 ENGINE_ALIASES = {"vllm:": PREFIX}

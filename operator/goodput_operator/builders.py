@@ -63,7 +63,8 @@ def service_url(svc: ServiceSpec) -> str:
     return f"http://{svc.name}.{svc.namespace}.svc"
 
 
-def _metadata(svc: ServiceSpec, name: str, owner: dict[str, Any]) -> dict[str, Any]:
+def child_metadata(svc: ServiceSpec, name: str, owner: dict[str, Any]) -> dict[str, Any]:
+    """A child's metadata: its name, the service's namespace and labels, one controller owner reference."""
     return {"name": name, "namespace": svc.namespace, "labels": labels(svc), "ownerReferences": [owner]}
 
 
@@ -231,7 +232,7 @@ def build_deployment(svc: ServiceSpec, settings: Settings, owner: dict[str, Any]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(svc, deployment_name(svc), owner),
+        "metadata": child_metadata(svc, deployment_name(svc), owner),
         "spec": {
             "replicas": svc.desired_replicas,
             "selector": {"matchLabels": selector_labels(svc)},
@@ -246,7 +247,7 @@ def build_service(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(svc, svc.name, owner),
+        "metadata": child_metadata(svc, svc.name, owner),
         "spec": {
             "type": "ClusterIP",
             "selector": selector_labels(svc),
@@ -265,7 +266,7 @@ def build_pdb(svc: ServiceSpec, owner: dict[str, Any], api_version: str = "polic
     return {
         "apiVersion": api_version,
         "kind": "PodDisruptionBudget",
-        "metadata": _metadata(svc, deployment_name(svc), owner),
+        "metadata": child_metadata(svc, deployment_name(svc), owner),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(svc)}},
     }
 
@@ -274,7 +275,7 @@ def build_service_monitor(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": _metadata(svc, svc.name, owner),
+        "metadata": child_metadata(svc, svc.name, owner),
         "spec": {
             "selector": {"matchLabels": selector_labels(svc)},
             "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
@@ -286,7 +287,7 @@ def build_pod_monitor(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": _metadata(svc, svc.name, owner),
+        "metadata": child_metadata(svc, svc.name, owner),
         "spec": {
             "selector": {"matchLabels": selector_labels(svc)},
             "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],

@@ -80,11 +80,6 @@ def now_timestamp() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def object_metadata(name: str, namespace: str, labels: dict[str, str], owner: dict[str, Any]) -> dict[str, Any]:
-    """A child's metadata: its name, namespace, labels and one controller owner reference."""
-    return {"name": name, "namespace": namespace, "labels": labels, "ownerReferences": [owner]}
-
-
 def build_event(body: dict[str, Any], type_: str, reason: str, message: str, instance: str,
                 now: str | None = None) -> dict[str, Any]:
     """A core/v1 Event about the object `body` (type Normal or Warning), posted by goodput-operator."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from goodput_contract.metrics import AUTOSCALER_DESIRED_REPLICAS
+from goodput_contract import metrics as names
 
 RECONCILES = Counter(
     "goodput_operator_reconciles_total",
@@ -26,30 +26,30 @@ RUNTIME_FAILURES = Counter(
 )
 
 AUTOSCALER_DESIRED = Gauge(
-    AUTOSCALER_DESIRED_REPLICAS, "Replicas the goodput autoscaler wants, per service.", ["namespace", "name"]
+    names.AUTOSCALER_DESIRED_REPLICAS, "Replicas the goodput autoscaler wants, per service.", ["namespace", "name"]
 )
 AUTOSCALER_ATTAINMENT = Gauge(
-    "goodput_autoscaler_slo_attainment_ratio", "SLO attainment the autoscaler saw over its short window.",
+    names.AUTOSCALER_SLO_ATTAINMENT, "SLO attainment the autoscaler saw over its short window.",
     ["namespace", "name"],
 )
 AUTOSCALER_SCALE_EVENTS = Counter(
-    "goodput_autoscaler_scale_events_total", "Replica changes the autoscaler wrote, by direction and cause.",
+    names.AUTOSCALER_SCALE_EVENTS, "Replica changes the autoscaler wrote, by direction and cause.",
     ["direction", "reason"],
 )
 AUTOSCALER_METRIC_ERRORS = Counter(
-    "goodput_autoscaler_metric_errors_total", "Periods in which a service's metrics could not be read (held)."
+    names.AUTOSCALER_METRIC_ERRORS, "Periods in which a service's metrics could not be read (held)."
 )
 AUTOSCALER_WRITE_ERRORS = Counter(
-    "goodput_autoscaler_write_errors_total",
+    names.AUTOSCALER_WRITE_ERRORS,
     "Autoscaler writes the API server refused or did not answer, by target: replicas (the scale subresource) "
     "or status.",
     ["target"],
 )
 AUTOSCALER_REPLICAS = Gauge(
-    "goodput_autoscaler_replicas", "Replica counts the autoscaler works with: current, ready, starting, min, max.",
+    names.AUTOSCALER_REPLICAS, "Replica counts the autoscaler works with: current, ready, starting, min, max.",
     ["namespace", "name", "kind"],
 )
 AUTOSCALER_CAPACITY = Gauge(
-    "goodput_autoscaler_capacity_per_replica", "Requests per second one replica serves within the SLO, as learnt.",
+    names.AUTOSCALER_CAPACITY_PER_REPLICA, "Requests per second one replica serves within the SLO, as learnt.",
     ["namespace", "name"],
 )

@@ -180,6 +180,10 @@ async def _model_fit(ctx: Context, svc: ServiceSpec) -> Fit:
     if result.config is None:
         return Fit(Condition(MODEL_FITS, UNKNOWN, "ConfigUnavailable", result.error or ""))
     config = result.config
+    problem = capacity.architecture_problem(config)
+    if problem:
+        return Fit(Condition(MODEL_FITS, FALSE, "ArchitectureUnsupported", problem),
+                   invalid=SpecError("model.source", problem, reason="ArchitectureUnsupported"))
     problem = capacity.tensor_parallel_problem(config, svc.tensor_parallel)
     if problem:
         return Fit(Condition(MODEL_FITS, FALSE, "TensorParallelMismatch", problem),

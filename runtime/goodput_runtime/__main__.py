@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from goodput_contract import quantization as quantization_rules
 from goodput_runtime.config import EngineConfig
 
 BYTE_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -134,7 +135,7 @@ def build_parser() -> ReasonedArgumentParser:
                        choices=["auto", "float32", "bfloat16", "float16"])
     model.add_argument("--device", default=default("device"), choices=["auto", "cpu", "cuda"])
     model.add_argument("--max-model-len", type=positive_int, help="context length (default: the model's)")
-    model.add_argument("--quantization", default="none", choices=["none", "int8", "fp8"],
+    model.add_argument("--quantization", default="none", choices=list(quantization_rules.METHODS),
                        help="int8 or fp8 weights with per-channel scales (fp8: GPUs of compute capability 8.9+)")
     model.add_argument("--quantize-lm-head", action="store_true", help="quantize the LM head too")
     model.add_argument("--tensor-parallel-size", type=positive_int, default=1,

@@ -9,20 +9,10 @@ How a quantized linear computes, per device (the kernel is picked once, at load 
 
 - CPU, int8: ``int_mm``. Each token's activations are quantized on the fly to int8 with
   their own scale, multiplied by the int8 weight with ``torch._int_mm`` (int32 accumulation,
-  exact), and rescaled. Measured on the 59M bench model (2 shared cores, best of runs), the
-  linears of one step, batch 1 / 32: fp32 4.7 / 20.0 ms, int_mm 2.8 / 9.9 ms, dequantize then
-  fp32 matmul 8.4 / 27 ms, ``_weight_int8pack_mm`` 43 ms / far slower, ``quantize_dynamic``
-  (fbgemm) 2.5 / 6.5 ms; a 2,048-token prefill, per layer: fp32 58 ms, int_mm 29-40 ms. A whole
-  decode step, batch 1 / 32: fp32 12.6 / 60 ms, int_mm 9.2 / 36 ms, dequantize 16 / 52 ms.
-  Top-1 agreement with fp32 over a fixed text: int_mm 62 %, dequantize 75 %,
-  ``quantize_dynamic`` 28 % on that model (initializer range 0.1: chaotic, small changes grow
-  through the layers); 96 %, 95 %, 86 % on the same shape drawn at range 0.02.
-  ``quantize_dynamic`` is a little faster but quantizes a whole batch with one 7-bit scale:
-  clearly worse outputs, a request's tokens depend on what it is batched with, and its
-  quantized-tensor API is deprecated. Strict weight-only (dequantize) is the most accurate
-  but slower than fp32, so it buys memory only. int_mm keeps the storage int8, is faster than
-  fp32 at every batch size, and, being exact per row, gives a request the same tokens
-  whatever it is batched with; its cost is the activation rounding (the tests bound it).
+  exact), and rescaled. It keeps the storage int8, is faster than fp32 at every batch size,
+  and, being exact per row, gives a request the same tokens whatever it is batched with; its
+  cost is the activation rounding (the tests bound it). The measurements behind this choice
+  over dequantizing and over ``quantize_dynamic`` are in bench/README.md.
 - CUDA, int8: ``dequant``: weight-only, the int8 weight is widened to the activations'
   dtype inside the matmul. It saves memory, not bandwidth: there is no fused eager kernel
   (torch's CUDA ``_weight_int8pack_mm`` takes float32 activations only, one warp or thread

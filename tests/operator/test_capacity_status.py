@@ -5,6 +5,7 @@ import pytest
 pytestmark = pytest.mark.apiserver
 
 QWEN25_7B = {
+    "architectures": ["Qwen2ForCausalLM"],
     "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
     "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
     "max_position_embeddings": 32768, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
@@ -51,6 +52,16 @@ def test_tensor_parallel_that_does_not_divide_the_heads_is_refused(cluster, oper
     assert "28 attention heads" in valid["message"]
     assert cluster.wait_condition(namespace, "tp8", "ModelFits", "False")["reason"] == "TensorParallelMismatch"
     assert cluster.deployment(namespace, "tp8") is None
+
+
+def test_an_architecture_the_runtime_cannot_serve_is_refused_before_any_pod(cluster, operator, namespace, hub):
+    hub.configs["acme/neox-7b"] = {**QWEN25_7B, "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox"}
+    cluster.create_service(namespace, "neox", _spec(model={"source": "hf://acme/neox-7b"}))
+    valid = cluster.wait_condition(namespace, "neox", "Valid", "False")
+    assert valid["reason"] == "ArchitectureUnsupported"
+    assert "GPTNeoXForCausalLM" in valid["message"] and "LlamaForCausalLM" in valid["message"]
+    assert cluster.wait_condition(namespace, "neox", "ModelFits", "False")["reason"] == "ArchitectureUnsupported"
+    assert cluster.wait_condition(namespace, "neox", "Ready", "False")["reason"]
 
 
 def test_fp8_on_a_gpu_older_than_ada_is_refused_before_any_pod(cluster, operator, namespace):

@@ -4,8 +4,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from goodput_operator.autoscaling.signals import History, histogram_quantile, parse_pod_metrics
-from goodput_runtime.engine.outputs import RequestTimes
 from goodput_runtime.metrics import RuntimeMetrics
+from goodput_runtime.request_times import RequestTimes
 
 
 def finished(metrics: RuntimeMetrics, ttft: float, tokens: int = 5, tpot: float = 0.01) -> None:

@@ -126,7 +126,7 @@ def test_the_operator_admits_exactly_what_the_runtime_starts(model_dirs, monkeyp
 
 
 def test_llama_3_8b_on_16_gpus_is_refused_by_both_naming_its_8_kv_heads(model_dirs, monkeypatch):
-    # the regression of issue #10: admitted by the operator, then a crash loop in the runtime
+    # once admitted by the operator, then a crash loop in the runtime
     simulate_gpus(monkeypatch, "NVIDIA-H100-80GB-HBM3", 16)
     spec = {"model": {"source": f"file://{model_dirs['Llama-3-8B']}"}, "parallelism": {"tensor": 16}}
     operator_says = operator_refusal(MODELS["Llama-3-8B"], spec)
@@ -181,6 +181,9 @@ def test_quantization_methods_agree_across_crd_runtime_and_contract():
     assert tuple(model["properties"]["quantization"]["enum"]) == quantization.METHODS
 
 
+AUTOSCALER_PREFIX = metric_names.PREFIX + "autoscaler_"
+
+
 def test_the_runtime_exports_every_series_the_contract_names():
     metrics = RuntimeMetrics("m", 0.5, 0.05)
     metrics.record_finished(RequestTimes(arrival=0.0, first_scheduled=0.1, first_token=0.2, finished=1.0,
@@ -188,10 +191,24 @@ def test_the_runtime_exports_every_series_the_contract_names():
     exported = {sample.name for family in metrics.registry.collect() for sample in family.samples}
     runtime_series = {value for name, value in vars(metric_names).items()
                       if name.isupper() and isinstance(value, str) and value.startswith(metric_names.PREFIX)
-                      and value not in (metric_names.PREFIX, metric_names.AUTOSCALER_DESIRED_REPLICAS)}
+                      and value != metric_names.PREFIX and not value.startswith(AUTOSCALER_PREFIX)}
     histograms = {metric_names.TTFT, metric_names.TPOT, metric_names.E2E_LATENCY, metric_names.QUEUE_TIME}
     for name in runtime_series:
         assert (name + "_count" if name in histograms else name) in exported, name
+
+
+def test_the_operator_exports_every_autoscaler_series_the_contract_names():
+    from prometheus_client import REGISTRY
+
+    import goodput_operator.metrics  # noqa: F401  (registers the operator's series)
+
+    exported = {family.name for family in REGISTRY.collect()}
+    exported |= {name + "_total" for name in exported}  # counters' families drop the suffix
+    autoscaler_series = {value for name, value in vars(metric_names).items()
+                         if name.isupper() and isinstance(value, str) and value.startswith(AUTOSCALER_PREFIX)}
+    assert len(autoscaler_series) >= 7
+    for name in autoscaler_series:
+        assert name in exported, name
 
 
 def test_the_contract_imports_only_the_standard_library():

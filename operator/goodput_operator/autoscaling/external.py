@@ -14,8 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from goodput_contract.metrics import AUTOSCALER_DESIRED_REPLICAS as DESIRED_METRIC
-from goodput_operator.builders import Manifest, labels
-from goodput_operator.k8s import object_metadata
+from goodput_operator.builders import Manifest, child_metadata
 from goodput_operator.settings import GROUP, KIND, VERSION
 from goodput_operator.spec import ServiceSpec
 
@@ -31,7 +30,7 @@ def build_hpa(svc: ServiceSpec, owner: dict[str, Any], api_version: str = "autos
     return {
         "apiVersion": api_version,
         "kind": "HorizontalPodAutoscaler",
-        "metadata": object_metadata(svc.name, svc.namespace, labels(svc), owner),
+        "metadata": child_metadata(svc, svc.name, owner),
         "spec": {
             "scaleTargetRef": _target_ref(svc),
             "minReplicas": a.min_replicas,
@@ -64,7 +63,7 @@ def build_scaled_object(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest | N
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
-        "metadata": object_metadata(svc.name, svc.namespace, labels(svc), owner),
+        "metadata": child_metadata(svc, svc.name, owner),
         "spec": {
             "scaleTargetRef": _target_ref(svc),
             "minReplicaCount": a.min_replicas,

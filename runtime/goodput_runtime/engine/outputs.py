@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# its home is the leaf module request_times (metrics reads it without importing the engine)
-from goodput_runtime.request_times import RequestTimes
-
 
 class EngineError(Exception):
     """Base for errors a caller can act on."""
@@ -41,4 +38,4 @@ class RequestOutput:
 
 
 __all__ = ["EngineError", "EngineStoppedError", "InvalidPromptError", "PromptTooLongError", "QueueFullError",
-           "RequestOutput", "RequestTimes"]
+           "RequestOutput"]
