@@ -49,3 +49,12 @@ def test_the_pip_build_args_have_no_default_so_docker_builds_use_pip_as_usual():
         for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CERT"):
             assert re.search(rf"^ARG {name}$", text, re.M), (dockerfile, name)
         assert re.search(r"^ARG BASE_IMAGE=\S+$", text, re.M), dockerfile
+
+
+def test_every_path_a_dockerfile_copies_is_in_the_build_context():
+    # .dockerignore keeps everything out but what it names with "!": a COPY of anything else fails the build
+    allowed = {line[1:].strip() for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")}
+    for dockerfile in ROOT.glob("Dockerfile.*"):
+        for source in re.findall(r"^COPY\s+(?:--\S+\s+)*(\S+)\s+\S+\s*$", dockerfile.read_text(), re.MULTILINE):
+            top = source.removeprefix("./").split("/")[0]
+            assert top in allowed, f"{dockerfile.name} copies {source}, which .dockerignore leaves out"
