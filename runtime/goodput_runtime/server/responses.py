@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+from goodput_runtime.engine.outputs import TokenLogprob
+
+LOGPROB_FLOOR = -9999.0  # -inf (a token the request ruled out) is not JSON; reported as this, like vLLM
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
@@ -13,14 +19,44 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
+class TokenText:
+    """Each token's own text, as logprobs name it (decoded alone, special tokens included), cached."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self.cache.get(token_id)
+        if text is None:
+            text = self.cache[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False) or ""
+        return text
+
+
+def floor(logprob: float) -> float:
+    return max(logprob, LOGPROB_FLOOR)
+
+
+@dataclass
+class Choice:
+    """One choice of a whole (non-streamed) response."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: dict | None = None
+
+
 @dataclass
 class Shape:
-    """One response's identity; subclasses say how its text is wrapped."""
+    """One response's identity; subclasses say how its text and logprobs are wrapped."""
 
     model: str
     include_usage: bool = False
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    n: int = 1
+    token_text: Callable[[int], str] | None = None  # needed when logprobs are asked for
 
     prefix = "cmpl"
     object_name = "text_completion"
@@ -45,35 +81,85 @@ class Shape:
     def first_chunks(self) -> list[dict]:
         return []
 
-    def chunk(self, text: str, finish_reason: str | None = None) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def logprobs(self, index: int, entries: list[tuple[int, TokenLogprob | None]], text: str) -> dict | None:
+        """The logprobs of one piece of a choice: (token id, its logprob or None) per token; text is
+        the piece's text. None for no tokens."""
+        return None
+
+    def chunk(self, text: str, finish_reason: str | None = None, index: int = 0,
+              logprobs: dict | None = None) -> dict:
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return self.chunk_envelope([choice])
 
-    def response(self, text: str, finish_reason: str | None, counts: dict) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return {**self.envelope(self.object_name, [choice]), "usage": counts}
+    def response(self, choices: list[Choice], counts: dict) -> dict:
+        body = [{"index": c.index, "text": c.text, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
+                for c in choices]
+        return {**self.envelope(self.object_name, body), "usage": counts}
 
 
+@dataclass
 class CompletionShape(Shape):
-    pass
+    """Legacy completions: logprobs as parallel lists, top_logprobs holding the chosen token too."""
+
+    offsets: dict[int, int] = field(default_factory=dict)  # per choice: characters reported so far
+
+    def logprobs(self, index: int, entries: list[tuple[int, TokenLogprob | None]], text: str) -> dict | None:
+        assert self.token_text is not None
+        name = self.token_text
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        top_logprobs: list[dict[str, float] | None] = []
+        text_offset: list[int] = []
+        offset = self.offsets.get(index, 0)
+        for token_id, entry in entries:
+            token = name(token_id)
+            tokens.append(token)
+            text_offset.append(offset)
+            offset += len(token)
+            if entry is None:  # the prompt's first token: nothing before it to predict it from
+                token_logprobs.append(None)
+                top_logprobs.append(None)
+                continue
+            token_logprobs.append(floor(entry.logprob))
+            top = {name(t): floor(lp) for t, lp in entry.top}
+            top.setdefault(token, floor(entry.logprob))
+            top_logprobs.append(top)
+        self.offsets[index] = offset
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+                "text_offset": text_offset}
 
 
+@dataclass
 class ChatShape(Shape):
     prefix = "chatcmpl"
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def delta(self, delta: dict, finish_reason: str | None = None) -> dict:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    def delta(self, delta: dict, finish_reason: str | None = None, index: int = 0,
+              logprobs: dict | None = None) -> dict:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return self.chunk_envelope([choice])
 
     def first_chunks(self) -> list[dict]:
-        return [self.delta({"role": "assistant", "content": ""})]
+        return [self.delta({"role": "assistant", "content": ""}, index=i) for i in range(self.n)]
 
-    def chunk(self, text: str, finish_reason: str | None = None) -> dict:
-        return self.delta({"content": text} if text else {}, finish_reason)
+    def logprobs(self, index: int, entries: list[tuple[int, TokenLogprob | None]], text: str) -> dict | None:
+        assert self.token_text is not None
+        name = self.token_text
 
-    def response(self, text: str, finish_reason: str | None, counts: dict) -> dict:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                  "logprobs": None, "finish_reason": finish_reason}
-        return {**self.envelope(self.object_name, [choice]), "usage": counts}
+        def item(token_id: int, logprob: float) -> dict:
+            token = name(token_id)
+            return {"token": token, "logprob": floor(logprob), "bytes": list(token.encode("utf-8", "replace"))}
+
+        content = [{**item(token_id, entry.logprob), "top_logprobs": [item(t, lp) for t, lp in entry.top]}
+                   for token_id, entry in entries if entry is not None]
+        return {"content": content, "refusal": None}
+
+    def chunk(self, text: str, finish_reason: str | None = None, index: int = 0,
+              logprobs: dict | None = None) -> dict:
+        return self.delta({"content": text} if text or logprobs else {}, finish_reason, index, logprobs)
+
+    def response(self, choices: list[Choice], counts: dict) -> dict:
+        body = [{"index": c.index, "message": {"role": "assistant", "content": c.text, "refusal": None},
+                 "logprobs": c.logprobs, "finish_reason": c.finish_reason} for c in choices]
+        return {**self.envelope(self.object_name, body), "usage": counts}
