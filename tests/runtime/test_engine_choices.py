@@ -48,15 +48,19 @@ def sampled(max_tokens: int, seed: int | None = 11, n: int = 1, **kw) -> Samplin
 
 
 def test_n_choices_share_the_prompt_blocks(tiny_model_dir):
-    core = build_core(config(tiny_model_dir))
-    one, peak_one = run(core, {"a": (LONG_PROMPT, sampled(8))})
-    four, peak_four = run(core, {"b": (LONG_PROMPT, sampled(8, n=4))})
+    # prefix caching off: the sharing is the fork's own
+    _, peak_one = run(build_core(config(tiny_model_dir, enable_prefix_caching=False)), {"a": (LONG_PROMPT, sampled(8))})
+    four, peak_four = run(build_core(config(tiny_model_dir, enable_prefix_caching=False)),
+                          {"b": (LONG_PROMPT, sampled(8, n=4))})
+    _, peak_apart = run(build_core(config(tiny_model_dir, enable_prefix_caching=False)),
+                        {f"c{i}": (LONG_PROMPT, sampled(8, seed=i)) for i in range(4)})
     assert sorted(four) == [("b", i) for i in range(4)]
     assert all(len(r["tokens"]) == 8 and r["reason"] == "length" for r in four.values())
     # 13 blocks hold the prompt and its first tokens; each further choice adds only its copy of the
-    # partly filled last block, where four independent requests would take 52
+    # partly filled last block, where four separate requests take four times as many
     assert peak_one == 13
     assert peak_four == 13 + 3
+    assert peak_apart == 4 * 13
     assert peak_four < 1.5 * peak_one
 
 

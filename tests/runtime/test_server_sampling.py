@@ -123,10 +123,11 @@ def test_chat_logprobs_have_openais_shape_and_values(openai_client, server, refe
     assert [c.token for c in content] == names(tokenizer, tokens)
     for item, token, step in zip(content, tokens, steps, strict=True):
         assert item.logprob == pytest.approx(float(step[token]), abs=1e-4)
-        assert item.bytes == list(item.token.encode("utf-8", "replace"))
         values, ids = step.topk(4)
         assert [t.token for t in item.top_logprobs] == names(tokenizer, ids.tolist())
         assert [t.logprob for t in item.top_logprobs] == pytest.approx(values.tolist(), abs=1e-4)
+    # the tokens' bytes, joined, are the answer's text, even where a token holds part of a character
+    assert bytes(b for c in content for b in c.bytes).decode() == result.choices[0].message.content
     bare = openai_client.chat.completions.create(model=server.model, messages=messages, max_tokens=2,
                                                  logprobs=True, extra_body={"ignore_eos": True})
     assert all(c.top_logprobs == [] for c in bare.choices[0].logprobs.content)
@@ -262,3 +263,13 @@ def test_generation_config_defaults_apply_where_the_request_is_silent(make_serve
     assert silent.usage.completion_tokens == 7
     assert silent.choices[0].text == explicit.choices[0].text != unpenalized.choices[0].text
     assert "temperature=0.0, repetition_penalty=1.8, max_tokens=7" in caplog.text
+
+
+def test_token_bytes_rebuild_characters_split_across_tokens(tokenizer):
+    from goodput_runtime.server.responses import TokenText
+
+    text = "naïve café ☕ 数"
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    token_text = TokenText(tokenizer)
+    assert any(token_text(i) == "\ufffd" for i in ids)  # some tokens hold part of a character
+    assert bytes(b for i in ids for b in token_text.bytes(i)).decode() == text

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,18 +19,54 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
+def byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in for each byte (GPT-2's table), mapped back to the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+BYTE_LEVEL = byte_level_alphabet()
+BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
 class TokenText:
-    """Each token's own text, as logprobs name it (decoded alone, special tokens included), cached."""
+    """Each token's own text, as logprobs name it (decoded alone, special tokens included), and its
+    bytes; cached."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.cache: dict[int, str] = {}
+        self.byte_cache: dict[int, list[int]] = {}
 
     def __call__(self, token_id: int) -> str:
         text = self.cache.get(token_id)
         if text is None:
             text = self.cache[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False) or ""
         return text
+
+    def bytes(self, token_id: int) -> list[int]:
+        """The token's UTF-8 bytes; for a token holding part of a character (its text alone is U+FFFD),
+        the raw bytes of a byte-level or byte-fallback vocabulary."""
+        found = self.byte_cache.get(token_id)
+        if found is not None:
+            return found
+        text = self(token_id)
+        raw = list(text.encode("utf-8", "replace"))
+        if "\ufffd" in text:
+            piece = self.tokenizer.convert_ids_to_tokens(token_id)
+            if isinstance(piece, str) and (match := BYTE_FALLBACK.fullmatch(piece)):
+                raw = [int(match.group(1), 16)]
+            elif isinstance(piece, str) and piece and all(c in BYTE_LEVEL for c in piece):
+                raw = [BYTE_LEVEL[c] for c in piece]
+        self.byte_cache[token_id] = raw
+        return raw
 
 
 def floor(logprob: float) -> float:
@@ -56,7 +92,7 @@ class Shape:
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     n: int = 1
-    token_text: Callable[[int], str] | None = None  # needed when logprobs are asked for
+    token_text: TokenText | None = None  # needed when logprobs are asked for
 
     prefix = "cmpl"
     object_name = "text_completion"
@@ -148,8 +184,7 @@ class ChatShape(Shape):
         name = self.token_text
 
         def item(token_id: int, logprob: float) -> dict:
-            token = name(token_id)
-            return {"token": token, "logprob": floor(logprob), "bytes": list(token.encode("utf-8", "replace"))}
+            return {"token": name(token_id), "logprob": floor(logprob), "bytes": name.bytes(token_id)}
 
         content = [{**item(token_id, entry.logprob), "top_logprobs": [item(t, lp) for t, lp in entry.top]}
                    for token_id, entry in entries if entry is not None]
