@@ -145,10 +145,10 @@ class EngineCore:
                     self.scheduler.finish(seq, "stop")
             outputs.append(self._output(request, choice, now, record))
         if self.metrics and record:
-            num_generated = result.num_sampled
+            num_sampling = sum(t is not None for t in result.tokens)  # forked choices computed nothing
             self.metrics.record_step(len(self.scheduler.running), len(self.scheduler.waiting),
-                                     self.block_manager.usage, out.num_tokens - num_generated,
-                                     num_generated, out.num_preempted)
+                                     self.block_manager.usage, out.num_tokens - num_sampling,
+                                     result.num_sampled, out.num_preempted)
             if out.prefix_queried_tokens:
                 self.metrics.record_prefix_lookup(out.prefix_queried_tokens, out.prefix_hit_tokens)
         return outputs

@@ -8,8 +8,8 @@ a tensor operation over the whole batch (the penalties count each row's tokens w
 rows are all greedy with nothing to change takes the plain argmax, exactly as before.
 
 Reported logprobs are `log_softmax` of the logits at the point the token is chosen: after the
-bias, minimum-length mask, penalties and temperature (temperature only for sampled rows), before
-min-p, top-k and top-p drop tokens. Prompt logprobs are the model's own distribution.
+bias, minimum-length mask, penalties and temperature (a greedy request's temperature 0 divides
+nothing), before min-p, top-k and top-p drop tokens. Prompt logprobs are the model's own distribution.
 
 Draws use exponential noise: the argmax of probs / E with E ~ Exp(1) per token is a draw from
 probs. Rows with a seed take their noise from their own generator, so their tokens do not
@@ -60,9 +60,9 @@ class Sampler:
             logits = self.process(logits, rows)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         scores = logits
-        if random_rows:
-            temperature = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=logits.device)
-            scores = logits / temperature[:, None]
+        temperatures = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+        if any(t != 1.0 for t in temperatures):  # temperature 0 is greedy: those rows stay as they are
+            scores = logits / torch.tensor(temperatures, device=logits.device)[:, None]
         tokens = scores.argmax(dim=-1)
         if random_rows:
             index = torch.tensor(random_rows, device=logits.device)
