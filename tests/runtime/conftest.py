@@ -135,11 +135,12 @@ def read_sse() -> Callable[[Any], Any]:
 
 @pytest.fixture
 def make_server(tiny_model_dir: Path) -> Iterator[Callable[..., ServerThread]]:
-    """Servers with settings of their own, stopped when the test ends."""
+    """Servers with settings (or a model directory) of their own, stopped when the test ends."""
     started: list[ServerThread] = []
 
-    def make(start: bool = True, wait_ready: bool = True, **settings: Any) -> ServerThread:
-        running = ServerThread(tiny_model_dir, **settings)
+    def make(start: bool = True, wait_ready: bool = True, model_dir: Path | None = None,
+             **settings: Any) -> ServerThread:
+        running = ServerThread(model_dir or tiny_model_dir, **settings)
         started.append(running)
         return running.start(wait_ready) if start else running
 

@@ -108,7 +108,7 @@ def test_aborting_frees_every_block(core):
     for _ in range(3):
         core.step()
     assert core.block_manager.num_free_blocks < core.block_manager.num_blocks
-    out = core.abort("long")
+    [out] = core.abort("long")
     assert out.finished and out.finish_reason == "abort"
     assert core.block_manager.num_free_blocks == core.block_manager.num_blocks
     assert not core.has_unfinished()

@@ -43,12 +43,13 @@ COMPLETION_CASES = [
     ({"stop_token_ids": "4"}, "stop_token_ids"),
     ({"stop_token_ids": [10**9]}, "stop_token_ids"),
     ({"ignore_eos": "yes"}, "ignore_eos"),
-    ({"n": 2}, "n"),
+    ({"n": 17}, "n"),
+    ({"n": 0}, "n"),
     ({"n": "1"}, "n"),
     ({"stream": "yes"}, "stream"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
-    ({"logprobs": 2}, "logprobs"),
+    ({"logprobs": 21}, "logprobs"),
 ]
 
 CHAT_CASES = [
@@ -66,7 +67,7 @@ CHAT_CASES = [
     ({"messages": [{"role": "user", "content": "word " * 400}]}, "messages"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_completion_tokens": -1}, "max_completion_tokens"),
-    ({"n": 3}, "n"),
+    ({"n": 17}, "n"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
 ]
 

@@ -62,6 +62,11 @@ class AsyncEngine:
         return cls(build_core(config, metrics), config)
 
     @property
+    def sampling_defaults(self) -> dict[str, float | int]:
+        """The model's generation_config.json settings for requests silent on them."""
+        return self.core.sampling_defaults
+
+    @property
     def num_waiting(self) -> int:
         return len(self.core.scheduler.waiting)
 
@@ -164,8 +169,7 @@ class AsyncEngine:
                 self._abort_now(request_id)
 
     def _abort_now(self, request_id: str, outcome: str = "abort") -> None:
-        output = self.core.abort(request_id, outcome)
-        if output is not None:
+        for output in self.core.abort(request_id, outcome):
             self._deliver(output)
 
     def _deliver(self, output: RequestOutput) -> None:

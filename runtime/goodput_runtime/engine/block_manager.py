@@ -3,6 +3,11 @@
 Pure Python. A block's hash chains its tokens with its parent block's hash, so equal
 hashes mean equal prefixes. Freed blocks keep their hash and stay findable until they
 are handed out again, oldest first.
+
+A request's choices (`n`) fork from one prefill: each takes a reference on every block of the
+prompt. The partly filled last block is copied on write: the first choice to write into a block
+others still hold gets a fresh copy of it (the copy is recorded on the sequence for the model
+runner to make before the step), and the last holder writes in place.
 """
 
 from __future__ import annotations
@@ -72,8 +77,14 @@ class BlockManager:
         have = len(hits) if hits else len(seq.block_table)
         needed = self.blocks_needed(computed + num_new_tokens) - have
         reusable = sum(1 for b in hits if self.blocks[b].ref_count == 0)
-        if needed > len(self.free) - reusable:
+        shared = self._shared_write_block(seq) if not hits and num_new_tokens else None
+        if needed + (shared is not None) > len(self.free) - reusable:
             return False
+        if shared is not None:  # copy on write: this sequence gets its own copy of the block
+            source = seq.block_table[shared]
+            self.blocks[source].ref_count -= 1
+            seq.block_table[shared] = self._take_free()
+            seq.block_copies.append((source, seq.block_table[shared]))
         if hits:
             for block_id in hits:
                 self._take(block_id)
@@ -84,6 +95,22 @@ class BlockManager:
             seq.block_table.append(self._take_free())
         return True
 
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Let child share every block parent holds, its computed tokens and their hashes."""
+        for block_id in parent.block_table:
+            self.blocks[block_id].ref_count += 1
+        child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_computed_tokens = parent.num_computed_tokens
+
+    def _shared_write_block(self, seq: Sequence) -> int | None:
+        """Index in seq's block table of the block its next token is written to, when other
+        sequences hold it too."""
+        index = seq.num_computed_tokens // self.block_size
+        if index < len(seq.block_table) and self.blocks[seq.block_table[index]].ref_count > 1:
+            return index
+        return None
+
     def free_seq(self, seq: Sequence) -> None:
         # freed in reverse so a prefix's tail is reused before its head
         for block_id in reversed(seq.block_table):
@@ -93,6 +120,7 @@ class BlockManager:
                 self.free[block_id] = None
         seq.block_table = []
         seq.block_hashes = []
+        seq.block_copies = []
         seq.num_computed_tokens = 0
 
     def commit(self, seq: Sequence) -> None:

@@ -26,6 +26,7 @@ from goodput_runtime.loader import (
 )
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.quantization import check_method, quantize_model
+from goodput_runtime.sampling import generation_defaults
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,8 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
             runner.enable_decode_graphs(config.max_num_seqs, max_model_len, capture=True)
         else:
             log.info("decode CUDA graphs are off under tensor parallelism; decode steps run eagerly")
-    return EngineCore(runner, scheduler, tokenizer, max_model_len, metrics, followers)
+    defaults = generation_defaults(getattr(model, "generation_config", None))  # for requests silent on them
+    return EngineCore(runner, scheduler, tokenizer, max_model_len, metrics, followers, defaults)
 
 
 __all__ = ["EngineConfigError", "ModelLoadError", "build_core"]

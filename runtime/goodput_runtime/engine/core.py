@@ -6,32 +6,54 @@ that `execute`, the forward pass, runs on its worker thread while the event loop
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.detokenizer import IncrementalDetokenizer
-from goodput_runtime.engine.model_runner import ModelRunner
-from goodput_runtime.engine.outputs import InvalidPromptError, PromptTooLongError, RequestOutput
+from goodput_runtime.engine.model_runner import ModelRunner, StepResult
+from goodput_runtime.engine.outputs import InvalidPromptError, PromptTooLongError, RequestOutput, TokenLogprob
 from goodput_runtime.engine.parallel import Followers
 from goodput_runtime.engine.scheduler import Scheduler, SchedulerOutput
 from goodput_runtime.engine.sequence import Sequence
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
 
+log = logging.getLogger(__name__)
+
 WARMUP_REQUEST_ID = "warmup"
 
 
 @dataclass
-class Request:
+class Choice:
+    """One of a request's choices: its sequence, its text so far, what was already handed out."""
+
     seq: Sequence
     detokenizer: IncrementalDetokenizer
     num_sent_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of tokens not yet handed out
+    sent_prompt_logprobs: bool = False
+    done: bool = False  # its final output was handed out
+
+
+@dataclass
+class Request:
+    choices: list[Choice]
+    # the prompt's logprobs as they are computed, the first token's None; None when not asked for
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+
+    @property
+    def seq(self) -> Sequence:
+        """The first choice's sequence: the one that runs the prefill."""
+        return self.choices[0].seq
 
 
 class EngineCore:
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer, max_model_len: int,
-                 metrics: RuntimeMetrics | None = None, followers: Followers | None = None) -> None:
+                 metrics: RuntimeMetrics | None = None, followers: Followers | None = None,
+                 sampling_defaults: dict[str, float | int] | None = None) -> None:
         self.runner = runner
         self.followers = followers  # the other tensor-parallel ranks, when there are any
         self.scheduler = scheduler
@@ -39,6 +61,9 @@ class EngineCore:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.metrics = metrics
+        # the model's generation_config.json settings, applied by the server where a request is silent
+        self.sampling_defaults = dict(sampling_defaults or {})
+        runner.sampler.eos_token_ids = scheduler.eos_token_ids  # min_tokens holds them off
         self.requests: dict[str, Request] = {}
 
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -49,10 +74,18 @@ class EngineCore:
             )
         if not prompt_token_ids:
             raise InvalidPromptError("the prompt is empty")
-        seq = Sequence.new(request_id, prompt_token_ids, params, time.monotonic())
-        detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop)
-        self.requests[request_id] = Request(seq, detokenizer)
-        self.scheduler.add(seq)
+        first = Sequence.new(request_id, prompt_token_ids, params, time.monotonic())
+        seqs = [first] + [Sequence.new(request_id, prompt_token_ids,
+                                       dataclasses.replace(params, seed=params.choice_seed(i)),
+                                       first.times.arrival, first.times, index=i) for i in range(1, params.n)]
+        first.forks = seqs[1:]  # forked from the first choice once its prefill ends
+        choices = [Choice(seq, IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop))
+                   for seq in seqs]
+        prompt_logprobs: list[TokenLogprob | None] | None = None
+        if params.prompt_logprobs is not None:
+            prompt_logprobs = [None]
+        self.requests[request_id] = Request(choices, prompt_logprobs)
+        self.scheduler.add(first)
 
     def close(self) -> None:
         if self.followers is not None:
@@ -72,9 +105,10 @@ class EngineCore:
         """Phase 1: which sequences run this step, and how many tokens each."""
         return self.scheduler.schedule()
 
-    def execute(self, out: SchedulerOutput) -> list[int | None]:
-        """Phase 2, the forward pass: the sampled token per scheduled sequence (None mid-prefill).
-        Touches only the runner's tensors, so it may run on another thread than the other phases."""
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        """Phase 2, the forward pass: the sampled token per scheduled sequence (None mid-prefill), one
+        per choice forking there, and logprobs. Touches only the runner's tensors, so it may run on
+        another thread than the other phases."""
         return self.runner.run(out)
 
     def warmup(self) -> None:
@@ -87,55 +121,84 @@ class EngineCore:
             if out.scheduled:
                 self.update(out, self.execute(out), record=False)
 
-    def update(self, out: SchedulerOutput, sampled: list[int | None], record: bool = True) -> list[RequestOutput]:
+    def update(self, out: SchedulerOutput, result: StepResult, record: bool = True) -> list[RequestOutput]:
         """Phase 3: advance the sequences with their sampled tokens; the outputs to stream. `record`
         False keeps the step out of the metrics."""
         now = time.monotonic()
-        advanced = self.scheduler.update(out, sampled)
+        for pos, entries in result.prompt_logprobs.items():
+            request = self.requests.get(out.scheduled[pos].seq.request_id)
+            if request is not None and request.prompt_logprobs is not None:
+                request.prompt_logprobs.extend(entries)
+        advanced = self.scheduler.update(out, result.tokens, result.fork_tokens)
         outputs = []
         for seq in advanced:
             request = self.requests[seq.request_id]
+            choice = request.choices[seq.index]
             if seq.times.first_token is None:
                 seq.times.first_token = now
-            if request.detokenizer.add(seq.token_ids[-1]):
-                self.scheduler.finish(seq, "stop")
-            outputs.append(self._output(request, now, record))
+            logprob = result.logprobs.get(seq.key)
+            if seq.params.max_tokens and seq.num_output_tokens:  # max_tokens 0: nothing was generated
+                if logprob is not None:
+                    choice.logprobs.append(logprob)
+                check_stop = seq.num_output_tokens > seq.params.min_tokens
+                if choice.detokenizer.add(seq.token_ids[-1], check_stop) and not seq.is_finished:
+                    self.scheduler.finish(seq, "stop")
+            outputs.append(self._output(request, choice, now, record))
         if self.metrics and record:
-            num_generated = sum(1 for t in sampled if t is not None)
+            num_sampling = sum(t is not None for t in result.tokens)  # forked choices computed nothing
             self.metrics.record_step(len(self.scheduler.running), len(self.scheduler.waiting),
-                                     self.block_manager.usage, out.num_tokens - num_generated,
-                                     num_generated, out.num_preempted)
+                                     self.block_manager.usage, out.num_tokens - num_sampling,
+                                     result.num_sampled, out.num_preempted)
             if out.prefix_queried_tokens:
                 self.metrics.record_prefix_lookup(out.prefix_queried_tokens, out.prefix_hit_tokens)
         return outputs
 
-    def abort(self, request_id: str, outcome: str = "abort") -> RequestOutput | None:
+    def abort(self, request_id: str, outcome: str = "abort") -> list[RequestOutput]:
+        """Finish every choice of the request still running; the final output of each, the
+        request's last one marked finished. Empty when the request is unknown."""
         request = self.requests.get(request_id)
         if request is None:
-            return None
-        self.scheduler.finish(request.seq, outcome)
+            return []
         request.seq.times.outcome = outcome
-        return self._output(request, time.monotonic())
+        open_choices = [c for c in request.choices if not c.done]
+        for choice in open_choices:
+            self.scheduler.finish(choice.seq, outcome)
+        now = time.monotonic()
+        return [self._output(request, choice, now) for choice in open_choices]
 
-    def _output(self, request: Request, now: float, record: bool = True) -> RequestOutput:
-        seq = request.seq
-        new_tokens = seq.output_token_ids[request.num_sent_tokens :]
-        request.num_sent_tokens = seq.num_output_tokens
+    def _output(self, request: Request, choice: Choice, now: float, record: bool = True) -> RequestOutput:
+        seq = choice.seq
+        new_tokens = seq.output_token_ids[choice.num_sent_tokens :]
+        choice.num_sent_tokens = seq.num_output_tokens
+        logprobs = None
+        if seq.params.logprobs is not None:
+            logprobs, choice.logprobs = choice.logprobs, []
+        prompt_logprobs = None
+        if request.prompt_logprobs is not None and not choice.sent_prompt_logprobs:
+            # handed out with the choice's first output, once the prefill is complete
+            choice.sent_prompt_logprobs = True
+            prompt_logprobs = request.prompt_logprobs[: seq.num_prompt_tokens]
+        choice.done = seq.is_finished
+        finished = all(c.done for c in request.choices)
         output = RequestOutput(
             request_id=seq.request_id,
-            text=request.detokenizer.delta(seq.is_finished),
+            text=choice.detokenizer.delta(seq.is_finished),
             token_ids=new_tokens,
-            finished=seq.is_finished,
+            finished=finished,
             finish_reason=seq.finish_reason,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
+            num_cached_tokens=request.seq.num_cached_tokens,
+            index=seq.index,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
-        if seq.is_finished:
-            seq.times.finished = now
-            seq.times.num_output_tokens = seq.num_output_tokens
+        if finished:
+            times = seq.times  # shared by every choice
+            times.finished = now
+            times.num_output_tokens = max(c.seq.num_output_tokens for c in request.choices)
             if self.metrics and record:
-                self.metrics.record_finished(seq.times)
+                self.metrics.record_finished(times)
             self.runner.forget(seq.request_id)
             del self.requests[seq.request_id]
         return output

@@ -16,8 +16,9 @@ class IncrementalDetokenizer:
         self.text = ""  # output text so far, cut before a stop string once one is found
         self.emitted = 0
 
-    def add(self, token_id: int) -> bool:
-        """Append one token; True when the text now contains a stop string."""
+    def add(self, token_id: int, check_stop: bool = True) -> bool:
+        """Append one token; True when the text now contains a stop string (looked for only with
+        check_stop: a request's first min_tokens tokens cannot stop it)."""
         self.tokens.append(token_id)
         decode = self.tokenizer.decode
         prefix = decode(self.tokens[self.prefix_offset : self.read_offset], skip_special_tokens=True)
@@ -27,6 +28,8 @@ class IncrementalDetokenizer:
         searched_from = max(0, len(self.text) - self.holdback)
         self.text += full[len(prefix) :]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
+        if not check_stop:
+            return False
         for s in self.stop:
             at = self.text.find(s, searched_from)
             if at != -1:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from goodput_runtime.engine.attention import DecodeGroup, KVCache, PagedBatch, PrefillChunk
 from goodput_runtime.engine.decode_graphs import MIN_WIDTH, DecodeGraphs
-from goodput_runtime.engine.sampler import Sampler
+from goodput_runtime.engine.outputs import TokenLogprob
+from goodput_runtime.engine.sampler import Sampler, SampleRow, logprob_rows
 from goodput_runtime.engine.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
@@ -43,10 +44,36 @@ class StepItem:
     start: int  # tokens already in the cache
     block_table: list[int]
     samples: bool
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination), before the step
+    prompt_first: int = 0  # rows [prompt_first, prompt_first + prompt_count) of this item give prompt logprobs
+    prompt_count: int = 0
 
     @property
     def context_len(self) -> int:
         return self.start + len(self.token_ids)
+
+    def kept_rows(self, last_row: int) -> list[int]:
+        """Rows of the flat step whose logits this item needs: its prompt-logprob rows, then its
+        sampling row. last_row is the flat row of its last token."""
+        first = last_row - len(self.token_ids) + 1 + self.prompt_first
+        rows = list(range(first, first + self.prompt_count))
+        if self.samples:
+            rows.append(last_row)
+        return rows
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What a step produced, by the position of each sequence in the scheduler's output."""
+
+    tokens: list[int | None]  # the sampled token per sequence; None mid-prefill
+    fork_tokens: dict[int, list[int]] = field(default_factory=dict)  # first tokens of the choices forking there
+    logprobs: dict[tuple[str, int], TokenLogprob] = field(default_factory=dict)  # by (request id, choice)
+    prompt_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)  # of this step's prompt rows
+
+    @property
+    def num_sampled(self) -> int:
+        return sum(t is not None for t in self.tokens) + sum(len(t) for t in self.fork_tokens.values())
 
 
 def plan_step(out: SchedulerOutput) -> tuple[list[int], list[StepItem]]:
@@ -60,7 +87,9 @@ def plan_step(out: SchedulerOutput) -> tuple[list[int], list[StepItem]]:
     for i in order:
         s = scheduled[i]
         tokens = s.seq.token_ids[s.start : s.start + s.num_tokens]
-        items.append(StepItem(tokens, s.start, list(s.seq.block_table), s.samples))
+        prompt = s.prompt_logprobs
+        items.append(StepItem(tokens, s.start, list(s.seq.block_table), s.samples, s.block_copies,
+                              prompt.start - s.start if prompt else 0, len(prompt)))
     return order, items
 
 
@@ -98,30 +127,85 @@ class ModelRunner:
         self.sampler.forget(request_id)
 
     @torch.inference_mode()
-    def run(self, out: SchedulerOutput) -> list[int | None]:
-        """One forward pass over the scheduled tokens; the sampled token per sequence, None mid-prefill."""
+    def run(self, out: SchedulerOutput) -> StepResult:
+        """One forward pass over the scheduled tokens; the sampled tokens (one per sequence, and one
+        per choice forking from it), and the logprobs asked for."""
         order, items = plan_step(out)
         if self.broadcast is not None:
             self.broadcast(items)
+        self._copy_blocks(items)
         logits = self._decode_static(items)
         if logits is None:
-            logits = self.execute(items)
-        result: list[int | None] = [None] * len(items)
-        sampling = [(pos, out.scheduled[pos].seq) for pos, item in zip(order, items, strict=True) if item.samples]
-        if not sampling:
+            logits = self.execute(items, copy_blocks=False)
+        result = StepResult([None] * len(items))
+        rows: list[SampleRow] = []
+        logit_rows: list[int] = []
+        targets: list[tuple[int, int]] = []  # (scheduled position, 0 for the sequence or 1 + its fork)
+        prompt_jobs: list[tuple[int, int, list[int], int]] = []  # (position, first row, targets, k)
+        at = 0
+        for pos, item in zip(order, items, strict=True):
+            scheduled = out.scheduled[pos]
+            seq = scheduled.seq
+            if item.prompt_count:
+                span = scheduled.prompt_logprobs
+                prompt_jobs.append((pos, at, seq.token_ids[span.start + 1 : span.stop + 1],
+                                    seq.params.prompt_logprobs or 0))
+                at += item.prompt_count
+            if item.samples:
+                for j, choice in enumerate([seq, *seq.forks]):
+                    rows.append(SampleRow(choice.params, choice.key, choice.token_ids, choice.num_prompt_tokens))
+                    logit_rows.append(at)
+                    targets.append((pos, j))
+                at += 1
+        if prompt_jobs:
+            self._prompt_logprobs(logits, prompt_jobs, result)
+        if not rows:
             return result
-        tokens = self.sampler.sample(logits, [seq.params for _, seq in sampling],
-                                     [seq.request_id for _, seq in sampling])
-        for (pos, _), token in zip(sampling, tokens, strict=True):
-            result[pos] = token
+        picked = logits if logit_rows == list(range(logits.shape[0])) else logits[logit_rows]
+        tokens, logprobs = self.sampler.sample(picked, rows)
+        for (pos, j), row, token, logprob in zip(targets, rows, tokens, logprobs, strict=True):
+            if j == 0:
+                result.tokens[pos] = token
+            else:
+                result.fork_tokens.setdefault(pos, []).append(token)
+            if logprob is not None:
+                result.logprobs[row.key] = logprob
         return result
 
+    @staticmethod
+    def _prompt_logprobs(logits: torch.Tensor, jobs: list[tuple[int, int, list[int], int]],
+                         result: StepResult) -> None:
+        """Each prompt row's logprob of the prompt token after it, all jobs in one batch."""
+        index = [first + i for _, first, targets, _ in jobs for i in range(len(targets))]
+        chosen = torch.tensor([t for _, _, targets, _ in jobs for t in targets], device=logits.device)
+        ks = [k for _, _, targets, k in jobs for _ in targets]
+        entries = logprob_rows(logits[index], chosen, ks)
+        at = 0
+        for pos, _, targets, _ in jobs:
+            result.prompt_logprobs[pos] = entries[at : at + len(targets)]
+            at += len(targets)
+
+    def _copy_blocks(self, items: list[StepItem]) -> None:
+        """Make the step's copy-on-write block copies, in every layer's keys and values."""
+        pairs = [pair for item in items for pair in item.block_copies]
+        if not pairs:
+            return
+        bs = self.block_size
+        offsets = torch.arange(bs, device=self.device)
+        source = (torch.tensor([s for s, _ in pairs], device=self.device)[:, None] * bs + offsets).reshape(-1)
+        target = (torch.tensor([d for _, d in pairs], device=self.device)[:, None] * bs + offsets).reshape(-1)
+        for cache in (*self.cache.keys, *self.cache.values):
+            cache.index_copy_(0, target, cache.index_select(0, source))
+
     @torch.inference_mode()
-    def execute(self, items: list[StepItem], logits: bool = True) -> torch.Tensor:
-        """The forward pass: logits [N, V] of the sampling rows, or hidden states without the LM head."""
+    def execute(self, items: list[StepItem], logits: bool = True, copy_blocks: bool = True) -> torch.Tensor:
+        """The forward pass: logits [N, V] of the rows the items keep (see StepItem.kept_rows), or
+        hidden states without the LM head."""
+        if copy_blocks:
+            self._copy_blocks(items)
         input_ids, positions, batch, sample_rows = self._prepare(items)
-        keep = torch.tensor([r for r, item in zip(sample_rows, items, strict=True) if item.samples] or [0],
-                            device=self.device)
+        kept = [r for last, item in zip(sample_rows, items, strict=True) for r in item.kept_rows(last)]
+        keep = torch.tensor(kept or [0], device=self.device)
         if not logits:  # a follower rank: the leader alone samples
             return self.model.model(input_ids=input_ids[None], position_ids=positions[None], paged=batch,
                                     use_cache=False).last_hidden_state

@@ -26,16 +26,31 @@ class EngineStoppedError(EngineError):
 
 
 @dataclass(slots=True)
+class TokenLogprob:
+    """One token's log probability, with the likeliest tokens at its position."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, logprob), likeliest first, as many as the request asked for
+
+
+@dataclass(slots=True)
 class RequestOutput:
+    """What one choice of a request produced since its previous output."""
+
     request_id: str
-    text: str  # text produced since the previous output of this request
-    token_ids: list[int]  # tokens produced since the previous output
-    finished: bool = False
-    finish_reason: str | None = None  # stop | length | abort | error
+    text: str  # text produced since the previous output of this choice
+    token_ids: list[int]  # tokens produced since the previous output of this choice
+    finished: bool = False  # the request's last output: every choice has finished
+    finish_reason: str | None = None  # this choice's, once it has finished: stop | length | abort | error
     num_prompt_tokens: int = 0
-    num_output_tokens: int = 0
+    num_output_tokens: int = 0  # this choice's, so far
     num_cached_tokens: int = 0
+    index: int = 0  # the choice
+    logprobs: list[TokenLogprob] | None = None  # of token_ids, when the request asked for them
+    # the prompt's tokens, the first without a logprob (None), on a choice's first output when asked for
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 __all__ = ["EngineError", "EngineStoppedError", "InvalidPromptError", "PromptTooLongError", "QueueFullError",
-           "RequestOutput"]
+           "RequestOutput", "TokenLogprob"]

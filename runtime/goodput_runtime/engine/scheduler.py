@@ -4,6 +4,11 @@ There is no prefill phase and no decode phase, only token counts against a budge
 decode costs one token, a prefill as many as fit. When the cache runs out of blocks the
 most recently admitted request is preempted: its blocks are freed and it waits at the
 head of the queue to be recomputed.
+
+A request with several choices is scheduled as one sequence until its prefill ends; the step
+that samples its first token samples one for every choice, and the other choices fork from it
+there, sharing its blocks (see block_manager.py). From then on each choice is a sequence of its
+own: scheduled, preempted and recomputed like any other.
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ from goodput_runtime.engine.sequence import SeqStatus, Sequence
 class ScheduledSeq:
     seq: Sequence
     num_tokens: int  # computed this step, from seq.num_computed_tokens on
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # to make before the step
+    # positions [start, stop) of this step whose logits give prompt logprobs, each predicting the
+    # prompt token after it; empty unless the request asked for them and they are not yet reported
+    prompt_logprobs: range = range(0)
 
     @property
     def start(self) -> int:
@@ -74,13 +83,14 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                out.scheduled.append(ScheduledSeq(seq, num_tokens))
+                out.scheduled.append(self._scheduled(seq, num_tokens))
                 budget -= num_tokens
                 i += 1
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.num_preempted:
+        while self.waiting and budget > 0 and not out.num_preempted and self._room_for(self.waiting[0]):
             seq = self.waiting[0]
             first_admission = seq.times.first_scheduled is None
-            hits = self.block_manager.match_prefix(seq)
+            # prompt logprobs need the logits of every prompt position: no prefix-cache reuse
+            hits = [] if seq.params.prompt_logprobs is not None else self.block_manager.match_prefix(seq)
             cached = len(hits) * self.block_manager.block_size
             num_tokens = min(seq.num_tokens - cached, budget)
             if not self.block_manager.allocate(seq, num_tokens, hits):
@@ -93,33 +103,68 @@ class Scheduler:
                 seq.num_cached_tokens = cached
                 out.prefix_queried_tokens += seq.num_tokens
                 out.prefix_hit_tokens += cached
-            out.scheduled.append(ScheduledSeq(seq, num_tokens))
+            out.scheduled.append(self._scheduled(seq, num_tokens))
             budget -= num_tokens
         return out
 
-    def update(self, out: SchedulerOutput, sampled: list[int | None]) -> list[Sequence]:
-        """Record computed tokens and sampled ones; return the sequences that got a new token."""
-        advanced = []
-        for item, token in zip(out.scheduled, sampled, strict=True):
+    def _room_for(self, seq: Sequence) -> bool:
+        """Whether seq (with the choices that will fork from it) may join the running batch: within
+        --max-num-seqs, or alone when it has more choices than that."""
+        return len(self.running) + 1 + len(seq.forks) <= self.max_num_seqs or not self.running
+
+    @staticmethod
+    def _scheduled(seq: Sequence, num_tokens: int) -> ScheduledSeq:
+        copies, seq.block_copies = seq.block_copies, []
+        scheduled = ScheduledSeq(seq, num_tokens, copies)
+        if seq.params.prompt_logprobs is not None:
+            start = max(seq.num_computed_tokens, seq.num_prompt_logprob_positions)
+            stop = min(seq.num_computed_tokens + num_tokens, seq.num_prompt_tokens - 1)
+            if stop > start:
+                scheduled.prompt_logprobs = range(start, stop)
+                seq.num_prompt_logprob_positions = stop
+        return scheduled
+
+    def update(self, out: SchedulerOutput, sampled: list[int | None],
+               fork_tokens: dict[int, list[int]] | None = None) -> list[Sequence]:
+        """Record computed tokens and sampled ones; return the sequences that got a new token.
+        fork_tokens maps a scheduled position to the first tokens of the choices forking from it."""
+        advanced: list[Sequence] = []
+        for pos, (item, token) in enumerate(zip(out.scheduled, sampled, strict=True)):
             seq = item.seq
             if seq.is_finished:  # aborted while the step ran
                 continue
             seq.num_computed_tokens += item.num_tokens
             self.block_manager.commit(seq)
-            if token is not None:
-                seq.token_ids.append(token)
-                advanced.append(seq)
-                reason = self.stop_reason(seq, token)
-                if reason:
-                    self.finish(seq, reason)
+            if token is None:
+                continue
+            forks, seq.forks = seq.forks, []
+            for child, child_token in zip(forks, (fork_tokens or {}).get(pos, []), strict=True):
+                self.block_manager.fork(seq, child)
+                child.num_prompt_logprob_positions = seq.num_prompt_logprob_positions
+                child.status = SeqStatus.RUNNING
+                self.running.append(child)
+                self._advance(child, child_token, advanced)
+            self._advance(seq, token, advanced)
         return advanced
+
+    def _advance(self, seq: Sequence, token: int, advanced: list[Sequence]) -> None:
+        if seq.params.max_tokens == 0:  # prompt logprobs only: the sampled token is not wanted
+            advanced.append(seq)
+            self.finish(seq, "length")
+            return
+        seq.token_ids.append(token)
+        advanced.append(seq)
+        reason = self.stop_reason(seq, token)
+        if reason:
+            self.finish(seq, reason)
 
     def stop_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
-        if token in p.stop_token_ids:
-            return "stop"
-        if not p.ignore_eos and token in self.eos_token_ids:
-            return "stop"
+        if seq.num_output_tokens >= p.min_tokens:
+            if token in p.stop_token_ids:
+                return "stop"
+            if not p.ignore_eos and token in self.eos_token_ids:
+                return "stop"
         if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
         return None

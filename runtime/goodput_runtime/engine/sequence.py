@@ -29,11 +29,24 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
     num_preemptions: int = 0
     finish_reason: str | None = None
+    index: int = 0  # which of the request's choices this is
+    # the request's other choices, until this sequence's prefill ends and they fork from it
+    forks: list[Sequence] = field(default_factory=list)
+    # (source, destination) blocks to copy before this sequence's next step writes (copy-on-write)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    # prompt positions whose next-token logprobs were computed (prompt logprobs are reported once)
+    num_prompt_logprob_positions: int = 0
 
     @classmethod
-    def new(cls, request_id: str, prompt: list[int], params: SamplingParams, arrival: float) -> Sequence:
-        times = RequestTimes(arrival=arrival, num_prompt_tokens=len(prompt))
-        return cls(request_id, list(prompt), len(prompt), params, times)
+    def new(cls, request_id: str, prompt: list[int], params: SamplingParams, arrival: float,
+            times: RequestTimes | None = None, index: int = 0) -> Sequence:
+        times = times or RequestTimes(arrival=arrival, num_prompt_tokens=len(prompt))
+        return cls(request_id, list(prompt), len(prompt), params, times, index=index)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """This choice's identity: the request and the choice's index."""
+        return self.request_id, self.index
 
     @property
     def num_tokens(self) -> int:

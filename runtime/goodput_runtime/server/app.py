@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import hdrs, web
 
 from goodput_runtime.metrics import RuntimeMetrics
+from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.server.errors import APIError, from_http_exception, internal, invalid, unavailable
 from goodput_runtime.server.generate import Tracker, generate
 from goodput_runtime.server.prompts import (
@@ -18,8 +19,8 @@ from goodput_runtime.server.prompts import (
     completion_prompt_ids,
     token_budget,
 )
-from goodput_runtime.server.protocol import parse_chat, parse_completion, parse_json
-from goodput_runtime.server.responses import ChatShape, CompletionShape
+from goodput_runtime.server.protocol import Sampling, parse_chat, parse_completion, parse_json
+from goodput_runtime.server.responses import ChatShape, CompletionShape, TokenText
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +38,11 @@ class ServerState:
         self.phase = "loading"  # loading | ready | stopping | draining
         self.created = int(time.time())
         self.tracker = Tracker()
+        self.token_text: TokenText | None = None
 
     def set_ready(self, engine: Any) -> None:
         self.engine = engine
+        self.token_text = TokenText(engine.tokenizer)
         self.phase = "ready"
 
     def set_stopping(self) -> None:
@@ -96,11 +99,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
     state.check_model(body.model)
     engine = state.serving_engine()
     prompt_ids = completion_prompt_ids(engine.tokenizer, body.prompt)
-    max_tokens = token_budget(body.sampling, len(prompt_ids), engine.max_model_len, "prompt")
-    check_token_ids(engine.tokenizer, body.sampling)
-    shape = CompletionShape(state.model_name, body.include_usage)
-    return await generate(request, engine, state.tracker, shape, prompt_ids,
-                          body.sampling.params(max_tokens), body.stream, "prompt")
+    params = sampling_params(engine, body.sampling, len(prompt_ids), "prompt")
+    shape = CompletionShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
+    echo_text = None
+    if body.sampling.echo:
+        echo_text = body.prompt if isinstance(body.prompt, str) else engine.tokenizer.decode(prompt_ids)
+    return await generate(request, engine, state.tracker, shape, prompt_ids, params, body.stream, "prompt",
+                          echo_text)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -109,11 +114,23 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state.check_model(body.model)
     engine = state.serving_engine()
     prompt_ids = chat_prompt_ids(engine.tokenizer, body.messages, state.model_name)
-    max_tokens = token_budget(body.sampling, len(prompt_ids), engine.max_model_len, "messages")
-    check_token_ids(engine.tokenizer, body.sampling)
-    shape = ChatShape(state.model_name, body.include_usage)
-    return await generate(request, engine, state.tracker, shape, prompt_ids,
-                          body.sampling.params(max_tokens), body.stream, "messages")
+    params = sampling_params(engine, body.sampling, len(prompt_ids), "messages")
+    shape = ChatShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
+    return await generate(request, engine, state.tracker, shape, prompt_ids, params, body.stream, "messages")
+
+
+def sampling_params(engine: Any, sampling: Sampling, num_prompt_tokens: int, prompt_param: str) -> SamplingParams:
+    """The engine's settings for a request: its limit within the context (the model's default
+    max_tokens where it is silent), and the model's generation_config defaults where it is silent."""
+    defaults = getattr(engine, "sampling_defaults", None) or {}
+    max_tokens = token_budget(sampling, num_prompt_tokens, engine.max_model_len, prompt_param)
+    if sampling.max_tokens is None and "max_tokens" in defaults:
+        max_tokens = max(1, min(max_tokens, int(defaults["max_tokens"])))
+    if sampling.min_tokens > max_tokens:
+        raise invalid(f"'min_tokens' ({sampling.min_tokens}) exceeds the {max_tokens} tokens this request may "
+                      "generate", "min_tokens")
+    check_token_ids(engine.tokenizer, sampling)
+    return sampling.params(max_tokens, defaults)
 
 
 def model_card(state: ServerState) -> dict:

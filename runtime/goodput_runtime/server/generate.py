@@ -15,10 +15,11 @@ from goodput_runtime.engine.outputs import (
     PromptTooLongError,
     QueueFullError,
     RequestOutput,
+    TokenLogprob,
 )
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.server.errors import APIError, internal, invalid, queue_full, unavailable
-from goodput_runtime.server.responses import Shape, usage
+from goodput_runtime.server.responses import Choice, Shape, usage
 
 log = logging.getLogger(__name__)
 
@@ -35,20 +36,56 @@ class Tracker:
         return len(self.active)
 
 
+class Pieces:
+    """Turns a request's outputs into each choice's pieces of text and logprobs: the echoed prompt
+    first when asked for, then what the choice generated."""
+
+    def __init__(self, shape: Shape, prompt_ids: list[int], params: SamplingParams,
+                 echo_text: str | None = None) -> None:
+        self.shape = shape
+        self.prompt_ids = prompt_ids
+        self.echo_text = echo_text
+        self.want_logprobs = params.logprobs is not None
+        self.started: set[int] = set()
+        self.output_tokens: dict[int, int] = {}
+
+    def take(self, out: RequestOutput) -> tuple[str, list[tuple[int, TokenLogprob | None]]]:
+        """The text and (token id, logprob) entries this output adds to its choice."""
+        text = out.text
+        entries: list[tuple[int, TokenLogprob | None]] = []
+        self.output_tokens[out.index] = out.num_output_tokens
+        if out.index not in self.started:
+            self.started.add(out.index)
+            if self.echo_text is not None:
+                text = self.echo_text + text
+            if out.prompt_logprobs:
+                entries.append((self.prompt_ids[0], None))
+                entries.extend((e.token_id, e) for e in out.prompt_logprobs[1:] if e is not None)
+        if out.logprobs:
+            entries.extend((e.token_id, e) for e in out.logprobs)
+        return text, entries
+
+    def logprobs(self, index: int, entries: list[tuple[int, TokenLogprob | None]], text: str) -> dict | None:
+        return self.shape.logprobs(index, entries, text) if self.want_logprobs else None
+
+    def usage(self, last: RequestOutput) -> dict:
+        return usage(last.num_prompt_tokens, sum(self.output_tokens.values()), last.num_cached_tokens)
+
+
 async def generate(request: web.Request, engine: Any, tracker: Tracker, shape: Shape,
                    prompt_ids: list[int], params: SamplingParams, stream: bool,
-                   prompt_param: str) -> web.StreamResponse:
+                   prompt_param: str, echo_text: str | None = None) -> web.StreamResponse:
     outputs = admit(engine, shape.id, prompt_ids, params, prompt_param)
     tracker.active.add(shape.id)
+    pieces = Pieces(shape, prompt_ids, params, echo_text)
     finished = False
     try:
         if stream:
-            response, finished = await stream_events(request, shape, outputs)
+            response, finished = await stream_events(request, shape, outputs, pieces)
             return response
-        text, last = await collect(outputs)
+        choices, last = await collect(outputs, pieces)
         finished = True
-        counts = usage(last.num_prompt_tokens, last.num_output_tokens, last.num_cached_tokens)
-        return web.json_response(shape.response(text, last.finish_reason, counts))
+        return web.json_response(shape.response(choices, pieces.usage(last)))
     finally:
         if not finished:
             # the client left (or we failed) before the end: free the request's KV blocks now
@@ -72,17 +109,26 @@ def admit(engine: Any, request_id: str, prompt_ids: list[int], params: SamplingP
                           "shutting_down") from None
 
 
-async def collect(outputs: AsyncIterator[RequestOutput]) -> tuple[str, RequestOutput]:
-    parts: list[str] = []
+async def collect(outputs: AsyncIterator[RequestOutput], pieces: Pieces) -> tuple[list[Choice], RequestOutput]:
+    texts: dict[int, list[str]] = {}
+    entries: dict[int, list[tuple[int, TokenLogprob | None]]] = {}
+    reasons: dict[int, str | None] = {}
     last = None
     async for out in outputs:
-        parts.append(out.text)
+        text, new = pieces.take(out)
+        texts.setdefault(out.index, []).append(text)
+        entries.setdefault(out.index, []).extend(new)
+        reasons[out.index] = out.finish_reason
         last = out
         if out.finished:
             break
     if last is None or not last.finished:
         raise RuntimeError("The engine ended a request's stream without a finished output")
-    return "".join(parts), last
+    choices = []
+    for index in sorted(texts):
+        text = "".join(texts[index])
+        choices.append(Choice(index, text, reasons[index], pieces.logprobs(index, entries[index], text)))
+    return choices, last
 
 
 def event(payload: dict | str) -> bytes:
@@ -90,9 +136,10 @@ def event(payload: dict | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-async def stream_events(request: web.Request, shape: Shape,
-                        outputs: AsyncIterator[RequestOutput]) -> tuple[web.StreamResponse, bool]:
-    """Stream chunks until the engine finishes; report whether it did."""
+async def stream_events(request: web.Request, shape: Shape, outputs: AsyncIterator[RequestOutput],
+                        pieces: Pieces) -> tuple[web.StreamResponse, bool]:
+    """Stream chunks until the engine finishes; report whether it did. Chunks of a request's
+    choices interleave, each carrying its choice's index."""
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
     finished = False
@@ -100,14 +147,16 @@ async def stream_events(request: web.Request, shape: Shape,
         for chunk in shape.first_chunks():
             await response.write(event(chunk))
         async for out in outputs:
-            if out.text:
-                await response.write(event(shape.chunk(out.text)))
+            text, entries = pieces.take(out)
+            if text or entries:
+                logprobs = pieces.logprobs(out.index, entries, text)
+                await response.write(event(shape.chunk(text, index=out.index, logprobs=logprobs)))
+            if out.finish_reason is not None:
+                await response.write(event(shape.chunk("", out.finish_reason, index=out.index)))
             if out.finished:
                 finished = True
-                await response.write(event(shape.chunk("", out.finish_reason)))
                 if shape.include_usage:
-                    counts = usage(out.num_prompt_tokens, out.num_output_tokens, out.num_cached_tokens)
-                    await response.write(event(shape.usage_chunk(counts)))
+                    await response.write(event(shape.usage_chunk(pieces.usage(out))))
                 break
         if not finished:
             raise RuntimeError("The engine ended a request's stream without a finished output")

@@ -35,6 +35,9 @@ def check_token_ids(tokenizer: Any, sampling: Sampling) -> None:
     bad = next((t for t in sampling.stop_token_ids if not 0 <= t < vocab), None)
     if bad is not None:
         raise invalid(f"'stop_token_ids' holds {bad}, outside the vocabulary [0, {vocab})", "stop_token_ids")
+    bad = next((t for t, _ in sampling.logit_bias if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise invalid(f"'logit_bias' names token {bad}, outside the vocabulary [0, {vocab})", "logit_bias")
 
 
 def token_budget(sampling: Sampling, num_prompt_tokens: int, max_model_len: int, prompt_param: str) -> int:

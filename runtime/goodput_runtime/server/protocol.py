@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from goodput_runtime.sampling import SamplingParams
+from goodput_runtime.sampling import MAX_LOGPROBS, MAX_N, SamplingParams
 from goodput_runtime.server.errors import invalid, missing, wrong_type
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -15,20 +16,43 @@ SEED_RANGE = (-(2**63), 2**64 - 1)
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    max_tokens: int | None  # None: whatever room the context leaves
+    """A request's sampling fields; None where it is silent and the model's defaults may apply."""
+
+    max_tokens: int | None  # None: the model's default, or whatever room the context leaves
     max_tokens_param: str
-    temperature: float
-    top_p: float
-    top_k: int
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
     seed: int | None
     stop: tuple[str, ...]
     stop_token_ids: tuple[int, ...]
     ignore_eos: bool
+    n: int = 1
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    logprobs: int | None = None  # top logprobs per token; None: no logprobs at all
+    echo: bool = False  # completions: the prompt comes first in each choice (with its logprobs if asked)
 
-    def params(self, max_tokens: int) -> SamplingParams:
-        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=self.top_k, seed=self.seed, stop=self.stop,
-                              stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos)
+    def params(self, max_tokens: int, defaults: dict[str, float | int] | None = None) -> SamplingParams:
+        """Engine settings: the request's own values, else the model's defaults, else OpenAI's."""
+        defaults = defaults or {}
+
+        def pick(value: Any, name: str, fallback: float) -> Any:
+            return value if value is not None else defaults.get(name, fallback)
+
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=float(pick(self.temperature, "temperature", 1.0)),
+            top_p=float(pick(self.top_p, "top_p", 1.0)), top_k=max(int(pick(self.top_k, "top_k", 0)), 0),
+            min_p=float(pick(self.min_p, "min_p", 0.0)),
+            repetition_penalty=float(pick(self.repetition_penalty, "repetition_penalty", 1.0)),
+            seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
+            n=self.n, presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            logit_bias=self.logit_bias, min_tokens=self.min_tokens, logprobs=self.logprobs,
+            prompt_logprobs=self.logprobs if self.echo else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,15 +103,27 @@ def optional_int(body: dict, name: str, minimum: int | None = None) -> int | Non
 
 
 def number(body: dict, name: str, default: float, low: float, high: float, low_open: bool = False) -> float:
+    value = optional_number(body, name, low, high, low_open)
+    return default if value is None else value
+
+
+def optional_number(body: dict, name: str, low: float, high: float, low_open: bool = False) -> float | None:
     value = body.get(name)
     if value is None:
-        return default
-    if not is_number(value):
-        raise wrong_type(name, "a number")
+        return None
+    if not is_number(value) or not math.isfinite(value):
+        raise wrong_type(name, "a finite number")
     if value < low or value > high or (low_open and value == low):
         bracket = "(" if low_open else "["
         raise invalid(f"'{name}' must be in {bracket}{low}, {high}], got {value}", name)
     return float(value)
+
+
+def int_in(body: dict, name: str, low: int, high: int) -> int | None:
+    value = optional_int(body, name)
+    if value is not None and not low <= value <= high:
+        raise invalid(f"'{name}' must be between {low} and {high}, got {value}", name)
+    return value
 
 
 def boolean(body: dict, name: str, default: bool = False) -> bool:
@@ -124,32 +160,78 @@ def reject_unsupported(body: dict, names: dict[str, Any]) -> None:
             raise invalid(f"'{name}' is not supported by this server", name, "unsupported_parameter")
 
 
-def sampling(body: dict, max_tokens_names: tuple[str, ...]) -> Sampling:
-    max_tokens, max_tokens_param = None, max_tokens_names[-1]
-    for name in max_tokens_names:
-        value = optional_int(body, name)
-        if value is not None:
-            if value <= 0:
-                raise invalid(f"'{name}' must be at least 1, got {value}", name)
-            max_tokens, max_tokens_param = value, name
-            break
-    n = optional_int(body, "n")
-    if n is not None and n != 1:
-        raise invalid(f"'n' must be 1: this server returns one choice per request, got {n}", "n")
+def logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+    """{"token id": bias}; each bias clamped to [-100, 100] as OpenAI and vLLM do."""
+    value = body.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise wrong_type("logit_bias", "an object mapping token ids to numbers")
+    pairs = []
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise invalid(f"'logit_bias' keys must be token ids, got {key!r}", "logit_bias") from None
+        if not is_number(bias) or not math.isfinite(bias):
+            raise invalid(f"'logit_bias' values must be numbers, got {bias!r} for {key!r}", "logit_bias")
+        pairs.append((token, max(-100.0, min(100.0, float(bias)))))
+    return tuple(pairs)
+
+
+def max_tokens_field(body: dict, names: tuple[str, ...], allow_zero: bool) -> tuple[int | None, str]:
+    """The output limit under any of its names; two names with different values are refused."""
+    given = [(name, value) for name in names if (value := optional_int(body, name)) is not None]
+    if len({value for _, value in given}) > 1:
+        raise invalid(f"'max_completion_tokens' and 'max_tokens' name the same limit and differ "
+                      f"({body['max_completion_tokens']} and {body['max_tokens']}); send one",
+                      "max_completion_tokens")
+    if not given:
+        return None, names[0]
+    name, value = given[0]
+    if value < 0 or (value == 0 and not allow_zero):
+        least = "0" if allow_zero else "1"
+        raise invalid(f"'{name}' must be at least {least}, got {value}", name)
+    return value, name
+
+
+def sampling(body: dict, max_tokens_names: tuple[str, ...], logprobs: int | None = None,
+             echo: bool = False) -> Sampling:
+    # max_tokens 0 is allowed with echo: the prompt's logprobs and nothing generated
+    max_tokens, max_tokens_param = max_tokens_field(body, max_tokens_names, allow_zero=echo)
+    n = int_in(body, "n", 1, MAX_N) or 1
+    best_of = optional_int(body, "best_of")
+    if best_of is not None and best_of != n:
+        raise invalid(f"'best_of' must equal 'n' ({n}) when given: this server returns every choice it "
+                      f"generates, got {best_of}", "best_of", "unsupported_value")
     seed = optional_int(body, "seed")
     if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
         raise invalid("'seed' must fit in 64 bits", "seed")
     stop_ids = body.get("stop_token_ids")
+    min_tokens = optional_int(body, "min_tokens", minimum=0) or 0
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise invalid(f"'min_tokens' ({min_tokens}) must not exceed '{max_tokens_param}' ({max_tokens})",
+                      "min_tokens")
+    top_k = optional_int(body, "top_k", minimum=-1)
     return Sampling(
         max_tokens=max_tokens,
         max_tokens_param=max_tokens_param,
-        temperature=number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
-        top_k=max(optional_int(body, "top_k", minimum=-1) or 0, 0),
+        temperature=optional_number(body, "temperature", 0.0, 2.0),
+        top_p=optional_number(body, "top_p", 0.0, 1.0, low_open=True),
+        top_k=None if top_k is None else max(top_k, 0),
         seed=seed,
         stop=stop_strings(body),
         stop_token_ids=() if stop_ids is None else tuple(int_list(stop_ids, "stop_token_ids")),
         ignore_eos=boolean(body, "ignore_eos"),
+        n=n,
+        min_p=optional_number(body, "min_p", 0.0, 1.0),
+        repetition_penalty=optional_number(body, "repetition_penalty", 0.0, math.inf, low_open=True),
+        presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        logit_bias=logit_bias(body),
+        min_tokens=min_tokens,
+        logprobs=logprobs,
+        echo=echo,
     )
 
 
@@ -176,15 +258,14 @@ def include_usage(body: dict, stream: bool) -> bool:
     return bool(value)
 
 
-COMMON_UNSUPPORTED = {"best_of": (1,), "logit_bias": ({},), "presence_penalty": (0, 0.0),
-                      "frequency_penalty": (0, 0.0)}
-
-
 def parse_completion(body: dict) -> CompletionRequest:
-    reject_unsupported(body, {**COMMON_UNSUPPORTED, "echo": (False,), "logprobs": (), "suffix": ("",)})
+    reject_unsupported(body, {"suffix": ("",)})
     stream = boolean(body, "stream")
+    echo = boolean(body, "echo")
+    logprobs = int_in(body, "logprobs", 0, MAX_LOGPROBS)
     return CompletionRequest(model_name(body), completion_prompt(body.get("prompt")),
-                             sampling(body, ("max_tokens",)), stream, include_usage(body, stream))
+                             sampling(body, ("max_tokens", "max_completion_tokens"), logprobs, echo), stream,
+                             include_usage(body, stream))
 
 
 def completion_prompt(value: Any) -> str | list[int]:
@@ -206,11 +287,16 @@ def completion_prompt(value: Any) -> str | list[int]:
 
 
 def parse_chat(body: dict) -> ChatRequest:
-    reject_unsupported(body, {**COMMON_UNSUPPORTED, "logprobs": (False,), "top_logprobs": (0,),
-                              "tools": ([],), "response_format": ({"type": "text"},)})
+    reject_unsupported(body, {"tools": ([],), "response_format": ({"type": "text"},)})
     stream = boolean(body, "stream")
+    top_logprobs = int_in(body, "top_logprobs", 0, MAX_LOGPROBS)
+    logprobs = None
+    if boolean(body, "logprobs"):
+        logprobs = top_logprobs or 0
+    elif top_logprobs is not None:
+        raise invalid("'top_logprobs' needs 'logprobs' set to true", "top_logprobs")
     return ChatRequest(model_name(body), chat_messages(body.get("messages")),
-                       sampling(body, ("max_completion_tokens", "max_tokens")), stream,
+                       sampling(body, ("max_completion_tokens", "max_tokens"), logprobs), stream,
                        include_usage(body, stream))
 
 
