@@ -157,6 +157,9 @@ def build_parser() -> ReasonedArgumentParser:
     engine.add_argument("--max-queue", type=positive_int, default=default("max_queue"),
                         help="most requests waiting; beyond it requests get 429")
     engine.add_argument("--seed", type=int, default=default("seed"))
+    engine.add_argument("--num-threads", type=positive_int,
+                        help="CPU threads per forward pass (per rank under tensor parallelism); default: the "
+                             "container's CPU limit (cgroup quota), else every usable core")
     engine.add_argument("--enforce-eager", action="store_true",
                         help="on GPU, run decode steps eagerly instead of replaying captured CUDA graphs")
     serving = p.add_argument_group("serving")

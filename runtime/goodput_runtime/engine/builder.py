@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from goodput_runtime.config import EngineConfig
+from goodput_runtime.cpu import pick_threads
 from goodput_runtime.engine import attention, parallel
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.core import EngineCore
@@ -107,6 +108,11 @@ def load_for_rank(config: EngineConfig, model_dir: Path, rank: int = 0, world: i
     model_config = AutoConfig.from_pretrained(model_dir)
     device = pick_device(config.device)
     dtype = pick_dtype(config.dtype, device, model_config)
+    if device.type == "cpu":
+        choice = pick_threads(config.num_threads, world)
+        torch.set_num_threads(choice.threads)
+        if rank == 0:
+            log.info("CPU forward passes use %d intra-op threads per rank (%s)", choice.threads, choice.reason)
     attn_implementation = attention.register()  # every rank, rank 0 and the followers, loads through here
     if world == 1:
         model = load_model(model_dir, dtype, device, attn_implementation)
