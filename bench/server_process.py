@@ -82,7 +82,7 @@ def healthy(url: str) -> bool:
 @contextmanager
 def start_server(
     model_dir: str, served_name: str, threads: int, extra_args: list[str], log_dir: Path,
-    ready_timeout_s: float = 600.0,
+    ready_timeout_s: float = 600.0, env_overrides: dict[str, str] | None = None,
 ) -> Iterator[Server]:
     """Yields the running server; stops it with SIGTERM (then SIGKILL) on the way out."""
     port = free_port()
@@ -90,7 +90,7 @@ def start_server(
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--device", "cpu",
            "--log-level", "warning", *extra_args]
     # torch reads these at start: the server computes on as many threads as the baselines
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), **(env_overrides or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "runtime"), env.get("PYTHONPATH")]))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"server-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.log"
