@@ -127,6 +127,6 @@ class ConfigFetcher:
             return FetchResult(config=ModelConfig.from_dict(gguf.hf_config(header)))
         except gguf.GGUFError as err:
             return FetchResult(error=f"{repo} has no config.json, and the header of {file} cannot be read from "
-                                     f"its first {GGUF_HEADER_BYTES // 2**20} MiB: {err}")
+                                     f"its first {GGUF_HEADER_BYTES:,} bytes: {err}")
         except (ValueError, TypeError) as err:
             return FetchResult(error=f"the GGUF metadata of {repo}/{file}: {err}")

@@ -2,11 +2,11 @@
 
 The bounds are the figures measured when the test was written (``int8-w8a8``, the int_mm
 kernel with per-token int8 activations, the less accurate of the two int8 methods; torch 2.13,
-x86 with AVX-512), with a margin. The real model's figures are in test_real_model_quantization.py. Two kinds of random model are used: the suite's own
-(initializer range 0.1) is chaotic, in that a small change to one layer's output grows
-through the layers, so it bounds the worst case; a model made here with range 0.02 (what
-real checkpoints are initialized with) behaves more like a trained one, and gets tighter
-bounds.
+x86 with AVX-512), with a margin; a real model's figures are in test_real_model_quantization.py.
+Two kinds of random model are used: the suite's own (initializer range 0.1) is chaotic, in that
+a small change to one layer's output grows through the layers, so it bounds the worst case; a
+model made here with range 0.02 (what real checkpoints are initialized with) behaves more like
+a trained one, and gets tighter bounds.
 """
 
 from __future__ import annotations
