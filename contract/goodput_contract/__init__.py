@@ -10,4 +10,6 @@ component can depend on it. Each module holds one kind of rule:
 - ``quantization``: the weight quantization methods, the bytes the runtime stores per weight and
   scale, and the GPU compute capability each method needs (fp8: 8.9 or newer).
 - ``flags``: the runtime's command-line flags, and which InferenceService field each one carries.
+- ``gguf``: the header of a GGUF model file (metadata and tensor table) and the config.json it
+  implies, so the operator sizes a GGUF model and the runtime names its tensor types before loading.
 """

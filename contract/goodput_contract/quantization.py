@@ -1,8 +1,11 @@
 """Weight quantization: the methods, how the runtime stores their weights, and where each can run.
 
-``int8`` and ``fp8`` store every decoder linear weight in one byte plus one float32 scale per
-output channel; embeddings, norms, biases and (unless asked) the LM head stay in the compute
-dtype. ``fp8`` needs an NVIDIA GPU of compute capability 8.9 or newer. The operator checks
+Every method stores each decoder linear weight in one byte plus one float32 scale per output
+channel; embeddings, norms, biases and (unless asked) the LM head stay in the compute dtype.
+``int8`` is weight-only: activations stay in the compute dtype, so outputs stay closest to the
+unquantized model. ``int8-w8a8`` also rounds each token's activations to int8 on the fly and
+multiplies int8 by int8 (faster on CPU, less accurate). ``fp8`` stores e4m3 weights and needs
+an NVIDIA GPU of compute capability 8.9 or newer. The operator checks
 what it knows before a pod starts (no GPU, or a GPU product of known capability); the runtime
 checks the device it finds. Both word a refusal with ``capability_problem``.
 """
@@ -10,11 +13,12 @@ checks the device it finds. Both word a refusal with ``capability_problem``.
 from __future__ import annotations
 
 NONE = "none"
-INT8 = "int8"
+INT8 = "int8"  # weight-only
+INT8_W8A8 = "int8-w8a8"  # int8 weights and per-token int8 activations
 FP8 = "fp8"
-METHODS = (NONE, INT8, FP8)
+METHODS = (NONE, INT8, INT8_W8A8, FP8)
 
-WEIGHT_BYTES = {INT8: 1, FP8: 1}  # bytes of one quantized weight
+WEIGHT_BYTES = {INT8: 1, INT8_W8A8: 1, FP8: 1}  # bytes of one quantized weight
 SCALE_BYTES = 4  # one float32 scale per output channel
 
 # the oldest CUDA compute capability that can run a method; methods absent here run anywhere

@@ -71,7 +71,7 @@ def child_metadata(svc: ServiceSpec, name: str, owner: dict[str, Any]) -> dict[s
 def model_path(svc: ServiceSpec) -> str:
     source = svc.model.source
     if source.scheme == "hf":
-        return source.repo
+        return f"hf://{source.repo}/{source.file}" if source.file else source.repo
     if source.scheme == "pvc":
         return SOURCE_MOUNT + (source.path if source.path != "/" else "")
     return source.path

@@ -174,9 +174,11 @@ async def _model_fit(ctx: Context, svc: ServiceSpec) -> Fit:
         ref = svc.model.token_secret
         return await ctx.kube.secret_value(svc.namespace, ref.name, ref.key) if ref else None
 
-    result = ctx.fetcher.lookup(source.repo, svc.model.revision, token, (svc.namespace, svc.name))
+    result = ctx.fetcher.lookup(source.repo, svc.model.revision, token, (svc.namespace, svc.name), source.file)
     if result is None:
-        return Fit(Condition(MODEL_FITS, UNKNOWN, "FetchingConfig", f"fetching config.json of {source.repo}"))
+        what = f"config.json or the GGUF header of {source.repo}/{source.file}" if source.file else \
+            f"config.json of {source.repo}"
+        return Fit(Condition(MODEL_FITS, UNKNOWN, "FetchingConfig", f"fetching {what}"))
     if result.config is None:
         return Fit(Condition(MODEL_FITS, UNKNOWN, "ConfigUnavailable", result.error or ""))
     config = result.config

@@ -18,7 +18,7 @@ MAX_NAME_LENGTH = 55  # "<name>-runtime" must stay a 63-character DNS label
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DURATION = re.compile(r"^(?P<value>[0-9]+(?:\.[0-9]+)?)(?P<unit>ms|s|m)$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0}
-_HF = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*(?:/[\w.-]+)?)$")
+_HF = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*(?:/[\w.-]+)?)(?:/(?P<file>[\w.-]+\.gguf))?$")
 _PVC = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?P<path>/.*)?$")
 _FILE = re.compile(r"^file://(?P<path>/.+)$")
 
@@ -36,6 +36,7 @@ class SpecError(ValueError):
 class ModelSource:
     scheme: str  # "hf" | "pvc" | "file"
     repo: str = ""  # hf: the Hub repository id
+    file: str = ""  # hf: one GGUF file of the repository (hf://org/name/file.gguf), else ""
     claim: str = ""  # pvc: the claim name
     path: str = ""  # pvc: the path inside the claim; file: the absolute path
 
@@ -144,12 +145,13 @@ def parse_duration(value: str, field_path: str) -> float:
 
 def parse_source(uri: str) -> ModelSource:
     if match := _HF.match(uri):
-        return ModelSource("hf", repo=match["repo"])
+        return ModelSource("hf", repo=match["repo"], file=match["file"] or "")
     if match := _PVC.match(uri):
         return ModelSource("pvc", claim=match["claim"], path=(match["path"] or "/").rstrip("/") or "/")
     if match := _FILE.match(uri):
         return ModelSource("file", path=match["path"])
-    raise SpecError("model.source", f"{uri!r} is not hf://org/name, pvc://claim/path or file:///path")
+    raise SpecError("model.source", f"{uri!r} is not hf://org/name, hf://org/name/file.gguf, pvc://claim/path or "
+                    "file:///path")
 
 
 def _quantity(value: Any, field_path: str) -> str | None:

@@ -128,7 +128,9 @@ def build_parser() -> ReasonedArgumentParser:
     p = ReasonedArgumentParser(prog="python -m goodput_runtime", description=__doc__,
                                formatter_class=DefaultsHelpFormatter)
     model = p.add_argument_group("model")
-    model.add_argument("--model", required=True, help="local model directory or Hugging Face id (org/name)")
+    model.add_argument("--model", required=True,
+                       help="local model directory, a .gguf file (or a directory holding one), a Hugging Face id "
+                            "(org/name) or one GGUF file of a Hub repository (hf://org/name/file.gguf)")
     model.add_argument("--served-model-name", help="the name clients send as 'model' (default: --model)")
     model.add_argument("--revision", help="Hugging Face revision (branch, tag or commit)")
     model.add_argument("--dtype", default=default("dtype"),
@@ -136,7 +138,9 @@ def build_parser() -> ReasonedArgumentParser:
     model.add_argument("--device", default=default("device"), choices=["auto", "cpu", "cuda"])
     model.add_argument("--max-model-len", type=positive_int, help="context length (default: the model's)")
     model.add_argument("--quantization", default="none", choices=list(quantization_rules.METHODS),
-                       help="int8 or fp8 weights with per-channel scales (fp8: GPUs of compute capability 8.9+)")
+                       help="int8: weight-only int8 with per-channel scales (closest to the unquantized model); "
+                            "int8-w8a8: int8 weights and per-token int8 activations (faster on CPU, less accurate); "
+                            "fp8: e4m3 weights (GPUs of compute capability 8.9+)")
     model.add_argument("--quantize-lm-head", action="store_true", help="quantize the LM head too")
     model.add_argument("--tensor-parallel-size", type=positive_int, default=1,
                        help="ranks the model is split over, one process each (gloo on CPU, NCCL on GPU)")

@@ -22,7 +22,7 @@ class EngineConfig:
     max_queue: int = 1024
     seed: int = 0
     tensor_parallel_size: int = 1
-    quantization: str = "none"  # none | int8 | fp8
+    quantization: str = "none"  # none | int8 (weight-only) | int8-w8a8 | fp8
     quantize_lm_head: bool = False
     enforce_eager: bool = False  # on GPU: no CUDA graphs for decode steps
     num_threads: int | None = None  # CPU intra-op threads per rank; None: from the container's CPU limit

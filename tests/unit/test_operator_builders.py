@@ -47,6 +47,13 @@ def test_runtime_command_line_is_derived_from_the_spec():
     ]
 
 
+def test_one_gguf_file_of_a_hub_repository_reaches_the_runtime_as_an_hf_url():
+    spec = {"model": {"source": "hf://acme/tiny-GGUF/tiny.Q4_K_M.gguf", "quantization": "int8-w8a8"}}
+    args = build_parser().parse_args(runtime_args(parse("chat", "ns", spec)))
+    assert (args.model, args.revision, args.quantization) == ("hf://acme/tiny-GGUF/tiny.Q4_K_M.gguf", "main",
+                                                              "int8-w8a8")
+
+
 def test_deployment_runs_tensor_gpus_per_pod_with_probes_and_a_restricted_context():
     deployment = build_deployment(parse("chat", "ns", FULL), SETTINGS, OWNER)
     assert deployment["metadata"]["name"] == "chat-runtime"

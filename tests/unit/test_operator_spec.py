@@ -38,6 +38,9 @@ def test_sources():
     assert parse_source("pvc://weights").path == "/"
     assert parse_source("file:///models/tiny").path == "/models/tiny"
     assert parse_source("hf://gpt2").repo == "gpt2"
+    gguf = parse_source("hf://acme/tiny-GGUF/tiny.Q4_K_M.gguf")
+    assert (gguf.repo, gguf.file) == ("acme/tiny-GGUF", "tiny.Q4_K_M.gguf")
+    assert parse_source("hf://acme/tiny").file == ""
     with pytest.raises(SpecError) as err:
         parse_source("s3://bucket/model")
     assert err.value.field == "spec.model.source"

@@ -59,7 +59,7 @@ class ToyLM(nn.Module):
 
 
 def test_an_unknown_method_is_refused_naming_the_choices():
-    with pytest.raises(QuantizationError, match=r"unknown quantization method 'int4'.*none, int8, fp8"):
+    with pytest.raises(QuantizationError, match=r"unknown quantization method 'int4'.*none, int8, int8-w8a8, fp8"):
         quantize_model(ToyLM(), "int4", CPU)
     assert issubclass(QuantizationError, ValueError)
 
@@ -89,13 +89,21 @@ def test_int8_replaces_decoder_linears_only_and_memory_shrinks_by_exactly_the_we
     model = ToyLM()
     linears = [m for layer in model.model.layers for m in (layer.q_proj, layer.o_proj)]
     report = quantize_model(model, "int8", CPU)
-    assert (report.num_linears, report.kernel) == (4, "int_mm")  # the fast CPU kernel by default
+    assert (report.num_linears, report.kernel) == (4, "dequant")  # weight-only: activations stay float
     assert report.weight_bytes_before - report.weight_bytes_after == sum(map(linear_saving, linears))
     assert report.weight_bytes_after == model_bytes(model)
     assert all(isinstance(layer.q_proj, QuantizedLinear) for layer in model.model.layers)
     assert model.model.layers[0].q_proj.weight.dtype == torch.int8
     assert isinstance(model.lm_head, nn.Linear)  # the LM head only on request
     assert "int8" in str(report) and "MiB" in str(report)
+
+
+def test_int8_w8a8_computes_with_int8_activations_on_cpu():
+    model = ToyLM()
+    report = quantize_model(model, "int8-w8a8", CPU)
+    assert (report.num_linears, report.kernel) == (4, "int_mm")
+    assert model.model.layers[0].q_proj.weight.dtype == torch.int8
+    assert quantize_model(ToyLM(), "int8", CPU).weight_bytes_after == report.weight_bytes_after  # same storage
 
 
 def test_the_lm_head_is_quantized_on_request_unless_tied_to_the_embeddings():

@@ -21,6 +21,7 @@ from goodput_runtime.engine.scheduler import Scheduler
 from goodput_runtime.loader import (
     ModelLoadError,
     check_architecture,
+    load_config,
     load_model,
     load_tokenizer,
     resolve_model_path,
@@ -103,9 +104,7 @@ def kv_cache_bytes(config: EngineConfig, device: torch.device, model_config) -> 
 def load_for_rank(config: EngineConfig, model_dir: Path, rank: int = 0, world: int = 1,
                   port: int | None = None) -> tuple[Any, torch.device]:
     """This rank's model: loaded, sharded when tensor parallel, on its device."""
-    from transformers import AutoConfig
-
-    model_config = AutoConfig.from_pretrained(model_dir)
+    model_config = load_config(model_dir)
     device = pick_device(config.device)
     dtype = pick_dtype(config.dtype, device, model_config)
     if device.type == "cpu":
@@ -153,11 +152,9 @@ def size_kv_cache(config: EngineConfig, device: torch.device, model_config, dtyp
 
 
 def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> EngineCore:
-    from transformers import AutoConfig
-
     model_dir = resolve_model_path(config.model, config.revision)
     check_architecture(model_dir)
-    model_config = AutoConfig.from_pretrained(model_dir)
+    model_config = load_config(model_dir)
     limit = getattr(model_config, "max_position_embeddings", None) or config.max_model_len or 2048
     max_model_len = config.max_model_len or limit
     if max_model_len > limit:
