@@ -25,7 +25,7 @@ from bench.stats import RequestRecord, format_table, summarize
 from bench.workload import WorkItem, WorkloadSpec, describe, make_workload, parse_range, prompt_vocabulary
 
 
-def completion_payload(model: str, item: WorkItem) -> dict:
+def completion_payload(model: str, item: WorkItem, extra: dict | None = None) -> dict:
     return {
         "model": model,
         "prompt": item.prompt_ids,
@@ -34,11 +34,12 @@ def completion_payload(model: str, item: WorkItem) -> dict:
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **(extra or {}),
     }
 
 
 async def send_one(
-    session: aiohttp.ClientSession, url: str, model: str, item: WorkItem, t0: float
+    session: aiohttp.ClientSession, url: str, model: str, item: WorkItem, t0: float, extra: dict | None = None
 ) -> RequestRecord:
     start = time.perf_counter()
     record = RequestRecord(item.index, len(item.prompt_ids), item.max_tokens, start - t0)
@@ -47,7 +48,7 @@ async def send_one(
     last = start
     pieces: list[str] = []
     try:
-        async with session.post(url, json=completion_payload(model, item)) as resp:
+        async with session.post(url, json=completion_payload(model, item, extra)) as resp:
             if resp.status != 200:
                 record.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
                 return record
@@ -95,8 +96,10 @@ async def run_load(
     max_duration_s: float = 1800.0,
     request_timeout_s: float = 600.0,
     warmup: int = 0,
+    extra: dict | None = None,
 ) -> tuple[list[RequestRecord], float]:
-    """Send every item at its arrival time; returns the records and the run's wall time."""
+    """Send every item at its arrival time; returns the records and the run's wall time. `extra`: more
+    request fields (logprobs, n, ...), sent with every measured request."""
     url = base_url.rstrip("/") + "/v1/completions"
     limit = concurrency or len(items)
     connector = aiohttp.TCPConnector(limit=limit)
@@ -115,7 +118,7 @@ async def run_load(
             if delay > 0:
                 await asyncio.sleep(delay)
             async with gate:
-                return await send_one(session, url, model, item, t0)
+                return await send_one(session, url, model, item, t0, extra)
 
         tasks = [asyncio.create_task(arrive(item)) for item in items]
         await asyncio.wait(tasks, timeout=max_duration_s)
@@ -176,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     parser.add_argument("--output", type=Path, default=None, help="JSON file (default bench/results/)")
     parser.add_argument("--keep-text", action="store_true", help="store generated text in the JSON")
+    parser.add_argument("--logprobs", type=int, default=None, help="ask for this many top logprobs per token")
+    parser.add_argument("--n", type=int, default=None, help="choices per request (output tokens count all)")
     return parser
 
 
@@ -187,8 +192,9 @@ def main(argv: list[str] | None = None) -> dict:
     spec = WorkloadSpec(args.num_requests, parse_range(args.prompt_len), parse_range(args.output_len),
                         args.rate, args.seed)
     items = make_workload(spec, prompt_vocabulary(args.tokenizer))
+    extra = {k: v for k, v in (("logprobs", args.logprobs), ("n", args.n)) if v is not None}
     load = run_load(args.base_url, args.model, items, args.concurrency,
-                    args.max_duration, args.request_timeout, args.warmup)
+                    args.max_duration, args.request_timeout, args.warmup, extra)
     try:
         records, duration = asyncio.run(load)
     except RuntimeError as exc:
