@@ -220,7 +220,16 @@ EOF
 }
 
 wait_ready() {
-  if ! k wait --for=condition=Ready "inferenceservice/$NAME" --timeout="${READY_TIMEOUT}s"; then
+  # a re-run may have changed the spec (another model): wait for the operator to see this
+  # generation and for its pods to roll before trusting Ready
+  local generation
+  generation="$(k get inferenceservice "$NAME" -o jsonpath='{.metadata.generation}')"
+  for _ in $(seq "$READY_TIMEOUT"); do
+    [[ "$(k get inferenceservice "$NAME" -o jsonpath='{.status.observedGeneration}')" == "$generation" ]] && break
+    sleep 1
+  done
+  if ! k rollout status "deployment/$NAME-runtime" --timeout="${READY_TIMEOUT}s" \
+      || ! k wait --for=condition=Ready "inferenceservice/$NAME" --timeout="${READY_TIMEOUT}s"; then
     # what the operator says is wrong, and the pods behind it
     k get inferenceservice "$NAME" -o wide
     k get pods -l "serving.goodput.dev/service=$NAME" -o wide
@@ -243,7 +252,9 @@ ask() {
   curl -sS --fail-with-body "$url" -H 'Content-Type: application/json' -d "{
     \"model\": \"$served\", \"max_tokens\": 32, \"temperature\": 0,
     \"messages\": [{\"role\": \"user\", \"content\": \"$QUESTION\"}]}" | tee "$DEMO/answer.json"
+  local status=${PIPESTATUS[0]}
   echo
+  return "$status"
 }
 
 down() {
