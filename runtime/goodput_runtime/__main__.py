@@ -164,6 +164,9 @@ def build_parser() -> ReasonedArgumentParser:
     engine.add_argument("--num-threads", type=positive_int,
                         help="CPU threads per forward pass (per rank under tensor parallelism); default: the "
                              "container's CPU limit (cgroup quota), else every usable core")
+    engine.add_argument("--pooling", choices=["last", "mean"],
+                        help="how /v1/embeddings pools the model's final hidden states: the last token's, or the "
+                             "mean over every token (default: last, as for every decoder-only causal LM)")
     engine.add_argument("--enforce-eager", action="store_true",
                         help="on GPU, run decode steps eagerly instead of replaying captured CUDA graphs")
     serving = p.add_argument_group("serving")

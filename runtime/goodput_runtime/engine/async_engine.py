@@ -15,10 +15,15 @@ from concurrent.futures import ThreadPoolExecutor
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.core import EngineCore
 from goodput_runtime.engine.outputs import EngineStoppedError, QueueFullError, RequestOutput
+from goodput_runtime.engine.sequence import PoolingParams
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
+
+# every architecture the runtime serves is a decoder-only causal LM, whose last position alone has
+# attended to the whole input: vLLM pools such models by their last token too
+DEFAULT_POOLING = "last"
 
 
 class RequestStream:
@@ -87,14 +92,25 @@ class AsyncEngine:
         self.wakeup = asyncio.Event()
         self.loop_task = asyncio.create_task(self._run(), name="engine-loop")
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> RequestStream:
+    @property
+    def pooling(self) -> str:
+        """How embedding requests pool the final hidden states: --pooling, else the model's default."""
+        return self.config.pooling or DEFAULT_POOLING
+
+    @property
+    def embedding_size(self) -> int:
+        """The length of an embedding: the model's hidden size."""
+        return int(self.core.runner.model.config.hidden_size)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    pooling: PoolingParams | None = None) -> RequestStream:
         if not self.admitting or self.loop_task is None:
             raise EngineStoppedError("the server is shutting down and admits no new requests")
         if self.num_waiting >= self.config.max_queue:
             raise QueueFullError(f"{self.num_waiting} requests are already waiting (--max-queue)")
         if request_id in self.streams:
             raise ValueError(f"request id {request_id} is already in use")
-        self.core.add(request_id, prompt_token_ids, params)
+        self.core.add(request_id, prompt_token_ids, params, pooling)
         stream = RequestStream(request_id)
         self.streams[request_id] = stream
         self.wakeup.set()

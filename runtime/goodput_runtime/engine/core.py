@@ -17,7 +17,7 @@ from goodput_runtime.engine.model_runner import ModelRunner, StepResult
 from goodput_runtime.engine.outputs import InvalidPromptError, PromptTooLongError, RequestOutput, TokenLogprob
 from goodput_runtime.engine.parallel import Followers
 from goodput_runtime.engine.scheduler import Scheduler, SchedulerOutput
-from goodput_runtime.engine.sequence import Sequence
+from goodput_runtime.engine.sequence import PoolingParams, Sequence
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
 
@@ -43,6 +43,7 @@ class Request:
     choices: list[Choice]
     # the prompt's logprobs as they are computed, the first token's None; None when not asked for
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    embedding: list[float] | None = None  # an embedding request's pooled vector, once its prompt is computed
 
     @property
     def seq(self) -> Sequence:
@@ -66,7 +67,14 @@ class EngineCore:
         runner.sampler.eos_token_ids = scheduler.eos_token_ids  # min_tokens holds them off
         self.requests: dict[str, Request] = {}
 
-    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+            pooling: PoolingParams | None = None) -> None:
+        """Queue a request. With `pooling` it is an embedding request: its prompt is prefilled like any
+        other (chunked, sharing steps with generation), then pooled instead of sampled; it finishes with
+        its vector in the output and generates nothing (params then only need n == 1)."""
+        if pooling is not None:
+            self._add_embedding(request_id, prompt_token_ids, params, pooling)
+            return
         if len(prompt_token_ids) + 1 > self.max_model_len:
             raise PromptTooLongError(
                 f"the prompt has {len(prompt_token_ids)} tokens; with at least one generated token it "
@@ -86,6 +94,20 @@ class EngineCore:
             prompt_logprobs = [None]
         self.requests[request_id] = Request(choices, prompt_logprobs)
         self.scheduler.add(first)
+
+    def _add_embedding(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       pooling: PoolingParams) -> None:
+        if len(prompt_token_ids) > self.max_model_len:
+            raise PromptTooLongError(f"the input has {len(prompt_token_ids)} tokens, more than the maximum model "
+                                     f"length of {self.max_model_len} tokens")
+        if not prompt_token_ids:
+            raise InvalidPromptError("the input is empty")
+        if params.n != 1 or params.prompt_logprobs is not None:
+            raise ValueError("an embedding request has one choice and no logprobs")
+        seq = Sequence.new(request_id, prompt_token_ids, params, time.monotonic())
+        seq.pooling = pooling
+        self.requests[request_id] = Request([Choice(seq, IncrementalDetokenizer(self.tokenizer, [], ()))])
+        self.scheduler.add(seq)
 
     def close(self) -> None:
         if self.followers is not None:
@@ -135,7 +157,9 @@ class EngineCore:
             request = self.requests[seq.request_id]
             choice = request.choices[seq.index]
             if seq.times.first_token is None:
-                seq.times.first_token = now
+                seq.times.first_token = now  # an embedding request's: when its vector is ready
+            if seq.pooling is not None:
+                request.embedding = result.embeddings[seq.key]
             logprob = result.logprobs.get(seq.key)
             if seq.params.max_tokens and seq.num_output_tokens:  # max_tokens 0: nothing was generated
                 if logprob is not None:
@@ -178,6 +202,11 @@ class EngineCore:
             # handed out with the choice's first output, once the prefill is complete
             choice.sent_prompt_logprobs = True
             prompt_logprobs = request.prompt_logprobs[: seq.num_prompt_tokens]
+        # held bytes of an incomplete last character come out as U+FFFD (see detokenizer.py)
+        ending = seq.is_finished and not choice.done and seq.pooling is None
+        stopped = ending and choice.detokenizer.flush(seq.num_output_tokens > seq.params.min_tokens)
+        if stopped and seq.finish_reason == "length":
+            seq.finish_reason = "stop"  # the flushed text completed a stop string
         choice.done = seq.is_finished
         finished = all(c.done for c in request.choices)
         output = RequestOutput(
@@ -192,6 +221,7 @@ class EngineCore:
             index=seq.index,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            embedding=request.embedding,
         )
         if finished:
             times = seq.times  # shared by every choice

@@ -47,6 +47,8 @@ class StepItem:
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination), before the step
     prompt_first: int = 0  # rows [prompt_first, prompt_first + prompt_count) of this item give prompt logprobs
     prompt_count: int = 0
+    pool: str | None = None  # an embedding request's pooling mode: its rows' hidden states are pooled
+    pool_ends: bool = False  # this step completes its prompt: the pooled vector is ready
 
     @property
     def context_len(self) -> int:
@@ -70,6 +72,7 @@ class StepResult:
     fork_tokens: dict[int, list[int]] = field(default_factory=dict)  # first tokens of the choices forking there
     logprobs: dict[tuple[str, int], TokenLogprob] = field(default_factory=dict)  # by (request id, choice)
     prompt_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)  # of this step's prompt rows
+    embeddings: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # of completed embedding requests
 
     @property
     def num_sampled(self) -> int:
@@ -88,8 +91,9 @@ def plan_step(out: SchedulerOutput) -> tuple[list[int], list[StepItem]]:
         s = scheduled[i]
         tokens = s.seq.token_ids[s.start : s.start + s.num_tokens]
         prompt = s.prompt_logprobs
-        items.append(StepItem(tokens, s.start, list(s.seq.block_table), s.samples, s.block_copies,
-                              prompt.start - s.start if prompt else 0, len(prompt)))
+        pool = s.seq.pooling.mode if s.seq.pooling is not None else None
+        items.append(StepItem(tokens, s.start, list(s.seq.block_table), s.samples and pool is None, s.block_copies,
+                              prompt.start - s.start if prompt else 0, len(prompt), pool, s.samples))
     return order, items
 
 
@@ -109,6 +113,8 @@ class ModelRunner:
         # on the leader of a tensor-parallel group: sends each step's plan to the other ranks
         self.broadcast: Callable[[list[StepItem]], object] | None = None
         self.graphs: DecodeGraphs | None = None
+        # mean pooling: the float32 sum of the hidden states computed so far, per embedding request
+        self.pool_sums: dict[tuple[str, int], torch.Tensor] = {}
 
     @torch.inference_mode()
     def enable_decode_graphs(self, max_batch: int, max_len: int, capture: bool, min_width: int = MIN_WIDTH) -> None:
@@ -123,8 +129,9 @@ class ModelRunner:
                           use_cache=False).logits[0]
 
     def forget(self, request_id: str) -> None:
-        """Drop what the runner keeps for a finished request (its sampling generator)."""
+        """Drop what the runner keeps for a finished request (its sampling generator, a pooling sum)."""
         self.sampler.forget(request_id)
+        self.pool_sums.pop((request_id, 0), None)
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> StepResult:
@@ -134,10 +141,13 @@ class ModelRunner:
         if self.broadcast is not None:
             self.broadcast(items)
         self._copy_blocks(items)
-        logits = self._decode_static(items)
+        logits = self._decode_static(items)  # never with embedding requests: they do not sample
+        pooled: dict[int, torch.Tensor] = {}
         if logits is None:
-            logits = self.execute(items, copy_blocks=False)
+            logits = self.execute(items, copy_blocks=False, pooled=pooled)
         result = StepResult([None] * len(items))
+        if pooled:
+            self._pool(out, order, items, pooled, result)
         rows: list[SampleRow] = []
         logit_rows: list[int] = []
         targets: list[tuple[int, int]] = []  # (scheduled position, 0 for the sequence or 1 + its fork)
@@ -172,6 +182,26 @@ class ModelRunner:
                 result.logprobs[row.key] = logprob
         return result
 
+    def _pool(self, out: SchedulerOutput, order: list[int], items: list[StepItem], pooled: dict[int, torch.Tensor],
+              result: StepResult) -> None:
+        """Fold this step's pooled hidden states into each embedding request's; a request whose prompt
+        is complete gets its vector (normalized if asked) in result.embeddings."""
+        for i, part in pooled.items():
+            item, seq = items[i], out.scheduled[order[i]].seq
+            assert seq.pooling is not None
+            vector = part
+            if item.pool == "mean":
+                # a prompt restarts at position 0 after a preemption: whatever was summed is dropped
+                if item.start:
+                    vector = self.pool_sums.pop(seq.key) + part
+                if not item.pool_ends:
+                    self.pool_sums[seq.key] = vector
+                    continue
+                vector = vector / seq.num_prompt_tokens
+            if seq.pooling.normalize:
+                vector = torch.nn.functional.normalize(vector, p=2.0, dim=0)
+            result.embeddings[seq.key] = vector.cpu().tolist()
+
     @staticmethod
     def _prompt_logprobs(logits: torch.Tensor, jobs: list[tuple[int, int, list[int], int]],
                          result: StepResult) -> None:
@@ -198,9 +228,12 @@ class ModelRunner:
             cache.index_copy_(0, target, cache.index_select(0, source))
 
     @torch.inference_mode()
-    def execute(self, items: list[StepItem], logits: bool = True, copy_blocks: bool = True) -> torch.Tensor:
+    def execute(self, items: list[StepItem], logits: bool = True, copy_blocks: bool = True,
+                pooled: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """The forward pass: logits [N, V] of the rows the items keep (see StepItem.kept_rows), or
-        hidden states without the LM head."""
+        hidden states without the LM head. With `pooled`, each embedding item's share of this step's
+        final hidden states (float32) goes there by its index in items: the sum of its rows for mean
+        pooling, its last row for last-token pooling once its prompt is complete."""
         if copy_blocks:
             self._copy_blocks(items)
         input_ids, positions, batch, sample_rows = self._prepare(items)
@@ -209,6 +242,17 @@ class ModelRunner:
         if not logits:  # a follower rank: the leader alone samples
             return self.model.model(input_ids=input_ids[None], position_ids=positions[None], paged=batch,
                                     use_cache=False).last_hidden_state
+        if pooled is not None and any(item.pool for item in items):
+            # the decoder's output (after its final norm), then the LM head over the kept rows alone:
+            # what the model's own forward does with logits_to_keep
+            hidden = self.model.model(input_ids=input_ids[None], position_ids=positions[None], paged=batch,
+                                      use_cache=False).last_hidden_state[0]
+            for i, (item, last) in enumerate(zip(items, sample_rows, strict=True)):
+                if item.pool == "mean":
+                    pooled[i] = hidden[last - len(item.token_ids) + 1 : last + 1].float().sum(0)
+                elif item.pool and item.pool_ends:
+                    pooled[i] = hidden[last].float()
+            return self.model.lm_head(hidden[keep]).float()
         output = self.model(input_ids=input_ids[None], position_ids=positions[None], paged=batch,
                             logits_to_keep=keep, use_cache=False)
         return output.logits[0].float()  # [N, V]

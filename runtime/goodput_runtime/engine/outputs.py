@@ -18,7 +18,8 @@ class InvalidPromptError(EngineError, ValueError):
 
 
 class PromptTooLongError(InvalidPromptError):
-    """The prompt plus at least one generated token does not fit --max-model-len."""
+    """The prompt plus at least one generated token (an embedding request's input alone) does not fit
+    --max-model-len."""
 
 
 class EngineStoppedError(EngineError):
@@ -50,6 +51,7 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None  # of token_ids, when the request asked for them
     # the prompt's tokens, the first without a logprob (None), on a choice's first output when asked for
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    embedding: list[float] | None = None  # an embedding request's vector, on its finished output
 
 
 __all__ = ["EngineError", "EngineStoppedError", "InvalidPromptError", "PromptTooLongError", "QueueFullError",

@@ -89,8 +89,7 @@ class Scheduler:
         while self.waiting and budget > 0 and not out.num_preempted and self._room_for(self.waiting[0]):
             seq = self.waiting[0]
             first_admission = seq.times.first_scheduled is None
-            # prompt logprobs need the logits of every prompt position: no prefix-cache reuse
-            hits = [] if seq.params.prompt_logprobs is not None else self.block_manager.match_prefix(seq)
+            hits = [] if self._needs_every_position(seq) else self.block_manager.match_prefix(seq)
             cached = len(hits) * self.block_manager.block_size
             num_tokens = min(seq.num_tokens - cached, budget)
             if not self.block_manager.allocate(seq, num_tokens, hits):
@@ -106,6 +105,13 @@ class Scheduler:
             out.scheduled.append(self._scheduled(seq, num_tokens))
             budget -= num_tokens
         return out
+
+    @staticmethod
+    def _needs_every_position(seq: Sequence) -> bool:
+        """Prompt logprobs need the logits of every prompt position, mean pooling the hidden state of
+        every one: such a prompt never reuses the prefix cache (it still fills it for others). Last-token
+        pooling may reuse it, as the prompt's last token is always computed."""
+        return seq.params.prompt_logprobs is not None or (seq.pooling is not None and seq.pooling.mode == "mean")
 
     def _room_for(self, seq: Sequence) -> bool:
         """Whether seq (with the choices that will fork from it) may join the running batch: within
@@ -126,7 +132,8 @@ class Scheduler:
 
     def update(self, out: SchedulerOutput, sampled: list[int | None],
                fork_tokens: dict[int, list[int]] | None = None) -> list[Sequence]:
-        """Record computed tokens and sampled ones; return the sequences that got a new token.
+        """Record computed tokens and sampled ones; return the sequences that got a new token, and the
+        embedding requests whose prompt this step completed (finished here).
         fork_tokens maps a scheduled position to the first tokens of the choices forking from it."""
         advanced: list[Sequence] = []
         for pos, (item, token) in enumerate(zip(out.scheduled, sampled, strict=True)):
@@ -136,6 +143,10 @@ class Scheduler:
             seq.num_computed_tokens += item.num_tokens
             self.block_manager.commit(seq)
             if token is None:
+                if seq.pooling is not None and not seq.num_uncomputed_tokens:
+                    # an embedding request: its prompt is complete and pooled, nothing to generate
+                    advanced.append(seq)
+                    self.finish(seq, "stop")
                 continue
             forks, seq.forks = seq.forks, []
             for child, child_token in zip(forks, (fork_tokens or {}).get(pos, []), strict=True):

@@ -9,6 +9,15 @@ from goodput_runtime.request_times import RequestTimes
 from goodput_runtime.sampling import SamplingParams
 
 
+@dataclass(frozen=True, slots=True)
+class PoolingParams:
+    """An embedding request: its prompt is prefilled like any other and its final hidden states
+    (after the model's last norm) are pooled instead of sampled; it generates nothing."""
+
+    mode: str  # last: the last prompt position's hidden state; mean: the average over every position
+    normalize: bool = True  # L2-normalize the pooled vector
+
+
 class SeqStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -36,6 +45,7 @@ class Sequence:
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     # prompt positions whose next-token logprobs were computed (prompt logprobs are reported once)
     num_prompt_logprob_positions: int = 0
+    pooling: PoolingParams | None = None  # an embedding request: pooled at the prompt's end, never sampled
 
     @classmethod
     def new(cls, request_id: str, prompt: list[int], params: SamplingParams, arrival: float,

@@ -11,6 +11,8 @@ from aiohttp import hdrs, web
 
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
+from goodput_runtime.server import embeddings as embedding_routes
+from goodput_runtime.server import tokens as token_routes
 from goodput_runtime.server.errors import APIError, from_http_exception, internal, invalid, unavailable
 from goodput_runtime.server.generate import Tracker, generate
 from goodput_runtime.server.prompts import (
@@ -119,6 +121,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await generate(request, engine, state.tracker, shape, prompt_ids, params, body.stream, "messages")
 
 
+async def embeddings(request: web.Request) -> web.Response:
+    return await embedding_routes.embeddings(request, request.app[STATE])
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    return await token_routes.tokenize(request, request.app[STATE])
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    return await token_routes.detokenize(request, request.app[STATE])
+
+
 def sampling_params(engine: Any, sampling: Sampling, num_prompt_tokens: int, prompt_param: str) -> SamplingParams:
     """The engine's settings for a request: its limit within the context (the model's default
     max_tokens where it is silent), and the model's generation_config defaults where it is silent."""
@@ -179,6 +193,9 @@ def build_app(state: ServerState) -> web.Application:
     app.on_response_prepare.append(close_connections_when_stopping)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_get("/health", health)

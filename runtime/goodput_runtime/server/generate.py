@@ -17,6 +17,7 @@ from goodput_runtime.engine.outputs import (
     RequestOutput,
     TokenLogprob,
 )
+from goodput_runtime.engine.sequence import PoolingParams
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.server.errors import APIError, internal, invalid, queue_full, unavailable
 from goodput_runtime.server.responses import Choice, Shape, usage
@@ -95,8 +96,10 @@ async def generate(request: web.Request, engine: Any, tracker: Tracker, shape: S
 
 
 def admit(engine: Any, request_id: str, prompt_ids: list[int], params: SamplingParams,
-          prompt_param: str) -> AsyncIterator[RequestOutput]:
+          prompt_param: str, pooling: PoolingParams | None = None) -> AsyncIterator[RequestOutput]:
     try:
+        if pooling is not None:
+            return engine.add_request(request_id, prompt_ids, params, pooling)
         return engine.add_request(request_id, prompt_ids, params)
     except QueueFullError:
         raise queue_full() from None

@@ -8,26 +8,33 @@ from goodput_runtime.server.errors import invalid
 from goodput_runtime.server.protocol import Sampling
 
 
-def completion_prompt_ids(tokenizer: Any, prompt: str | list[int]) -> list[int]:
+def completion_prompt_ids(tokenizer: Any, prompt: str | list[int], param: str = "prompt",
+                          add_special_tokens: bool = True) -> list[int]:
     if isinstance(prompt, str):
-        return list(tokenizer(prompt).input_ids)
-    vocab = len(tokenizer)
-    bad = next((t for t in prompt if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise invalid(f"'prompt' holds token id {bad}, outside the vocabulary [0, {vocab})", "prompt")
+        return list(tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids)
+    check_vocabulary(tokenizer, prompt, param)
     return prompt
 
 
-def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]], model: str) -> list[int]:
+def check_vocabulary(tokenizer: Any, token_ids: list[int], param: str) -> None:
+    vocab = len(tokenizer)
+    bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise invalid(f"'{param}' holds token id {bad}, outside the vocabulary [0, {vocab})", param)
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]], model: str, add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, add_special_tokens: bool = False) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         raise invalid(f"Model '{model}' has no chat template, so it cannot serve chat completions; "
                       "send a plain prompt to /v1/completions instead", "messages", "chat_template_missing")
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             continue_final_message=continue_final_message)
     except Exception as exc:  # a template may refuse a conversation in any way it likes
         raise invalid(f"The model's chat template refused these messages: {exc}", "messages") from None
-    # the template already holds every special token the model expects
-    return list(tokenizer(text, add_special_tokens=False).input_ids)
+    # the template already holds every special token the model expects (unless asked for more)
+    return list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
 
 
 def check_token_ids(tokenizer: Any, sampling: Sampling) -> None:

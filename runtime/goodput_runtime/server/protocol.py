@@ -78,9 +78,23 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise invalid(f"The request body is not valid JSON: {exc}", None, "invalid_json") from None
+    except RecursionError:  # the parser recurses once per level of nesting
+        raise invalid("The request body is not valid JSON: its arrays and objects nest too deeply", None,
+                      "invalid_json") from None
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object", None, "invalid_json")
     return body
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """A client's value as an error message quotes it: a scalar's repr, cut short; a container's kind
+    alone (a deeply nested one has no repr within the interpreter's recursion limit)."""
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def is_int(value: Any) -> bool:
@@ -152,6 +166,13 @@ def stop_strings(body: dict) -> tuple[str, ...]:
     return tuple(v for v in value if v)
 
 
+def reject_unknown(body: dict, known: frozenset[str]) -> None:
+    """Every field outside `known` is refused, naming it: none is accepted and ignored."""
+    for name in body:
+        if name not in known:
+            raise invalid(f"'{name}' is not supported by this server", name, "unsupported_parameter")
+
+
 def reject_unsupported(body: dict, names: dict[str, Any]) -> None:
     """Fields we do not implement are refused unless they hold their do-nothing value."""
     for name, harmless in names.items():
@@ -172,9 +193,9 @@ def logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
         try:
             token = int(key)
         except (TypeError, ValueError):
-            raise invalid(f"'logit_bias' keys must be token ids, got {key!r}", "logit_bias") from None
+            raise invalid(f"'logit_bias' keys must be token ids, got {shown(key)}", "logit_bias") from None
         if not is_number(bias) or not math.isfinite(bias):
-            raise invalid(f"'logit_bias' values must be numbers, got {bias!r} for {key!r}", "logit_bias")
+            raise invalid(f"'logit_bias' values must be numbers, got {shown(bias)} for {shown(key)}", "logit_bias")
         pairs.append((token, max(-100.0, min(100.0, float(bias)))))
     return tuple(pairs)
 
@@ -317,7 +338,7 @@ def chat_message(message: Any, where: str) -> dict[str, str]:
     if role is None:
         raise missing(f"{where}.role")
     if role not in ROLES:
-        raise invalid(f"'{where}.role' must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
+        raise invalid(f"'{where}.role' must be one of {', '.join(ROLES)}, got {shown(role)}", f"{where}.role")
     return {"role": role, "content": message_content(message.get("content"), role, f"{where}.content")}
 
 
