@@ -6,6 +6,7 @@ One server on the prepared SmolLM2 directory (float32, CPU) is driven at each co
 three kinds of request in alternating rounds: plain greedy completions, the same with
 `logprobs: 5` (top-5 per token), and `n: 4` (four choices sharing the prompt's KV blocks; its
 output tokens count all four). Every request generates exactly `--output-len` tokens per choice.
+Prefix caching is off, since every kind sends the same prompts.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     items = make_workload(spec, prompt_vocabulary(model))
     kv = 4 * kv_cache_bytes(model, items, 16)  # room for n=4 at once
     samples: dict[tuple[str, int], list[dict]] = {}
-    extra = ["--kv-cache-memory", str(kv), "--max-num-seqs", str(4 * max(levels)), "--max-model-len", "1024"]
+    # every kind sends the same prompts: without prefix caching each one computes them afresh
+    extra = ["--kv-cache-memory", str(kv), "--max-num-seqs", str(4 * max(levels)), "--max-model-len", "1024",
+             "--no-enable-prefix-caching"]
     with start_server(model, "bench", args.threads, extra, Path("bench/results/logs")) as server:
         asyncio.run(run_load(server.base_url, "bench", items[:2], concurrency=2, warmup=2))
         for r in range(args.rounds):

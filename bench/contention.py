@@ -30,6 +30,7 @@ SETTINGS: dict[str, tuple[dict[str, str], list[str]]] = {
     "OMP_WAIT_POLICY=ACTIVE": ({"OMP_WAIT_POLICY": "ACTIVE"}, []),
     "OMP_WAIT_POLICY unset": ({}, []),
     "OMP_WAIT_POLICY=PASSIVE": ({"OMP_WAIT_POLICY": "PASSIVE"}, []),
+    "OMP_WAIT_POLICY unset, --num-threads 1": ({}, ["--num-threads", "1"]),
 }
 
 
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2, help="quiet + busy pairs per setting")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--settings", default=None, help="comma-separated setting numbers to run (1-based)")
     parser.add_argument("--out", default="bench/results/contention.json")
     args = parser.parse_args(argv)
 
@@ -66,7 +68,10 @@ def main(argv: list[str] | None = None) -> None:
     items = make_workload(spec, prompt_vocabulary(args.model))
     kv = kv_cache_bytes(args.model, items, 16)
     results: dict[str, dict[str, list[dict]]] = {}
-    for name, (env, flags) in SETTINGS.items():
+    chosen = list(SETTINGS.items())
+    if args.settings:
+        chosen = [chosen[int(i) - 1] for i in args.settings.split(",")]
+    for name, (env, flags) in chosen:
         print(f"== {name}", flush=True)
         extra = ["--kv-cache-memory", str(kv), "--max-num-seqs", str(args.concurrency), *flags]
         with start_server(args.model, "bench", args.threads, extra, Path("bench/results/logs"),
