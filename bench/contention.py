@@ -27,10 +27,10 @@ from bench.workload import WorkloadSpec, make_workload, prompt_vocabulary
 
 # name -> (environment for the server, extra runtime flags)
 SETTINGS: dict[str, tuple[dict[str, str], list[str]]] = {
-    "OMP_WAIT_POLICY=ACTIVE": ({"OMP_WAIT_POLICY": "ACTIVE"}, []),
-    "OMP_WAIT_POLICY unset": ({}, []),
-    "OMP_WAIT_POLICY=PASSIVE": ({"OMP_WAIT_POLICY": "PASSIVE"}, []),
-    "OMP_WAIT_POLICY unset, --num-threads 1": ({}, ["--num-threads", "1"]),
+    "OMP_WAIT_POLICY=ACTIVE (spin)": ({"OMP_WAIT_POLICY": "ACTIVE"}, []),
+    "GOMP_SPINCOUNT=2000 (short spin)": ({"GOMP_SPINCOUNT": "2000"}, []),
+    "runtime default (passive waits)": ({}, []),
+    "runtime default, --num-threads 1": ({}, ["--num-threads", "1"]),
 }
 
 

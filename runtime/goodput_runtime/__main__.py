@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from goodput_contract import quantization as quantization_rules
 from goodput_runtime.config import EngineConfig
+from goodput_runtime.cpu import default_openmp_waits
 
 BYTE_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
               "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -227,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    waits = default_openmp_waits()  # before anything imports torch
+    if waits:
+        log.info("OpenMP threads wait passively (%s; set OMP_WAIT_POLICY=ACTIVE on dedicated cores)", waits)
     try:
         return asyncio.run(run(args))
     except Exception as exc:
