@@ -5,6 +5,7 @@ import pytest
 from goodput_operator.autoscaling.law import (
     DOWN,
     HOLD,
+    SCALE_CAUSES,
     UP,
     Memory,
     Observation,
@@ -54,6 +55,20 @@ def test_law(current, ready, signals, memory, desired, direction, cause):
     obs = Observation(now=1000.0, current=current, ready=ready, signals=signals)
     decision = decide(POLICY, obs, memory)
     assert (decision.desired, decision.direction, decision.cause) == (desired, direction, cause), decision.reason
+    if direction != HOLD:  # the dashboard's scale-event annotation sees only the causes exported from the start
+        assert cause in SCALE_CAUSES[direction]
+
+
+def test_every_scale_cause_is_exported_at_zero_before_the_first_change():
+    from prometheus_client import generate_latest
+
+    from goodput_operator.autoscaling.loop import Autoscaler
+
+    Autoscaler(ctx=None, kube=None, source=None, period=1.0, window=1.0)
+    text = generate_latest().decode()
+    for direction, causes in SCALE_CAUSES.items():
+        for cause in causes:
+            assert f'goodput_autoscaler_scale_events_total{{direction="{direction}",reason="{cause}"}}' in text
 
 
 def test_reason_speaks_in_slo_terms():

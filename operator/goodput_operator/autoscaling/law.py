@@ -19,6 +19,9 @@ import math
 from dataclasses import dataclass, replace
 
 UP, DOWN, HOLD = "up", "down", "hold"
+# every (direction, cause) a replica change can carry; the operator exports each at zero from the start,
+# so the first change of a kind is an increase Prometheus can see, not a series that appears at 1
+SCALE_CAUSES = {UP: ("slo_guard", "capacity", "bounds"), DOWN: ("scale_down", "idle", "bounds")}
 LEARNING_RATE = 0.3
 LOAD_RELATED = 0.5  # misses below this share of the estimated capacity teach nothing about it
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from goodput_contract.metrics import AUTOSCALER_DESIRED_REPLICAS as DESIRED_METRIC
 from goodput_operator import metrics
-from goodput_operator.autoscaling.law import UP, Decision, Memory, Observation, Policy, decide
+from goodput_operator.autoscaling.law import SCALE_CAUSES, UP, Decision, Memory, Observation, Policy, decide
 from goodput_operator.autoscaling.sources import (
     DirectSource,
     PrometheusSource,
@@ -74,6 +74,11 @@ class Autoscaler:
         api = load_config()
         api.user_agent = FIELD_MANAGER
         return cls(ctx, Kube(api, FIELD_MANAGER), source, s.autoscaler_period_seconds, s.autoscaler_window_seconds)
+
+    def __post_init__(self) -> None:
+        for direction, causes in SCALE_CAUSES.items():
+            for cause in causes:
+                metrics.AUTOSCALER_SCALE_EVENTS.labels(direction=direction, reason=cause)
 
     async def run_forever(self) -> None:
         try:
