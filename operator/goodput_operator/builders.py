@@ -4,22 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from goodput_contract import flags
+from goodput_operator import engines
+from goodput_operator.engines import MODEL_CACHE_DIR, RUNTIME_PORT, SHUTDOWN_DELAY_SECONDS, SOURCE_MOUNT
 from goodput_operator.settings import DEFAULT_HF_ENDPOINT, GROUP, KIND, VERSION, Settings
 from goodput_operator.spec import ServiceSpec
 
-RUNTIME_PORT = 8000
 SERVICE_PORT = 80
-MODEL_CACHE_DIR = "/var/cache/goodput"
-SOURCE_MOUNT = "/mnt/models"
 SERVICE_LABEL = f"{GROUP}/service"
 MANAGED_BY = "goodput-operator"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 RUNTIME_UID = 1000
 # After SIGTERM the runtime keeps admitting requests (Connection: close) with /health at 503
-# for SHUTDOWN_DELAY_SECONDS, so endpoints drop the pod before it stops accepting; then it
-# drains in-flight requests for up to RUNTIME_DRAIN_SECONDS (its --shutdown-grace default).
-SHUTDOWN_DELAY_SECONDS = 5
+# for SHUTDOWN_DELAY_SECONDS (engines.py), so endpoints drop the pod before it stops accepting;
+# then it drains in-flight requests for up to RUNTIME_DRAIN_SECONDS (its --shutdown-grace default).
 RUNTIME_DRAIN_SECONDS = 30
 TERMINATION_GRACE_SECONDS = 60  # above delay + drain, so the kubelet's SIGKILL never cuts a drain short
 
@@ -68,41 +65,9 @@ def child_metadata(svc: ServiceSpec, name: str, owner: dict[str, Any]) -> dict[s
     return {"name": name, "namespace": svc.namespace, "labels": labels(svc), "ownerReferences": [owner]}
 
 
-def model_path(svc: ServiceSpec) -> str:
-    source = svc.model.source
-    if source.scheme == "hf":
-        return f"hf://{source.repo}/{source.file}" if source.file else source.repo
-    if source.scheme == "pvc":
-        return SOURCE_MOUNT + (source.path if source.path != "/" else "")
-    return source.path
-
-
 def runtime_args(svc: ServiceSpec) -> list[str]:
-    """The runtime's command line, derived from the spec: each CR field under the flag the
-    contract (goodput_contract.flags) names for it; unset fields leave the runtime's default."""
-    m, e = svc.model, svc.engine
-    args = flags.to_args({
-        "model.source": model_path(svc),
-        "model.servedName": m.served_name,
-        "model.revision": m.revision if m.source.scheme == "hf" else None,
-    })
-    args += [flags.HOST, "0.0.0.0", flags.PORT, str(RUNTIME_PORT)]
-    args += flags.to_args({
-        "resources.gpu": "cuda" if svc.resources.gpu else "cpu",
-        "model.dtype": m.dtype,
-        "model.maxModelLen": m.max_model_len,
-        "engine.maxNumSeqs": e.max_num_seqs,
-        "engine.maxBatchedTokens": e.max_batched_tokens,
-        "engine.gpuMemoryUtilization": e.gpu_memory_utilization,
-        "engine.prefixCaching": e.prefix_caching,
-        "engine.maxQueue": e.max_queue,
-        "slo.ttft": svc.slo.ttft_seconds,
-        "slo.tpot": svc.slo.tpot_seconds,
-        "parallelism.tensor": svc.tensor_parallel,
-        "model.quantization": m.quantization,
-    })
-    args += [flags.SHUTDOWN_DELAY, str(SHUTDOWN_DELAY_SECONDS)]
-    return args + list(e.extra_args)
+    """The engine's command-line arguments, derived from the spec by its row in engines.ENGINES."""
+    return engines.engine_of(svc).args(svc)
 
 
 def _env(svc: ServiceSpec, settings: Settings) -> list[dict[str, Any]]:
@@ -117,6 +82,7 @@ def _env(svc: ServiceSpec, settings: Settings) -> list[dict[str, Any]]:
     if svc.model.token_secret:
         ref = {"name": svc.model.token_secret.name, "key": svc.model.token_secret.key}
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    env += engines.engine_of(svc).env(svc)
     return env + [dict(item) for item in svc.template.env]
 
 
@@ -135,7 +101,7 @@ def _volumes(svc: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any
         claim = {"claimName": svc.model.source.claim, "readOnly": True}
         volumes.append({"name": "model-source", "persistentVolumeClaim": claim})
         mounts.append({"name": "model-source", "mountPath": SOURCE_MOUNT, "readOnly": True})
-    if svc.tensor_parallel > 1:
+    if svc.tensor_parallel > 1 or engines.engine_of(svc).shared_memory:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     volumes += [dict(v) for v in svc.template.volumes]
@@ -156,23 +122,24 @@ def _resources(svc: ServiceSpec) -> dict[str, Any]:
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
-def _probe(period: int, failures: int) -> dict[str, Any]:
+def _probe(path: str, probe: engines.Probe) -> dict[str, Any]:
     return {
-        "httpGet": {"path": "/health", "port": "http"},
-        "periodSeconds": period,
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": probe.period_seconds,
         "timeoutSeconds": 5,
-        "failureThreshold": failures,
+        "failureThreshold": probe.failure_threshold,
     }
 
 
 def _container(svc: ServiceSpec, settings: Settings, mounts: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
+    engine = engines.engine_of(svc)
+    container: dict[str, Any] = {
         "name": "runtime",
-        "image": svc.image or settings.runtime_image,
+        "image": engines.image(svc, settings),
         "imagePullPolicy": settings.image_pull_policy,
-        "command": ["python3", "-m", "goodput_runtime"],
+        "command": list(engine.command),
         "args": runtime_args(svc),
-        "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}],
         "env": _env(svc, settings),
         "resources": _resources(svc),
         "volumeMounts": mounts,
@@ -180,9 +147,9 @@ def _container(svc: ServiceSpec, settings: Settings, mounts: list[dict[str, Any]
         # stands in. Either becomes lastState.terminated.message, which the operator reports.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         # Loading weights can take many minutes; liveness waits for the first success.
-        "startupProbe": _probe(period=10, failures=180),
-        "readinessProbe": _probe(period=5, failures=3),
-        "livenessProbe": _probe(period=10, failures=6),
+        "startupProbe": _probe(engine.health_path, engine.startup),
+        "readinessProbe": _probe(engine.health_path, engine.readiness),
+        "livenessProbe": _probe(engine.health_path, engine.liveness),
         "securityContext": {
             "runAsNonRoot": True,
             "allowPrivilegeEscalation": False,
@@ -190,6 +157,10 @@ def _container(svc: ServiceSpec, settings: Settings, mounts: list[dict[str, Any]
             "capabilities": {"drop": ["ALL"]},
         },
     }
+    if engine.pre_stop_sleep:
+        # no drain delay of its own: endpoints drop the pod before SIGTERM reaches the engine
+        container["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", str(SHUTDOWN_DELAY_SECONDS)]}}}
+    return container
 
 
 def _pod_spec(svc: ServiceSpec, settings: Settings) -> dict[str, Any]:
@@ -278,7 +249,7 @@ def build_service_monitor(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
         "metadata": child_metadata(svc, svc.name, owner),
         "spec": {
             "selector": {"matchLabels": selector_labels(svc)},
-            "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
+            "endpoints": [{"port": "metrics", "path": engines.engine_of(svc).metrics_path, "interval": "15s"}],
         },
     }
 
@@ -290,7 +261,8 @@ def build_pod_monitor(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
         "metadata": child_metadata(svc, svc.name, owner),
         "spec": {
             "selector": {"matchLabels": selector_labels(svc)},
-            "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+            "podMetricsEndpoints": [{"port": "http", "path": engines.engine_of(svc).metrics_path,
+                                     "interval": "15s"}],
         },
     }
 

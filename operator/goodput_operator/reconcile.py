@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from goodput_operator import builders, capacity, metrics, pods
+from goodput_operator import builders, capacity, engines, metrics, pods
 from goodput_operator.autoscaling import external
 from goodput_operator.conditions import (
     AVAILABLE,
@@ -69,6 +69,7 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
     fit: Fit | None = None
     try:
         svc = parse(name, namespace, body.get("spec") or {})
+        engines.validate(svc)
         fit = await _model_fit(ctx, svc)
         if fit.invalid:
             raise fit.invalid
@@ -182,7 +183,8 @@ async def _model_fit(ctx: Context, svc: ServiceSpec) -> Fit:
     if result.config is None:
         return Fit(Condition(MODEL_FITS, UNKNOWN, "ConfigUnavailable", result.error or ""))
     config = result.config
-    problem = capacity.architecture_problem(config)
+    # other engines serve architectures of their own; they say so at start-up
+    problem = capacity.architecture_problem(config) if svc.engine.kind == engines.GOODPUT else None
     if problem:
         return Fit(Condition(MODEL_FITS, FALSE, "ArchitectureUnsupported", problem),
                    invalid=SpecError("model.source", problem, reason="ArchitectureUnsupported"))

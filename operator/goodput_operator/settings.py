@@ -12,11 +12,18 @@ PLURAL = "inferenceservices"
 KIND = "InferenceService"
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/goodput-dev/goodput-runtime:0.1.0"
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
+# Other engines' official images, pinned by tag (engines.py holds the flags checked against these versions)
+DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"
+DEFAULT_VLLM_CPU_IMAGE = "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0"
+DEFAULT_SGLANG_IMAGE = "lmsysorg/sglang:v0.5.5"
 
 
 @dataclass(frozen=True)
 class Settings:
     runtime_image: str = DEFAULT_RUNTIME_IMAGE
+    vllm_image: str = DEFAULT_VLLM_IMAGE  # engine.kind vllm on GPUs
+    vllm_cpu_image: str = DEFAULT_VLLM_CPU_IMAGE  # engine.kind vllm with resources.gpu 0
+    sglang_image: str = DEFAULT_SGLANG_IMAGE
     image_pull_policy: str = "IfNotPresent"
     field_manager: str = "goodput-operator"
     namespace: str | None = None  # None: every namespace
@@ -35,6 +42,9 @@ class Settings:
         env = os.environ if env is None else env
         return cls(
             runtime_image=env.get("RUNTIME_IMAGE") or DEFAULT_RUNTIME_IMAGE,
+            vllm_image=env.get("VLLM_IMAGE") or DEFAULT_VLLM_IMAGE,
+            vllm_cpu_image=env.get("VLLM_CPU_IMAGE") or DEFAULT_VLLM_CPU_IMAGE,
+            sglang_image=env.get("SGLANG_IMAGE") or DEFAULT_SGLANG_IMAGE,
             image_pull_policy=env.get("RUNTIME_IMAGE_PULL_POLICY") or "IfNotPresent",
             namespace=env.get("WATCH_NAMESPACE") or None,
             liveness_port=int(env.get("LIVENESS_PORT", "8080")),

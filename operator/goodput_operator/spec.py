@@ -61,6 +61,8 @@ class Model:
 
 @dataclass(frozen=True)
 class Engine:
+    kind: str = "goodput"  # goodput | vllm | sglang: the row of engines.ENGINES that serves it
+    image: str | None = None  # overrides the engine's default image
     max_num_seqs: int | None = None
     max_batched_tokens: int | None = None
     prefix_caching: bool | None = None
@@ -182,6 +184,8 @@ def _model(raw: dict[str, Any], name: str) -> Model:
 
 def _engine(raw: dict[str, Any]) -> Engine:
     return Engine(
+        kind=raw.get("kind") or "goodput",
+        image=raw.get("image"),
         max_num_seqs=raw.get("maxNumSeqs"),
         max_batched_tokens=raw.get("maxBatchedTokens"),
         prefix_caching=raw.get("prefixCaching"),

@@ -1,0 +1,330 @@
+"""The serving engines an InferenceService can run, one row each: Goodput's own runtime, vLLM and SGLang.
+
+A row says everything the pod builder needs to know about an engine: its default image (from the
+operator's settings, pinned by tag), its command, how each CR field becomes one of its flags (and
+which fields it cannot honour), its health and metrics endpoints, probes sized for model load, the
+prefix of its metric names, and what it needs mounted. `builders.py` builds every pod from this
+table; adding an engine means adding a row (and its flag mapping) here.
+
+Flags were checked against each engine's own parser: Goodput's from `goodput_contract.flags`,
+vLLM 0.32.0's `vllm.entrypoints.openai.api_server --help`, SGLang's `ServerArgs`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from goodput_contract import flags
+from goodput_operator.settings import Settings
+from goodput_operator.spec import ServiceSpec, SpecError
+
+GOODPUT, VLLM, SGLANG = "goodput", "vllm", "sglang"
+RUNTIME_PORT = 8000  # every engine listens here, serving the API, its health check and /metrics
+MODEL_CACHE_DIR = "/var/cache/goodput"
+SOURCE_MOUNT = "/mnt/models"
+# After SIGTERM our runtime keeps admitting requests (Connection: close) with /health at 503
+# for SHUTDOWN_DELAY_SECONDS, so endpoints drop the pod before it stops accepting. Engines
+# without such a flag get the same delay from a preStop sleep.
+SHUTDOWN_DELAY_SECONDS = 5
+
+# The SLO is put on a bucket boundary of the engines' latency histograms, so the share of requests
+# within it is read exactly rather than interpolated. The rest are each engine's own defaults.
+VLLM_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                     10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+VLLM_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                     20.0, 40.0, 80.0)
+SGLANG_TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
+                       200.0, 400.0)
+SGLANG_TPOT_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08,
+                       0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0)
+
+
+@dataclass(frozen=True)
+class Probe:
+    period_seconds: int
+    failure_threshold: int
+
+
+@dataclass(frozen=True)
+class Engine:
+    kind: str
+    image: Callable[[Settings, bool], str]  # (settings, on_gpu) -> the default image
+    command: tuple[str, ...]
+    args: Callable[[ServiceSpec], list[str]]  # the command line from the CR (after validate passed)
+    refusals: Callable[[ServiceSpec], list[tuple[str, str]]]  # (field under spec, why) it cannot honour
+    health_path: str
+    metrics_path: str
+    metric_prefix: str  # what its /metrics names start with
+    # Loading weights (and, for vLLM and SGLang, compiling kernels) can take many minutes: the
+    # startup probe allows period × failures; liveness starts only after the first success.
+    startup: Probe
+    readiness: Probe
+    liveness: Probe
+    shared_memory: bool  # /dev/shm as a memory volume, for the engine's worker processes
+    pre_stop_sleep: bool  # no drain flag of its own: sleep before SIGTERM so endpoints drop the pod first
+    env: Callable[[ServiceSpec], list[dict[str, str]]] = lambda svc: []
+    port: int = RUNTIME_PORT
+
+
+def model_path(svc: ServiceSpec) -> str:
+    """Where the engine finds the weights: the Hub id (downloaded by the engine itself into the
+    model cache), or the path the source claim is mounted at, or a path in the image."""
+    source = svc.model.source
+    if source.scheme == "hf":
+        return f"hf://{source.repo}/{source.file}" if source.file else source.repo
+    if source.scheme == "pvc":
+        return SOURCE_MOUNT + (source.path if source.path != "/" else "")
+    return source.path
+
+
+def with_boundary(buckets: tuple[float, ...], *extra: float | None) -> list[float]:
+    """The buckets with each SLO value added as a boundary."""
+    return sorted(set(buckets) | {e for e in extra if e is not None and e > 0})
+
+
+# --- Goodput's runtime ----------------------------------------------------------------------------
+
+def goodput_args(svc: ServiceSpec) -> list[str]:
+    """The runtime's command line: each CR field under the flag the contract
+    (goodput_contract.flags) names for it; unset fields leave the runtime's default."""
+    m, e = svc.model, svc.engine
+    args = flags.to_args({
+        "model.source": model_path(svc),
+        "model.servedName": m.served_name,
+        "model.revision": m.revision if m.source.scheme == "hf" else None,
+    })
+    args += [flags.HOST, "0.0.0.0", flags.PORT, str(RUNTIME_PORT)]
+    args += flags.to_args({
+        "resources.gpu": "cuda" if svc.resources.gpu else "cpu",
+        "model.dtype": m.dtype,
+        "model.maxModelLen": m.max_model_len,
+        "engine.maxNumSeqs": e.max_num_seqs,
+        "engine.maxBatchedTokens": e.max_batched_tokens,
+        "engine.gpuMemoryUtilization": e.gpu_memory_utilization,
+        "engine.prefixCaching": e.prefix_caching,
+        "engine.maxQueue": e.max_queue,
+        "slo.ttft": svc.slo.ttft_seconds,
+        "slo.tpot": svc.slo.tpot_seconds,
+        "parallelism.tensor": svc.tensor_parallel,
+        "model.quantization": m.quantization,
+    })
+    args += [flags.SHUTDOWN_DELAY, str(SHUTDOWN_DELAY_SECONDS)]
+    return args + list(e.extra_args)
+
+
+def _goodput_refusals(svc: ServiceSpec) -> list[tuple[str, str]]:
+    return []  # the runtime honours every field; the fit checks refuse what a model rules out
+
+
+# --- vLLM -----------------------------------------------------------------------------------------
+
+# CR field -> vLLM flag (vLLM 0.32.0). Fields absent here are refused for vLLM, or set otherwise (below).
+VLLM_FLAGS: dict[str, str] = {
+    "model.source": "--model",
+    "model.servedName": "--served-model-name",
+    "model.revision": "--revision",
+    "model.dtype": "--dtype",
+    "model.maxModelLen": "--max-model-len",
+    "model.quantization": "--quantization",  # fp8 only: online dynamic fp8 of an unquantized checkpoint
+    "parallelism.tensor": "--tensor-parallel-size",
+    "engine.maxNumSeqs": "--max-num-seqs",
+    "engine.maxBatchedTokens": "--max-num-batched-tokens",
+    "engine.gpuMemoryUtilization": "--gpu-memory-utilization",
+    "engine.prefixCaching": "--enable-prefix-caching",  # false: --no-enable-prefix-caching
+    "slo.ttft": "--custom-histogram-buckets",  # the SLOs become histogram boundaries (JSON, both at once)
+    "slo.tpot": "--custom-histogram-buckets",
+}
+VLLM_QUANTIZATIONS = ("none", "fp8")
+
+
+def _value(value: object) -> str:
+    return f"{value:.12g}" if isinstance(value, float) else str(value)
+
+
+def vllm_args(svc: ServiceSpec) -> list[str]:
+    m, e, f = svc.model, svc.engine, VLLM_FLAGS
+    args = [f["model.source"], model_path(svc), f["model.servedName"], m.served_name]
+    if m.source.scheme == "hf":
+        args += [f["model.revision"], m.revision]
+    args += ["--host", "0.0.0.0", "--port", str(RUNTIME_PORT)]
+    optional: list[tuple[str, object]] = [
+        ("model.dtype", m.dtype),
+        ("model.maxModelLen", m.max_model_len),
+        ("engine.maxNumSeqs", e.max_num_seqs),
+        ("engine.maxBatchedTokens", e.max_batched_tokens),
+        ("engine.gpuMemoryUtilization", e.gpu_memory_utilization),
+        ("parallelism.tensor", svc.tensor_parallel),
+        ("model.quantization", None if m.quantization == "none" else m.quantization),
+    ]
+    for field, value in optional:
+        if value is not None:
+            args += [f[field], _value(value)]
+    if e.prefix_caching is not None:
+        args.append(f["engine.prefixCaching"] if e.prefix_caching else flags.negated(f["engine.prefixCaching"]))
+    ttft, tpot = svc.slo.ttft_seconds, svc.slo.tpot_seconds
+    if ttft is not None or tpot is not None:
+        buckets = {}
+        if ttft is not None:
+            buckets["time_to_first_token"] = with_boundary(VLLM_TTFT_BUCKETS, ttft)
+        if tpot is not None:  # the family of both inter_token_latency and request_time_per_output_token
+            buckets["inter_token_latency"] = with_boundary(VLLM_TPOT_BUCKETS, tpot)
+        args += ["--custom-histogram-buckets", json.dumps(buckets, separators=(",", ":"))]
+    return args + list(e.extra_args)
+
+
+def _vllm_refusals(svc: ServiceSpec) -> list[tuple[str, str]]:
+    out = []
+    if svc.model.quantization not in VLLM_QUANTIZATIONS:
+        out.append(("model.quantization", f"{svc.model.quantization} is Goodput's own load-time quantization; "
+                    "vLLM quantizes at load time only to fp8 (or serves a checkpoint quantized beforehand)"))
+    if svc.engine.max_queue is not None:
+        out.append(("engine.maxQueue", "vLLM has no bounded queue; leave it out or use engine.kind goodput or sglang"))
+    if svc.model.source.file:
+        out.append(("model.source", "names one GGUF file; vLLM needs a model directory or a Hub repository here"))
+    return out
+
+
+def _vllm_env(svc: ServiceSpec) -> list[dict[str, str]]:
+    return [{"name": "VLLM_NO_USAGE_STATS", "value": "1"}, {"name": "VLLM_CACHE_ROOT",
+                                                            "value": f"{MODEL_CACHE_DIR}/vllm"}]
+
+
+# --- SGLang ---------------------------------------------------------------------------------------
+
+SGLANG_FLAGS: dict[str, str] = {
+    "model.source": "--model-path",
+    "model.servedName": "--served-model-name",
+    "model.revision": "--revision",
+    "model.dtype": "--dtype",
+    "model.maxModelLen": "--context-length",
+    "model.quantization": "--quantization",  # fp8 only
+    "parallelism.tensor": "--tp-size",
+    "engine.maxNumSeqs": "--max-running-requests",
+    "engine.maxBatchedTokens": "--chunked-prefill-size",
+    "engine.gpuMemoryUtilization": "--mem-fraction-static",
+    "engine.prefixCaching": "--disable-radix-cache",  # prefix caching is on by default; false adds this flag
+    "engine.maxQueue": "--max-queued-requests",
+    "slo.ttft": "--bucket-time-to-first-token",  # the SLO becomes a histogram boundary
+    "slo.tpot": "--bucket-inter-token-latency",
+}
+SGLANG_QUANTIZATIONS = ("none", "fp8")
+
+
+def sglang_args(svc: ServiceSpec) -> list[str]:
+    m, e, f = svc.model, svc.engine, SGLANG_FLAGS
+    args = [f["model.source"], model_path(svc), f["model.servedName"], m.served_name]
+    if m.source.scheme == "hf":
+        args += [f["model.revision"], m.revision]
+    args += ["--host", "0.0.0.0", "--port", str(RUNTIME_PORT), "--enable-metrics"]
+    optional: list[tuple[str, object]] = [
+        ("model.dtype", m.dtype),
+        ("model.maxModelLen", m.max_model_len),
+        ("engine.maxNumSeqs", e.max_num_seqs),
+        ("engine.maxBatchedTokens", e.max_batched_tokens),
+        ("engine.gpuMemoryUtilization", e.gpu_memory_utilization),
+        ("engine.maxQueue", e.max_queue),
+        ("parallelism.tensor", svc.tensor_parallel),
+        ("model.quantization", None if m.quantization == "none" else m.quantization),
+    ]
+    for field, value in optional:
+        if value is not None:
+            args += [f[field], _value(value)]
+    if e.prefix_caching is False:
+        args.append(f["engine.prefixCaching"])
+    if svc.slo.ttft_seconds is not None:
+        args += [f["slo.ttft"], *map(_value, with_boundary(SGLANG_TTFT_BUCKETS, svc.slo.ttft_seconds))]
+    if svc.slo.tpot_seconds is not None:
+        args += [f["slo.tpot"], *map(_value, with_boundary(SGLANG_TPOT_BUCKETS, svc.slo.tpot_seconds))]
+    return args + list(e.extra_args)
+
+
+def _sglang_refusals(svc: ServiceSpec) -> list[tuple[str, str]]:
+    out = []
+    if svc.model.quantization not in SGLANG_QUANTIZATIONS:
+        out.append(("model.quantization", f"{svc.model.quantization} is Goodput's own load-time quantization; "
+                    "SGLang quantizes at load time only to fp8 (or serves a checkpoint quantized beforehand)"))
+    if not svc.resources.gpu:
+        out.append(("resources.gpu", "is 0 (CPU), but SGLang's published images serve on GPUs only"))
+    if svc.model.source.file:
+        out.append(("model.source", "names one GGUF file; SGLang needs a model directory or a Hub repository here"))
+    return out
+
+
+def _sglang_env(svc: ServiceSpec) -> list[dict[str, str]]:
+    return [{"name": "SGLANG_CACHE_DIR", "value": f"{MODEL_CACHE_DIR}/sglang"}]
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+_LOAD = Probe(period_seconds=10, failure_threshold=180)  # up to 30 minutes to download, load and warm up
+_READY = Probe(period_seconds=5, failure_threshold=3)
+_LIVE = Probe(period_seconds=10, failure_threshold=6)
+
+ENGINES: dict[str, Engine] = {
+    GOODPUT: Engine(
+        kind=GOODPUT,
+        image=lambda s, gpu: s.runtime_image,
+        command=("python3", "-m", "goodput_runtime"),
+        args=goodput_args,
+        refusals=_goodput_refusals,
+        health_path="/health",
+        metrics_path="/metrics",
+        metric_prefix="goodput_",
+        startup=_LOAD, readiness=_READY, liveness=_LIVE,
+        shared_memory=False,  # only tensor-parallel workers share memory (added below)
+        pre_stop_sleep=False,  # --shutdown-delay does it
+    ),
+    VLLM: Engine(
+        kind=VLLM,
+        image=lambda s, gpu: s.vllm_image if gpu else s.vllm_cpu_image,
+        # the module, not the `vllm` script: the same in the official images and in a pip install
+        command=("python3", "-m", "vllm.entrypoints.openai.api_server"),
+        args=vllm_args,
+        refusals=_vllm_refusals,
+        health_path="/health",
+        metrics_path="/metrics",
+        metric_prefix="vllm:",
+        startup=_LOAD, readiness=_READY, liveness=_LIVE,
+        shared_memory=True,  # the API server and the engine core talk through shared memory
+        pre_stop_sleep=True,
+        env=_vllm_env,
+    ),
+    SGLANG: Engine(
+        kind=SGLANG,
+        image=lambda s, gpu: s.sglang_image,
+        command=("python3", "-m", "sglang.launch_server"),
+        args=sglang_args,
+        refusals=_sglang_refusals,
+        health_path="/health",
+        metrics_path="/metrics",
+        metric_prefix="sglang:",
+        startup=_LOAD, readiness=_READY, liveness=_LIVE,
+        shared_memory=True,
+        pre_stop_sleep=True,
+        env=_sglang_env,
+    ),
+}
+KINDS = tuple(ENGINES)
+
+
+def engine_of(svc: ServiceSpec) -> Engine:
+    return ENGINES[svc.engine.kind]
+
+
+def validate(svc: ServiceSpec) -> None:
+    """SpecError naming the first field the service's engine cannot honour."""
+    if svc.engine.kind not in ENGINES:
+        raise SpecError("engine.kind", f"{svc.engine.kind!r} is not one of {', '.join(KINDS)}",
+                        reason="EngineUnknown")
+    if svc.image and svc.engine.image and svc.image != svc.engine.image:
+        raise SpecError("engine.image", f"is {svc.engine.image!r} but spec.image is {svc.image!r}; set one of them",
+                        reason="ImageConflict")
+    for field, why in engine_of(svc).refusals(svc):
+        raise SpecError(field, f"cannot be honoured by engine.kind {svc.engine.kind}: {why}",
+                        reason="EngineUnsupportedField")
+
+
+def image(svc: ServiceSpec, settings: Settings) -> str:
+    return svc.engine.image or svc.image or engine_of(svc).image(settings, bool(svc.resources.gpu))
