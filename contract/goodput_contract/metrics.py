@@ -1,10 +1,13 @@
 """Series names shared by the runtime (which exports them), the autoscaler and the dashboards (which read them).
 
 Names follow Prometheus conventions with the ``goodput_`` prefix; each runtime series carries the
-label ``model``. vLLM exports the same signals under ``vllm:``; ``ENGINE_ALIASES`` maps them.
+label ``model``. vLLM and SGLang export the same signals under names of their own; ``ENGINE_METRICS``
+says which of their series carries each signal.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 PREFIX = "goodput_"
 
@@ -35,5 +38,48 @@ AUTOSCALER_WRITE_ERRORS = PREFIX + "autoscaler_write_errors_total"
 AUTOSCALER_REPLICAS = PREFIX + "autoscaler_replicas"
 AUTOSCALER_CAPACITY_PER_REPLICA = PREFIX + "autoscaler_capacity_per_replica"
 
-# another engine's prefix -> ours, for the same signal
-ENGINE_ALIASES = {"vllm:": PREFIX}
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """One engine's series for each signal the autoscaler and dashboards read.
+
+    A tuple of alternatives is read in order and the first series present wins (an engine that
+    renamed a series exports one generation or the other, sometimes both); ``requests`` is summed.
+    """
+
+    engine: str
+    model_label: str  # the label naming the served model
+    requests: tuple[str, ...]  # counters of finished requests, any outcome, summed
+    good: str | None  # a counter of requests that met the SLO; None: estimated from the histograms
+    failed: tuple[tuple[str, str, tuple[str, ...]], ...]  # (counter, label, values) of unsuccessful requests
+    running: tuple[str, ...]
+    waiting: tuple[str, ...]
+    kv_usage: tuple[str, ...]  # a 0..1 ratio
+    ttft: tuple[str, ...]  # histograms, seconds
+    tpot: tuple[str, ...]  # per request where the engine has it, else per token
+
+
+ENGINE_METRICS: dict[str, EngineMetrics] = {
+    "goodput": EngineMetrics(
+        "goodput", "model", requests=(REQUESTS,), good=REQUESTS_GOOD, failed=((REQUESTS, "outcome", ("error",)),),
+        running=(REQUESTS_RUNNING,), waiting=(REQUESTS_WAITING,), kv_usage=(KV_CACHE_USAGE,), ttft=(TTFT,),
+        tpot=(TPOT,)),
+    # vLLM 0.32.0 checked by scraping it; older names kept so an upgrade or downgrade breaks nothing
+    "vllm": EngineMetrics(
+        "vllm", "model_name", requests=("vllm:request_success_total",), good=None,
+        failed=(("vllm:request_success_total", "finished_reason", ("abort", "error")),),
+        running=("vllm:num_requests_running",), waiting=("vllm:num_requests_waiting",),
+        kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        ttft=("vllm:time_to_first_token_seconds",),
+        # per-request mean TPOT first (vLLM >= 0.11); the older per-token histograms after it
+        tpot=("vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds",
+              "vllm:inter_token_latency_seconds")),
+    # SGLang counts aborted requests apart from the finished ones
+    "sglang": EngineMetrics(
+        "sglang", "model_name", requests=("sglang:num_requests_total", "sglang:num_aborted_requests_total"),
+        good=None, failed=(("sglang:num_aborted_requests_total", "", ()),),
+        running=("sglang:num_running_reqs",), waiting=("sglang:num_queue_reqs",), kv_usage=("sglang:token_usage",),
+        ttft=("sglang:time_to_first_token_seconds",),
+        tpot=("sglang:time_per_output_token_seconds", "sglang:inter_token_latency_seconds")),
+}

@@ -64,12 +64,6 @@ def test_a_restarted_pod_counts_from_zero_and_a_new_pod_waits_a_scrape():
     assert s.arrival_rate == pytest.approx(0.5)  # 5 since the restart; the new pod's 50 are not from this window
 
 
-def test_vllm_names_map_onto_ours():
-    text = ('vllm:requests_total{model="m"} 3\n'  # not a vLLM name, but shows the mapping
-            'vllm:requests_waiting{model="m"} 2\n')
-    assert parse_pod_metrics(text).waiting == 2
-
-
 def test_other_exporters_are_refused():
     with pytest.raises(ValueError, match="not a Goodput runtime"):
         parse_pod_metrics("process_cpu_seconds_total 3\n")

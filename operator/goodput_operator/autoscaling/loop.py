@@ -133,7 +133,8 @@ class Autoscaler:
         current = svc.desired_replicas
         endpoints = await service_endpoints(self.kube, self._slice_version, namespace, name)
         now = time.monotonic()
-        reading = await self.source.read(key, svc.model.served_name, endpoints, now)
+        reading = await self.source.read(key, svc.model.served_name, endpoints, now, engine=svc.engine.kind,
+                                         slo=(svc.slo.ttft_seconds, svc.slo.tpot_seconds))
         if reading.failed:
             metrics.AUTOSCALER_METRIC_ERRORS.inc()
         decision = decide(policy, Observation(now, current, reading.ready, reading.signals, reading.missing),

@@ -2,7 +2,9 @@
 
 Counters are differenced per pod between two scrapes a window apart (a pod seen in only
 one of them is left out; a counter that went down restarted from zero). Gauges come
-from the newest scrape. Names are the runtime's; vLLM's `vllm:` names map onto them.
+from the newest scrape. Names are the runtime's, vLLM's or SGLang's (goodput_contract.metrics
+ENGINE_METRICS); for the engines without a good counter, good requests are estimated from the
+TTFT and TPOT histograms against the SLO (share_within, estimated_good).
 """
 
 from __future__ import annotations
@@ -13,57 +15,100 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from goodput_contract.metrics import (
-    ENGINE_ALIASES,
-    KV_CACHE_USAGE,
-    REQUESTS,
-    REQUESTS_GOOD,
-    REQUESTS_RUNNING,
-    REQUESTS_WAITING,
-    TPOT,
-    TTFT,
-)
+from goodput_contract.metrics import ENGINE_METRICS, EngineMetrics
 from goodput_operator.autoscaling.law import Signals
 
-# runtime series -> the PodSample field it adds up into
-_SUMMED = {REQUESTS: "requests", REQUESTS_GOOD: "good", REQUESTS_RUNNING: "running", REQUESTS_WAITING: "waiting",
-           KV_CACHE_USAGE: "kv_usage"}
+Buckets = tuple[tuple[float, float], ...]  # (le, cumulative count)
 
 
 @dataclass(frozen=True)
 class PodSample:
     requests: float = 0.0  # finished, any outcome
-    good: float = 0.0
+    good: float = 0.0  # met the SLO (when counts_good)
     running: float = 0.0
     waiting: float = 0.0
     kv_usage: float = 0.0
-    ttft_buckets: tuple[tuple[float, float], ...] = ()  # (le, cumulative count)
-    tpot_buckets: tuple[tuple[float, float], ...] = ()
+    ttft_buckets: Buckets = ()
+    tpot_buckets: Buckets = ()
+    engine: str = "goodput"  # whose names the text used
+    failed: float = 0.0  # finished without success (aborted, errors)
+    counts_good: bool = True  # False: the engine has no good counter; it is estimated against the SLO
+
+
+def _detect(names: set[str]) -> EngineMetrics:
+    for metrics in ENGINE_METRICS.values():
+        if metrics.requests[0] in names:
+            return metrics
+    raise ValueError(f"no {' or '.join(m.requests[0] for m in ENGINE_METRICS.values())} series: "
+                     "not a Goodput runtime nor a known engine")
 
 
 def parse_pod_metrics(text: str) -> PodSample:
-    """One pod's exposition text; raises ValueError when it is not the runtime's."""
-    values: dict[str, float] = {}
-    buckets: dict[str, dict[float, float]] = {TTFT: {}, TPOT: {}}
-    seen = False
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name
-            for old, new in ENGINE_ALIASES.items():
-                name = name.replace(old, new, 1) if name.startswith(old) else name
-            if name in _SUMMED:
-                seen = seen or name == REQUESTS
-                key = _SUMMED[name]
-                values[key] = values.get(key, 0.0) + sample.value
-            elif name.endswith("_bucket") and name[: -len("_bucket")] in buckets:
-                le = float(sample.labels["le"])
-                table = buckets[name[: -len("_bucket")]]
-                table[le] = table.get(le, 0.0) + sample.value
-    if not seen:
-        raise ValueError(f"no {REQUESTS} series: not a Goodput runtime")
-    return PodSample(values.get("requests", 0.0), values.get("good", 0.0), values.get("running", 0.0),
-                     values.get("waiting", 0.0), values.get("kv_usage", 0.0),
-                     tuple(sorted(buckets[TTFT].items())), tuple(sorted(buckets[TPOT].items())))
+    """One pod's exposition text, from our runtime, vLLM or SGLang (told apart by their names);
+    raises ValueError for any other exporter."""
+    samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+    m = _detect({sample.name for sample in samples})
+    by_name: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for sample in samples:
+        by_name.setdefault(sample.name, []).append((sample.labels, sample.value))
+
+    def total(name: str) -> float:
+        return sum(value for _, value in by_name.get(name, ()))
+
+    def first(names: tuple[str, ...], suffix: str = "") -> str | None:
+        return next((n for n in names if n + suffix in by_name), None)
+
+    def gauge(names: tuple[str, ...], average: bool = False) -> float:
+        name = first(names)
+        if name is None:
+            return 0.0
+        values = [value for _, value in by_name[name]]
+        return sum(values) / len(values) if average else sum(values)
+
+    def buckets(names: tuple[str, ...]) -> Buckets:
+        name = first(names, "_bucket")
+        table: dict[float, float] = {}
+        for labels, value in by_name.get(f"{name}_bucket", ()):
+            le = float(labels["le"])
+            table[le] = table.get(le, 0.0) + value
+        return tuple(sorted(table.items()))
+
+    failed = sum(value for counter, label, values in m.failed for labels, value in by_name.get(counter, ())
+                 if not label or labels.get(label) in values)
+    return PodSample(
+        requests=sum(total(name) for name in m.requests),
+        good=total(m.good) if m.good else 0.0,
+        running=gauge(m.running), waiting=gauge(m.waiting), kv_usage=gauge(m.kv_usage, average=True),
+        ttft_buckets=buckets(m.ttft), tpot_buckets=buckets(m.tpot),
+        engine=m.engine, failed=failed, counts_good=m.good is not None,
+    )
+
+
+def share_within(buckets: list[tuple[float, float]] | Buckets, target: float | None) -> float | None:
+    """The share of a histogram's observations at or below `target`: exact when `target` is a bucket
+    boundary (the operator makes the SLO one), else linearly interpolated inside its bucket as
+    Prometheus does. 1 without a target; None without observations."""
+    if target is None:
+        return 1.0
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    total = buckets[-1][1]
+    prev_le, prev_count = 0.0, 0.0
+    for le, count in buckets:
+        if le >= target - 1e-12:
+            if math.isinf(le) or le <= target + 1e-12:
+                return (count if not math.isinf(le) else prev_count) / total
+            return (prev_count + (count - prev_count) * (target - prev_le) / (le - prev_le)) / total
+        prev_le, prev_count = le, count
+    return prev_count / total
+
+
+def estimated_good(successes: float, ttft_share: float | None, tpot_share: float | None) -> float:
+    """Requests within both targets, from the shares within each: the smaller share is an upper bound of
+    the share within both, exact when the requests that miss one target also miss the other (or none
+    misses one of them)."""
+    shares = [s for s in (ttft_share, tpot_share) if s is not None]
+    return successes * min(shares) if shares else successes
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
@@ -88,11 +133,20 @@ def _delta(new: float, old: float) -> float:
     return new - old if new >= old else new  # restarted pod: its counter began again at zero
 
 
+def _bucket_pair_delta(new: Buckets, old: Buckets) -> list[tuple[float, float]]:
+    before = dict(old)
+    if new and before and new[-1][1] < before.get(new[-1][0], 0.0):
+        before = {}  # restarted pod
+    return [(le, count - before.get(le, 0.0)) for le, count in new]
+
+
 @dataclass
 class History:
     """Scrapes of one service's ready pods, oldest first, kept for the long window."""
 
     keep_seconds: float
+    slo_ttft: float | None = None  # the targets good requests are estimated against, for engines
+    slo_tpot: float | None = None  # without a good counter of their own
     scrapes: deque[tuple[float, dict[str, PodSample]]] = field(default_factory=deque)
 
     def add(self, now: float, pods: dict[str, PodSample]) -> None:
@@ -114,8 +168,16 @@ class History:
         latest = self.scrapes[-1][1]
         pods = latest.keys() & base[1].keys()
         total = sum(_delta(latest[p].requests, base[1][p].requests) for p in pods)
-        good = sum(_delta(latest[p].good, base[1][p].good) for p in pods)
+        good = sum(self._good(latest[p], base[1][p]) for p in pods)
         return total, good
+
+    def _good(self, new: PodSample, old: PodSample) -> float:
+        if new.counts_good:
+            return _delta(new.good, old.good)
+        successes = max(0.0, _delta(new.requests, old.requests) - _delta(new.failed, old.failed))
+        ttft = _bucket_pair_delta(new.ttft_buckets, old.ttft_buckets)
+        tpot = _bucket_pair_delta(new.tpot_buckets, old.tpot_buckets)
+        return estimated_good(successes, share_within(ttft, self.slo_ttft), share_within(tpot, self.slo_tpot))
 
     def attainment(self, now: float, window: float) -> float | None:
         total, good = self.finished(now, window)

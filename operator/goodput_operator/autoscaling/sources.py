@@ -4,33 +4,37 @@ Ready pods are the service's EndpointSlices' ready endpoints (the same set the S
 routes to); their count, not the Deployment's, is the capacity serving now. By default
 each ready pod's /metrics is scraped directly; with PROMETHEUS_URL the same signals are
 asked of Prometheus (series labelled `namespace` by the ServiceMonitor or PodMonitor and
-`model` by the runtime). A failed read is reported as missing, never as zero.
+`model` by the runtime, `model_name` by vLLM and SGLang). Every engine's names are read
+(goodput_contract.metrics.ENGINE_METRICS); where an engine has no good counter, good requests
+are estimated from its TTFT and TPOT histograms against the SLO. A failed read is reported as
+missing, never as zero.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
 
-from goodput_contract.metrics import (
-    KV_CACHE_USAGE,
-    REQUESTS,
-    REQUESTS_GOOD,
-    REQUESTS_RUNNING,
-    REQUESTS_WAITING,
-    TPOT,
-    TTFT,
-)
+from goodput_contract.metrics import ENGINE_METRICS
 from goodput_operator.autoscaling.law import Signals
-from goodput_operator.autoscaling.signals import History, PodSample, parse_pod_metrics
+from goodput_operator.autoscaling.signals import (
+    History,
+    PodSample,
+    estimated_good,
+    histogram_quantile,
+    parse_pod_metrics,
+    share_within,
+)
 from goodput_operator.k8s import ApiError, Kube
 
 logger = logging.getLogger(__name__)
 SCRAPE_TIMEOUT_SECONDS = 5.0
+Slo = tuple[float | None, float | None]  # (ttft, tpot) targets in seconds
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,8 @@ class Reading:
 class Source(Protocol):
     """Signals for one service from its ready endpoints; DirectSource and PrometheusSource below."""
 
-    async def read(self, key: tuple[str, str], served_name: str, endpoints: Endpoints, now: float) -> Reading: ...
+    async def read(self, key: tuple[str, str], served_name: str, endpoints: Endpoints, now: float, *,
+                   engine: str = "goodput", slo: Slo = (None, None)) -> Reading: ...
     def forget(self, key: tuple[str, str]) -> None: ...
     async def close(self) -> None: ...
 
@@ -96,8 +101,10 @@ class DirectSource:
             response.raise_for_status()
             return parse_pod_metrics(await response.text())
 
-    async def read(self, key: tuple[str, str], served_name: str, endpoints: Endpoints, now: float) -> Reading:
+    async def read(self, key: tuple[str, str], served_name: str, endpoints: Endpoints, now: float, *,
+                   engine: str = "goodput", slo: Slo = (None, None)) -> Reading:
         history = self._history.setdefault(key, History(keep_seconds=self.long_window + self.window))
+        history.slo_ttft, history.slo_tpot = slo
         if not endpoints.ready:
             return Reading(0, None, "no ready pods to read metrics from")
         results = await asyncio.gather(*(self._scrape(url) for url in endpoints.ready), return_exceptions=True)
@@ -139,33 +146,80 @@ class PrometheusSource:
         value = float(result[0]["value"][1])
         return None if value != value else value  # NaN: 0/0, nothing finished
 
-    async def read(self, key: tuple[str, str], served_name: str, endpoints: Endpoints, now: float) -> Reading:
+    async def _query_buckets(self, promql: str) -> list[tuple[float, float]]:
+        """A `sum by (le)` query as sorted (le, value) pairs."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS))
+        async with self._session.get(f"{self.url}/api/v1/query", params={"query": promql}) as response:
+            response.raise_for_status()
+            body: dict[str, Any] = await response.json()
+        return sorted((float(r["metric"]["le"]), float(r["value"][1])) for r in body["data"]["result"])
+
+    async def read(self, key: tuple[str, str], served_name: str, endpoints: Endpoints, now: float, *,
+                   engine: str = "goodput", slo: Slo = (None, None)) -> Reading:
         if not endpoints.ready:
             return Reading(0, None, "no ready pods to read metrics from")
-        sel = f'namespace="{key[0]}",model="{served_name}"'
+        m = ENGINE_METRICS[engine]
+        sel = f'namespace="{key[0]}",{m.model_label}="{served_name}"'
         w, lw = f"{self.window:.0f}s", f"{self.long_window:.0f}s"
 
+        def first(names: tuple[str, ...], expr: Callable[[str], str], suffix: str = "") -> str:
+            """The expression over the first of `names` that has series: a renamed series is read under
+            whichever generation of its name the engine exports."""
+            out = expr(names[0])
+            for i, name in enumerate(names[1:], start=1):
+                earlier = " or ".join(f"{n}{suffix}{{{sel}}}" for n in names[:i])
+                out = f"{out} or ({expr(name)} unless on() count({earlier}))"
+            return out
+
+        def rate(names: tuple[str, ...], window: str) -> str:
+            return " + ".join(f"(sum(rate({n}{{{sel}}}[{window}])) or vector(0))" for n in names)
+
+        def failed(window: str) -> str:
+            parts = []
+            for counter, label, values in m.failed:
+                match = f',{label}=~"{"|".join(values)}"' if label else ""
+                parts.append(f"(sum(rate({counter}{{{sel}{match}}}[{window}])) or vector(0))")
+            return " + ".join(parts) or "vector(0)"
+
+        def buckets(names: tuple[str, ...], window: str) -> str:
+            return first(names, lambda n: f"sum by (le) (rate({n}_bucket{{{sel}}}[{window}]))", "_bucket")
+
         def attainment(window: str) -> str:
-            return (f"sum(rate({REQUESTS_GOOD}{{{sel}}}[{window}])) / "
-                    f"sum(rate({REQUESTS}{{{sel}}}[{window}]))")
+            return f"sum(rate({m.good}{{{sel}}}[{window}])) / sum(rate({m.requests[0]}{{{sel}}}[{window}]))"
 
-        def p90(metric: str) -> str:
-            return f"histogram_quantile(0.9, sum by (le) (rate({metric}_bucket{{{sel}}}[{w}])))"
-
-        queries = [f"sum(rate({REQUESTS}{{{sel}}}[{w}]))", attainment(w), attainment(lw),
-                   f"sum({REQUESTS_WAITING}{{{sel}}})", f"sum({REQUESTS_RUNNING}{{{sel}}})",
-                   f"avg({KV_CACHE_USAGE}{{{sel}}})", p90(TTFT), p90(TPOT),
-                   f"sum(increase({REQUESTS}{{{sel}}}[{lw}]))"]
+        scalars = [f"sum(rate({m.requests[0]}{{{sel}}}[{w}]))", rate(m.requests, w), rate(m.requests, lw),
+                   failed(w), failed(lw),
+                   first(m.waiting, lambda n: f"sum({n}{{{sel}}})"), first(m.running, lambda n: f"sum({n}{{{sel}}})"),
+                   first(m.kv_usage, lambda n: f"avg({n}{{{sel}}})"),
+                   f"({rate(m.requests, lw)}) * {self.long_window:.0f}"]
+        if m.good:
+            scalars += [attainment(w), attainment(lw)]
+        histograms = [buckets(m.ttft, w), buckets(m.tpot, w), buckets(m.ttft, lw), buckets(m.tpot, lw)]
         try:
-            rate, att, att_long, waiting, running, kv, ttft, tpot, finished = await asyncio.gather(
-                *(self._query(q) for q in queries))
+            values = await asyncio.gather(*(self._query(q) for q in scalars))
+            ttft, tpot, ttft_long, tpot_long = await asyncio.gather(*(self._query_buckets(q) for q in histograms))
         except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError) as err:
             return Reading(len(endpoints.ready), None, f"Prometheus query failed: {err!r}", failed=True)
-        if rate is None or waiting is None:
-            return Reading(len(endpoints.ready), None, f"Prometheus has no goodput series for {sel}", failed=True)
+        present, total, total_long, fail, fail_long, waiting, running, kv, finished = values[:9]
+        if present is None or waiting is None:
+            return Reading(len(endpoints.ready), None, f"Prometheus has no {engine} series for {sel}", failed=True)
+        if m.good:
+            att, att_long = values[9], values[10]
+        else:  # estimated from the histograms against the SLO, as History does for direct scrapes
+            def estimate(requests: float | None, failures: float | None, t: list[tuple[float, float]],
+                         p: list[tuple[float, float]]) -> float | None:
+                if not requests:
+                    return None
+                good = estimated_good(max(0.0, requests - (failures or 0.0)), share_within(t, slo[0]),
+                                      share_within(p, slo[1]))
+                return min(1.0, good / requests)
+
+            att, att_long = estimate(total, fail, ttft, tpot), estimate(total_long, fail_long, ttft_long, tpot_long)
         return Reading(len(endpoints.ready), Signals(
-            arrival_rate=rate, attainment=att, attainment_long=att_long, waiting=round(waiting),
-            running=round(running or 0), kv_usage=kv or 0.0, ttft_p90=ttft, tpot_p90=tpot, finished_long=finished))
+            arrival_rate=total or 0.0, attainment=att, attainment_long=att_long, waiting=round(waiting),
+            running=round(running or 0), kv_usage=kv or 0.0, ttft_p90=histogram_quantile(0.9, ttft),
+            tpot_p90=histogram_quantile(0.9, tpot), finished_long=finished))
 
     def forget(self, key: tuple[str, str]) -> None:
         pass
