@@ -81,5 +81,5 @@ ENGINE_METRICS: dict[str, EngineMetrics] = {
         good=None, failed=(("sglang:num_aborted_requests_total", "", ()),),
         running=("sglang:num_running_reqs",), waiting=("sglang:num_queue_reqs",), kv_usage=("sglang:token_usage",),
         ttft=("sglang:time_to_first_token_seconds",),
-        tpot=("sglang:time_per_output_token_seconds", "sglang:inter_token_latency_seconds")),
+        tpot=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds")),
 }

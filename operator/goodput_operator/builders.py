@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from prometheus_client.utils import floatToGoString
+
+from goodput_contract.metrics import ENGINE_METRICS
 from goodput_operator import engines
 from goodput_operator.engines import MODEL_CACHE_DIR, RUNTIME_PORT, SHUTDOWN_DELAY_SECONDS, SOURCE_MOUNT
 from goodput_operator.settings import DEFAULT_HF_ENDPOINT, GROUP, KIND, VERSION, Settings
@@ -242,27 +246,49 @@ def build_pdb(svc: ServiceSpec, owner: dict[str, Any], api_version: str = "polic
     }
 
 
+def metric_relabelings(svc: ServiceSpec) -> list[dict[str, Any]]:
+    """For engines other than ours: the model's label copied to `model`, and the histogram bucket at
+    each SLO target tagged slo="ttft" / slo="tpot", so the recording rules read every engine alike."""
+    engine = ENGINE_METRICS[svc.engine.kind]
+    if engine.good is not None:
+        return []
+    out: list[dict[str, Any]] = [{"sourceLabels": [engine.model_label], "regex": "(.+)", "targetLabel": "model",
+                                  "replacement": "$1", "action": "replace"}]
+    for tag, target, series in (("ttft", svc.slo.ttft_seconds, engine.ttft[0]),
+                                ("tpot", svc.slo.tpot_seconds, engine.tpot[0])):
+        if target is not None:  # the engine prints `le` as prometheus_client does
+            out.append({"sourceLabels": ["__name__", "le"], "targetLabel": "slo", "replacement": tag,
+                        "regex": f"{re.escape(series)}_bucket;{re.escape(floatToGoString(target))}",
+                        "action": "replace"})
+    return out
+
+
 def build_service_monitor(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
+    endpoint: dict[str, Any] = {"port": "metrics", "path": engines.engine_of(svc).metrics_path, "interval": "15s"}
+    if relabelings := metric_relabelings(svc):
+        endpoint["metricRelabelings"] = relabelings
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
         "metadata": child_metadata(svc, svc.name, owner),
         "spec": {
             "selector": {"matchLabels": selector_labels(svc)},
-            "endpoints": [{"port": "metrics", "path": engines.engine_of(svc).metrics_path, "interval": "15s"}],
+            "endpoints": [endpoint],
         },
     }
 
 
 def build_pod_monitor(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
+    endpoint: dict[str, Any] = {"port": "http", "path": engines.engine_of(svc).metrics_path, "interval": "15s"}
+    if relabelings := metric_relabelings(svc):
+        endpoint["metricRelabelings"] = relabelings
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
         "metadata": child_metadata(svc, svc.name, owner),
         "spec": {
             "selector": {"matchLabels": selector_labels(svc)},
-            "podMetricsEndpoints": [{"port": "http", "path": engines.engine_of(svc).metrics_path,
-                                     "interval": "15s"}],
+            "podMetricsEndpoints": [endpoint],
         },
     }
 

@@ -16,20 +16,23 @@ import asyncio
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
+import yaml
+from helpers import stop_process, wait_for
 from openai import AsyncOpenAI
 
-from goodput_operator import engines
+from goodput_operator import builders, engines
 from goodput_operator.autoscaling.signals import share_within
-from goodput_operator.autoscaling.sources import DirectSource, Endpoints
+from goodput_operator.autoscaling.sources import DirectSource, Endpoints, PrometheusSource
 from goodput_operator.spec import parse
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -39,6 +42,8 @@ MAX_NUM_SEQS = 2
 SLO_TTFT, SLO_TPOT = 1.0, 0.5
 START_SECONDS = 900  # a cold start compiles the model; a warm compile cache makes it a minute or two
 KV_CACHE_GIB = 1
+PROMETHEUS = shutil.which("prometheus")
+RULE = ROOT / "manifests" / "monitoring" / "prometheus-rule.yaml"
 
 
 def spec(model_dir: Path) -> dict:
@@ -208,7 +213,69 @@ def cache_config(text: str) -> tuple[int, int]:
     raise AssertionError("no vllm:cache_config_info")
 
 
-def test_the_autoscaler_reads_what_the_requests_saw(server):
+@pytest.fixture(scope="module")
+def prometheus(server, smollm2_dir, tmp_path_factory):
+    """A real Prometheus scraping the vLLM server as the operator's PodMonitor says (its metric relabelings),
+    with the shipped recording rules (evaluated every second instead of every 30 s)."""
+    if PROMETHEUS is None:
+        yield None  # the Prometheus test skips; the direct reading is tested all the same
+        return
+    workdir = tmp_path_factory.mktemp("prometheus")
+    svc = parse("chat", "ns", spec(smollm2_dir))
+    relabel = [{_snake(k): v for k, v in r.items()} for r in builders.metric_relabelings(svc)]
+    groups = yaml.safe_load(RULE.read_text())["spec"]["groups"]
+    for group in groups:
+        group["interval"] = "1s"
+    (workdir / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+              "rule_files": [str(workdir / "rules.yaml")],
+              "scrape_configs": [{"job_name": "vllm", "metric_relabel_configs": relabel,
+                                  "static_configs": [{"targets": [server.url.removeprefix("http://")],
+                                                      "labels": {"namespace": "ns", "pod": "chat-0"}}]}]}
+    (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    with (workdir / "prometheus.log").open("wb") as log:
+        process = subprocess.Popen([PROMETHEUS, f"--config.file={workdir / 'prometheus.yml'}",
+                                    f"--storage.tsdb.path={workdir / 'data'}",
+                                    f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        assert process.poll() is None, (workdir / "prometheus.log").read_text()[-3000:]
+        try:
+            with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(ready, 60, "Prometheus to be ready")
+        wait_for(lambda: _query(url, 'up{job="vllm"} == 1'), 30, "Prometheus to scrape vLLM")
+        yield url
+    finally:
+        stop_process(process, timeout=20)
+
+
+def _snake(key: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in key)
+
+
+def _query(url: str, expr: str) -> list[dict]:
+    with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}",
+                                timeout=30) as response:
+        return list(json.loads(response.read())["data"]["result"])
+
+
+class Run:
+    """What the module's one load run saw, from the clients and from the autoscaler's direct reading."""
+
+    def __init__(self, client, before, after, history, seen, blocks, block_size, tokens, requests) -> None:
+        self.client, self.before, self.after, self.history, self.seen = client, before, after, history, seen
+        self.blocks, self.block_size, self.tokens, self.requests = blocks, block_size, tokens, requests
+
+
+@pytest.fixture(scope="module")
+def run(server, prometheus) -> Run:
     requests, tokens = 8, 24
     prompt = "Write a short story about a lighthouse keeper who finds a message in a bottle. " * 4
     blocks, block_size = cache_config(server.metrics())
@@ -217,11 +284,13 @@ def test_the_autoscaler_reads_what_the_requests_saw(server):
     slo = (SLO_TTFT, SLO_TPOT)
     seen: list[tuple[int, int, int, float]] = []  # (client in flight, running, waiting, kv) at matching scrapes
 
-    async def run() -> tuple[object, object]:
+    async def load():
         before = await source.read(key, "smollm2", endpoints, time.monotonic(), engine="vllm", slo=slo)
         client = Client(server.url)
-        load = asyncio.gather(*(client.one(prompt, tokens) for _ in range(requests)))
-        task = asyncio.ensure_future(load)
+        async def all_requests() -> None:
+            await asyncio.gather(*(client.one(prompt, tokens) for _ in range(requests)))
+
+        task = asyncio.create_task(all_requests())
         while not task.done():
             flying = client.in_flight
             reading = await source.read(key, "smollm2", endpoints, time.monotonic(), engine="vllm", slo=slo)
@@ -234,10 +303,15 @@ def test_the_autoscaler_reads_what_the_requests_saw(server):
         await source.close()
         return before, after, client
 
-    before, after, client = asyncio.run(run())
-    assert before.signals is None  # one scrape is no rate
-    s = after.signals
-    history = source._history[key]
+    before, after, client = asyncio.run(load())
+    return Run(client, before, after, source._history[key], seen, blocks, block_size, tokens, requests)
+
+
+def test_the_autoscaler_reads_what_the_requests_saw(run):
+    requests, tokens, client, history, seen = run.requests, run.tokens, run.client, run.history, run.seen
+    blocks, block_size = run.blocks, run.block_size
+    assert run.before.signals is None  # one scrape is no rate
+    s = run.after.signals
     total, good = history.finished(time.monotonic(), 3600)
     assert total == requests  # every request the clients sent, counted once
 
@@ -278,3 +352,31 @@ def test_the_autoscaler_reads_what_the_requests_saw(server):
           f"{SLO_TPOT}s; autoscaler attainment {s.attainment:.3f}; scrapes under load {len(seen)}; "
           f"KV blocks {blocks}x{block_size}")
     sys.stdout.flush()
+
+
+def test_prometheus_and_the_recording_rules_read_the_same(run, prometheus):
+    """Through Prometheus, with the PodMonitor's relabelings: the autoscaler's Prometheus source and the
+    shipped recording rules see the attainment the direct reading saw."""
+    if prometheus is None:
+        pytest.skip("prometheus missing (make prometheus installs Debian's package)")
+    direct = run.after.signals.attainment
+    time.sleep(3)  # a last scrape and rule evaluation after the load
+
+    async def read():
+        source = PrometheusSource(prometheus, window=60, long_window=300)
+        try:
+            return await source.read(("ns", "chat"), "smollm2", Endpoints(ready=("pod",)), 0.0, engine="vllm",
+                                     slo=(SLO_TTFT, SLO_TPOT))
+        finally:
+            await source.close()
+
+    reading = asyncio.run(read())
+    assert reading.signals is not None, reading.missing
+    assert reading.signals.attainment == pytest.approx(direct, abs=0.01)
+    assert reading.signals.arrival_rate > 0 and (reading.signals.waiting, reading.signals.running) == (0, 0)
+    recorded = _query(prometheus, 'goodput:slo_attainment:ratio_rate1m{namespace="ns",model="smollm2"}')
+    assert len(recorded) == 1 and float(recorded[0]["value"][1]) == pytest.approx(direct, abs=0.01)
+    p90 = _query(prometheus, 'goodput:ttft_seconds:p90_rate5m{namespace="ns",model="smollm2"}')
+    assert p90 and float(p90[0]["value"][1]) > SLO_TTFT  # most requests waited past the target
+    print(f"\nattainment: direct {direct:.3f}, Prometheus source {reading.signals.attainment:.3f}, "
+          f"recorded {float(recorded[0]['value'][1]):.3f}")
