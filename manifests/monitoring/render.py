@@ -26,8 +26,9 @@ def q(expr: str, legend: str) -> dict[str, Any]:
     return {"expr": expr, "legendFormat": legend, "datasource": DS, "range": True}
 
 
-def quantiles(metric: str, slo_gauge: str) -> list[dict[str, Any]]:
-    targets = [q(f"histogram_quantile({p}, sum by (le) (rate({metric}_bucket{{{RUNTIME}}}[{RATE}])))", f"p{p * 100:g}")
+def quantiles(recorded: str, slo_gauge: str) -> list[dict[str, Any]]:
+    """p50/p90/p99 of a recorded bucket rate, which every engine's histogram feeds (prometheus-rule.yaml)."""
+    targets = [q(f"histogram_quantile({p}, sum by (le) ({recorded}{{{RUNTIME}}}))", f"p{p * 100:g}")
                for p in (0.5, 0.9, 0.99)]
     return [*targets, q(f"max({slo_gauge}{{{RUNTIME}}})", "SLO target")]
 
@@ -58,8 +59,9 @@ def variable(name: str, query: str, label: str) -> dict[str, Any]:
 
 
 def dashboard() -> dict[str, Any]:
-    good = f"sum(rate(goodput_requests_good_total{{{RUNTIME}}}[{RATE}]))"
-    total = f"sum(rate(goodput_requests_total{{{RUNTIME}}}[{RATE}]))"
+    # the recording rules read our runtime's, vLLM's and SGLang's series alike: every engine shows here
+    good = f"sum(goodput:goodput:rate1m{{{RUNTIME}}})"
+    total = f"sum(goodput:requests:rate1m{{{RUNTIME}}})"
     panels = [
         panel("SLO attainment vs target", [
             q(f"{good} / {total}", "attainment"),
@@ -71,9 +73,9 @@ def dashboard() -> dict[str, Any]:
             q(good, "goodput (good requests/s)"), q(total, "throughput (requests/s)"),
             q(f"goodput:goodput:rate5m{{{RUNTIME}}}", "goodput 5m (recorded)"),
         ], "reqps", 12, 0),
-        panel("Time to first token", quantiles("goodput_time_to_first_token_seconds", "goodput_slo_ttft_seconds"),
+        panel("Time to first token", quantiles("goodput:ttft_seconds_bucket:rate1m", "goodput_slo_ttft_seconds"),
               "s", 0, 8, description="p50/p90/p99 against the service's TTFT target."),
-        panel("Time per output token", quantiles("goodput_time_per_output_token_seconds", "goodput_slo_tpot_seconds"),
+        panel("Time per output token", quantiles("goodput:tpot_seconds_bucket:rate1m", "goodput_slo_tpot_seconds"),
               "s", 12, 8, description="p50/p90/p99 against the service's TPOT target."),
         panel("Replicas: desired vs ready", [
             q(f"goodput_autoscaler_desired_replicas{{{OPERATOR}}}", "desired"),
@@ -81,18 +83,18 @@ def dashboard() -> dict[str, Any]:
         ], "none", 0, 16, step=True),
         panel("Arrival rate and per-replica load vs capacity", [
             q(total, "arrival (requests/s)"),
-            q(f"{total} / count(goodput_requests_running{{{RUNTIME}}})", "load per replica"),
+            q(f"{total} / sum(goodput:replicas_reporting:count{{{RUNTIME}}})", "load per replica"),
             q(f"goodput_autoscaler_capacity_per_replica{{{OPERATOR}}}", "capacity per replica (learnt)"),
         ], "reqps", 12, 16),
         panel("Queue depth", [
-            q(f"sum(goodput_requests_waiting{{{RUNTIME}}})", "waiting"),
-            q(f"sum(goodput_requests_running{{{RUNTIME}}})", "running"),
+            q(f"sum(goodput:requests_waiting:sum{{{RUNTIME}}})", "waiting"),
+            q(f"sum(goodput:requests_running:sum{{{RUNTIME}}})", "running"),
             q(f"histogram_quantile(0.9, sum by (le) (rate(goodput_request_queue_time_seconds_bucket{{{RUNTIME}}}"
               f"[{RATE}])))", "p90 queue time (s)"),
         ], "short", 0, 24),
         panel("KV cache usage", [
-            q(f"avg(goodput_kv_cache_usage_ratio{{{RUNTIME}}})", "mean"),
-            q(f"max(goodput_kv_cache_usage_ratio{{{RUNTIME}}})", "fullest pod"),
+            q(f"avg(goodput:kv_cache_usage:avg{{{RUNTIME}}})", "mean"),
+            q(f"max(goodput:kv_cache_usage:max{{{RUNTIME}}})", "fullest pod"),
         ], "percentunit", 12, 24),
         panel("Preemptions", [q(f"sum(rate(goodput_preemptions_total{{{RUNTIME}}}[{RATE}]))", "preemptions/s")],
               "short", 0, 32, w=8),
@@ -119,8 +121,8 @@ def dashboard() -> dict[str, Any]:
         "templating": {"list": [
             {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
              "current": {}, "refresh": 1},
-            variable("namespace", "label_values(goodput_requests_total, namespace)", "Namespace"),
-            variable("model", 'label_values(goodput_requests_total{namespace=~"$namespace"}, model)', "Model"),
+            variable("namespace", "label_values(goodput:requests:rate5m, namespace)", "Namespace"),
+            variable("model", 'label_values(goodput:requests:rate5m{namespace=~"$namespace"}, model)', "Model"),
             variable("service", 'label_values(goodput_autoscaler_desired_replicas{namespace=~"$namespace"}, name)',
                      "InferenceService"),
         ]},

@@ -207,3 +207,31 @@ def test_settings_read_each_engine_image_from_the_environment():
     for image in (defaults.vllm_image, defaults.vllm_cpu_image, defaults.sglang_image):
         assert ":" in image and not image.endswith(":latest")  # pinned by tag
 
+
+
+@pytest.mark.parametrize("sample", ["chat.yaml", "chat-vllm.yaml", "chat-sglang.yaml"])
+def test_each_sample_is_valid_for_its_engine(sample):
+    import pathlib
+
+    import yaml
+
+    body = yaml.safe_load((pathlib.Path(__file__).resolve().parents[2] / "manifests" / "samples" / sample).read_text())
+    parsed = svc(body["spec"])
+    assert sample == "chat.yaml" or sample == f"chat-{parsed.engine.kind}.yaml"
+
+
+def test_monitors_of_other_engines_name_the_model_and_tag_the_slo_buckets():
+    from goodput_operator.builders import build_pod_monitor, build_service_monitor
+
+    ours = build_service_monitor(svc(full("goodput")), OWNER)["spec"]["endpoints"][0]
+    assert "metricRelabelings" not in ours  # our runtime counts good requests itself
+    endpoint = build_pod_monitor(svc(full("vllm")), OWNER)["spec"]["podMetricsEndpoints"][0]
+    relabel = endpoint["metricRelabelings"]
+    assert relabel[0] == {"sourceLabels": ["model_name"], "regex": "(.+)", "targetLabel": "model",
+                          "replacement": "$1", "action": "replace"}
+    tags = {r["replacement"]: r["regex"] for r in relabel[1:]}
+    # the `le` the engine prints for each target (prometheus_client's formatting), escaped for the regex
+    assert tags == {"ttft": r"vllm:time_to_first_token_seconds_bucket;0\.3",
+                    "tpot": r"vllm:request_time_per_output_token_seconds_bucket;0\.045"}
+    sglang = build_service_monitor(svc(full("sglang")), OWNER)["spec"]["endpoints"][0]["metricRelabelings"]
+    assert sglang[2]["regex"] == r"sglang:inter_token_latency_seconds_bucket;0\.045"
