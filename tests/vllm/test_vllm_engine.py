@@ -13,6 +13,7 @@ One server per module (vLLM on CPU takes minutes to start); its start-up time is
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import os
@@ -58,6 +59,7 @@ def spec(model_dir: Path) -> dict:
     }
 
 
+@functools.cache
 def vllm_python() -> str:
     """The cached venv's python (built once by the script; `make test` builds it beforehand)."""
     out = subprocess.run([str(ROOT / "hack" / "vllm-venv.sh")], capture_output=True, text=True, timeout=3600)
