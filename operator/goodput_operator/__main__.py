@@ -24,6 +24,10 @@ def parse_args(argv: list[str] | None, defaults: Settings) -> argparse.Namespace
     parser.add_argument("--namespace", default=defaults.namespace,
                         help="watch one namespace (default: all; env WATCH_NAMESPACE)")
     parser.add_argument("--runtime-image", default=defaults.runtime_image, help="env RUNTIME_IMAGE")
+    parser.add_argument("--vllm-image", default=defaults.vllm_image, help="engine.kind vllm (env VLLM_IMAGE)")
+    parser.add_argument("--vllm-cpu-image", default=defaults.vllm_cpu_image,
+                        help="engine.kind vllm with resources.gpu 0 (env VLLM_CPU_IMAGE)")
+    parser.add_argument("--sglang-image", default=defaults.sglang_image, help="engine.kind sglang (env SGLANG_IMAGE)")
     parser.add_argument("--liveness-port", type=int, default=defaults.liveness_port,
                         help="port of /healthz, 0 for none (env LIVENESS_PORT)")
     parser.add_argument("--metrics-port", type=int, default=defaults.metrics_port,
@@ -45,6 +49,9 @@ def main(argv: list[str] | None = None) -> None:
         defaults,
         namespace=args.namespace or None,
         runtime_image=args.runtime_image,
+        vllm_image=args.vllm_image,
+        vllm_cpu_image=args.vllm_cpu_image,
+        sglang_image=args.sglang_image,
         liveness_port=args.liveness_port,
         metrics_port=args.metrics_port,
         resync_seconds=args.resync_seconds,

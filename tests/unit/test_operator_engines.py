@@ -200,6 +200,13 @@ def test_sglang_deployment_and_our_runtime_keeps_its_own_drain():
     assert ours["image"] == "registry.local/goodput-runtime:test"
 
 
+def test_each_engine_image_is_a_flag_too():
+    from goodput_operator.__main__ import parse_args
+
+    args = parse_args(["--vllm-image", "v:2", "--vllm-cpu-image", "v:cpu2", "--sglang-image", "s:2"], Settings())
+    assert (args.vllm_image, args.vllm_cpu_image, args.sglang_image) == ("v:2", "v:cpu2", "s:2")
+
+
 def test_settings_read_each_engine_image_from_the_environment():
     settings = Settings.from_env({"VLLM_IMAGE": "v:1", "VLLM_CPU_IMAGE": "v:cpu", "SGLANG_IMAGE": "s:1"})
     assert (settings.vllm_image, settings.vllm_cpu_image, settings.sglang_image) == ("v:1", "v:cpu", "s:1")
