@@ -53,12 +53,15 @@ def signals(svc: Service, now: float, arrived: deque[float]) -> Signals:
         running=sum(len(r.running) for r in ready),
         ttft_p90=ttfts[int(0.9 * (len(ttfts) - 1))] if ttfts else None,
         tpot_p90=tpots[int(0.9 * (len(tpots) - 1))] if tpots else None,
+        finished=len(recent),
     )
 
 
-def goodput_policy(curve: Curve, low: int, high: int, target: float, capacity: float | None) -> Callable[..., int]:
+def goodput_policy(curve: Curve, low: int, high: int, target: float, capacity: float | None,
+                   startup: float = 60.0) -> Callable[..., int]:
     policy = Policy(min_replicas=low, max_replicas=high, attainment_target=target, ttft_target=curve.slo_ttft,
-                    tpot_target=curve.slo_tpot, scale_down_window=120.0)
+                    tpot_target=curve.slo_tpot, scale_down_window=120.0, startup_seconds=startup,
+                    window_seconds=WINDOW)
     memory = Memory(capacity_per_replica=capacity)
 
     def law(svc: Service, now: float, arrived: deque[float]) -> int:
@@ -108,8 +111,8 @@ def run(curve: Curve, trace: Callable[[float], float], duration: float, policy: 
     static = min(high, math.ceil(peak_minute(times) / (base * 0.8)))
     start = max(low, math.ceil(trace(0) / (base * 0.8)))
     svc = Service(curve, static if policy == "static-peak" else start, startup, max_num_seqs)
-    laws = {"goodput": lambda: goodput_policy(curve, low, high, target, base),
-            "goodput-no-hint": lambda: goodput_policy(curve, low, high, target, None),
+    laws = {"goodput": lambda: goodput_policy(curve, low, high, target, base, startup),
+            "goodput-no-hint": lambda: goodput_policy(curve, low, high, target, None, startup),
             "queue-hpa": lambda: hpa_policy(low, high, 2.0, lambda r: len(r.queue)),
             "concurrency-hpa": lambda: hpa_policy(low, high, concurrency, Replica.load)}
     law = laws[policy]() if policy in laws else None
