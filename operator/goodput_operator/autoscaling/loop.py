@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from goodput_contract.metrics import AUTOSCALER_DESIRED_REPLICAS as DESIRED_METRIC
@@ -126,6 +126,7 @@ class Autoscaler:
         namespace, name = svc.namespace, svc.name
         key = (namespace, name)
         policy, configured = policy_for(svc)
+        policy = replace(policy, window_seconds=self.window)
         memory = self.memories.get(key) or Memory(capacity_per_replica=configured)
         if self._slice_version is None:
             self._slice_version = await endpoint_slice_version(self.kube)
