@@ -4,7 +4,7 @@ Pure: no clock, no API, no I/O. The loop (loop.py) and the simulator
 (bench/autoscale_sim.py) call the same `decide`. See docs/autoscaling.md for the model.
 
     desired  = clamp(max(capacity term, forecast term, SLO guard), min, max)
-    capacity = fewest N with N × planned(N) ≥ smoothed arrival rate (+ queue / 30 s while requests queue)
+    capacity = fewest N with N × planned(N) ≥ smoothed arrival rate (+ queue / window while requests queue)
     planned(N) = μ × (1 − (1 − target utilisation) × √(4 / N))   (square-root staffing headroom)
     forecast = the same at level + trend × (start-up + period + window/2), when the trend is significant
     SLO guard = current + max(1, ⌈ready / 2⌉) while attainment misses its target and requests queue
@@ -37,7 +37,6 @@ LEVEL_TAU, TREND_BETA = 180.0, 0.2  # Holt's linear smoothing of the arrival rat
 JUMP_SIGMAS = 3.0  # a window this many Poisson deviations off the smoothed rate is a change, taken at once
 TREND_SIGMAS = 4.0  # the trend counts when it moves the forecast beyond this many Poisson deviations
 REFERENCE_REPLICAS = 4  # the replica count at which the headroom is exactly 1 − target utilisation
-DRAIN_SECONDS = 30.0  # while requests queue, the queue is demand to serve within this long
 TOLERANCE = 0.05  # up when the load exceeds the plan by this share; down when N−1 stay this far under it
 
 
@@ -266,7 +265,7 @@ def decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
         surge = max(level, s.arrival_rate if s.arrival_rate > level + _noise(level, policy.window_seconds) else 0.0,
                     now_rate if now_rate > level + JUMP_SIGMAS * _noise(level, max(dt, 1.0)) else 0.0)
     if s.waiting and planned:
-        surge += s.waiting / DRAIN_SECONDS
+        surge += s.waiting / policy.window_seconds  # drained within one window
     need_now = _count(surge, mu, current, util)
     need = max(need_now, _count(ahead, mu, current, util))
     missing_slo = s.attainment is not None and s.attainment < policy.attainment_target and s.waiting > 0
