@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -118,14 +118,46 @@ class Replica:
         return len(self.queue) + len(self.running)
 
 
-def traces(base: float, duration: float) -> dict[str, Callable[[float], float]]:
+def traces(base: float, duration: float, seed: int = 7) -> dict[str, Callable[[float], float]]:
     """Arrival rate (req/s) over time, in units of one replica's capacity `base`."""
     return {
         "steady": lambda t: 4 * base,
         "ramp": lambda t: base * (1 + 7 * min(1.0, t / (0.6 * duration))),
         "spike": lambda t: base * (6 if 0.4 * duration <= t < 0.4 * duration + 300 else 3),
         "diurnal": lambda t: base * (4.5 - 3.5 * math.cos(2 * math.pi * t / duration)),
+        "bursty": mmpp(base, duration, seed),
+        "flash": lambda t: base * flash_crowd(t, duration),
     }
+
+
+def mmpp(base: float, duration: float, seed: int, rates: tuple[float, float] = (3.0, 5.0),
+         holds: tuple[float, float] = (60.0, 30.0)) -> Callable[[float], float]:
+    """A Markov-modulated Poisson process's rate: a quiet and a busy state (`rates` × base), each held for an
+    exponential time of mean `holds` seconds, switching at random; seeded, so every policy sees the same bursts."""
+    rng = random.Random(seed * 7919 + 1)
+    switches, t, state = [0.0], 0.0, 0
+    states = [0]
+    while t < duration:
+        t += rng.expovariate(1 / holds[state])
+        state = 1 - state
+        switches.append(t)
+        states.append(state)
+
+    def rate(t: float) -> float:
+        return base * rates[states[bisect_right(switches, t) - 1]]
+    return rate
+
+
+def flash_crowd(t: float, duration: float, start: float = 0.5, peak: float = 10.0) -> float:
+    """One replica's capacity, then a crowd: ×`peak` within a minute, held five minutes, gone over ten."""
+    t0 = start * duration
+    if t < t0:
+        return 1.0
+    if t < t0 + 60:
+        return 1 + (peak - 1) * (t - t0) / 60
+    if t < t0 + 360:
+        return peak
+    return max(1.0, peak - (peak - 1) * (t - t0 - 360) / 600)
 
 
 def arrivals(rate: Callable[[float], float], duration: float, seed: int) -> list[float]:

@@ -53,12 +53,15 @@ def signals(svc: Service, now: float, arrived: deque[float]) -> Signals:
         running=sum(len(r.running) for r in ready),
         ttft_p90=ttfts[int(0.9 * (len(ttfts) - 1))] if ttfts else None,
         tpot_p90=tpots[int(0.9 * (len(tpots) - 1))] if tpots else None,
+        finished=len(recent),
     )
 
 
-def goodput_policy(curve: Curve, low: int, high: int, target: float, capacity: float) -> Callable[..., int]:
+def goodput_policy(curve: Curve, low: int, high: int, target: float, capacity: float | None,
+                   startup: float = 60.0) -> Callable[..., int]:
     policy = Policy(min_replicas=low, max_replicas=high, attainment_target=target, ttft_target=curve.slo_ttft,
-                    tpot_target=curve.slo_tpot, scale_down_window=120.0)
+                    tpot_target=curve.slo_tpot, scale_down_window=120.0, startup_seconds=startup,
+                    window_seconds=WINDOW)
     memory = Memory(capacity_per_replica=capacity)
 
     def law(svc: Service, now: float, arrived: deque[float]) -> int:
@@ -99,13 +102,17 @@ def peak_minute(times: list[float]) -> float:
 
 
 def run(curve: Curve, trace: Callable[[float], float], duration: float, policy: str, startup: float,
-        seed: int, low: int, high: int, target: float, max_num_seqs: int) -> dict:
-    times = arrivals(trace, duration, seed)
+        seed: int, low: int, high: int, target: float, max_num_seqs: int,
+        replay: tuple[list[float], list[float]] | None = None) -> dict:
+    """One policy on one trace. `replay`: recorded arrival times and each request's work instead."""
+    times = replay[0] if replay else arrivals(trace, duration, seed)
+    works = replay[1] if replay else None
     base, concurrency = curve.capacity_point(target)
     static = min(high, math.ceil(peak_minute(times) / (base * 0.8)))
     start = max(low, math.ceil(trace(0) / (base * 0.8)))
     svc = Service(curve, static if policy == "static-peak" else start, startup, max_num_seqs)
-    laws = {"goodput": lambda: goodput_policy(curve, low, high, target, base),
+    laws = {"goodput": lambda: goodput_policy(curve, low, high, target, base, startup),
+            "goodput-no-hint": lambda: goodput_policy(curve, low, high, target, None, startup),
             "queue-hpa": lambda: hpa_policy(low, high, 2.0, lambda r: len(r.queue)),
             "concurrency-hpa": lambda: hpa_policy(low, high, concurrency, Replica.load)}
     law = laws[policy]() if policy in laws else None
@@ -114,7 +121,8 @@ def run(curve: Curve, trace: Callable[[float], float], duration: float, policy: 
     timeline, i, now, replica_seconds, next_control = [], 0, 0.0, 0.0, PERIOD
     while now < duration or any(r.load() for r in [*svc.replicas, *svc.draining]):
         while i < len(times) and times[i] <= now:
-            svc.route(Request(times[i], rng.uniform(0.5, 1.5), rng.gauss(0, 1), rng.gauss(0, 1)), now)
+            work = works[i] if works else rng.uniform(0.5, 1.5)
+            svc.route(Request(times[i], work, rng.gauss(0, 1), rng.gauss(0, 1)), now)
             arrived.append(times[i])
             i += 1
         while arrived and arrived[0] < now - WINDOW:
@@ -137,7 +145,7 @@ def run(curve: Curve, trace: Callable[[float], float], duration: float, policy: 
             "timeline": timeline}
 
 
-POLICIES = ("goodput", "queue-hpa", "concurrency-hpa", "static-peak")
+POLICIES = ("goodput", "goodput-no-hint", "queue-hpa", "concurrency-hpa", "static-peak")
 
 
 def simulate(duration: float = 3600.0, startup: float = 60.0, seed: int = 7, target: float = 0.95,
@@ -145,10 +153,76 @@ def simulate(duration: float = 3600.0, startup: float = 60.0, seed: int = 7, tar
              max_num_seqs: int = 8) -> dict[str, dict[str, dict]]:
     curve = curve or Curve.load()
     out: dict[str, dict[str, dict]] = {}
-    for name, trace in traces(curve.capacity_point(target)[0], duration).items():
+    for name, trace in traces(curve.capacity_point(target)[0], duration, seed).items():
         out[name] = {p: run(curve, trace, duration, p, startup, seed, low, high, target, max_num_seqs)
                      for p in POLICIES}
     return out
+
+
+def load_replay(path: Path) -> tuple[list[float], list[float], float]:
+    """A recorded log: CSV rows `timestamp,prompt_tokens,output_tokens` (a header row is skipped; timestamps
+    in seconds, any origin). Each request's work is its decode tokens plus an eighth of its prompt tokens
+    (prefill runs batched, about that much cheaper per token), scaled so the log's mean request is 1.0."""
+    rows = []
+    for line in path.read_text().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 3 or not parts[0] or not parts[0].replace(".", "", 1).isdigit():
+            continue
+        rows.append((float(parts[0]), float(parts[1]), float(parts[2])))
+    if not rows:
+        raise SystemExit(f"{path}: no rows of timestamp,prompt_tokens,output_tokens")
+    rows.sort()
+    origin = rows[0][0]
+    costs = [out + prompt / 8 for _, prompt, out in rows]
+    mean = sum(costs) / len(costs) or 1.0
+    times = [t - origin for t, _, _ in rows]
+    return times, [c / mean for c in costs], times[-1] + 1.0
+
+
+def replay_rate(times: list[float]) -> Callable[[float], float]:
+    """The log's arrival rate per minute, as a step function (for the static and starting sizes)."""
+    counts: dict[int, int] = {}
+    for t in times:
+        counts[int(t // 60)] = counts.get(int(t // 60), 0) + 1
+    return lambda t: counts.get(int(t // 60), 0) / 60.0
+
+
+def grid(seeds: list[int], startups: list[float], duration: float = 3600.0, target: float = 0.95,
+         curve: Curve | None = None, max_num_seqs: int = 8) -> list[dict]:
+    """The goodput law (no capacity hint) against the hindsight-tuned concurrency HPA on every trace,
+    start-up time and seed: per trace and start-up, attainment (worst seed, mean) and replica-seconds
+    as a ratio to the HPA's (mean, worst seed)."""
+    curve = curve or Curve.load()
+    base = curve.capacity_point(target)[0]
+    rows = []
+    for name in traces(base, duration):
+        for startup in startups:
+            ours, hpa, ratios = [], [], []
+            for seed in seeds:
+                trace = traces(base, duration, seed)[name]
+                g = run(curve, trace, duration, "goodput-no-hint", startup, seed, 1, 20, target, max_num_seqs)
+                h = run(curve, trace, duration, "concurrency-hpa", startup, seed, 1, 20, target, max_num_seqs)
+                ours.append(g["attainment"])
+                hpa.append(h["attainment"])
+                ratios.append(g["replica_seconds"] / h["replica_seconds"])
+            rows.append({"trace": name, "startup_s": startup, "seeds": seeds,
+                         "goodput_attainment_min": min(ours), "goodput_attainment_mean": sum(ours) / len(ours),
+                         "hpa_attainment_min": min(hpa), "hpa_attainment_mean": sum(hpa) / len(hpa),
+                         "replica_s_ratio_mean": sum(ratios) / len(ratios), "replica_s_ratio_max": max(ratios)})
+    return rows
+
+
+def grid_table(rows: list[dict]) -> str:
+    lines = ["| trace | start-up | goodput attainment (min / mean) | HPA attainment (min / mean) "
+             "| replica-s vs HPA (mean / max) |", "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['trace']} | {r['startup_s']:.0f} s | {r['goodput_attainment_min']:.3f} / "
+                     f"{r['goodput_attainment_mean']:.3f} | {r['hpa_attainment_min']:.3f} / "
+                     f"{r['hpa_attainment_mean']:.3f} | {r['replica_s_ratio_mean']:.2f}× / "
+                     f"{r['replica_s_ratio_max']:.2f}× |")
+    mean = sum(r["replica_s_ratio_mean"] for r in rows) / len(rows)
+    lines.append(f"\nreplica-seconds vs the concurrency HPA, mean over traces and start-ups: {mean:.3f}×")
+    return "\n".join(lines)
 
 
 def table(results: dict[str, dict[str, dict]]) -> str:
@@ -199,10 +273,27 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--max-num-seqs", type=int, default=8, help="the engine's running-sequence cap per replica")
     parser.add_argument("--plots", action="store_true", help="PNG per trace (needs matplotlib)")
+    parser.add_argument("--grid", action="store_true",
+                        help="every trace at start-ups 60 and 180 s, seeds 1-5: the law against the concurrency HPA")
+    parser.add_argument("--replay", type=Path,
+                        help="CSV of timestamp,prompt_tokens,output_tokens: run every policy on that log")
     args = parser.parse_args()
+    RESULTS.mkdir(exist_ok=True)
+    if args.grid:
+        rows = grid([1, 2, 3, 4, 5], [60.0, 180.0], args.duration, max_num_seqs=args.max_num_seqs)
+        print(grid_table(rows))
+        (RESULTS / "autoscale-grid.json").write_text(json.dumps(rows, indent=2))
+        return
+    if args.replay:
+        curve = Curve.load()
+        times, works, duration = load_replay(args.replay)
+        rate = replay_rate(times)
+        results = {args.replay.stem: {p: run(curve, rate, duration, p, args.startup, args.seed, 1, 20, 0.95,
+                                             args.max_num_seqs, replay=(times, works)) for p in POLICIES}}
+        print(table(results))
+        return
     results = simulate(args.duration, args.startup, args.seed, max_num_seqs=args.max_num_seqs)
     print(table(results))
-    RESULTS.mkdir(exist_ok=True)
     summary = {t: {p: {k: v for k, v in r.items() if k != "timeline"} for p, r in by.items()}
                for t, by in results.items()}
     (RESULTS / "autoscale-sim.json").write_text(json.dumps(summary, indent=2))

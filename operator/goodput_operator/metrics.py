@@ -53,3 +53,7 @@ AUTOSCALER_CAPACITY = Gauge(
     names.AUTOSCALER_CAPACITY_PER_REPLICA, "Requests per second one replica serves within the SLO, as learnt.",
     ["namespace", "name"],
 )
+AUTOSCALER_STARTUP = Gauge(
+    names.AUTOSCALER_STARTUP_SECONDS, "Seconds from a replica asked for to it ready, averaged: the forecast horizon.",
+    ["namespace", "name"],
+)

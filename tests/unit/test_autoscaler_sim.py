@@ -2,12 +2,20 @@
 replica-seconds than static peak provisioning, and beats the queue-length HPA (bench/README.md).
 
 One hour per trace on the measured capacity curve, a 60 s pod start-up, seeded Poisson
-arrivals; the same run `python -m bench.autoscale_sim` prints.
+arrivals; the same run `python -m bench.autoscale_sim` prints. Also: the replay format, and
+that the --grid figures (the law without a capacity hint against the concurrency HPA) are the
+runs it reports and the table bench/README.md shows.
 """
+
+import json
+from pathlib import Path
 
 import pytest
 
-from bench.autoscale_sim import simulate
+from bench.autoscale_model import Curve, traces
+from bench.autoscale_sim import POLICIES, grid, grid_table, load_replay, replay_rate, run, simulate
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TARGET = 0.95
 
@@ -29,3 +37,60 @@ def test_goodput_law_beats_the_queue_length_law(results, trace):
     ours, queue = results[trace]["goodput"], results[trace]["queue-hpa"]
     assert ours["attainment"] > queue["attainment"]
     assert ours["replica_seconds"] <= 1.10 * queue["replica_seconds"]
+
+
+def test_replay_reads_timestamp_prompt_and_output_tokens(tmp_path):
+    log = tmp_path / "log.csv"
+    log.write_text("timestamp,prompt_tokens,output_tokens\n"
+                   "1000.5, 800, 100\n"
+                   "1000.0,80,10\n"
+                   "\n"
+                   "1002.0,0,290\n")
+    times, works, duration = load_replay(log)
+    assert times == [0.0, 0.5, 2.0]  # sorted, from the first request
+    costs = [10 + 80 / 8, 100 + 800 / 8, 290]  # decode tokens plus an eighth of the prompt's
+    mean = sum(costs) / 3
+    assert works == pytest.approx([c / mean for c in costs])  # the log's mean request is 1.0
+    assert duration == 3.0
+    empty = tmp_path / "empty.csv"
+    empty.write_text("timestamp,prompt_tokens,output_tokens\n")
+    with pytest.raises(SystemExit):
+        load_replay(empty)
+
+
+def test_a_replayed_log_runs_through_every_policy(tmp_path):
+    log = tmp_path / "log.csv"
+    log.write_text("\n".join(f"{i * 2.0},{100 + i % 7 * 50},{20 + i % 5 * 40}" for i in range(300)))
+    times, works, duration = load_replay(log)
+    curve = Curve.load()
+    for policy in POLICIES:
+        r = run(curve, replay_rate(times), duration, policy, 60.0, 7, 1, 20, TARGET, 8, replay=(times, works))
+        assert r["requests"] == 300 and 0.0 <= r["attainment"] <= 1.0 and r["replica_seconds"] > 0
+
+
+def test_grid_figures_are_the_runs_it_reports():
+    """grid() reports, per trace and start-up, the worst and mean attainment and the replica-seconds ratio
+    of the same runs `run` gives; the table prints exactly those figures."""
+    rows = grid([1, 2], [60.0], duration=600.0)
+    curve = Curve.load()
+    base = curve.capacity_point(TARGET)[0]
+    for row in rows:
+        ours, hpa = [], []
+        for seed in (1, 2):
+            trace = traces(base, 600.0, seed)[row["trace"]]
+            ours.append(run(curve, trace, 600.0, "goodput-no-hint", 60.0, seed, 1, 20, TARGET, 8))
+            hpa.append(run(curve, trace, 600.0, "concurrency-hpa", 60.0, seed, 1, 20, TARGET, 8))
+        assert row["goodput_attainment_min"] == min(r["attainment"] for r in ours)
+        assert row["hpa_attainment_mean"] == pytest.approx(sum(r["attainment"] for r in hpa) / 2)
+        ratios = [g["replica_seconds"] / h["replica_seconds"] for g, h in zip(ours, hpa, strict=True)]
+        assert row["replica_s_ratio_max"] == pytest.approx(max(ratios))
+    table = grid_table(rows)
+    for row in rows:
+        assert (f"| {row['trace']} | 60 s | {row['goodput_attainment_min']:.3f} / "
+                f"{row['goodput_attainment_mean']:.3f} |") in table
+
+
+def test_the_documented_grid_is_the_one_the_bench_wrote():
+    """bench/README.md shows `python -m bench.autoscale_sim --grid`'s table for the JSON it wrote."""
+    rows = json.loads((ROOT / "bench" / "results" / "autoscale-grid.json").read_text())
+    assert grid_table(rows) in (ROOT / "bench" / "README.md").read_text()

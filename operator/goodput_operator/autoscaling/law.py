@@ -1,16 +1,20 @@
 """The goodput scaling law: observed signals and the last state in, a replica count and its reason out.
 
-Pure: no clock, no API, no I/O. The loop (autoscaler.py) and the simulator
-(bench/autoscale_sim.py) call the same `decide`.
+Pure: no clock, no API, no I/O. The loop (loop.py) and the simulator
+(bench/autoscale_sim.py) call the same `decide`. See docs/autoscaling.md for the model.
 
-    desired = clamp(max(capacity term, SLO guard), min, max)
-    capacity term = ceil(arrival rate / (capacity per replica × target utilisation))
-    SLO guard     = current + max(1, ⌈ready / 2⌉) while attainment misses its target and requests queue
+    desired  = clamp(max(capacity term, forecast term, SLO guard), min, max)
+    capacity = fewest N with N × planned(N) ≥ smoothed arrival rate (+ queue / window while requests queue)
+    planned(N) = μ × (1 − (1 − target utilisation) × √(4 / N))   (square-root staffing headroom)
+    forecast = the same at level + trend × (start-up + period + window/2), when the trend is significant
+    SLO guard = current + max(1, ⌈ready / 2⌉) while attainment misses its target and requests queue
 
+μ, the capacity per replica, is learnt from live attainment (no hint needed): a sequential test
+on the requests served near the planned load moves it up or down a step.
 Up: at once, at most doubling per period, and only on top of pods still starting.
 Down: only once the need has stayed below the current count for the stabilisation
 window, then one replica per period, only while attainment holds and N−1 replicas would
-stay under the safe load. No signals: hold.
+stay under their planned load. No signals: hold.
 """
 
 from __future__ import annotations
@@ -21,9 +25,19 @@ from dataclasses import dataclass, replace
 UP, DOWN, HOLD = "up", "down", "hold"
 # every (direction, cause) a replica change can carry; the operator exports each at zero from the start,
 # so the first change of a kind is an increase Prometheus can see, not a series that appears at 1
-SCALE_CAUSES = {UP: ("slo_guard", "capacity", "bounds"), DOWN: ("scale_down", "idle", "bounds")}
-LEARNING_RATE = 0.3
-LOAD_RELATED = 0.5  # misses below this share of the estimated capacity teach nothing about it
+SCALE_CAUSES = {UP: ("slo_guard", "capacity", "forecast", "bounds"), DOWN: ("scale_down", "idle", "bounds")}
+MARGIN = 0.01  # the capacity estimate aims attainment this far above the target
+LEARNING_RATE = 0.3  # a load met above the plan moves the plan this share of the way towards it
+EVIDENCE_Z = 1.5  # the estimate moves when attainment differs from the aim by this many standard deviations
+EXPLORE_Z = 1.0  # before any miss has been seen, weaker evidence raises the estimate, by the largest step
+STEP_GAIN = 8.0  # a verdict moves the estimate by exp(STEP_GAIN × (attainment − aim)) ...
+STEP_LIMITS = (0.9, 0.97, 1.03, 1.2)  # ... down between the first two factors, up between the last two
+PLANNED_BAND = (0.7, 1.1)  # a period is evidence when the load ran at this share of the planned load
+LEVEL_TAU, TREND_BETA = 180.0, 0.2  # Holt's linear smoothing of the arrival rate: time constant (s), trend gain
+JUMP_SIGMAS = 3.0  # a window this many Poisson deviations off the smoothed rate is a change, taken at once
+TREND_SIGMAS = 4.0  # the trend counts when it moves the forecast beyond this many Poisson deviations
+REFERENCE_REPLICAS = 4  # the replica count at which the headroom is exactly 1 − target utilisation
+TOLERANCE = 0.05  # up when the load exceeds the plan by this share; down when N−1 stay this far under it
 
 
 @dataclass(frozen=True)
@@ -34,10 +48,11 @@ class Policy:
     ttft_target: float | None = None  # seconds; for the reason text
     tpot_target: float | None = None
     target_utilization: float = 0.8
-    safe_load: float = 0.7  # N−1 replicas must stay below this share of their capacity
+    safe_load: float = 0.7  # unused since the plan shrinks its headroom with the count; kept for the configuration
     scale_down_window: float = 300.0  # seconds
     idle_period: float | None = None  # seconds without requests before 1 → 0; needed for minReplicas 0
-    settle_seconds: float = 300.0  # after a change, misses are the shortage's, not capacity's, this long
+    startup_seconds: float = 60.0  # pod created → ready: how far ahead the forecast looks
+    window_seconds: float = 60.0  # the short metrics window
 
 
 @dataclass(frozen=True)
@@ -54,6 +69,7 @@ class Signals:
     tpot_p90: float | None = None
     finished_long: float | None = None  # requests finished in the long window, to judge a miss's weight
     arrival_rate_now: float | None = None  # over the last period only: a surge shows here first
+    finished: float | None = None  # requests finished in the short window; None: a fifth of finished_long
 
 
 @dataclass(frozen=True)
@@ -73,54 +89,98 @@ class Memory:
     high_since: float | None = None  # when the need last reached the current count
     idle_since: float | None = None
     changed_at: float | None = None  # when the replica count last changed or pods were last starting
+    level: float | None = None  # Holt: the smoothed arrival rate (req/s) ...
+    trend: float = 0.0  # ... and its trend (req/s per second)
+    seen_at: float | None = None  # the last period's time
+    good: float = 0.0  # evidence about the current estimate: requests within the SLO ...
+    total: float = 0.0  # ... of this many, in periods run near the planned load
+    ceiling: float | None = None  # the lowest estimate a significant miss refuted
 
 
 @dataclass(frozen=True)
 class Decision:
     desired: int
     direction: str  # up | down | hold
-    cause: str  # slo_guard | capacity | scale_down | idle | bounds | stabilizing | metrics_missing | steady
+    cause: str  # slo_guard | capacity | forecast | scale_down | idle | bounds | stabilizing | metrics_missing | steady
     reason: str
     memory: Memory
 
 
-def learn_capacity(mu: float | None, signals: Signals, ready: int, target: float) -> float | None:
-    """Capacity per replica from load vs attainment.
+def learn_capacity(memory: Memory, s: Signals, ready: int, policy: Policy, dt: float) -> Memory:
+    """Capacity per replica, learnt from live SLO attainment: no hint needed.
 
-    A load served within the SLO with nothing queued is a lower bound on capacity; a load
-    at which attainment fails is an upper bound (queued or not: large batches slow every
-    token before anything queues) — unless it is under half the estimate, where a miss
-    says more about the requests than about the load. Unset, capacity is first learnt at
-    the load where attainment first failed (an underestimate, so safe). A miss counts when
-    the long window shows it too, beyond chance: the short one holds a few dozen requests.
+    Unset, the first load served within the SLO with nothing queued is taken as the planned
+    load at that count (the replicas ran at it within the SLO, so it is safe).
+    From then on the estimate is a hypothesis under test: each period without a queue in which the
+    replicas ran near the planned load (PLANNED_BAND) adds its finished requests, good and all,
+    to the evidence. Once attainment over that evidence lies EVIDENCE_Z binomial standard
+    deviations above target + MARGIN the estimate rises a step, once as far below it falls a
+    step (exp(STEP_GAIN × gap), within STEP_LIMITS) and the estimate there becomes a ceiling
+    it probes no higher than (relaxing 2 % each time it is met at its edge); either way the
+    evidence starts afresh. Evidence pools minutes of requests, so noise a minute's window
+    would show does not move the estimate. Until a first miss, weaker evidence (EXPLORE_Z)
+    raises it by the largest step. Independently, a window met above the plan with nothing
+    queued (and the long window meeting the aim too) is a lower bound: the plan moves
+    LEARNING_RATE of the way towards it.
     """
-    if ready <= 0 or signals.attainment is None or signals.arrival_rate <= 0:
-        return mu
-    load = signals.arrival_rate / ready
-    met = signals.attainment >= target and signals.waiting == 0
-    missed = signals.attainment < target and _lasting_miss(signals, target) and (
-        mu is None or load >= mu * LOAD_RELATED)
-    if met and mu is not None and load > mu:
-        return mu + LEARNING_RATE * (load - mu)
-    if missed and (mu is None or load < mu):
-        return load if mu is None else mu + LEARNING_RATE * (load - mu)
-    return mu
+    if ready <= 0 or s.attainment is None or s.arrival_rate <= 0:
+        return memory
+    mu, util = memory.capacity_per_replica, policy.target_utilization
+    load = s.arrival_rate / ready
+    if mu is None:
+        if s.attainment >= policy.attainment_target and s.waiting == 0:
+            return replace(memory, capacity_per_replica=load / planned_load(1.0, ready, util), good=0.0, total=0.0)
+        return memory
+    share = planned_load(1.0, ready, util)  # planned load over capacity at this count
+    planned = mu * share
+    goal = min(policy.attainment_target + MARGIN, 0.999)
+    long_ok = s.attainment_long is None or s.attainment_long >= goal
+    if load > PLANNED_BAND[1] * planned and s.attainment >= goal and long_ok and s.waiting == 0:
+        # served within the SLO above the plan, nothing queued: a lower bound, move towards it
+        bound = load if memory.ceiling is None else min(load, memory.ceiling * share)
+        if bound > planned:
+            return replace(memory, capacity_per_replica=(planned + LEARNING_RATE * (bound - planned)) / share)
+    # evidence: the count the plan keeps (one fewer would not do), run at no more than the plan allows
+    fewer = ready - 1
+    kept = fewer == 0 or s.arrival_rate > fewer * mu * planned_load(1.0, fewer, util) * (1 - TOLERANCE)
+    if s.waiting or not kept or not PLANNED_BAND[0] * planned <= load <= PLANNED_BAND[1] * planned:
+        return memory
+    finished = s.finished if s.finished is not None else (s.finished_long or 0.0) / 5
+    weight = finished * min(1.0, dt / policy.window_seconds)
+    good, total = memory.good + weight * s.attainment, memory.total + weight
+    z = (good - goal * total) / math.sqrt(max(total, 1e-9) * goal * (1 - goal))
+    step = math.exp(STEP_GAIN * (good / max(total, 1e-9) - goal))
+    exploring = memory.ceiling is None  # no miss seen yet: probe upwards boldly until the first one
+    if s.waiting == 0 and (z >= EVIDENCE_Z or (exploring and z >= EXPLORE_Z)):
+        raised = mu * (STEP_LIMITS[3] if exploring else min(STEP_LIMITS[3], max(STEP_LIMITS[2], step)))
+        ceiling: float | None = memory.ceiling
+        if memory.ceiling is not None and raised > memory.ceiling:
+            raised = max(mu, memory.ceiling * 0.97)
+            ceiling = memory.ceiling * 1.02  # a ceiling met at its edge relaxes slowly
+        return replace(memory, capacity_per_replica=raised, good=0.0, total=0.0, ceiling=ceiling)
+    if z <= -EVIDENCE_Z:
+        ceiling = mu if memory.ceiling is None else min(memory.ceiling, mu)
+        lowered = mu * min(STEP_LIMITS[1], max(STEP_LIMITS[0], step))
+        return replace(memory, capacity_per_replica=lowered, good=0.0, total=0.0, ceiling=ceiling)
+    return replace(memory, good=good, total=total)
 
 
-def _lasting_miss(signals: Signals, target: float) -> bool:
-    """The long window misses too, by more than chance would (two binomial standard deviations)."""
-    long, n = signals.attainment_long, signals.finished_long
-    if long is None:
-        return True
-    if not n:
-        return long < target
-    return (1 - long) * n > (1 - target) * n + 2 * math.sqrt(n * target * (1 - target))
+def planned_load(mu: float, replicas: int, utilization: float) -> float:
+    """The load to plan for per replica at `replicas` replicas: capacity less a headroom for bursts. The
+    headroom is 1 − utilisation at REFERENCE_REPLICAS and shrinks as 1/√replicas beyond (square-root
+    staffing: pooled replicas behind least-loaded routing smooth each other's bursts)."""
+    headroom = (1 - utilization) * math.sqrt(REFERENCE_REPLICAS / max(1, replicas))
+    return mu * max(0.05, 1 - headroom)
 
 
 def capacity_term(arrival_rate: float, mu: float | None, utilization: float) -> int:
-    if mu is None or mu <= 0:
+    """The fewest replicas whose planned load covers the arrival rate."""
+    if mu is None or mu <= 0 or arrival_rate <= 0:
         return 0
-    return math.ceil(arrival_rate / (mu * utilization) - 1e-9)
+    n = max(1, math.ceil(arrival_rate / mu - 1e-9))
+    while n * planned_load(mu, n, utilization) < arrival_rate - 1e-9 and n < 10_000:
+        n += 1
+    return n
 
 
 def _floor(policy: Policy) -> int:
@@ -142,6 +202,34 @@ def slo_miss_text(policy: Policy, s: Signals) -> str:
     return ", ".join(parts)
 
 
+def smooth(memory: Memory, s: Signals, dt: float, window: float) -> Memory:
+    """Holt's linear method on the windowed arrival rate, slow (LEVEL_TAU) against Poisson noise, except
+    that a window JUMP_SIGMAS Poisson deviations away from the forecast is a change and is taken at once.
+    The trend is per second and learns only from the smoothed steps."""
+    if memory.level is None or dt <= 0:
+        return replace(memory, level=s.arrival_rate, trend=0.0)
+    prior = max(0.0, memory.level + memory.trend * dt)
+    if abs(s.arrival_rate - prior) > JUMP_SIGMAS * _noise(max(prior, s.arrival_rate), window):
+        return replace(memory, level=s.arrival_rate)
+    alpha = min(1.0, dt / LEVEL_TAU)
+    level = alpha * s.arrival_rate + (1 - alpha) * prior
+    trend = TREND_BETA * (level - memory.level) / dt + (1 - TREND_BETA) * memory.trend
+    return replace(memory, level=level, trend=trend)
+
+
+def _noise(rate: float, window: float) -> float:
+    """The standard deviation of a Poisson rate counted over `window` seconds."""
+    return math.sqrt(max(rate, 1e-9) / max(window, 1e-9))
+
+
+def _ahead(memory: Memory, horizon: float, window: float) -> float:
+    """The rate expected `horizon` seconds on: the level plus the trend, the trend only where it is
+    significant (beyond TREND_SIGMAS Poisson deviations of a windowed rate) and only upwards."""
+    level = memory.level or 0.0
+    rise = memory.trend * horizon
+    return level + rise if rise > TREND_SIGMAS * _noise(level, window) else level
+
+
 def decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
     current = obs.current
     bounded = _clamp(current, policy)
@@ -155,19 +243,31 @@ def decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
         return Decision(current, HOLD, "metrics_missing",
                         f"holding {current} replicas: {obs.missing or 'metrics missing'}", memory)
 
+    dt = obs.now - memory.seen_at if memory.seen_at is not None else 0.0
     starting = max(0, current - obs.ready)
     if starting:
         memory = replace(memory, changed_at=obs.now)
-    settled = memory.changed_at is None or obs.now - memory.changed_at >= policy.settle_seconds
+    memory = learn_capacity(memory, s, obs.ready, policy, dt)
+    horizon = policy.startup_seconds + max(dt, 0.0) + policy.window_seconds / 2
+    memory = smooth(memory, s, dt, policy.window_seconds)
     mu = memory.capacity_per_replica
-    if settled or (s.attainment is not None and s.attainment >= policy.attainment_target):
-        mu = learn_capacity(mu, s, obs.ready, policy.attainment_target)
     idle = s.arrival_rate == 0 and s.waiting == 0 and s.running == 0
-    memory = replace(memory, capacity_per_replica=mu,
+    memory = replace(memory, seen_at=obs.now,
                      idle_since=(memory.idle_since if memory.idle_since is not None else obs.now) if idle else None)
-    # while requests queue, up on the last period's rate too, so a surge is met a window early
-    surge = max(s.arrival_rate, s.arrival_rate_now or 0.0) if s.waiting else s.arrival_rate
-    need = capacity_term(surge, mu, policy.target_utilization)
+    util = policy.target_utilization
+    planned = planned_load(mu, current, util) if mu else None
+    level = memory.level or 0.0
+    ahead = _ahead(memory, horizon, policy.window_seconds)
+    # while requests queue, the newest period's rate and the queue itself are demand too
+    surge = level
+    if s.waiting:
+        now_rate = s.arrival_rate_now or 0.0
+        surge = max(level, s.arrival_rate if s.arrival_rate > level + _noise(level, policy.window_seconds) else 0.0,
+                    now_rate if now_rate > level + JUMP_SIGMAS * _noise(level, max(dt, 1.0)) else 0.0)
+    if s.waiting and planned:
+        surge += s.waiting / policy.window_seconds  # drained within one window
+    need_now = _count(surge, mu, current, util)
+    need = max(need_now, _count(ahead, mu, current, util))
     missing_slo = s.attainment is not None and s.attainment < policy.attainment_target and s.waiting > 0
     guard = 0
     if missing_slo:
@@ -182,23 +282,40 @@ def decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
                 replace(memory, high_since=obs.now))
         if guard >= need:
             cause, reason = "slo_guard", slo_miss_text(policy, s)
+        elif need > need_now:
+            cause = "forecast"
+            reason = (f"arrival {level:.2f} req/s rising {memory.trend * 60:.2f} req/s per minute: "
+                      f"{ahead:.2f} req/s in {horizon:.0f} s needs {need} replicas at "
+                      f"{planned_load(mu or 0.0, need, util):.2f} req/s each")
         else:
             cause = "capacity"
-            reason = (f"arrival {surge:.2f} req/s needs {need} replicas at "
-                      f"{mu:.2f} req/s each and {policy.target_utilization:.0%} target load")
+            queued = f" and {s.waiting} queued" if s.waiting else ""
+            reason = (f"arrival {surge:.2f} req/s{queued} needs {need} replicas at "
+                      f"{planned_load(mu or 0.0, need, util):.2f} req/s each (of {mu:.2f} learnt capacity)")
         return Decision(desired, UP, cause, reason, replace(memory, high_since=obs.now, changed_at=obs.now))
 
     if missing_slo:  # pods are starting: they are the added capacity
         return Decision(current, HOLD, "slo_guard",
                         f"{starting} replicas starting; " + slo_miss_text(policy, s),
                         replace(memory, high_since=obs.now))
-    if wanted == current or capacity_term(s.arrival_rate, mu, policy.target_utilization) >= current:
+    fewer = current - 1
+    if mu is None or max(level, ahead) > fewer * planned_load(mu, fewer, util) * (1 - TOLERANCE):
         return Decision(current, HOLD, "steady", f"{current} replicas fit "
-                        f"arrival {s.arrival_rate:.2f} req/s", replace(memory, high_since=obs.now))
-    return _scale_down(policy, obs, s, memory, mu)
+                        f"arrival {level:.2f} req/s", replace(memory, high_since=obs.now))
+    return _scale_down(policy, obs, s, memory, planned_load(mu, fewer, util))
 
 
-def _scale_down(policy: Policy, obs: Observation, s: Signals, memory: Memory, mu: float | None) -> Decision:
+def _count(rate: float, mu: float | None, current: int, utilization: float) -> int:
+    """Replicas for `rate` at the planned load each; the current count stands within TOLERANCE of it."""
+    if mu is None or mu <= 0 or rate <= 0:
+        return 0
+    planned = planned_load(mu, current, utilization)
+    if current * planned < rate <= current * planned * (1 + TOLERANCE):
+        return current
+    return capacity_term(rate, mu, utilization)
+
+
+def _scale_down(policy: Policy, obs: Observation, s: Signals, memory: Memory, planned: float) -> Decision:
     current, now = obs.current, obs.now
     since = memory.high_since if memory.high_since is not None else now
     held = now - since
@@ -217,14 +334,10 @@ def _scale_down(policy: Policy, obs: Observation, s: Signals, memory: Memory, mu
         return Decision(current, HOLD, "steady", f"attainment {s.attainment:.2f} below target", memory)
     if s.waiting > 0:
         return Decision(current, HOLD, "steady", f"{s.waiting} requests queued", memory)
-    if mu is None and s.arrival_rate > 0:
-        return Decision(current, HOLD, "steady", "capacity per replica not learnt yet", memory)
-    load = s.arrival_rate / ((current - 1) * mu) if mu else 0.0
-    if load >= policy.safe_load:
-        return Decision(current, HOLD, "steady", f"{current - 1} replicas would run at {load:.0%} load "
-                        f"(≥ {policy.safe_load:.0%})", memory)
+    level = memory.level or 0.0
+    load = level / ((current - 1) * planned)  # planned: the load planned at current − 1
     fewer = f"{current - 1} replica{'s' if current - 1 != 1 else ''}"
-    reason = (f"arrival {s.arrival_rate:.2f} req/s: {fewer} would run at {load:.0%} load "
-              f"(< {policy.safe_load:.0%}); {current} not needed for {held:.0f} s")
-    # the window has passed: further steps may follow period by period while N−1 stays safe
+    reason = (f"arrival {level:.2f} req/s: {fewer} would run at {load:.0%} of the planned "
+              f"{planned:.2f} req/s each; {current} not needed for {held:.0f} s")
+    # the window has passed: further steps may follow period by period while N−1 stays under the plan
     return Decision(current - 1, DOWN, "scale_down", reason, replace(memory, changed_at=now))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from goodput_contract.metrics import AUTOSCALER_DESIRED_REPLICAS as DESIRED_METRIC
@@ -26,6 +26,7 @@ from goodput_operator.autoscaling.sources import (
     endpoint_slice_version,
     service_endpoints,
 )
+from goodput_operator.autoscaling.startup import StartupClock
 from goodput_operator.context import Context
 from goodput_operator.k8s import ApiError, Kube, load_config, now_timestamp, owner_collection, owner_path
 from goodput_operator.spec import ServiceSpec, SpecError, parse
@@ -63,6 +64,7 @@ class Autoscaler:
     period: float
     window: float
     memories: dict[tuple[str, str], Memory] = field(default_factory=dict)
+    startups: dict[tuple[str, str], StartupClock] = field(default_factory=dict)
     _slice_version: str | None = None
 
     @classmethod
@@ -119,6 +121,7 @@ class Autoscaler:
                 logger.warning("Autoscaling %s/%s failed, holding replicas: %s", *key, err)
         for key in set(self.memories) - seen:
             self.memories.pop(key, None)
+            self.startups.pop(key, None)
             self.source.forget(key)
             _forget_series(*key)
 
@@ -126,6 +129,7 @@ class Autoscaler:
         namespace, name = svc.namespace, svc.name
         key = (namespace, name)
         policy, configured = policy_for(svc)
+        policy = replace(policy, window_seconds=self.window)
         memory = self.memories.get(key) or Memory(capacity_per_replica=configured)
         if self._slice_version is None:
             self._slice_version = await endpoint_slice_version(self.kube)
@@ -137,6 +141,10 @@ class Autoscaler:
                                          slo=(svc.slo.ttft_seconds, svc.slo.tpot_seconds))
         if reading.failed:
             metrics.AUTOSCALER_METRIC_ERRORS.inc()
+        startup = self.startups.setdefault(key, StartupClock()).observe(now, current, reading.ready)
+        if startup is not None:  # the forecast looks ahead by the start-up measured for this service
+            policy = replace(policy, startup_seconds=startup)
+            metrics.AUTOSCALER_STARTUP.labels(namespace=namespace, name=name).set(startup)
         decision = decide(policy, Observation(now, current, reading.ready, reading.signals, reading.missing),
                           memory)
         self.memories[key] = decision.memory
@@ -197,6 +205,9 @@ class Autoscaler:
         mu = decision.memory.capacity_per_replica
         if mu is not None:
             autoscaler["capacityPerReplica"] = round(mu, 3)
+        clock = self.startups.get((svc.namespace, svc.name))
+        if clock is not None and clock.seconds is not None:
+            autoscaler["startupSeconds"] = round(clock.seconds, 1)
         if decision.desired != current and acting:
             autoscaler["lastDecision"] = {
                 "time": now_timestamp(),
@@ -219,7 +230,8 @@ class Autoscaler:
 
 def _forget_series(namespace: str, name: str) -> None:
     """A service gone from goodput mode leaves no stale gauges behind."""
-    for gauge in (metrics.AUTOSCALER_DESIRED, metrics.AUTOSCALER_ATTAINMENT, metrics.AUTOSCALER_CAPACITY):
+    for gauge in (metrics.AUTOSCALER_DESIRED, metrics.AUTOSCALER_ATTAINMENT, metrics.AUTOSCALER_CAPACITY,
+                  metrics.AUTOSCALER_STARTUP):
         try:
             gauge.remove(namespace, name)
         except KeyError:

@@ -214,6 +214,7 @@ class History:
             ttft_p90=histogram_quantile(0.9, ttft),
             tpot_p90=histogram_quantile(0.9, tpot),
             finished_long=self.finished(now, long_window)[0],
+            finished=self.finished(now, window)[0],
         )
 
     @staticmethod
