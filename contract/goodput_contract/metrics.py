@@ -35,5 +35,16 @@ AUTOSCALER_WRITE_ERRORS = PREFIX + "autoscaler_write_errors_total"
 AUTOSCALER_REPLICAS = PREFIX + "autoscaler_replicas"
 AUTOSCALER_CAPACITY_PER_REPLICA = PREFIX + "autoscaler_capacity_per_replica"
 
+# the gateway's series (labels namespace, service), read by the dashboards and by the autoscaler
+# (requests held for a service at zero wake it; the last request's time is its idle signal)
+GATEWAY_REQUESTS = PREFIX + "gateway_requests_total"  # label code
+GATEWAY_REQUEST_DURATION = PREFIX + "gateway_request_duration_seconds"
+GATEWAY_ROUTING_DECISIONS = PREFIX + "gateway_routing_decisions_total"  # label decision
+GATEWAY_REQUESTS_WAITING = PREFIX + "gateway_requests_waiting"  # held while the service has no ready replica
+GATEWAY_HOLD_DURATION = PREFIX + "gateway_hold_duration_seconds"  # how long held requests waited (cold starts)
+GATEWAY_REQUESTS_IN_FLIGHT = PREFIX + "gateway_requests_in_flight"
+GATEWAY_LAST_REQUEST = PREFIX + "gateway_last_request_timestamp_seconds"
+GATEWAY_ROUTING_DECISION_KINDS = ("affinity", "overflow", "least_load", "random", "retry")
+
 # another engine's prefix -> ours, for the same signal
 ENGINE_ALIASES = {"vllm:": PREFIX}
