@@ -124,7 +124,7 @@ node_images() {
 # --- common ----------------------------------------------------------------------------
 
 install_operator() {
-  k apply -k "$ROOT/manifests"
+  "$ROOT/hack/apply-manifests.sh"  # kubectl apply -k manifests/, PDBs as the server serves them
   k -n goodput-system rollout status deployment/goodput-operator --timeout=300s
 }
 
