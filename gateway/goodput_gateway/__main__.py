@@ -44,6 +44,11 @@ def parser() -> argparse.ArgumentParser:
                    help="replicas tried for a request that fails before response headers")
     p.add_argument("--prefix-chunk-chars", type=int, default=routing.CHUNK_CHARS)
     p.add_argument("--prefix-chunks", type=int, default=routing.PREFIX_CHUNKS)
+    p.add_argument("--static-model", action="append", default=[], metavar="NAME=URL[,URL...]",
+                   help="serve NAME from these replica URLs instead of discovering InferenceServices (no cluster "
+                        "needed; repeatable)")
+    p.add_argument("--static-policy", choices=routing.POLICIES, default="prefix",
+                   help="the routing policy of --static-model services")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     return p
 
@@ -51,10 +56,13 @@ def parser() -> argparse.ArgumentParser:
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     metrics = GatewayMetrics()
     registry = Registry()
-    api = load_config()
-    api.user_agent = "goodput-gateway"
-    kube = Kube(api, "goodput-gateway")
-    watches = await start_watches(kube, registry)
+    watches = []
+    if args.static_model:
+        registry.set_static(parse_static(args.static_model), args.static_policy)
+    else:
+        api = load_config()
+        api.user_agent = "goodput-gateway"
+        watches = await start_watches(kube=Kube(api, "goodput-gateway"), registry=registry)
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=30)
     session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
                                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
@@ -77,6 +85,16 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
             w.stopping.set()
         await runner.cleanup()
         await session.close()
+
+
+def parse_static(values: list[str]) -> dict[str, tuple[str, ...]]:
+    models: dict[str, tuple[str, ...]] = {}
+    for value in values:
+        name, _, urls = value.partition("=")
+        if not name or not urls:
+            raise SystemExit(f"--static-model {value!r}: expected NAME=URL[,URL...]")
+        models[name] = tuple(u.rstrip("/") for u in urls.split(",") if u)
+    return models
 
 
 def main() -> None:

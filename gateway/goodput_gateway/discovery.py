@@ -72,6 +72,14 @@ class Registry:
                 urls.update(ready)
         return tuple(sorted(urls))
 
+    def set_static(self, models: dict[str, tuple[str, ...]], policy: str) -> None:
+        """Fixed services outside any cluster: served name -> replica URLs."""
+        self.services = {("static", name): Service("static", name, name, policy, len(urls), len(urls))
+                         for name, urls in models.items()}
+        self.slices = {("static", name): (("static", name), urls) for name, urls in models.items()}
+        self.synced.update(("services", "slices"))
+        self._notify()
+
     # watch events
 
     def reset_services(self, items: list[dict[str, Any]]) -> None:
