@@ -19,7 +19,8 @@ import openai
 import pytest
 from autoscaling_helpers import free_port
 from gateway_helpers import GatewayProcess, metric, publish, start_replica, tiny_spec, unpublish, wait_ready
-from harness import wait_for
+from harness import ROOT, wait_for
+from prometheus_process import PROMETHEUS, Prometheus
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.gateway]
 
@@ -30,6 +31,8 @@ HOLD_SECONDS, MAX_HELD = 8, 2
 class Env:
     def __init__(self, gateway: GatewayProcess, replicas: list, ns: dict[str, str]) -> None:
         self.gateway, self.replicas, self.ns = gateway, replicas, ns
+        self.prometheus: Prometheus | None = None
+        self.started = time.time()
 
     @property
     def urls(self) -> list[str]:
@@ -59,7 +62,7 @@ def env(cluster, tiny_model_dir, tmp_path_factory):
     for name in ns.values():
         cluster.core.create_namespace({"metadata": {"name": name}})
     replicas = [start_replica(f"r{i}", tiny_model_dir, workdir) for i in range(3)]
-    gateway = None
+    gateway = prometheus = None
     try:
         cluster.create_service(ns["prefix"], "tiny", tiny_spec(replicas=3))
         cluster.create_service(ns["least"], "tiny", tiny_spec(replicas=3, routing={"policy": "least-load"}))
@@ -77,11 +80,16 @@ def env(cluster, tiny_model_dir, tmp_path_factory):
         gateway = GatewayProcess(cluster.kubeconfig, workdir / "gateway.log", "--hold-seconds", str(HOLD_SECONDS),
                                  "--max-held-requests", str(MAX_HELD)).start()
         e = Env(gateway, replicas, ns)
+        if PROMETHEUS:  # scrapes the gateway throughout, for the dashboard's gateway panels
+            e.prometheus = prometheus = Prometheus(workdir, ns["prefix"], None,
+                                                   (int(gateway.url.rsplit(":", 1)[1]),))
         wait_for(lambda: all(m["ready_replicas"] == want for m in gateway.models()
                              for which, want in (("prefix", 3), ("dead", 2)) if m["id"] == e.model(which)),
                  30, "the gateway to see the endpoints")
         yield e
     finally:
+        if prometheus is not None:
+            prometheus.stop()
         if gateway is not None:
             gateway.stop()
             if "Traceback" in gateway.log():
@@ -234,3 +242,21 @@ def test_past_the_hold_bound_and_the_wait_limit_clients_get_429_and_503_with_ret
         outcomes = [f.result() for f in held]
     assert time.monotonic() - started >= HOLD_SECONDS - 2
     assert all(s == 503 and int(h["Retry-After"]) >= 1 for s, h, _ in outcomes), outcomes
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus missing (make prometheus)")
+def test_every_gateway_panel_of_the_dashboard_returns_data(env):
+    board = json.loads((ROOT / "manifests" / "monitoring" / "goodput-autoscaling.json").read_text())
+    values = {"$namespace": "gw-.*", "$service": "tiny", "$__rate_interval": "10s"}
+    queries = []
+    for panel in board["panels"]:
+        for target in panel["targets"]:
+            if "goodput_gateway_" in target["expr"]:
+                expr = target["expr"]
+                for name, value in values.items():
+                    expr = expr.replace(name, value)
+                queries.append((f"{panel['title']} / {target['legendFormat']}", expr))
+    assert len(queries) >= 4
+    time.sleep(3)  # a last scrape after the previous tests
+    empty = [name for name, expr in queries if not env.prometheus.query_range(expr, env.started, time.time())]
+    assert not empty, f"no data for: {empty}"
