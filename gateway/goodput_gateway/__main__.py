@@ -42,6 +42,10 @@ def parser() -> argparse.ArgumentParser:
                    help="a replica above (1 + this) x the mean load loses its turn")
     p.add_argument("--attempts", type=int, default=int(_env("GATEWAY_ATTEMPTS", "3")),
                    help="replicas tried for a request that fails before response headers")
+    p.add_argument("--shutdown-delay", type=float, default=float(_env("GATEWAY_SHUTDOWN_DELAY", "5")),
+                   help="after SIGTERM: seconds of serving on with /health at 503, while endpoints drop this pod")
+    p.add_argument("--shutdown-grace", type=float, default=float(_env("GATEWAY_SHUTDOWN_GRACE", "45")),
+                   help="then: seconds in-flight requests (streams) get to finish")
     p.add_argument("--prefix-chunk-chars", type=int, default=routing.CHUNK_CHARS)
     p.add_argument("--prefix-chunks", type=int, default=routing.PREFIX_CHUNKS)
     p.add_argument("--static-model", action="append", default=[], metavar="NAME=URL[,URL...]",
@@ -72,13 +76,18 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     settings = ProxySettings(epsilon=args.load_epsilon, attempts=max(1, args.attempts),
                              chunk_chars=args.prefix_chunk_chars, prefix_chunks=args.prefix_chunks)
     gateway = Gateway(registry, Proxy(registry, holds, scraper, session, metrics, settings), metrics)
-    runner = web.AppRunner(build_app(gateway), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(build_app(gateway), handler_cancellation=True, access_log=None,
+                           shutdown_timeout=args.shutdown_grace)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port, backlog=2048).start()
     logger.info("Listening on http://%s:%d", args.host, runner.addresses[0][1])
     scraping = asyncio.create_task(scraper.run_forever())
     try:
         await stop.wait()
+        gateway.stopping = True
+        logger.info("Stopping: serving on for %.0f s while endpoints drop this pod", args.shutdown_delay)
+        await asyncio.sleep(args.shutdown_delay)
+        logger.info("Draining: up to %.0f s for requests in flight", args.shutdown_grace)
     finally:
         scraping.cancel()
         for w in watches:

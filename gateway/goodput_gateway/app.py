@@ -22,6 +22,7 @@ class Gateway:
     def __init__(self, registry: Registry, proxy: Proxy, metrics: GatewayMetrics) -> None:
         self.registry, self.proxy, self.metrics = registry, proxy, metrics
         self.created = int(time.time())
+        self.stopping = False  # after SIGTERM: health 503, every response closes its connection
 
     def service_for(self, model: str) -> Service:
         if not self.registry.synced >= {"services", "slices"}:
@@ -79,8 +80,16 @@ class Gateway:
         return web.json_response(self.card(self.service_for(request.match_info["model"])))
 
     async def health(self, request: web.Request) -> web.Response:
+        if self.stopping:
+            return web.json_response({"status": "stopping"}, status=503)
         synced = self.registry.synced >= {"services", "slices"}
         return web.json_response({"status": "ready" if synced else "starting"}, status=200 if synced else 503)
+
+    async def close_when_stopping(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Keep-alive clients reconnect, through the Service, to a gateway that is not stopping."""
+        if self.stopping:
+            response.force_close()
+            response.headers["Connection"] = "close"
 
     async def metrics_page(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -102,6 +111,7 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
 
 def build_app(gateway: Gateway) -> web.Application:
     app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
+    app.on_response_prepare.append(gateway.close_when_stopping)
     app.router.add_get("/v1/models", gateway.list_models)
     app.router.add_get("/v1/models/{model:.+}", gateway.get_model)
     app.router.add_get("/health", gateway.health)

@@ -260,3 +260,22 @@ def test_every_gateway_panel_of_the_dashboard_returns_data(env):
     time.sleep(3)  # a last scrape after the previous tests
     empty = [name for name, expr in queries if not env.prometheus.query_range(expr, env.started, time.time())]
     assert not empty, f"no data for: {empty}"
+
+
+def test_a_stopping_gateway_finishes_its_streams_and_sends_clients_elsewhere(env, cluster, tmp_path):
+    second = GatewayProcess(cluster.kubeconfig, tmp_path / "second.log", "--shutdown-delay", "2").start()
+    body = {"model": env.model("solo"), "prompt": "Count:", "max_tokens": 200, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.Client(timeout=60) as client, client.stream("POST", second.url + "/v1/completions",
+                                                           json=body) as response:
+        lines = response.iter_lines()
+        next(lines)
+        second.process.terminate()
+        wait_for(lambda: httpx.get(second.url + "/health").status_code == 503, 2, "health to turn 503")
+        during = httpx.post(second.url + "/v1/completions", json={"model": env.model("solo"), "prompt": "hi",
+                                                                  "max_tokens": 2})
+        assert during.status_code == 200 and during.headers["connection"] == "close"
+        rest = [line for line in lines if line]
+    assert rest[-1] == "data: [DONE]"
+    assert json.loads(rest[-2].removeprefix("data: "))["usage"]["completion_tokens"] == 200  # the whole stream
+    assert second.process.wait(20) == 0
