@@ -48,7 +48,10 @@ class Registry:
     synced: set[str] = field(default_factory=set)  # resources listed at least once
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # set and replaced on every change
 
+    _ready: dict[Key, tuple[str, ...]] | None = None  # ready URLs by service, rebuilt after a change
+
     def _notify(self) -> None:
+        self._ready = None
         self.changed.set()
         self.changed = asyncio.Event()
 
@@ -66,11 +69,12 @@ class Registry:
         return f"{svc.namespace}/{svc.served_name}" if shared else svc.served_name
 
     def ready(self, key: Key) -> tuple[str, ...]:
-        urls: set[str] = set()
-        for service, ready in self.slices.values():
-            if service == key:
-                urls.update(ready)
-        return tuple(sorted(urls))
+        if self._ready is None:
+            index: dict[Key, set[str]] = {}
+            for service, urls in self.slices.values():
+                index.setdefault(service, set()).update(urls)
+            self._ready = {service: tuple(sorted(urls)) for service, urls in index.items()}
+        return self._ready.get(key, ())
 
     def set_static(self, models: dict[str, tuple[str, ...]], policy: str) -> None:
         """Fixed services outside any cluster: served name -> replica URLs."""
