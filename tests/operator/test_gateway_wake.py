@@ -57,7 +57,7 @@ def test_a_held_request_wakes_a_service_at_zero_and_idleness_returns_it_there(cl
 
         def ask() -> None:
             started = time.monotonic()
-            body = json.dumps({"model": "tiny", "prompt": "good morning", "max_tokens": 4}).encode()
+            body = json.dumps({"model": f"{namespace}/tiny", "prompt": "good morning", "max_tokens": 4}).encode()
             request = urllib.request.Request(gateway.url + "/v1/completions", data=body,
                                              headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=120) as r:
