@@ -2,7 +2,7 @@
 # `make demo`: from nothing to an answer from an InferenceService, on a local cluster.
 #
 #   hack/demo.sh          bring up a cluster, build and load both images, install Goodput,
-#                         serve a model, ask it something, show `kubectl get gsvc`
+#                         serve a model, ask it something through the gateway, show `kubectl get gsvc`
 #   hack/demo.sh down     tear the demo cluster down again
 #
 # The cluster: kind when `docker` and `kind` are on the PATH (the images are built with
@@ -124,8 +124,9 @@ node_images() {
 # --- common ----------------------------------------------------------------------------
 
 install_operator() {
-  k apply -k "$ROOT/manifests"
+  "$ROOT/hack/apply-manifests.sh"  # kubectl apply -k manifests/, PDBs as the server serves them
   k -n goodput-system rollout status deployment/goodput-operator --timeout=300s
+  k -n goodput-system rollout status deployment/goodput-gateway --timeout=300s
 }
 
 fetch_model() {
@@ -241,7 +242,8 @@ ask() {
   local port url served
   served="$(cat "$DEMO/served-name")"
   port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-  k port-forward "service/$NAME" "$port:80" >"$LOGS/port-forward.log" 2>&1 &
+  # one endpoint for every model: the gateway picks the service by "model" and a replica by prefix
+  k -n goodput-system port-forward service/goodput-gateway "$port:80" >"$LOGS/port-forward.log" 2>&1 &
   PORT_FORWARD_PID=$!
   url="http://127.0.0.1:$port/v1/chat/completions"
   for _ in $(seq 60); do
@@ -298,7 +300,7 @@ main() {
   fi
   step "apply InferenceService $NAME (${MODEL:-pvc://models/smollm2})" apply_service
   step "wait until $NAME is Ready" wait_ready
-  step "send a chat completion to service/$NAME" ask
+  step "send a chat completion through the gateway (svc/goodput-gateway)" ask
   say ""
   say "Q: $QUESTION"
   say "Answer:"

@@ -84,3 +84,14 @@ ENGINE_METRICS: dict[str, EngineMetrics] = {
         ttft=("sglang:time_to_first_token_seconds",),
         tpot=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds")),
 }
+
+# the gateway's series (labels namespace, service), read by the dashboards and by the autoscaler
+# (requests held for a service at zero wake it; the last request's time is its idle signal)
+GATEWAY_REQUESTS = PREFIX + "gateway_requests_total"  # label code
+GATEWAY_REQUEST_DURATION = PREFIX + "gateway_request_duration_seconds"
+GATEWAY_ROUTING_DECISIONS = PREFIX + "gateway_routing_decisions_total"  # label decision
+GATEWAY_REQUESTS_WAITING = PREFIX + "gateway_requests_waiting"  # held while the service has no ready replica
+GATEWAY_HOLD_DURATION = PREFIX + "gateway_hold_duration_seconds"  # how long held requests waited (cold starts)
+GATEWAY_REQUESTS_IN_FLIGHT = PREFIX + "gateway_requests_in_flight"
+GATEWAY_LAST_REQUEST = PREFIX + "gateway_last_request_timestamp_seconds"
+GATEWAY_ROUTING_DECISION_KINDS = ("affinity", "overflow", "least_load", "random", "retry")

@@ -18,6 +18,7 @@ HERE = Path(__file__).resolve().parent
 UID = "goodput-autoscaling"
 RUNTIME = 'namespace=~"$namespace", model=~"$model"'
 OPERATOR = 'namespace=~"$namespace", name=~"$service"'
+GATEWAY = 'namespace=~"$namespace", service=~"$service"'
 RATE = "$__rate_interval"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
@@ -56,6 +57,29 @@ def variable(name: str, query: str, label: str) -> dict[str, Any]:
     return {"name": name, "label": label, "type": "query", "datasource": DS,
             "query": {"query": query, "refId": name}, "definition": query, "refresh": 2,
             "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "sort": 1}
+
+
+def gateway_panels(y: int) -> list[dict[str, Any]]:
+    """The goodput-gateway's view: how it routes, what it holds for services at zero, how long clients wait."""
+    hold = "goodput_gateway_hold_duration_seconds"
+    return [
+        panel("Gateway routing decisions", [
+            q(f"sum by (decision) (rate(goodput_gateway_routing_decisions_total{{{GATEWAY}}}[{RATE}]))",
+              "{{decision}}"),
+        ], "reqps", 0, y, w=8,
+            description="affinity: the prompt prefix's own replica; overflow: it was over the load bound; "
+                        "retry: a replica failed before answering."),
+        panel("Gateway held requests", [
+            q(f"sum by (service) (goodput_gateway_requests_waiting{{{GATEWAY}}})", "held: {{service}}"),
+            q(f'sum by (code) (rate(goodput_gateway_requests_total{{{GATEWAY}, code=~"429|503"}}[{RATE}]))',
+              "refused {{code}}/s"),
+        ], "short", 8, y, w=8,
+            description="Requests waiting for a ready replica (a service at zero waking, or between pods)."),
+        panel("Gateway cold start (time held)", [
+            q(f"histogram_quantile({p}, sum by (le) (rate({hold}_bucket{{{GATEWAY}}}[{RATE}])))", f"p{p * 100:g}")
+            for p in (0.5, 0.9)
+        ], "s", 16, y, w=8, description="How long held requests waited for the first ready replica."),
+    ]
 
 
 def dashboard() -> dict[str, Any]:
@@ -107,6 +131,7 @@ def dashboard() -> dict[str, Any]:
             q(f"goodput:slo_errors:ratio_rate6h{{{RUNTIME}}} / 0.05", "6h"),
         ], "short", 16, 32, w=8, threshold=None,
             description="1 spends the budget (0.05 for a 0.95 target) exactly over the SLO period; 14.4 pages."),
+        *gateway_panels(40),
     ]
     return {
         "uid": UID, "title": "Goodput / Autoscaling", "tags": ["goodput", "slo", "autoscaling"],

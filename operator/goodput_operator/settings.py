@@ -36,6 +36,8 @@ class Settings:
     autoscaler_period_seconds: float = 15.0  # the goodput control loop's period
     autoscaler_window_seconds: float = 60.0  # short window for rates and attainment; the long one is 5×
     prometheus_url: str | None = None  # None: the autoscaler scrapes the pods itself
+    gateway_namespace: str = "goodput-system"  # where the goodput-gateway Service's pods are found
+    gateway_urls: tuple[str, ...] = ()  # or these gateway URLs instead
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -56,4 +58,6 @@ class Settings:
             autoscaler_period_seconds=float(env.get("AUTOSCALER_PERIOD_SECONDS", "15")),
             autoscaler_window_seconds=float(env.get("AUTOSCALER_WINDOW_SECONDS", "60")),
             prometheus_url=(env.get("PROMETHEUS_URL") or "").rstrip("/") or None,
+            gateway_namespace=env.get("GATEWAY_NAMESPACE") or env.get("POD_NAMESPACE") or "goodput-system",
+            gateway_urls=tuple(u for u in (env.get("GATEWAY_URL") or "").split(",") if u),
         )

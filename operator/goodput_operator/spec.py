@@ -20,6 +20,7 @@ _DURATION = re.compile(r"^(?P<value>[0-9]+(?:\.[0-9]+)?)(?P<unit>ms|s|m)$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0}
 _HF = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*(?:/[\w.-]+)?)(?:/(?P<file>[\w.-]+\.gguf))?$")
 _PVC = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?P<path>/.*)?$")
+ROUTING_POLICIES = ("prefix", "least-load", "random")
 _FILE = re.compile(r"^file://(?P<path>/.+)$")
 
 
@@ -103,6 +104,11 @@ class Autoscaling:
 
 
 @dataclass(frozen=True)
+class Routing:
+    policy: str = "prefix"  # prefix | least-load | random: how the gateway picks a replica
+
+
+@dataclass(frozen=True)
 class PodTemplate:
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[dict[str, Any], ...] = ()
@@ -130,6 +136,7 @@ class ServiceSpec:
     replicas: int | None
     image: str | None
     template: PodTemplate
+    routing: Routing = Routing()
 
     @property
     def desired_replicas(self) -> int:
@@ -254,6 +261,13 @@ def _autoscaling(raw: dict[str, Any]) -> Autoscaling:
     )
 
 
+def _routing(raw: dict[str, Any]) -> Routing:
+    policy = raw.get("policy") or "prefix"
+    if policy not in ROUTING_POLICIES:
+        raise SpecError("routing.policy", f"{policy!r} is not one of {', '.join(ROUTING_POLICIES)}")
+    return Routing(policy=policy)
+
+
 def _template(raw: dict[str, Any]) -> PodTemplate:
     return PodTemplate(
         node_selector=dict(raw.get("nodeSelector") or {}),
@@ -292,6 +306,7 @@ def parse(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         replicas=int(replicas) if replicas is not None else None,
         image=spec.get("image"),
         template=_template(spec.get("template") or {}),
+        routing=_routing(spec.get("routing") or {}),
     )
     if parsed.model.source.scheme == "pvc" and parsed.model.cache_claim == parsed.model.source.claim:
         raise SpecError(

@@ -133,7 +133,10 @@ class Node:
         kubectl = shutil.which("kubectl")
         if kubectl is None:
             raise AssertionError("`kubectl apply -k` needs a kubectl >= 1.21 on the PATH")
-        self.kubectl("apply", "-k", str(path), kubectl=kubectl)
+        rendered = self.kubectl("kustomize", str(path), kubectl=kubectl).stdout
+        if "policy/v1" not in self.kubectl("api-versions", kubectl=kubectl).stdout.split():
+            rendered = rendered.replace("apiVersion: policy/v1\n", "apiVersion: policy/v1beta1\n")  # before 1.21
+        self.kubectl("apply", "-f", "-", input_text=rendered, kubectl=kubectl)
 
     def get(self, kind: str, name: str = "", namespace: str | None = None, selector: str = "") -> Any:
         """The object as JSON; None when it does not exist (or a List's items with a selector). In the

@@ -35,8 +35,10 @@ def put_endpoint(cluster: Cluster, namespace: str, service: str, pod: str, addre
     body: dict[str, Any] = {
         "apiVersion": slice_version(cluster),
         "kind": "EndpointSlice",
+        # the EndpointSlice controller copies the Service's labels, the operator's service label among them
         "metadata": {"name": f"{service}-{pod}", "labels": {
-            "kubernetes.io/service-name": service, "endpointslice.kubernetes.io/managed-by": "goodput-tests"}},
+            "kubernetes.io/service-name": service, "serving.goodput.dev/service": service,
+            "endpointslice.kubernetes.io/managed-by": "goodput-tests"}},
         "addressType": "IPv4",
         "ports": [{"name": "metrics", "port": port, "protocol": "TCP"}],
         "endpoints": [{"addresses": [address], "conditions": {"ready": ready}}],

@@ -21,7 +21,8 @@ RULE = ROOT / "manifests" / "monitoring" / "prometheus-rule.yaml"
 
 
 class Prometheus:
-    def __init__(self, workdir: Path, namespace: str, operator_metrics_port: int) -> None:
+    def __init__(self, workdir: Path, namespace: str, operator_metrics_port: int | None,
+                 gateway_ports: tuple[int, ...] = ()) -> None:
         self.dir, self.namespace = workdir, namespace
         self.port = free_port()
         groups = yaml.safe_load(RULE.read_text())["spec"]["groups"]
@@ -29,16 +30,20 @@ class Prometheus:
             group["interval"] = "1s"  # the shipped 30s would leave a short test with few evaluations
         (workdir / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
         self.set_targets([])
-        config = {
+        config: dict[str, Any] = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(workdir / "rules.yaml")],
             "scrape_configs": [
                 {"job_name": "goodput-runtime",
                  "file_sd_configs": [{"files": [str(workdir / "targets.json")], "refresh_interval": "1s"}]},
-                {"job_name": "goodput-operator",
-                 "static_configs": [{"targets": [f"127.0.0.1:{operator_metrics_port}"]}]},
             ],
         }
+        if operator_metrics_port is not None:
+            config["scrape_configs"].append({"job_name": "goodput-operator", "static_configs": [
+                {"targets": [f"127.0.0.1:{operator_metrics_port}"]}]})
+        if gateway_ports:  # as the gateway's ServiceMonitor: the series' own namespace label wins
+            config["scrape_configs"].append({"job_name": "goodput-gateway", "honor_labels": True, "static_configs": [
+                {"targets": [f"127.0.0.1:{p}" for p in gateway_ports]}]})
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.log = (workdir / "prometheus.log").open("wb")
         assert PROMETHEUS, "prometheus missing (make prometheus installs Debian's package)"

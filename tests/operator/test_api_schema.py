@@ -20,6 +20,7 @@ GOOD = {"model": {"source": "hf://Qwen/Qwen2.5-0.5B-Instruct"}}
         ({**GOOD, "engine": {"gpuMemoryUtilization": 1.2}}, "spec.engine.gpuMemoryUtilization"),
         ({**GOOD, "parallelism": {"tensor": 0}}, "spec.parallelism.tensor"),
         ({**GOOD, "autoscaling": {"mode": "magic"}}, "spec.autoscaling.mode"),
+        ({**GOOD, "routing": {"policy": "round-robin"}}, "spec.routing.policy"),
         ({**GOOD, "resources": {"memory": "lots"}}, "spec.resources.memory"),
         ({"engine": {"maxNumSeqs": 8}}, "spec.model"),
     ],
@@ -36,6 +37,8 @@ def test_defaults_are_filled_in_by_the_server(cluster, namespace):
     assert created["spec"]["model"]["revision"] == "main"
     assert created["spec"]["model"]["dtype"] == "auto"
     assert created["spec"]["model"]["quantization"] == "none"
+    with_routing = cluster.create_service(namespace, "routed", {**GOOD, "routing": {}})
+    assert with_routing["spec"]["routing"]["policy"] == "prefix"
 
 
 def test_short_name_and_printer_columns(cluster, namespace):

@@ -151,6 +151,8 @@ def _dashboard_queries(namespace: str) -> list[tuple[str, str]]:
     for panel in board["panels"]:
         for target in panel["targets"]:
             expr = target["expr"]
+            if "goodput_gateway_" in expr:
+                continue  # no gateway in this run; test_gateway.py asks those panels
             for name, value in values.items():
                 expr = expr.replace(name, value)
             out.append((f"{panel['title']} / {target['legendFormat']}", expr))

@@ -143,6 +143,28 @@ def test_min_zero_needs_an_idle_period():
     assert busy.desired == 1
 
 
+def test_requests_held_at_the_gateway_wake_a_service_at_zero_at_once():
+    zero = Policy(min_replicas=0, max_replicas=3, scale_down_window=0, idle_period=600)
+    memory = Memory(capacity_per_replica=4.0)
+    woken = decide(zero, Observation(10.0, 0, 0, None, "no ready pods", held=3), memory)
+    assert (woken.desired, woken.direction, woken.cause) == (1, UP, "wake")
+    assert "3 requests held at the gateway" in woken.reason
+    quiet = decide(zero, Observation(10.0, 0, 0, None, "no ready pods", held=0), memory)
+    assert (quiet.desired, quiet.direction) == (0, HOLD)
+    unknown = decide(zero, Observation(10.0, 0, 0, None, "no ready pods"), memory)
+    assert (unknown.desired, unknown.direction) == (0, HOLD) and "unknown" in unknown.reason
+
+
+def test_the_gateways_last_request_time_is_the_idle_signal():
+    zero = Policy(min_replicas=0, max_replicas=3, scale_down_window=0, idle_period=600)
+    idle = Signals(0.0, attainment=None)
+    memory = Memory(capacity_per_replica=4.0, high_since=0.0)
+    first = decide(zero, Observation(100.0, 1, 1, idle, last_request_age=650.0), memory)
+    assert (first.desired, first.cause) == (0, "idle")  # a restarted autoscaler need not wait a whole period
+    recent = decide(zero, Observation(5000.0, 1, 1, idle, last_request_age=30.0), first.memory)
+    assert recent.desired == 1  # the pods were quiet, but the gateway saw a request 30 s ago
+
+
 WITH_CEILING = Memory(capacity_per_replica=4.0, ceiling=4.5)
 
 

@@ -182,6 +182,7 @@ def test_quantization_methods_agree_across_crd_runtime_and_contract():
 
 
 AUTOSCALER_PREFIX = metric_names.PREFIX + "autoscaler_"
+GATEWAY_PREFIX = metric_names.PREFIX + "gateway_"
 
 
 def test_the_runtime_exports_every_series_the_contract_names():
@@ -191,9 +192,27 @@ def test_the_runtime_exports_every_series_the_contract_names():
     exported = {sample.name for family in metrics.registry.collect() for sample in family.samples}
     runtime_series = {value for name, value in vars(metric_names).items()
                       if name.isupper() and isinstance(value, str) and value.startswith(metric_names.PREFIX)
-                      and value != metric_names.PREFIX and not value.startswith(AUTOSCALER_PREFIX)}
+                      and value != metric_names.PREFIX and not value.startswith((AUTOSCALER_PREFIX, GATEWAY_PREFIX))}
     histograms = {metric_names.TTFT, metric_names.TPOT, metric_names.E2E_LATENCY, metric_names.QUEUE_TIME}
     for name in runtime_series:
+        assert (name + "_count" if name in histograms else name) in exported, name
+
+
+def test_the_gateway_exports_every_gateway_series_the_contract_names():
+    from goodput_gateway.metrics import GatewayMetrics
+
+    metrics = GatewayMetrics()
+    metrics.service_seen("ns", "chat")
+    metrics.requests.labels("ns", "chat", "200").inc()
+    metrics.duration.labels("ns", "chat").observe(0.1)
+    metrics.hold.labels("ns", "chat").observe(1.0)
+    metrics.last_request.labels("ns", "chat").set(1.0)
+    exported = {sample.name for family in metrics.registry.collect() for sample in family.samples}
+    gateway_series = {value for name, value in vars(metric_names).items()
+                      if name.isupper() and isinstance(value, str) and value.startswith(GATEWAY_PREFIX)}
+    assert len(gateway_series) == 7
+    histograms = {metric_names.GATEWAY_REQUEST_DURATION, metric_names.GATEWAY_HOLD_DURATION}
+    for name in gateway_series:
         assert (name + "_count" if name in histograms else name) in exported, name
 
 

@@ -16,6 +16,14 @@ def test_minimal_spec_gets_the_documented_defaults():
     assert svc.resources.gpu_resource_name == "nvidia.com/gpu"
     assert svc.autoscaling.mode == "none"
     assert svc.replicas is None and svc.desired_replicas == 1
+    assert svc.routing.policy == "prefix"
+
+
+def test_routing_policy_is_read_and_an_unknown_one_named():
+    assert parse("chat", "ns", {**MINIMAL, "routing": {"policy": "least-load"}}).routing.policy == "least-load"
+    with pytest.raises(SpecError) as err:
+        parse("chat", "ns", {**MINIMAL, "routing": {"policy": "round-robin"}})
+    assert err.value.field == "spec.routing.policy"
 
 
 def test_scale_subresource_value_wins_over_min_replicas():

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 UP, DOWN, HOLD = "up", "down", "hold"
 # every (direction, cause) a replica change can carry; the operator exports each at zero from the start,
 # so the first change of a kind is an increase Prometheus can see, not a series that appears at 1
-SCALE_CAUSES = {UP: ("slo_guard", "capacity", "forecast", "bounds"), DOWN: ("scale_down", "idle", "bounds")}
+SCALE_CAUSES = {UP: ("slo_guard", "capacity", "forecast", "bounds", "wake"), DOWN: ("scale_down", "idle", "bounds")}
 MARGIN = 0.01  # the capacity estimate aims attainment this far above the target
 LEARNING_RATE = 0.3  # a load met above the plan moves the plan this share of the way towards it
 EVIDENCE_Z = 1.5  # the estimate moves when attainment differs from the aim by this many standard deviations
@@ -79,6 +79,8 @@ class Observation:
     ready: int  # replicas serving (the rest are starting: coming capacity)
     signals: Signals | None  # None: metrics missing or failed, never read as zero
     missing: str = ""  # why signals are None
+    held: int | None = None  # requests the gateway holds for the service (None: no gateway read)
+    last_request_age: float | None = None  # seconds since the gateway last saw a request for it (None: never)
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,8 @@ class Memory:
 class Decision:
     desired: int
     direction: str  # up | down | hold
-    cause: str  # slo_guard | capacity | forecast | scale_down | idle | bounds | stabilizing | metrics_missing | steady
+    cause: str  # slo_guard | capacity | forecast | scale_down | idle | bounds | wake | stabilizing | metrics_missing
+    # | steady
     reason: str
     memory: Memory
 
@@ -238,6 +241,12 @@ def decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
         return Decision(bounded, direction, "bounds",
                         f"{current} replicas is outside [{_floor(policy)}, {policy.max_replicas}]",
                         replace(memory, high_since=obs.now))
+    if current == 0:  # no pod, so no pod metrics: the gateway's held requests are the only signal
+        if obs.held:
+            return Decision(min(1, policy.max_replicas), UP, "wake", f"{obs.held} requests held at the gateway",
+                            replace(memory, high_since=obs.now, changed_at=obs.now, idle_since=None))
+        return Decision(0, HOLD, "steady", "at zero: no requests held at the gateway"
+                        if obs.held is not None else "at zero; the gateway's held requests are unknown", memory)
     s = obs.signals
     if s is None:
         return Decision(current, HOLD, "metrics_missing",
@@ -323,6 +332,8 @@ def _scale_down(policy: Policy, obs: Observation, s: Signals, memory: Memory, pl
         memory = replace(memory, high_since=now)
     if current == 1:
         idle_for = now - memory.idle_since if memory.idle_since is not None else 0.0
+        if obs.last_request_age is not None and memory.idle_since is not None:
+            idle_for = obs.last_request_age  # the gateway sees every request, and remembers across restarts
         if policy.idle_period and idle_for >= policy.idle_period:
             return Decision(0, DOWN, "idle", f"no requests for {idle_for:.0f} s "
                             f"(idle period {policy.idle_period:.0f} s)", replace(memory, high_since=now))

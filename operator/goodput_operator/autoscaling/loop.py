@@ -17,6 +17,7 @@ from typing import Any
 
 from goodput_contract.metrics import AUTOSCALER_DESIRED_REPLICAS as DESIRED_METRIC
 from goodput_operator import metrics
+from goodput_operator.autoscaling.gateway import GatewayReader, GatewayView
 from goodput_operator.autoscaling.law import SCALE_CAUSES, UP, Decision, Memory, Observation, Policy, decide
 from goodput_operator.autoscaling.sources import (
     DirectSource,
@@ -65,6 +66,7 @@ class Autoscaler:
     window: float
     memories: dict[tuple[str, str], Memory] = field(default_factory=dict)
     startups: dict[tuple[str, str], StartupClock] = field(default_factory=dict)
+    gateway: GatewayReader | None = None  # held requests and last request times, for services at zero
     _slice_version: str | None = None
 
     @classmethod
@@ -75,7 +77,9 @@ class Autoscaler:
                           if s.prometheus_url else DirectSource(s.autoscaler_window_seconds, long_window))
         api = load_config()
         api.user_agent = FIELD_MANAGER
-        return cls(ctx, Kube(api, FIELD_MANAGER), source, s.autoscaler_period_seconds, s.autoscaler_window_seconds)
+        kube = Kube(api, FIELD_MANAGER)
+        return cls(ctx, kube, source, s.autoscaler_period_seconds, s.autoscaler_window_seconds,
+                   gateway=GatewayReader(kube, s.gateway_namespace, s.gateway_urls))
 
     def __post_init__(self) -> None:
         for direction, causes in SCALE_CAUSES.items():
@@ -90,6 +94,8 @@ class Autoscaler:
                 await asyncio.sleep(max(0.0, self.period - (time.monotonic() - started)))
         finally:
             await self.source.close()
+            if self.gateway is not None:
+                await self.gateway.close()
 
     async def tick(self) -> None:
         try:
@@ -98,6 +104,9 @@ class Autoscaler:
             logger.warning("Listing InferenceServices for the autoscaler failed: %s", err)
             return
         seen = set()
+        views = None
+        if self.gateway is not None and any(_may_sleep(b) for b in listing.get("items") or ()):
+            views = await self.gateway.read()
         for body in listing.get("items") or ():
             meta = body["metadata"]
             key = (meta["namespace"], meta["name"])
@@ -113,7 +122,7 @@ class Autoscaler:
                 continue
             seen.add(key)
             try:
-                await self.scale(body, svc)
+                await self.scale(body, svc, None if views is None else views.get(key, GatewayView()))
             except WriteFailed as err:
                 logger.warning("Autoscaling %s/%s: %s", *key, err)
             except Exception as err:
@@ -125,7 +134,7 @@ class Autoscaler:
             self.source.forget(key)
             _forget_series(*key)
 
-    async def scale(self, body: dict[str, Any], svc: ServiceSpec) -> Decision:
+    async def scale(self, body: dict[str, Any], svc: ServiceSpec, gateway: GatewayView | None = None) -> Decision:
         namespace, name = svc.namespace, svc.name
         key = (namespace, name)
         policy, configured = policy_for(svc)
@@ -145,8 +154,12 @@ class Autoscaler:
         if startup is not None:  # the forecast looks ahead by the start-up measured for this service
             policy = replace(policy, startup_seconds=startup)
             metrics.AUTOSCALER_STARTUP.labels(namespace=namespace, name=name).set(startup)
-        decision = decide(policy, Observation(now, current, reading.ready, reading.signals, reading.missing),
-                          memory)
+        held = age = None
+        if gateway is not None:
+            held = gateway.held
+            age = None if gateway.last_request is None else max(0.0, time.time() - gateway.last_request)
+        decision = decide(policy, Observation(now, current, reading.ready, reading.signals, reading.missing,
+                                              held=held, last_request_age=age), memory)
         self.memories[key] = decision.memory
         if decision.desired != current and svc.autoscaling.mode == "goodput":
             try:
@@ -226,6 +239,12 @@ class Autoscaler:
         if all(old.get(k) == v for k, v in autoscaler.items()) and status.get("slo") in (None, before.get("slo")):
             return
         await self.kube.patch_status(meta["namespace"], meta["name"], status)
+
+
+def _may_sleep(body: dict[str, Any]) -> bool:
+    """A service that may go to zero: the gateway's view wakes it and tells when it is idle."""
+    autoscaling = (body.get("spec") or {}).get("autoscaling") or {}
+    return autoscaling.get("minReplicas") == 0
 
 
 def _forget_series(namespace: str, name: str) -> None:

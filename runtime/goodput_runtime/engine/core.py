@@ -187,6 +187,10 @@ class EngineCore:
         open_choices = [c for c in request.choices if not c.done]
         for choice in open_choices:
             self.scheduler.finish(choice.seq, outcome)
+        if self.metrics and open_choices:
+            # the gauges move now, not at the next step: an idle engine may take none for a long while
+            self.metrics.record_step(len(self.scheduler.running), len(self.scheduler.waiting),
+                                     self.block_manager.usage, 0, 0, 0)
         now = time.monotonic()
         return [self._output(request, choice, now) for choice in open_choices]
 

@@ -1,0 +1,1 @@
+"""The Goodput gateway: one OpenAI endpoint for every InferenceService, routing for goodput."""

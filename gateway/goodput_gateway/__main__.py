@@ -1,0 +1,125 @@
+"""`python -m goodput_gateway`: one OpenAI endpoint for every InferenceService in the cluster."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+
+import aiohttp
+from aiohttp import web
+
+from goodput_gateway import routing
+from goodput_gateway.app import Gateway, build_app
+from goodput_gateway.discovery import Registry, start_watches
+from goodput_gateway.holding import Holds
+from goodput_gateway.loads import LoadScraper
+from goodput_gateway.metrics import GatewayMetrics
+from goodput_gateway.proxy import Proxy, ProxySettings
+from goodput_operator.k8s import Kube, load_config
+
+logger = logging.getLogger("goodput_gateway")
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name) or default
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m goodput_gateway", description=__doc__)
+    p.add_argument("--host", default=_env("GATEWAY_HOST", "0.0.0.0"))
+    p.add_argument("--port", type=int, default=int(_env("GATEWAY_PORT", "8000")), help="0 picks a free port")
+    p.add_argument("--max-held-requests", type=int, default=int(_env("GATEWAY_MAX_HELD_REQUESTS", "100")),
+                   help="per service: requests held while it has no ready replica; more get 429")
+    p.add_argument("--hold-seconds", type=float, default=float(_env("GATEWAY_HOLD_SECONDS", "600")),
+                   help="how long a held request waits for a ready replica before a 503")
+    p.add_argument("--scrape-seconds", type=float, default=float(_env("GATEWAY_SCRAPE_SECONDS", "1.5")),
+                   help="how often each replica's queue and KV usage are read from its /metrics")
+    p.add_argument("--load-epsilon", type=float, default=float(_env("GATEWAY_LOAD_EPSILON", str(routing.EPSILON))),
+                   help="a replica above (1 + this) x the mean load loses its turn")
+    p.add_argument("--attempts", type=int, default=int(_env("GATEWAY_ATTEMPTS", "3")),
+                   help="replicas tried for a request that fails before response headers")
+    p.add_argument("--shutdown-delay", type=float, default=float(_env("GATEWAY_SHUTDOWN_DELAY", "5")),
+                   help="after SIGTERM: seconds of serving on with /health at 503, while endpoints drop this pod")
+    p.add_argument("--shutdown-grace", type=float, default=float(_env("GATEWAY_SHUTDOWN_GRACE", "45")),
+                   help="then: seconds in-flight requests (streams) get to finish")
+    p.add_argument("--prefix-chunk-chars", type=int, default=routing.CHUNK_CHARS)
+    p.add_argument("--prefix-chunks", type=int, default=routing.PREFIX_CHUNKS)
+    p.add_argument("--static-model", action="append", default=[], metavar="NAME=URL[,URL...]",
+                   help="serve NAME from these replica URLs instead of discovering InferenceServices (no cluster "
+                        "needed; repeatable)")
+    p.add_argument("--static-policy", choices=routing.POLICIES, default="prefix",
+                   help="the routing policy of --static-model services")
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+    return p
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    metrics = GatewayMetrics()
+    registry = Registry()
+    watches = []
+    if args.static_model:
+        registry.set_static(parse_static(args.static_model), args.static_policy)
+    else:
+        api = load_config()
+        api.user_agent = "goodput-gateway"
+        watches = await start_watches(kube=Kube(api, "goodput-gateway"), registry=registry)
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=30)
+    session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+    scraper = LoadScraper(session, lambda: {u for k in registry.services for u in registry.ready(k)},
+                          args.scrape_seconds)
+    holds = Holds(registry, metrics, args.max_held_requests, args.hold_seconds)
+    settings = ProxySettings(epsilon=args.load_epsilon, attempts=max(1, args.attempts),
+                             chunk_chars=args.prefix_chunk_chars, prefix_chunks=args.prefix_chunks)
+    gateway = Gateway(registry, Proxy(registry, holds, scraper, session, metrics, settings), metrics)
+    runner = web.AppRunner(build_app(gateway), handler_cancellation=True, access_log=None,
+                           shutdown_timeout=args.shutdown_grace)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port, backlog=2048).start()
+    logger.info("Listening on http://%s:%d", args.host, runner.addresses[0][1])
+    scraping = asyncio.create_task(scraper.run_forever())
+    try:
+        await stop.wait()
+        gateway.stopping = True
+        logger.info("Stopping: serving on for %.0f s while endpoints drop this pod", args.shutdown_delay)
+        await asyncio.sleep(args.shutdown_delay)
+        logger.info("Draining: up to %.0f s for requests in flight", args.shutdown_grace)
+    finally:
+        scraping.cancel()
+        for w in watches:
+            w.stopping.set()
+        await runner.cleanup()
+        await session.close()
+
+
+def parse_static(values: list[str]) -> dict[str, tuple[str, ...]]:
+    models: dict[str, tuple[str, ...]] = {}
+    for value in values:
+        name, _, urls = value.partition("=")
+        if not name or not urls:
+            raise SystemExit(f"--static-model {value!r}: expected NAME=URL[,URL...]")
+        models[name] = tuple(u.rstrip("/") for u in urls.split(",") if u)
+    return models
+
+
+def main() -> None:
+    args = parser().parse_args()
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        await serve(args, stop)
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()

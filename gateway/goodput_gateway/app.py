@@ -1,0 +1,120 @@
+"""The gateway's HTTP application: OpenAI routes for every model, health and metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from goodput_gateway.discovery import Registry, Service
+from goodput_gateway.errors import APIError, invalid, model_not_found, unavailable
+from goodput_gateway.metrics import GatewayMetrics
+from goodput_gateway.proxy import Proxy, parse_body, rewrite_model
+
+logger = logging.getLogger(__name__)
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+class Gateway:
+    def __init__(self, registry: Registry, proxy: Proxy, metrics: GatewayMetrics) -> None:
+        self.registry, self.proxy, self.metrics = registry, proxy, metrics
+        self.created = int(time.time())
+        self.stopping = False  # after SIGTERM: health 503, every response closes its connection
+
+    def service_for(self, model: str) -> Service:
+        if not self.registry.synced >= {"services", "slices"}:
+            raise unavailable("The gateway is still reading the cluster's services; retry shortly", "starting")
+        found = self.registry.resolve(model)
+        if not found:
+            raise model_not_found(model)
+        if len(found) > 1:
+            names = ", ".join(f"{s.namespace}/{s.served_name}" for s in found)
+            raise invalid(f"The model '{model}' is served in several namespaces; name one of {names}", "model",
+                          "ambiguous_model")
+        svc = found[0]
+        self.metrics.service_seen(svc.namespace, svc.name)
+        return svc
+
+    async def proxy_request(self, request: web.Request) -> web.StreamResponse:
+        started = time.monotonic()
+        raw = await request.read()
+        body = parse_body(raw)
+        model = body.get("model")
+        if model is None:
+            raise invalid("'model' is a required property: the gateway routes by it", "model",
+                          "missing_required_parameter")
+        if not isinstance(model, str):
+            raise invalid("'model' must be a string", "model", "invalid_type")
+        svc = self.service_for(model)
+        labels = (svc.namespace, svc.name)
+        self.metrics.last_request.labels(*labels).set(time.time())
+        in_flight = self.metrics.in_flight.labels(*labels)
+        in_flight.inc()
+        status = 500
+        try:
+            response = await self.proxy.forward(request, svc, model, rewrite_model(raw, body, svc.served_name), body)
+            status = response.status
+            return response
+        except APIError as err:
+            status = err.status
+            raise
+        finally:
+            in_flight.dec()
+            self.metrics.requests.labels(*labels, str(status)).inc()
+            self.metrics.duration.labels(*labels).observe(time.monotonic() - started)
+
+    def card(self, svc: Service) -> dict[str, Any]:
+        return {"id": self.registry.model_id(svc), "object": "model", "created": self.created,
+                "owned_by": "goodput", "root": svc.served_name, "parent": None,
+                "namespace": svc.namespace, "service": svc.name, "replicas": svc.replicas,
+                "ready_replicas": len(self.registry.ready((svc.namespace, svc.name)))}
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        services = sorted(self.registry.services.values(), key=lambda s: (s.served_name, s.namespace))
+        return web.json_response({"object": "list", "data": [self.card(s) for s in services]})
+
+    async def get_model(self, request: web.Request) -> web.Response:
+        return web.json_response(self.card(self.service_for(request.match_info["model"])))
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.stopping:
+            return web.json_response({"status": "stopping"}, status=503)
+        synced = self.registry.synced >= {"services", "slices"}
+        return web.json_response({"status": "ready" if synced else "starting"}, status=200 if synced else 503)
+
+    async def close_when_stopping(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Keep-alive clients reconnect, through the Service, to a gateway that is not stopping."""
+        if self.stopping:
+            response.force_close()
+            response.headers["Connection"] = "close"
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except APIError as err:
+        return err.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        codes = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+        message = "Not Found: no such route" if exc.status == 404 else exc.reason
+        return APIError(exc.status, message, code=codes.get(exc.status)).response()
+
+
+def build_app(gateway: Gateway) -> web.Application:
+    app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
+    app.on_response_prepare.append(gateway.close_when_stopping)
+    app.router.add_get("/v1/models", gateway.list_models)
+    app.router.add_get("/v1/models/{model:.+}", gateway.get_model)
+    app.router.add_get("/health", gateway.health)
+    app.router.add_get("/metrics", gateway.metrics_page)
+    app.router.add_post("/{path:.*}", gateway.proxy_request)
+    return app

@@ -1,0 +1,44 @@
+"""The gateway's Prometheus series, labelled by the InferenceService (namespace, service)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from goodput_contract import metrics as names
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+HOLD_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+SERVICE = ("namespace", "service")
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(names.GATEWAY_REQUESTS, "Requests answered, by HTTP status code",
+                                [*SERVICE, "code"], registry=r)
+        self.duration = Histogram(names.GATEWAY_REQUEST_DURATION,
+                                  "Seconds from a request's arrival to the end of its response, holding included",
+                                  SERVICE, buckets=LATENCY_BUCKETS, registry=r)
+        self.decisions = Counter(names.GATEWAY_ROUTING_DECISIONS,
+                                 "Replica choices: affinity (the prefix's own replica), overflow (it was over the "
+                                 "load bound), least_load, random, retry (after a failure before response headers)",
+                                 [*SERVICE, "decision"], registry=r)
+        self.waiting = Gauge(names.GATEWAY_REQUESTS_WAITING,
+                             "Requests held because the service has no ready replica (at zero, or starting)",
+                             SERVICE, registry=r)
+        self.hold = Histogram(names.GATEWAY_HOLD_DURATION,
+                              "Seconds a held request waited for a ready replica (a cold start, seen by a client)",
+                              SERVICE, buckets=HOLD_BUCKETS, registry=r)
+        self.in_flight = Gauge(names.GATEWAY_REQUESTS_IN_FLIGHT, "Requests being answered now, held ones included",
+                               SERVICE, registry=r)
+        self.last_request = Gauge(names.GATEWAY_LAST_REQUEST,
+                                  "Unix time of the service's latest request at this gateway (the idle signal)",
+                                  SERVICE, registry=r)
+
+    def service_seen(self, namespace: str, service: str) -> None:
+        """Series a dashboard or the autoscaler reads exist at zero from the service's first appearance."""
+        self.waiting.labels(namespace, service)
+        self.in_flight.labels(namespace, service)
+        for decision in names.GATEWAY_ROUTING_DECISION_KINDS:
+            self.decisions.labels(namespace, service, decision)

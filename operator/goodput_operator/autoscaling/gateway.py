@@ -1,0 +1,95 @@
+"""What the gateway pods know of each service: requests held while it is at zero, and its last request.
+
+The gateway pods are the ready endpoints of the `goodput-gateway` Service in the operator's
+namespace (or the URLs in GATEWAY_URL). Held requests are summed over them and the last
+request time is the latest any of them saw. A gateway whose /metrics cannot be read is left
+out; with none readable the reading is None, and nothing wakes or idles on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from goodput_contract.metrics import GATEWAY_LAST_REQUEST, GATEWAY_REQUESTS_WAITING
+from goodput_operator.autoscaling.sources import SCRAPE_TIMEOUT_SECONDS, endpoint_slice_version, service_endpoints
+from goodput_operator.k8s import Kube
+
+logger = logging.getLogger(__name__)
+GATEWAY_SERVICE = "goodput-gateway"
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class GatewayView:
+    held: int = 0
+    last_request: float | None = None  # unix seconds
+
+
+def parse_gateway_metrics(text: str) -> dict[Key, GatewayView]:
+    views: dict[Key, GatewayView] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in (GATEWAY_REQUESTS_WAITING, GATEWAY_LAST_REQUEST):
+            continue
+        for sample in family.samples:
+            key = (sample.labels.get("namespace", ""), sample.labels.get("service", ""))
+            view = views.get(key, GatewayView())
+            if family.name == GATEWAY_REQUESTS_WAITING:
+                view = GatewayView(view.held + round(sample.value), view.last_request)
+            else:
+                view = GatewayView(view.held, sample.value)
+            views[key] = view
+    return views
+
+
+def merge(readings: list[dict[Key, GatewayView]]) -> dict[Key, GatewayView]:
+    merged: dict[Key, GatewayView] = {}
+    for reading in readings:
+        for key, view in reading.items():
+            old = merged.get(key, GatewayView())
+            times = [t for t in (old.last_request, view.last_request) if t is not None]
+            merged[key] = GatewayView(old.held + view.held, max(times) if times else None)
+    return merged
+
+
+class GatewayReader:
+    def __init__(self, kube: Kube, namespace: str, urls: tuple[str, ...] = ()) -> None:
+        self.kube, self.namespace, self.urls = kube, namespace, urls
+        self._slice_version: str | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def _targets(self) -> tuple[str, ...]:
+        if self.urls:
+            return tuple(u.rstrip("/") + "/metrics" for u in self.urls)
+        if self._slice_version is None:
+            self._slice_version = await endpoint_slice_version(self.kube)
+        return (await service_endpoints(self.kube, self._slice_version, self.namespace, GATEWAY_SERVICE)).ready
+
+    async def _scrape(self, url: str) -> dict[Key, GatewayView]:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS))
+        async with self._session.get(url) as response:
+            response.raise_for_status()
+            return parse_gateway_metrics(await response.text())
+
+    async def read(self) -> dict[Key, GatewayView] | None:
+        """Every service's view across the gateway pods; None when no gateway could be read."""
+        try:
+            targets = await self._targets()
+        except Exception as err:
+            logger.warning("Finding the gateway pods failed: %s", err)
+            return None
+        results = await asyncio.gather(*(self._scrape(u) for u in targets), return_exceptions=True)
+        readings = [r for r in results if isinstance(r, dict)]
+        if not readings:
+            return None
+        return merge(readings)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()

@@ -1,0 +1,122 @@
+"""The gateway tier: a real `python -m goodput_gateway` process discovering real runtime processes.
+
+There is no kubelet in the test cluster, so the tests publish each runtime process as an
+EndpointSlice endpoint themselves, labelled as the EndpointSlice controller labels a
+Service's slices (it copies the Service's labels, the operator's included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from autoscaling_helpers import host_address, slice_path, slice_version
+from harness import ROOT, Cluster, wait_for
+from helpers import stop_process
+from live_pods import Pod
+
+SERVICE_LABEL = "serving.goodput.dev/service"
+
+
+def tiny_spec(served_name: str = "tiny", **extra: Any) -> dict[str, Any]:
+    return {"model": {"source": "file:///models/tiny", "servedName": served_name},
+            "resources": {"gpu": 0, "memory": "2Gi"}, **extra}
+
+
+def publish(cluster: Cluster, namespace: str, service: str, pod: str, port: int, ready: bool = True,
+            terminating: bool = False, address: str | None = None) -> None:
+    """What the EndpointSlice controller writes for one pod of the service (create or replace)."""
+    conditions = {"ready": ready, **({"terminating": True} if terminating else {})}
+    if terminating and slice_version(cluster).endswith("v1beta1"):
+        conditions = {"ready": False}  # 1.20's v1beta1 has the terminating condition behind a feature gate
+    body: dict[str, Any] = {
+        "apiVersion": slice_version(cluster), "kind": "EndpointSlice",
+        "metadata": {"name": f"{service}-{pod}", "labels": {
+            "kubernetes.io/service-name": service, SERVICE_LABEL: service,
+            "endpointslice.kubernetes.io/managed-by": "goodput-tests"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [address or host_address()], "conditions": conditions}],
+    }
+    path = slice_path(cluster, namespace, f"{service}-{pod}")
+    live = cluster.get_or_none(cluster.raw, "GET", path)
+    if live is None:
+        cluster.raw("POST", slice_path(cluster, namespace), body)
+    else:
+        body["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
+        cluster.raw("PUT", path, body)
+
+
+def unpublish(cluster: Cluster, namespace: str, service: str, pod: str) -> None:
+    cluster.get_or_none(cluster.raw, "DELETE", slice_path(cluster, namespace, f"{service}-{pod}"))
+
+
+def start_replica(name: str, model_dir: Path, log_dir: Path, *flags: str) -> Pod:
+    return Pod(name, model_dir, log_dir / f"{name}.log", flags)
+
+
+def wait_ready(*pods: Pod, timeout: float = 180) -> None:
+    for pod in pods:
+        wait_for(lambda p=pod: p.poll_ready() or p.process.poll() is not None, timeout, f"runtime {pod.name}")
+        assert pod.process.poll() is None, pod.log_path.read_text()[-3000:]
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """The sum of a series' samples at url/metrics whose labels include `labels`."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not (line.startswith(name + "{") or line.startswith(name + " ")):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+class GatewayProcess:
+    """`python -m goodput_gateway` as its own process, logging to a file."""
+
+    def __init__(self, kubeconfig: Path, log: Path, *args: str) -> None:
+        self.kubeconfig, self.log_path, self.args = kubeconfig, log, args
+        self.process: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self) -> GatewayProcess:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen([sys.executable, "-m", "goodput_gateway", "--port", "0", *self.args],
+                                        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+        def listening() -> bool:
+            match = re.search(r"Listening on http://[^:]+:(\d+)", self.log())
+            if match:
+                self.url = f"http://127.0.0.1:{match[1]}"
+            return bool(match) or self.process.poll() is not None  # type: ignore[union-attr]
+
+        wait_for(listening, 60, "the gateway to listen")
+        assert self.process.poll() is None, self.log()[-4000:]
+        wait_for(lambda: urllib.request.urlopen(self.url + "/health", timeout=2).status == 200, 30,
+                 "the gateway to read the cluster")
+        return self
+
+    def stop(self) -> None:
+        if self.process:
+            stop_process(self.process, timeout=10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def models(self) -> list[dict[str, Any]]:
+        data: list[dict[str, Any]] = json.loads(urllib.request.urlopen(self.url + "/v1/models", timeout=5).read())[
+            "data"]
+        return data
+
+    def metric(self, name: str, **labels: str) -> float:
+        return metric(self.url, name, **labels)
