@@ -233,3 +233,13 @@ def test_the_rate_is_smoothed_but_a_change_beyond_the_noise_is_taken_at_once():
     surge = decide(POLICY, Observation(1000.0, 2, 2, met(12.0, attainment_long=0.9)), memory)
     assert surge.memory.level == 12.0
     assert (surge.desired, surge.cause) == (4, "capacity")
+
+
+def test_one_idle_replica_goes_to_zero_though_the_smoothed_rate_still_remembers_traffic():
+    """A few requests, then silence: the slowly smoothed rate is not zero yet, and no capacity was learnt,
+    but idleness alone decides 1 → 0."""
+    zero = Policy(min_replicas=0, max_replicas=3, idle_period=600)
+    idle = Signals(0.0, attainment=None)
+    memory = Memory(level=0.4, seen_at=90.0, idle_since=50.0, high_since=0.0)
+    decision = decide(zero, Observation(100.0, 1, 1, idle, last_request_age=650.0), memory)
+    assert (decision.desired, decision.cause) == (0, "idle"), decision.reason

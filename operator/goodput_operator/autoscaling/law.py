@@ -308,6 +308,8 @@ def decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
                         f"{starting} replicas starting; " + slo_miss_text(policy, s),
                         replace(memory, high_since=obs.now))
     fewer = current - 1
+    if current == 1:  # one replica: only idleness (its own, or the gateway's) takes it to zero
+        return _scale_down(policy, obs, s, memory, 0.0)
     if mu is None or max(level, ahead) > fewer * planned_load(mu, fewer, util) * (1 - TOLERANCE):
         return Decision(current, HOLD, "steady", f"{current} replicas fit "
                         f"arrival {level:.2f} req/s", replace(memory, high_since=obs.now))
