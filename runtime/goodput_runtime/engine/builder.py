@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from goodput_runtime import models
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.cpu import pick_threads
 from goodput_runtime.engine import attention, parallel
@@ -114,12 +115,13 @@ def load_for_rank(config: EngineConfig, model_dir: Path, rank: int = 0, world: i
             log.info("CPU forward passes use %d intra-op threads per rank (%s)", choice.threads, choice.reason)
     attn_implementation = attention.register()  # every rank, rank 0 and the followers, loads through here
     if world == 1:
-        model = load_model(model_dir, dtype, device, attn_implementation)
+        model = models.choose(load_model(model_dir, dtype, device, attn_implementation), config.model_impl)
     else:
         device = parallel.rank_device(device, rank)
         assert port is not None
         parallel.init_group(rank, world, port, device)
         model = load_model(model_dir, dtype, torch.device("cpu"), attn_implementation)
+        model = models.choose(model, config.model_impl, world)  # transformers' modules: they shard
         parallel.shard_model(model, rank, world)
         model = model.to(device)
     quantize_model(model, config.quantization, device, config.quantize_lm_head)
