@@ -85,3 +85,13 @@ def test_int8_quantization_applies_to_the_fused_projections(tiny_model_dir):
     cases = workload(seed=5, n=6)
     # per-output-channel scales: the fused weight quantizes row by row exactly as the separate ones
     assert run_all(core, cases) == run_all(generic, cases)
+
+
+@pytest.mark.slow
+def test_compiled_layers_give_transformers_greedy_tokens(tiny_model_dir):
+    config = small_config(tiny_model_dir, blocks=200)
+    config.compile = True
+    core = build_core(config)  # compiles and warms up here
+    assert all(layer.compiled is not None for layer in core.runner.model.model.layers)
+    cases = workload(seed=7, n=8)
+    assert run_all(core, cases) == reference(tiny_model_dir, cases)

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,20 @@ def size_kv_cache(config: EngineConfig, device: torch.device, model_config, dtyp
     return num_blocks
 
 
+def compile_layers(runner: ModelRunner, device: torch.device) -> None:
+    """torch.compile the compact modules' layers and compile them now, with a one-token and a
+    two-token step, so no request waits for it."""
+    model = runner.model
+    reason = "the model runs on transformers' modules" if not hasattr(model, "compile_layers") else (
+        "only on CPU" if device.type != "cpu" else model.compile_layers())
+    if reason is not None:
+        log.info("--compile left off: %s", reason)
+        return
+    started = time.monotonic()
+    runner.warm_up()
+    log.info("compiled the decoder layers in %.1f s", time.monotonic() - started)
+
+
 def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> EngineCore:
     model_dir = resolve_model_path(config.model, config.revision)
     check_architecture(model_dir)
@@ -184,6 +199,8 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
     scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
                           frozenset(eos))
     runner = ModelRunner(model, num_blocks, config.block_size, config.seed, world)
+    if config.compile:
+        compile_layers(runner, device)
     if followers is not None:
         parallel.broadcast(num_blocks)
         runner.broadcast = parallel.broadcast

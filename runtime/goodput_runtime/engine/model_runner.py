@@ -124,6 +124,14 @@ class ModelRunner:
                                    max_tokens=self.scratch_block * self.block_size, min_width=min_width)
         self.graphs.capture()
 
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """A one-token and a two-token step into the scratch block (no sequence's cache is touched),
+        so whatever is compiled lazily is compiled before the first request."""
+        table = [self.scratch_block, self.scratch_block]
+        for n in (1, 2):
+            self.execute([StepItem([0] * n, 0, table, True)])
+
     def _decode_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
         return self.model(input_ids=input_ids, position_ids=positions, paged=batch, logits_to_keep=0,
                           use_cache=False).logits[0]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from goodput_runtime.engine.attention import PagedBatch, attend
@@ -50,19 +51,22 @@ def fuse(linears: list[nn.Linear]) -> nn.Linear:
     return fused
 
 
-class RMSNorm(nn.Module):
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' LlamaRMSNorm: computed in float32, scaled in the model's dtype."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
 
+
+class RMSNorm(nn.Module):
     def __init__(self, weight: torch.Tensor, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight.detach(), requires_grad=False)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -70,6 +74,27 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def pre_attention(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, qkv_weight: torch.Tensor,
+                  qkv_bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
+                  head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer up to its attention, as one function of its weights (what ``torch.compile`` fuses):
+    the input norm, the fused projection and the rotary embedding; q [T, H, D], k and v [T, KVH, D]."""
+    qkv = F.linear(rms_norm(h, norm_weight, eps), qkv_weight, qkv_bias)
+    qk_width = (heads + kv_heads) * head_dim
+    qk = rotate(qkv[:, :qk_width].reshape(-1, heads + kv_heads, head_dim), cos, sin)
+    return qk[:, :heads], qk[:, heads:], qkv[:, qk_width:].reshape(-1, kv_heads, head_dim)
+
+
+def post_attention(h: torch.Tensor, attn: torch.Tensor, o_weight: torch.Tensor, o_bias: torch.Tensor | None,
+                   norm_weight: torch.Tensor, eps: float, gate_up_weight: torch.Tensor,
+                   gate_up_bias: torch.Tensor | None, down_weight: torch.Tensor, down_bias: torch.Tensor | None,
+                   intermediate: int) -> torch.Tensor:
+    """A layer after its attention: the output projection and residual, then the SiLU MLP block."""
+    h = h + F.linear(attn, o_weight, o_bias)
+    gate_up = F.linear(rms_norm(h, norm_weight, eps), gate_up_weight, gate_up_bias)
+    return h + F.linear(F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:], down_weight, down_bias)
 
 
 class Attention(nn.Module):
@@ -118,10 +143,21 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(source.input_layernorm.weight, source.input_layernorm.variance_epsilon)
         self.post_attention_layernorm = RMSNorm(source.post_attention_layernorm.weight,
                                                 source.post_attention_layernorm.variance_epsilon)
+        self.compiled: tuple[Any, Any] | None = None  # compiled pre_attention and post_attention
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        if self.compiled is None:
+            h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch)
+            return h + self.mlp(self.post_attention_layernorm(h))
+        pre, post = self.compiled
+        a, mlp = self.self_attn, self.mlp
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        q, k, v = pre(h, norm1.weight, norm1.eps, a.qkv_proj.weight, a.qkv_proj.bias, cos, sin, a.heads, a.kv_heads,
+                      a.head_dim)
+        out = attend(batch, a.layer_idx, q, k, v, a.scaling, a.sliding_window)
+        return post(h, out.reshape(out.shape[0], -1), a.o_proj.weight, a.o_proj.bias, norm2.weight, norm2.eps,
+                    mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, mlp.down_proj.weight, mlp.down_proj.bias,
+                    mlp.intermediate)
 
 
 class Decoder(nn.Module):
@@ -155,6 +191,23 @@ class CausalLM(nn.Module):
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
+
+    def compile_layers(self) -> str | None:
+        """Run every decoder layer's work around its attention through ``torch.compile`` (inductor):
+        the two functions are compiled once for all layers, with the step's token count dynamic, so
+        at most two graphs each (one token, and any other count). None when done, else why not."""
+        if getattr(self.config, "hidden_act", "silu") != "silu":
+            return f"activation {self.config.hidden_act}"
+        layers: list[Any] = list(self.model.layers)
+        for layer in layers:
+            linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+            if any(type(lin) is not nn.Linear for lin in linears):
+                return "quantized projections"
+        pre = torch.compile(pre_attention, dynamic=True)
+        post = torch.compile(post_attention, dynamic=True)
+        for layer in layers:
+            layer.compiled = (pre, post)
+        return None
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, paged: PagedBatch,
                 logits_to_keep: int | torch.Tensor = 0, **_: Any) -> CausalLMOutput:
