@@ -170,6 +170,12 @@ def build_parser() -> ReasonedArgumentParser:
                              "mean over every token (default: last, as for every decoder-only causal LM)")
     engine.add_argument("--enforce-eager", action="store_true",
                         help="on GPU, run decode steps eagerly instead of replaying captured CUDA graphs")
+    engine.add_argument("--model-impl", default=default("model_impl"), choices=["auto", "transformers"],
+                        help="auto: the runtime's compact modules for Llama, Mistral and Qwen2 (fused projections), "
+                             "transformers' modules for the rest; transformers: transformers' modules always")
+    engine.add_argument("--compile", action="store_true", default=default("compile"),
+                        help="on CPU, compile the compact modules' decoder layers with torch.compile (inductor) "
+                             "and warm them up at start")
     serving = p.add_argument_group("serving")
     serving.add_argument("--host", default="0.0.0.0")
     serving.add_argument("--port", type=port_number, default=8000, help="0 picks a free port")

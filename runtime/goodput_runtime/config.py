@@ -25,6 +25,8 @@ class EngineConfig:
     quantization: str = "none"  # none | int8 (weight-only) | int8-w8a8 | fp8
     quantize_lm_head: bool = False
     enforce_eager: bool = False  # on GPU: no CUDA graphs for decode steps
+    model_impl: str = "auto"  # auto: the runtime's compact modules where they apply | transformers
+    compile: bool = False  # on CPU: torch.compile the compact modules' decoder layers, warmed up at start
     pooling: str | None = None  # embeddings: last | mean; None: the model's default (last for causal LMs)
     num_threads: int | None = None  # CPU intra-op threads per rank; None: from the container's CPU limit
 

@@ -1,10 +1,15 @@
-"""Paged attention behind transformers' attention interface.
+"""Paged attention: the step's keys and values into the paged cache, each sequence attended to its context.
 
-transformers' model code projects queries, keys and values and applies rotary embeddings;
-the function ``register()`` installs takes over from there: it writes the step's keys and values
-into the paged cache and attends each sequence to its own context. The step is one flat
-row of tokens: single-token decodes first (attended as one padded batch), then prefill
-chunks (each attended on its own, causally, after its cached context).
+``attend`` does the work for one layer, on a step's queries, keys and values after the rotary
+embedding. The runtime's own model modules (``goodput_runtime.models``) call it directly;
+for the architectures served through transformers' model code, ``register()`` installs it
+behind transformers' attention interface. The step is one flat row of tokens: single-token
+decodes first (attended as padded batches of similar context lengths), then prefill chunks
+(each attended on its own, causally, after its cached context).
+
+A decode batch reads its context from the cache whole blocks at a time: one ``index_select``
+of block rows (a few KiB each) per layer for keys and one for values, rather than one row per
+cached token.
 """
 
 from __future__ import annotations
@@ -37,9 +42,13 @@ class DecodeGroup:
     """Single-token decodes of similar context length, attended as one padded batch."""
 
     rows: slice
-    slots: torch.Tensor  # [B * L] context slots, each row padded to L
+    blocks: torch.Tensor  # [B, L / block_size] cache blocks of each row's context, padded with any block
     lens: torch.Tensor  # [B] context length including the new token
-    width: int  # L
+    block_size: int
+
+    @property
+    def width(self) -> int:  # L: the padded context, whole blocks
+        return self.blocks.shape[1] * self.block_size
 
 
 @dataclass
@@ -92,39 +101,59 @@ def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return torch.index_select(cache, 0, slots)
 
 
+def gather_blocks(cache: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
+    """[B, KVH, L, D]: each row's context, read from the cache a block at a time."""
+    b = group.blocks.shape[0]
+    kv_heads, head_dim = cache.shape[1], cache.shape[2]
+    blocks = cache.view(-1, group.block_size * kv_heads * head_dim)
+    rows = torch.index_select(blocks, 0, group.blocks.reshape(-1))
+    return rows.view(b, group.width, kv_heads, head_dim).transpose(1, 2)
+
+
+def attend(batch: PagedBatch, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+           scaling: float | None = None, sliding_window: int | None = None) -> torch.Tensor:
+    """One layer's attention for the step: query [T, H, D], key and value [T, KVH, D] of the step's
+    new tokens (written into the cache here); returns [T, H, D]."""
+    k_cache, v_cache = batch.cache.keys[layer], batch.cache.values[layer]
+    k_cache.index_copy_(0, batch.slot_mapping, key)
+    v_cache.index_copy_(0, batch.slot_mapping, value)
+    gqa = query.shape[1] != key.shape[1]
+    if len(batch.decodes) == 1 and not batch.prefills:
+        # a decode-only step in one batch: no output buffer to copy into
+        group = batch.decodes[0]
+        o = F.scaled_dot_product_attention(query.unsqueeze(2), gather_blocks(k_cache, group),
+                                           gather_blocks(v_cache, group),
+                                           attn_mask=batch.decode_mask(0, sliding_window), scale=scaling,
+                                           enable_gqa=gqa)
+        return o.squeeze(2)
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    for i, group in enumerate(batch.decodes):
+        q = query[group.rows].unsqueeze(2)  # [B, H, 1, D]
+        o = F.scaled_dot_product_attention(q, gather_blocks(k_cache, group), gather_blocks(v_cache, group),
+                                           attn_mask=batch.decode_mask(i, sliding_window), scale=scaling,
+                                           enable_gqa=gqa)
+        out[group.rows] = o.squeeze(2)
+    for i, chunk in enumerate(batch.prefills):
+        q = query[chunk.rows].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+        if chunk.slots is None:
+            k, v = key[chunk.rows], value[chunk.rows]
+        else:
+            k, v = gather(k_cache, chunk.slots), gather(v_cache, chunk.slots)  # [start + n, KVH, D]
+        mask = batch.prefill_mask(i, sliding_window)
+        o = F.scaled_dot_product_attention(q, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
+                                           attn_mask=mask, is_causal=mask is None, scale=scaling, enable_gqa=gqa)
+        out[chunk.rows] = o[0].transpose(0, 1)
+    return out
+
+
 def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor | None, scaling: float | None = None,
                     dropout: float = 0.0, sliding_window: int | None = None, **kwargs):
-    # query: [1, H, T, D]; key, value: [1, KVH, T, D] for the step's new tokens only
-    batch: PagedBatch = kwargs["paged"]
-    layer: int = module.layer_idx  # type: ignore[assignment]
-    k_cache, v_cache = batch.cache.keys[layer], batch.cache.values[layer]
-    k_cache.index_copy_(0, batch.slot_mapping, key[0].transpose(0, 1))
-    v_cache.index_copy_(0, batch.slot_mapping, value[0].transpose(0, 1))
-    kv_heads, head_dim = key.shape[1], key.shape[3]
-    gqa = query.shape[1] != kv_heads
-    out = torch.empty(query.shape[2], query.shape[1], head_dim, dtype=query.dtype, device=query.device)
-
-    for i, group in enumerate(batch.decodes):
-        b = group.rows.stop - group.rows.start
-        q = query[0, :, group.rows].transpose(0, 1).unsqueeze(2)  # [B, H, 1, D]
-        k = gather(k_cache, group.slots).view(b, group.width, kv_heads, head_dim).transpose(1, 2)  # [B, KVH, L, D]
-        v = gather(v_cache, group.slots).view(b, group.width, kv_heads, head_dim).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.decode_mask(i, sliding_window),
-                                           scale=scaling, enable_gqa=gqa)
-        out[group.rows] = o.squeeze(2)
-    for i, chunk in enumerate(batch.prefills):
-        q = query[:, :, chunk.rows]  # [1, H, n, D]
-        if chunk.slots is None:
-            k, v = key[:, :, chunk.rows], value[:, :, chunk.rows]
-        else:
-            k = gather(k_cache, chunk.slots).transpose(0, 1).unsqueeze(0)  # [1, KVH, start + n, D]
-            v = gather(v_cache, chunk.slots).transpose(0, 1).unsqueeze(0)
-        mask = batch.prefill_mask(i, sliding_window)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                           scale=scaling, enable_gqa=gqa)
-        out[chunk.rows] = o[0].transpose(0, 1)
-    return out.unsqueeze(0), None  # [1, T, H, D]
+    """transformers' attention interface: query [1, H, T, D]; key, value [1, KVH, T, D] of the step's
+    new tokens only; returns [1, T, H, D]."""
+    out = attend(kwargs["paged"], module.layer_idx, query[0].transpose(0, 1), key[0].transpose(0, 1),  # type: ignore[arg-type]
+                 value[0].transpose(0, 1), scaling, sliding_window)
+    return out.unsqueeze(0), None
 
 
 def register() -> str:

@@ -6,11 +6,13 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from goodput_runtime import models
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.cpu import pick_threads
 from goodput_runtime.engine import attention, parallel
@@ -114,12 +116,13 @@ def load_for_rank(config: EngineConfig, model_dir: Path, rank: int = 0, world: i
             log.info("CPU forward passes use %d intra-op threads per rank (%s)", choice.threads, choice.reason)
     attn_implementation = attention.register()  # every rank, rank 0 and the followers, loads through here
     if world == 1:
-        model = load_model(model_dir, dtype, device, attn_implementation)
+        model = models.choose(load_model(model_dir, dtype, device, attn_implementation), config.model_impl)
     else:
         device = parallel.rank_device(device, rank)
         assert port is not None
         parallel.init_group(rank, world, port, device)
         model = load_model(model_dir, dtype, torch.device("cpu"), attn_implementation)
+        model = models.choose(model, config.model_impl, world)  # transformers' modules: they shard
         parallel.shard_model(model, rank, world)
         model = model.to(device)
     quantize_model(model, config.quantization, device, config.quantize_lm_head)
@@ -149,6 +152,20 @@ def size_kv_cache(config: EngineConfig, device: torch.device, model_config, dtyp
              layout.bytes_per_token() * world, f", split over {world} ranks" if world > 1 else "",
              tokens / max_model_len, max_model_len)
     return num_blocks
+
+
+def compile_layers(runner: ModelRunner, device: torch.device) -> None:
+    """torch.compile the compact modules' layers and compile them now, with a one-token and a
+    two-token step, so no request waits for it."""
+    model = runner.model
+    reason = "the model runs on transformers' modules" if not hasattr(model, "compile_layers") else (
+        "only on CPU" if device.type != "cpu" else model.compile_layers())
+    if reason is not None:
+        log.info("--compile left off: %s", reason)
+        return
+    started = time.monotonic()
+    runner.warm_up()
+    log.info("compiled the decoder layers in %.1f s", time.monotonic() - started)
 
 
 def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> EngineCore:
@@ -182,6 +199,8 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
     scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
                           frozenset(eos))
     runner = ModelRunner(model, num_blocks, config.block_size, config.seed, world)
+    if config.compile:
+        compile_layers(runner, device)
     if followers is not None:
         parallel.broadcast(num_blocks)
         runner.broadcast = parallel.broadcast

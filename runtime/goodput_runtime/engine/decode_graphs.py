@@ -91,7 +91,6 @@ class DecodeGraphs:
         self.slot_mapping = torch.full((b,), scratch_slot, dtype=torch.long, device=device)
         self.block_tables = torch.full((b, blocks), scratch_block, dtype=torch.long, device=device)
         self.lens = torch.ones(b, dtype=torch.long, device=device)
-        self.offsets = torch.arange(block_size, device=device)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool: Any = None  # the memory pool all captured graphs share
         self.replays = 0  # decode steps served from this path
@@ -109,8 +108,7 @@ class DecodeGraphs:
 
     def _batch(self, shape: Shape) -> PagedBatch:
         b, blocks = shape.batch, shape.width // self.block_size
-        slots = (self.block_tables[:b, :blocks, None] * self.block_size + self.offsets).reshape(-1)
-        group = DecodeGroup(slice(0, b), slots, self.lens[:b], shape.width)
+        group = DecodeGroup(slice(0, b), self.block_tables[:b, :blocks], self.lens[:b], self.block_size)
         return PagedBatch(self.cache, self.slot_mapping[:b], decodes=[group])
 
     def _run(self, shape: Shape) -> torch.Tensor:

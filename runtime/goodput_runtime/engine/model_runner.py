@@ -124,6 +124,14 @@ class ModelRunner:
                                    max_tokens=self.scratch_block * self.block_size, min_width=min_width)
         self.graphs.capture()
 
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """A one-token and a two-token step into the scratch block (no sequence's cache is touched),
+        so whatever is compiled lazily is compiled before the first request."""
+        table = [self.scratch_block, self.scratch_block]
+        for n in (1, 2):
+            self.execute([StepItem([0] * n, 0, table, True)])
+
     def _decode_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
         return self.model(input_ids=input_ids, position_ids=positions, paged=batch, logits_to_keep=0,
                           use_cache=False).logits[0]
@@ -271,12 +279,15 @@ class ModelRunner:
                     [i.block_table for i in items], [i.context_len for i in items], shape)
         return graphs.run(shape, len(items)).float()
 
+    def _context_blocks(self, tables: list[list[int]], width: int) -> torch.Tensor:
+        """[B, blocks] the blocks holding the first `width` positions of each block table (padded with 0)."""
+        blocks = -(-width // self.block_size)
+        return torch.tensor([t[:blocks] + [0] * (blocks - len(t[:blocks])) for t in tables], device=self.device)
+
     def _context_slots(self, tables: list[list[int]], width: int) -> torch.Tensor:
         """[B * width] cache slots of the first `width` positions of each block table."""
         bs = self.block_size
-        blocks = -(-width // bs)
-        padded = torch.tensor([t[:blocks] + [0] * (blocks - len(t[:blocks])) for t in tables], device=self.device)
-        slots = padded[:, :, None] * bs + torch.arange(bs, device=self.device)
+        slots = self._context_blocks(tables, width)[:, :, None] * bs + torch.arange(bs, device=self.device)
         return slots.view(len(tables), -1)[:, :width].reshape(-1)
 
     def _prepare(self, items: list[StepItem]):
@@ -308,8 +319,8 @@ class ModelRunner:
                 last += 1
             group = decodes[first:last]
             lens = torch.tensor([item.context_len for item in group], device=self.device)
-            context = self._context_slots([item.block_table for item in group], width)
-            batch.decodes.append(DecodeGroup(slice(first, last), context, lens, width))
+            context = self._context_blocks([item.block_table for item in group], width)
+            batch.decodes.append(DecodeGroup(slice(first, last), context, lens, self.block_size))
             first = last
         return (torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device),
                 batch, sample_rows)

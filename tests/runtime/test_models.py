@@ -1,0 +1,97 @@
+"""The runtime's compact model modules: they serve Llama, Qwen2 and Mistral by default, give
+transformers' greedy tokens and logits, keep quantization working, and step aside when asked."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from test_engine_greedy import reference, run_all, small_config, workload
+
+from goodput_runtime.engine.builder import build_core
+from goodput_runtime.engine.model_runner import StepItem
+from goodput_runtime.models.llama import CausalLM
+from goodput_runtime.quantization import QuantizedLinear
+
+pytestmark = pytest.mark.runtime
+
+
+def mistral_dir(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """The tiny Llama's weights as a Mistral with a sliding window shorter than the prompts."""
+    model_dir = tmp_path / "mistral"
+    shutil.copytree(tiny_model_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=8)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    return model_dir
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+def test_compact_modules_serve_by_default_and_give_transformers_greedy_tokens(arch, tiny_model_dir, tiny_qwen2_dir,
+                                                                             tmp_path):
+    model_dir = {"llama": tiny_model_dir, "qwen2": tiny_qwen2_dir}.get(arch) or mistral_dir(tiny_model_dir, tmp_path)
+    cases = workload(seed=3, n=8)
+    expected = reference(model_dir, cases)
+    compact = build_core(small_config(model_dir, blocks=200))
+    assert isinstance(compact.runner.model, CausalLM)
+    assert run_all(compact, cases) == expected
+    config = small_config(model_dir, blocks=200)
+    config.model_impl = "transformers"
+    generic = build_core(config)
+    assert not isinstance(generic.runner.model, CausalLM)
+    assert run_all(generic, cases) == expected
+
+
+def mixed_step() -> list[StepItem]:
+    """One step (blocks of 4) holding a decode, a whole prompt and a prompt chunk after cached context."""
+    return [
+        StepItem([7], 9, [0, 1, 2], True),  # decode at position 9
+        StepItem(list(range(20, 31)), 0, [3, 4, 5], True),  # a whole 11-token prompt
+        StepItem(list(range(40, 46)), 5, [6, 7, 8], True),  # a chunk after 5 cached tokens
+    ]
+
+
+def test_compact_logits_equal_transformers_on_a_mixed_step(tiny_model_dir):
+    cores = []
+    for impl in ("auto", "transformers"):
+        config = small_config(tiny_model_dir, blocks=40)
+        config.model_impl = impl
+        cores.append(build_core(config))
+    outputs = []
+    for core in cores:
+        # the same cached context in both: a first step fills positions 0-8 and 0-4 of two sequences
+        core.runner.execute([StepItem(list(range(100, 109)), 0, [0, 1, 2], False),
+                             StepItem(list(range(50, 55)), 0, [6, 7, 8], False)])
+        outputs.append(core.runner.execute(mixed_step()))
+    compact, generic = outputs
+    assert compact.shape == generic.shape == (3, generic.shape[1])
+    torch.testing.assert_close(compact, generic, rtol=1e-4, atol=1e-4)
+    assert compact.argmax(-1).tolist() == generic.argmax(-1).tolist()
+
+
+def test_int8_quantization_applies_to_the_fused_projections(tiny_model_dir):
+    config = small_config(tiny_model_dir, blocks=200)
+    config.quantization = "int8"
+    core = build_core(config)
+    layer = core.runner.model.model.layers[0]
+    assert isinstance(core.runner.model, CausalLM)
+    assert isinstance(layer.self_attn.qkv_proj, QuantizedLinear)
+    assert isinstance(layer.mlp.gate_up_proj, QuantizedLinear)
+    config.model_impl = "transformers"
+    generic = build_core(config)
+    cases = workload(seed=5, n=6)
+    # per-output-channel scales: the fused weight quantizes row by row exactly as the separate ones
+    assert run_all(core, cases) == run_all(generic, cases)
+
+
+@pytest.mark.slow
+def test_compiled_layers_give_transformers_greedy_tokens(tiny_model_dir):
+    config = small_config(tiny_model_dir, blocks=200)
+    config.compile = True
+    core = build_core(config)  # compiles and warms up here
+    assert all(layer.compiled is not None for layer in core.runner.model.model.layers)
+    cases = workload(seed=7, n=8)
+    assert run_all(core, cases) == reference(tiny_model_dir, cases)
