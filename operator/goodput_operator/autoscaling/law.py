@@ -48,7 +48,6 @@ class Policy:
     ttft_target: float | None = None  # seconds; for the reason text
     tpot_target: float | None = None
     target_utilization: float = 0.8
-    safe_load: float = 0.7  # unused since the plan shrinks its headroom with the count; kept for the configuration
     scale_down_window: float = 300.0  # seconds
     idle_period: float | None = None  # seconds without requests before 1 → 0; needed for minReplicas 0
     startup_seconds: float = 60.0  # pod created → ready: how far ahead the forecast looks
