@@ -79,6 +79,19 @@ def healthy(url: str) -> bool:
         return False
 
 
+def wait_ready(proc: subprocess.Popen, base_url: str, timeout: float, what: str, log_path: Path,
+               every: float) -> None:
+    """Until `base_url`/health answers 200; raises, naming the log, if the process exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while not healthy(base_url + "/health"):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} before ready; see {log_path}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not ready after {timeout:.0f} s; see {log_path}")
+        time.sleep(every)
+    print(f"  {what} ready at {base_url} (log {log_path})", flush=True)
+
+
 @contextmanager
 def start_server(
     model_dir: str, served_name: str, threads: int, extra_args: list[str], log_dir: Path,
@@ -98,14 +111,7 @@ def start_server(
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
         try:
-            deadline = time.monotonic() + ready_timeout_s
-            while not healthy(base_url + "/health"):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {proc.returncode} before ready; see {log_path}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"server not ready after {ready_timeout_s:.0f} s; see {log_path}")
-                time.sleep(0.5)
-            print(f"  server ready at {base_url} (log {log_path})", flush=True)
+            wait_ready(proc, base_url, ready_timeout_s, "server", log_path, every=0.5)
             yield Server(base_url, proc.pid)
         finally:
             if proc.poll() is None:

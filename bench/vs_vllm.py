@@ -32,7 +32,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from bench.serve import default_output, run_load, write_json
-from bench.server_process import REPO, Server, free_port, healthy, kv_cache_bytes, start_server
+from bench.server_process import REPO, Server, free_port, kv_cache_bytes, start_server, wait_ready
 from bench.stats import RequestRecord, summarize
 from bench.workload import WorkItem, WorkloadSpec, describe, make_workload, parse_range, prompt_vocabulary
 
@@ -78,14 +78,7 @@ def start_vllm(python: str, model_dir: str, served_name: str, threads: int, kv_b
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
-            deadline = time.monotonic() + ready_timeout_s
-            while not healthy(base_url + "/health"):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"vLLM exited with {proc.returncode} before ready; see {log_path}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"vLLM not ready after {ready_timeout_s:.0f} s; see {log_path}")
-                time.sleep(1.0)
-            print(f"  vLLM ready at {base_url} (log {log_path})", flush=True)
+            wait_ready(proc, base_url, ready_timeout_s, "vLLM", log_path, every=1.0)
             yield Server(base_url, proc.pid)
         finally:
             for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):

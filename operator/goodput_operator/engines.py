@@ -143,8 +143,9 @@ def _value(value: object) -> str:
     return f"{value:.12g}" if isinstance(value, float) else str(value)
 
 
-def vllm_args(svc: ServiceSpec) -> list[str]:
-    m, e, f = svc.model, svc.engine, VLLM_FLAGS
+def _common_args(svc: ServiceSpec, f: dict[str, str], *more: tuple[str, object]) -> list[str]:
+    """The model, its served name and revision, the address, and every set field both engines map alike."""
+    m, e = svc.model, svc.engine
     args = [f["model.source"], model_path(svc), f["model.servedName"], m.served_name]
     if m.source.scheme == "hf":
         args += [f["model.revision"], m.revision]
@@ -155,12 +156,19 @@ def vllm_args(svc: ServiceSpec) -> list[str]:
         ("engine.maxNumSeqs", e.max_num_seqs),
         ("engine.maxBatchedTokens", e.max_batched_tokens),
         ("engine.gpuMemoryUtilization", e.gpu_memory_utilization),
+        *more,
         ("parallelism.tensor", svc.tensor_parallel),
         ("model.quantization", None if m.quantization == "none" else m.quantization),
     ]
     for field, value in optional:
         if value is not None:
             args += [f[field], _value(value)]
+    return args
+
+
+def vllm_args(svc: ServiceSpec) -> list[str]:
+    e, f = svc.engine, VLLM_FLAGS
+    args = _common_args(svc, f)
     if e.prefix_caching is not None:
         args.append(f["engine.prefixCaching"] if e.prefix_caching else flags.negated(f["engine.prefixCaching"]))
     ttft, tpot = svc.slo.ttft_seconds, svc.slo.tpot_seconds
@@ -213,24 +221,10 @@ SGLANG_QUANTIZATIONS = ("none", "fp8")
 
 
 def sglang_args(svc: ServiceSpec) -> list[str]:
-    m, e, f = svc.model, svc.engine, SGLANG_FLAGS
-    args = [f["model.source"], model_path(svc), f["model.servedName"], m.served_name]
-    if m.source.scheme == "hf":
-        args += [f["model.revision"], m.revision]
-    args += ["--host", "0.0.0.0", "--port", str(RUNTIME_PORT), "--enable-metrics"]
-    optional: list[tuple[str, object]] = [
-        ("model.dtype", m.dtype),
-        ("model.maxModelLen", m.max_model_len),
-        ("engine.maxNumSeqs", e.max_num_seqs),
-        ("engine.maxBatchedTokens", e.max_batched_tokens),
-        ("engine.gpuMemoryUtilization", e.gpu_memory_utilization),
-        ("engine.maxQueue", e.max_queue),
-        ("parallelism.tensor", svc.tensor_parallel),
-        ("model.quantization", None if m.quantization == "none" else m.quantization),
-    ]
-    for field, value in optional:
-        if value is not None:
-            args += [f[field], _value(value)]
+    e, f = svc.engine, SGLANG_FLAGS
+    args = _common_args(svc, f, ("engine.maxQueue", e.max_queue))
+    port = args.index("--port") + 2
+    args[port:port] = ["--enable-metrics"]
     if e.prefix_caching is False:
         args.append(f["engine.prefixCaching"])
     if svc.slo.ttft_seconds is not None:
