@@ -152,7 +152,7 @@ def _dashboard_queries(namespace: str) -> list[tuple[str, str]]:
         for target in panel["targets"]:
             expr = target["expr"]
             if "goodput_gateway_" in expr:
-                continue  # no gateway in this run; test_gateway.py asks those panels
+                continue  # no gateway in this run; tests/operator/test_gateway.py asks those panels
             for name, value in values.items():
                 expr = expr.replace(name, value)
             out.append((f"{panel['title']} / {target['legendFormat']}", expr))
