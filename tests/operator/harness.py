@@ -29,6 +29,24 @@ def wait_for(check: Callable[[], Any], timeout: float = WAIT_SECONDS, what: str 
     return helpers.wait_for(check, timeout, what, every=0.25, ignore=(ApiException, OSError))
 
 
+def service_account_kubeconfig(cluster: Any, manifests: tuple[str, ...], account: str, out: Path) -> Path:
+    """Applies `manifests` (from manifests/) and writes a kubeconfig at `out` that acts as the
+    ServiceAccount goodput-system/`account`, through a token the API server issues for it."""
+    import yaml
+
+    for part in manifests:
+        cluster.kubectl("apply", "-f", str(ROOT / "manifests" / part))
+    token = wait_for(lambda: cluster.core.create_namespaced_service_account_token(
+        account, "goodput-system",
+        {"spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600}},
+    ).status.token, 30, "a ServiceAccount token")
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    config["users"] = [{"name": account, "user": {"token": token}}]
+    config["contexts"][0]["context"]["user"] = account
+    out.write_text(yaml.safe_dump(config))
+    return out
+
+
 @dataclass
 class Cluster:
     dir: Path

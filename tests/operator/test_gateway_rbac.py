@@ -2,9 +2,8 @@
 routes by and nothing more."""
 
 import pytest
-import yaml
 from gateway_helpers import GatewayProcess, publish, tiny_spec
-from harness import ROOT, wait_for
+from harness import service_account_kubeconfig, wait_for
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.gateway]
 
@@ -13,18 +12,8 @@ USER = "system:serviceaccount:goodput-system:goodput-gateway"
 
 @pytest.fixture(scope="module")
 def gateway_kubeconfig(cluster, tmp_path_factory):
-    for part in ("namespace.yaml", "gateway-rbac.yaml"):
-        cluster.kubectl("apply", "-f", str(ROOT / "manifests" / part))
-    token = wait_for(lambda: cluster.core.create_namespaced_service_account_token(
-        "goodput-gateway", "goodput-system",
-        {"spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600}},
-    ).status.token, 30, "a ServiceAccount token")
-    config = yaml.safe_load(cluster.kubeconfig.read_text())
-    config["users"] = [{"name": "goodput-gateway", "user": {"token": token}}]
-    config["contexts"][0]["context"]["user"] = "goodput-gateway"
-    path = tmp_path_factory.mktemp("gateway-sa") / "gateway.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return service_account_kubeconfig(cluster, ("namespace.yaml", "gateway-rbac.yaml"), "goodput-gateway",
+                                      tmp_path_factory.mktemp("gateway-sa") / "gateway.kubeconfig")
 
 
 def test_the_gateway_discovers_services_with_its_own_role(cluster, gateway_kubeconfig, namespace, tmp_path):

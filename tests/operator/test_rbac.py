@@ -1,8 +1,7 @@
 """The operator under its own ServiceAccount, bound by manifests/ RBAC, not as an admin."""
 
 import pytest
-import yaml
-from harness import ROOT, OperatorProcess, wait_for
+from harness import OperatorProcess, service_account_kubeconfig, wait_for
 
 pytestmark = pytest.mark.apiserver
 
@@ -11,18 +10,8 @@ SPEC = {"model": {"source": "file:///models/tiny"}, "resources": {"gpu": 0, "mem
 
 @pytest.fixture(scope="module")
 def operator_kubeconfig(cluster, tmp_path_factory):
-    for part in ("namespace.yaml", "service_account.yaml", "rbac.yaml"):
-        cluster.kubectl("apply", "-f", str(ROOT / "manifests" / part))
-    token = wait_for(lambda: cluster.core.create_namespaced_service_account_token(
-        "goodput-operator", "goodput-system",
-        {"spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600}},
-    ).status.token, 30, "a ServiceAccount token")
-    config = yaml.safe_load(cluster.kubeconfig.read_text())
-    config["users"] = [{"name": "goodput-operator", "user": {"token": token}}]
-    config["contexts"][0]["context"]["user"] = "goodput-operator"
-    path = tmp_path_factory.mktemp("sa") / "operator.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return service_account_kubeconfig(cluster, ("namespace.yaml", "service_account.yaml", "rbac.yaml"),
+                                      "goodput-operator", tmp_path_factory.mktemp("sa") / "operator.kubeconfig")
 
 
 @pytest.fixture(scope="module")
