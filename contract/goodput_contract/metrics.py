@@ -95,3 +95,6 @@ GATEWAY_HOLD_DURATION = PREFIX + "gateway_hold_duration_seconds"  # how long hel
 GATEWAY_REQUESTS_IN_FLIGHT = PREFIX + "gateway_requests_in_flight"
 GATEWAY_LAST_REQUEST = PREFIX + "gateway_last_request_timestamp_seconds"
 GATEWAY_ROUTING_DECISION_KINDS = ("affinity", "overflow", "least_load", "random", "retry")
+# a replica failing before the client got a byte, the request sent on to another: label reason
+GATEWAY_RETRIES = PREFIX + "gateway_retries_total"
+GATEWAY_RETRY_REASONS = ("connect", "reset", "unavailable")  # refused; reset before the body's first byte; 503

@@ -24,6 +24,10 @@ class GatewayMetrics:
                                  "Replica choices: affinity (the prefix's own replica), overflow (it was over the "
                                  "load bound), least_load, random, retry (after a failure before response headers)",
                                  [*SERVICE, "decision"], registry=r)
+        self.retries = Counter(names.GATEWAY_RETRIES,
+                               "Requests sent on to another replica after one failed before the client got a byte: "
+                               "connect (refused), reset (dropped before the body's first byte), unavailable (503)",
+                               [*SERVICE, "reason"], registry=r)
         self.waiting = Gauge(names.GATEWAY_REQUESTS_WAITING,
                              "Requests held because the service has no ready replica (at zero, or starting)",
                              SERVICE, registry=r)
@@ -42,3 +46,5 @@ class GatewayMetrics:
         self.in_flight.labels(namespace, service)
         for decision in names.GATEWAY_ROUTING_DECISION_KINDS:
             self.decisions.labels(namespace, service, decision)
+        for reason in names.GATEWAY_RETRY_REASONS:
+            self.retries.labels(namespace, service, reason)

@@ -1,11 +1,13 @@
 """One request through the gateway: pick a replica, forward, stream the answer back.
 
-A failure before the replica sent response headers (refused or reset connection), or a
-503 from a replica that is loading or draining, is tried again on another replica; the
-failed one sits out `cooldown` seconds. Once headers arrive the response is the client's:
-bytes are copied as they come, each write waiting for the client to take the last
-(backpressure), and a client that goes away closes the upstream connection, so the
-runtime aborts the request and frees its KV blocks.
+A failure before the client got a byte (a refused connection, a connection reset before the
+replica's response headers or between them and the body's first byte), or a 503 from a
+replica that is loading or draining, is tried again on another replica, counted in
+`goodput_gateway_retries_total{reason}`; the failed one sits out `cooldown` seconds. Once
+the first byte has gone to the client the response is the client's: bytes are copied as they
+come, each write waiting for the client to take the last (backpressure), and a client that
+goes away closes the upstream connection, so the runtime aborts the request and frees its
+KV blocks.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ HOP_BY_HOP = frozenset(h.lower() for h in (
 NOT_COPIED_BACK = HOP_BY_HOP - {hdrs.CONTENT_LENGTH.lower()} | {hdrs.SERVER.lower(), hdrs.DATE.lower()}
 RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
              ConnectionResetError)
+FIRST_BYTE_LOST = (*RETRYABLE, aiohttp.ClientPayloadError)
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,11 @@ class Proxy:
             prefix = routing.prefix_key(text, self.settings.chunk_chars, self.settings.prefix_chunks)
         headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP)
         tried: set[str] = set()
-        failure = ""
-        for _attempt in range(self.settings.attempts):
+        failure, reason = "", ""
+        for attempt in range(self.settings.attempts):
+            last = attempt + 1 == self.settings.attempts
+            if reason:
+                self.metrics.retries.labels(*key, reason).inc()
             ready = await self.holds.ready(key, model)
             choice = self.pick(svc, ready, tried, prefix)
             self.metrics.decisions.labels(*key, choice.decision).inc()
@@ -102,29 +108,46 @@ class Proxy:
                                                       headers=headers)
             except RETRYABLE as err:
                 self.outstanding[url] -= 1
-                tried.add(url)
-                self.cooling[url] = time.monotonic() + self.settings.cooldown
-                failure = f"{url}: {err}"
-                logger.info("Retrying a request for %s/%s elsewhere: %s", *key, failure)
+                reason = "connect" if isinstance(err, aiohttp.ClientConnectorError) else "reset"
+                failure = self.failed(key, url, tried, f"{url}: {err}")
                 continue
             except BaseException:
                 self.outstanding[url] -= 1
                 raise
-            if upstream.status == 503 and _attempt + 1 < self.settings.attempts:
+            if upstream.status == 503 and not last:
                 upstream.release()
                 self.outstanding[url] -= 1
-                tried.add(url)
-                self.cooling[url] = time.monotonic() + self.settings.cooldown
-                failure = f"{url}: 503"
+                reason = "unavailable"
+                failure = self.failed(key, url, tried, f"{url}: 503")
                 continue
             try:
-                return await self.stream(request, upstream)
+                try:
+                    first = await upstream.content.readany()
+                except FIRST_BYTE_LOST as err:
+                    # headers came, then the replica went before the body's first byte: the client has
+                    # seen nothing yet, so the request may still go elsewhere
+                    upstream.close()
+                    reason = "reset"
+                    failure = self.failed(key, url, tried, f"{url}: lost before the first byte ({err!r})")
+                    continue
+                except BaseException:
+                    upstream.close()
+                    raise
+                return await self.stream(request, upstream, first)
             finally:
                 self.outstanding[url] -= 1
         raise unavailable(f"No replica of '{model}' answered after {self.settings.attempts} attempts ({failure})",
                           "upstream_unavailable")
 
-    async def stream(self, request: web.Request, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+    def failed(self, key: tuple[str, str], url: str, tried: set[str], failure: str) -> str:
+        """`url` sits out the cooldown and is not tried again for this request."""
+        tried.add(url)
+        self.cooling[url] = time.monotonic() + self.settings.cooldown
+        logger.info("A replica of %s/%s failed before the client got a byte: %s", *key, failure)
+        return failure
+
+    async def stream(self, request: web.Request, upstream: aiohttp.ClientResponse,
+                     first: bytes) -> web.StreamResponse:
         finished = False
         try:
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
@@ -132,6 +155,8 @@ class Proxy:
                 if name.lower() not in NOT_COPIED_BACK:
                     response.headers.add(name, value)
             await response.prepare(request)
+            if first:
+                await response.write(first)
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)  # waits while the client is slow to read
             await response.write_eof()
