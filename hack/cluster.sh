@@ -10,6 +10,10 @@
 #   hack/cluster.sh down [--dir DIR]           stop what `up` started (by PID), remove DIR and,
 #                                              for a node, its containers, network and cgroups
 #   hack/cluster.sh env  [--dir DIR]           print the export lines of a running one
+#   hack/cluster.sh restart NAME [--signal SIG] [--pause S] [--dir DIR]
+#                                              stop one component (etcd, kube-apiserver, kubelet, ...)
+#                                              with SIG (TERM), wait S seconds (0), start it again
+#                                              with the same command line: a fault, for the tests
 #
 # DIR defaults to $GOODPUT_CLUSTER_DIR or .cache/cluster in the repository. `up` is
 # idempotent: a running cluster is reused, a dead or partial one is cleaned away first.
@@ -484,12 +488,35 @@ down() {
   log "down"
 }
 
+# Stops component $1 with signal $2, waits $3 seconds, starts it again with the command line it
+# ran with (read from /proc before it stops), appending to its log, and records its new PID.
+restart_component() {
+  local name="$1" signal="$2" pause="$3" pid
+  pid="$(awk -v n="$name" '$1 == n {print $2}' "$DIR/pids" 2>/dev/null | tail -n 1)"
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || die "no running $name in $DIR"
+  local args=()
+  mapfile -d '' -t args <"/proc/$pid/cmdline"
+  kill "-$signal" "$pid"
+  for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null
+  sleep "$pause"
+  "${args[@]}" >>"$DIR/logs/$name.log" 2>&1 &
+  sed -i "s/^$name $pid\$/$name $!/" "$DIR/pids"
+  log "$name restarted: pid $pid stopped with SIG$signal, pid $! started after ${pause}s"
+}
+
 cmd="${1:-}"
 shift || true
+COMPONENT=""
+SIGNAL=TERM
+PAUSE=0
+if [[ "$cmd" == restart && $# -gt 0 && "$1" != --* ]]; then COMPONENT="$1"; shift; fi
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dir) DIR="$(mkdir -p "$2" && cd "$2" && pwd)"; shift 2 ;;
     --node) NODE=1; shift ;;
+    --signal) SIGNAL="${2#SIG}"; shift 2 ;;
+    --pause) PAUSE="$2"; shift 2 ;;
     *) die "unknown argument $1" ;;
   esac
 done
@@ -498,5 +525,6 @@ case "$cmd" in
   up) up ;;
   down) down ;;
   env) running || die "not running in $DIR"; print_env ;;
-  *) echo "usage: $0 up [--node]|down|env [--dir DIR]" >&2; exit 2 ;;
+  restart) [[ -n "$COMPONENT" ]] || die "restart needs a component's name"; restart_component "$COMPONENT" "$SIGNAL" "$PAUSE" ;;
+  *) echo "usage: $0 up [--node]|down|env|restart NAME [--signal SIG] [--pause S] [--dir DIR]" >&2; exit 2 ;;
 esac
