@@ -39,7 +39,7 @@ def metric(url: str, name: str) -> float:
 
 
 def prompt(i: int) -> str:
-    words = "river stone cloud lamp orchard harbor violet engine quiet signal".split()
+    words = ["river", "stone", "cloud", "lamp", "orchard", "harbor", "violet", "engine", "quiet", "signal"]
     return " ".join(words[(i * 7 + k) % len(words)] for k in range(24 + i % 9))
 
 

@@ -1,0 +1,123 @@
+"""Helpers of the e2e `faults` tier: a steady load through the gateway that keeps every outcome,
+the gateway's retry counter, and a node component restarted with hack/cluster.sh."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+from node import CLUSTER_SCRIPT, OPERATOR_NAMESPACE, Node, condition
+
+
+@dataclass
+class Outcome:
+    stream: bool
+    ok: bool
+    chunks: int = 0  # content chunks the client had received when it finished or failed
+    error: str = ""
+
+
+@dataclass
+class SteadyLoad:
+    """`clients` threads sending chat completions through `base_url` one after another, half of
+    them streamed, with the official `openai` SDK and no client-side retries: every failure the
+    gateway did not absorb reaches the outcome list with the error the client saw."""
+
+    base_url: str
+    model: str
+    clients: int = 3
+    max_tokens: int = 12
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(self.clients)]
+        self._lock = threading.Lock()
+
+    def _one(self, client: openai.OpenAI, stream: bool, n: int) -> Outcome:
+        messages = [{"role": "user", "content": f"steady request {n}"}]
+        chunks = 0
+        try:
+            if stream:
+                finished = False
+                for chunk in client.chat.completions.create(model=self.model, messages=messages, stream=True,
+                                                            max_tokens=self.max_tokens, temperature=0):
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        chunks += 1
+                    if chunk.choices and chunk.choices[0].finish_reason:
+                        finished = True
+                if not finished:
+                    return Outcome(stream, False, chunks, "the stream ended without a finish_reason")
+            else:
+                answer = client.chat.completions.create(model=self.model, messages=messages,
+                                                        max_tokens=self.max_tokens, temperature=0)
+                assert answer.choices[0].message.content is not None
+            return Outcome(stream, True, chunks)
+        except Exception as err:  # every kind of failure is what this load counts, with its message
+            return Outcome(stream, False, chunks, f"{type(err).__name__}: {err}"[:300])
+
+    def _run(self, index: int) -> None:
+        client = openai.OpenAI(base_url=self.base_url, api_key="unused", max_retries=0, timeout=120)
+        n = 0
+        while not self._stop.is_set():
+            outcome = self._one(client, stream=(n + index) % 2 == 0, n=n)
+            with self._lock:
+                self.outcomes.append(outcome)
+            n += 1
+            time.sleep(0.05)
+
+    @property
+    def answered(self) -> int:
+        return sum(o.ok for o in self.outcomes)
+
+    @property
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.outcomes if not o.ok]
+
+    def __enter__(self) -> SteadyLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=150)
+
+
+def gateway_pods(node: Node) -> list[dict[str, Any]]:
+    pods = node.get("pods", namespace=OPERATOR_NAMESPACE, selector="app.kubernetes.io/name=goodput-gateway") or []
+    return [p for p in pods if condition(p, "Ready").get("status") == "True"
+            and not p["metadata"].get("deletionTimestamp")]
+
+
+def gateway_retries(node: Node, namespace: str, service: str) -> int:
+    """goodput_gateway_retries_total for the service, summed over every reason and gateway pod
+    (each pod's /metrics, read from the node, which routes to pod IPs)."""
+    total = 0.0
+    for pod in gateway_pods(node):
+        with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8000/metrics", timeout=10) as response:
+            text = response.read().decode()
+        for line in text.splitlines():
+            match = re.match(r'^goodput_gateway_retries_total\{(.*)\} (\S+)$', line)
+            if match and f'namespace="{namespace}"' in match[1] and f'service="{service}"' in match[1]:
+                total += float(match[2])
+    return int(total)
+
+
+def restart_component(node: Node, component: str, signal: str = "KILL", pause: float = 0) -> None:
+    """Kill one of the node's processes (kubelet, kube-proxy, containerd, ...) and start it again."""
+    subprocess.run([str(CLUSTER_SCRIPT), "restart", component, "--signal", signal, "--pause", str(pause),
+                    "--dir", str(node.dir)], check=True, capture_output=True, timeout=120)
+
+
+def report(row: dict[str, Any]) -> None:
+    """The line bench/faults.py collects into its table."""
+    print("FAULT-ROW " + json.dumps(row))

@@ -1,0 +1,120 @@
+"""Faults on the real node, under a steady load through the gateway: a runtime pod deleted, the
+kubelet killed and restarted.
+
+One service, `faulty`, runs two replicas of the tiny random-weight model; three clients of the
+official `openai` SDK (no client-side retries) send chat completions to the gateway's
+ClusterIP, half of them streamed, before, through and after each fault. What a user would see
+is asserted: a request fails only where the fault made that unavoidable (a stream whose
+replica died after its first tokens had reached the client) and then the client got an error,
+never a silently short answer; everything the gateway could still send elsewhere (a replica
+gone before the client got a byte) it retried; the service returns to two Ready replicas.
+
+Each test prints one `FAULT-ROW {json}` line, which bench/faults.py collects into its table.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from faults import SteadyLoad, gateway_pods, gateway_retries, report, restart_component
+from node import OPERATOR_NAMESPACE, Node, cluster_ip, condition, wait_for
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+NAME = "faulty"
+NAMESPACE = "goodput-e2e"  # the tier's own (conftest.NAMESPACE)
+READY_SECONDS = 300
+
+
+def ready_pods(node: Node) -> list[dict[str, Any]]:
+    pods = node.get("pods", selector=f"serving.goodput.dev/service={NAME}") or []
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")
+            and condition(p, "Ready").get("status") == "True"]
+
+
+def service_ready(node: Node, replicas: int) -> bool:
+    svc = node.get("inferenceservice", NAME) or {}
+    return (condition(svc, "Ready").get("status") == "True"
+            and svc.get("status", {}).get("readyReplicas") == replicas and len(ready_pods(node)) == replicas)
+
+
+@pytest.fixture(scope="module")
+def faulty(installed: Node, models: dict[str, Any]) -> Any:
+    node = installed
+    wait_for(lambda: len(gateway_pods(node)) == 2, READY_SECONDS, "both gateway pods to be Ready",
+             explain=lambda: node.describe(OPERATOR_NAMESPACE))
+    node.apply({
+        "apiVersion": "serving.goodput.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": NAME},
+        "spec": {
+            "model": {"source": "pvc://models/tiny", "servedName": NAME, "maxModelLen": 256, "dtype": "float32"},
+            "engine": {"maxNumSeqs": 8, "maxBatchedTokens": 256},
+            "resources": {"gpu": 0, "cpu": "250m", "memory": "1Gi"},
+            "replicas": 2,
+            "autoscaling": {"mode": "none"},
+        },
+    })
+    wait_for(lambda: service_ready(node, 2), READY_SECONDS, "two Ready replicas of faulty", explain=node.describe)
+    base_url = f"http://{cluster_ip(node, 'goodput-gateway', OPERATOR_NAMESPACE)}/v1"
+    yield node, base_url
+    node.kubectl("delete", "inferenceservice", NAME, "--wait=false", check=False)
+
+
+def test_a_runtime_pod_deleted_under_steady_load_loses_only_streams_already_under_way(faulty: Any) -> None:
+    node, base_url = faulty
+    victim = ready_pods(node)[0]["metadata"]["name"]
+    retried_before = gateway_retries(node, NAMESPACE, NAME)
+    with SteadyLoad(base_url, NAME) as load:
+        wait_for(lambda: load.answered >= 10, 120, "the steady load's first answers")
+        # a second's grace: the runtime is killed with requests in flight, not drained
+        node.kubectl("delete", "pod", victim, "--grace-period=1", "--wait=false")
+        deleted = time.monotonic()
+        wait_for(lambda: victim not in [p["metadata"]["name"] for p in ready_pods(node)] and service_ready(node, 2),
+                 READY_SECONDS, "a replacement pod and two Ready replicas again", explain=node.describe)
+        converged = time.monotonic() - deleted
+        at_convergence = load.answered
+        wait_for(lambda: load.answered >= at_convergence + 10, 120, "answers after the replacement")
+    retried = gateway_retries(node, NAMESPACE, NAME) - retried_before
+    failed = load.failed
+    # a non-streamed request gets its first byte only with the whole answer: the gateway can always retry it
+    assert not [o for o in failed if not o.stream], [o.error for o in failed]
+    # a stream fails only after tokens had reached the client, and the client is told by an error
+    assert all(o.chunks > 0 and o.error for o in failed), [(o.chunks, o.error) for o in failed]
+    assert node.get("pod", victim) is None or node.get("pod", victim)["metadata"].get("deletionTimestamp")
+    report({"fault": "runtime pod deleted (1 s grace) under steady load, 2 replicas behind the gateway",
+            "tier": "e2e", "requests": len(load.outcomes), "failed": len(failed), "retried": retried,
+            "converge_s": round(converged, 1), "errors": sorted({o.error for o in failed})})
+
+
+def test_the_kubelet_restarting_leaves_the_pods_serving(faulty: Any) -> None:
+    node, base_url = faulty
+    before = {p["metadata"]["uid"]: [c["restartCount"] for c in p["status"]["containerStatuses"]]
+              for p in ready_pods(node)}
+    retried_before = gateway_retries(node, NAMESPACE, NAME)
+    with SteadyLoad(base_url, NAME) as load:
+        wait_for(lambda: load.answered >= 10, 120, "the steady load's first answers")
+        node_name = ready_pods(node)[0]["spec"]["nodeName"]
+        killed_at = datetime.now(timezone.utc).replace(microsecond=0)
+        restart_component(node, "kubelet", signal="KILL", pause=5)
+        restarted = time.monotonic()
+
+        def node_ready() -> bool:
+            """The new kubelet has posted the node's status (a heartbeat after the kill) and both pods are Ready."""
+            ready = condition(node.get("node", node_name), "Ready")
+            beat = datetime.fromisoformat(ready.get("lastHeartbeatTime", "1970-01-01T00:00:00Z").replace("Z", "+00:00"))
+            return ready.get("status") == "True" and beat > killed_at and service_ready(node, 2)
+
+        answered_at_restart = load.answered
+        wait_for(node_ready, 180, "the node Ready again", explain=node.describe)
+        converged = time.monotonic() - restarted
+        wait_for(lambda: load.answered >= answered_at_restart + 20, 120, "answers after the kubelet's restart")
+    retried = gateway_retries(node, NAMESPACE, NAME) - retried_before
+    assert not load.failed, [o.error for o in load.failed]
+    after = {p["metadata"]["uid"]: [c["restartCount"] for c in p["status"]["containerStatuses"]]
+             for p in ready_pods(node)}
+    assert after == before, "the kubelet's restart replaced or restarted runtime containers"
+    report({"fault": "kubelet SIGKILL, 5 s down, restarted, under steady load", "tier": "e2e",
+            "requests": len(load.outcomes), "failed": len(load.failed), "retried": retried,
+            "converge_s": round(converged, 1)})
