@@ -4,12 +4,15 @@ the gateway's retry counter, and a node component restarted with hack/cluster.sh
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -22,6 +25,7 @@ class Outcome:
     ok: bool
     chunks: int = 0  # content chunks the client had received when it finished or failed
     error: str = ""
+    at: float = 0.0  # time.monotonic() when it finished or failed
 
 
 @dataclass
@@ -68,6 +72,7 @@ class SteadyLoad:
         n = 0
         while not self._stop.is_set():
             outcome = self._one(client, stream=(n + index) % 2 == 0, n=n)
+            outcome.at = time.monotonic()
             with self._lock:
                 self.outcomes.append(outcome)
             n += 1
@@ -116,6 +121,24 @@ def restart_component(node: Node, component: str, signal: str = "KILL", pause: f
     """Kill one of the node's processes (kubelet, kube-proxy, containerd, ...) and start it again."""
     subprocess.run([str(CLUSTER_SCRIPT), "restart", component, "--signal", signal, "--pause", str(pause),
                     "--dir", str(node.dir)], check=True, capture_output=True, timeout=120)
+
+
+def kill_runtime_process(node: Node, pod: dict[str, Any]) -> int:
+    """SIGKILL the `python -m goodput_runtime` process of `pod` on this machine (the node): a crash,
+    which the kubelet answers by restarting the container. Returns the PID killed."""
+    uid = pod["metadata"]["uid"]
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            cgroup = Path(f"/proc/{entry}/cgroup").read_text()
+        except OSError:
+            continue
+        if b"goodput_runtime" in cmdline and f"pod{uid}" in cgroup:
+            os.kill(int(entry), signal.SIGKILL)
+            return int(entry)
+    raise AssertionError(f"no goodput_runtime process in the cgroup of pod {pod['metadata']['name']} ({uid})")
 
 
 def report(row: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
-from faults import SteadyLoad, gateway_pods, gateway_retries, report, restart_component
+from faults import SteadyLoad, gateway_pods, gateway_retries, kill_runtime_process, report, restart_component
 from node import OPERATOR_NAMESPACE, Node, cluster_ip, condition, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -62,13 +62,23 @@ def faulty(installed: Node, models: dict[str, Any]) -> Any:
     node.kubectl("delete", "inferenceservice", NAME, "--wait=false", check=False)
 
 
+def check_losses(load: SteadyLoad) -> None:
+    """What a fault may cost a client: a non-streamed request gets its first byte only with its
+    whole answer, so the gateway can always send it elsewhere and none may fail; a stream may
+    fail only once tokens had reached the client (no retry can be safe then), and the client
+    must be told by an error, never by a short answer that looks complete."""
+    failed = load.failed
+    assert not [o for o in failed if not o.stream], [o.error for o in failed]
+    assert all(o.chunks > 0 and o.error for o in failed), [(o.chunks, o.error) for o in failed]
+
+
 def test_a_runtime_pod_deleted_under_steady_load_loses_only_streams_already_under_way(faulty: Any) -> None:
     node, base_url = faulty
     victim = ready_pods(node)[0]["metadata"]["name"]
     retried_before = gateway_retries(node, NAMESPACE, NAME)
     with SteadyLoad(base_url, NAME) as load:
         wait_for(lambda: load.answered >= 10, 120, "the steady load's first answers")
-        # a second's grace: the runtime is killed with requests in flight, not drained
+        # a second's grace, shorter than the pod's preStop delay: killed with requests in flight, not drained
         node.kubectl("delete", "pod", victim, "--grace-period=1", "--wait=false")
         deleted = time.monotonic()
         wait_for(lambda: victim not in [p["metadata"]["name"] for p in ready_pods(node)] and service_ready(node, 2),
@@ -77,26 +87,56 @@ def test_a_runtime_pod_deleted_under_steady_load_loses_only_streams_already_unde
         at_convergence = load.answered
         wait_for(lambda: load.answered >= at_convergence + 10, 120, "answers after the replacement")
     retried = gateway_retries(node, NAMESPACE, NAME) - retried_before
-    failed = load.failed
-    # a non-streamed request gets its first byte only with the whole answer: the gateway can always retry it
-    assert not [o for o in failed if not o.stream], [o.error for o in failed]
-    # a stream fails only after tokens had reached the client, and the client is told by an error
-    assert all(o.chunks > 0 and o.error for o in failed), [(o.chunks, o.error) for o in failed]
-    assert node.get("pod", victim) is None or node.get("pod", victim)["metadata"].get("deletionTimestamp")
+    check_losses(load)
     report({"fault": "runtime pod deleted (1 s grace) under steady load, 2 replicas behind the gateway",
-            "tier": "e2e", "requests": len(load.outcomes), "failed": len(failed), "retried": retried,
-            "converge_s": round(converged, 1), "errors": sorted({o.error for o in failed})})
+            "tier": "e2e", "requests": len(load.outcomes), "failed": len(load.failed), "retried": retried,
+            "converge_s": round(converged, 1), "errors": sorted({o.error for o in load.failed})})
+
+
+def test_a_runtime_process_killed_under_steady_load_is_retried_by_the_gateway(faulty: Any) -> None:
+    node, base_url = faulty
+    victim = ready_pods(node)[0]
+    restarts = victim["status"]["containerStatuses"][0]["restartCount"]
+    retried_before = gateway_retries(node, NAMESPACE, NAME)
+    with SteadyLoad(base_url, NAME, max_tokens=24) as load:
+        wait_for(lambda: load.answered >= 10, 120, "the steady load's first answers")
+        kill_runtime_process(node, victim)  # a crash: no SIGTERM, no drain, the endpoint still listed
+        killed = time.monotonic()
+
+        def restarted() -> bool:
+            pod = node.get("pod", victim["metadata"]["name"]) or {}
+            statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+            return statuses[0].get("restartCount", 0) > restarts and service_ready(node, 2)
+        wait_for(restarted, READY_SECONDS, "the container restarted and two Ready replicas again",
+                 explain=node.describe)
+        converged = time.monotonic() - killed
+        at_convergence = load.answered
+        wait_for(lambda: load.answered >= at_convergence + 10, 120, "answers after the restart")
+    retried = gateway_retries(node, NAMESPACE, NAME) - retried_before
+    check_losses(load)
+    assert retried > 0, "no request met the dead replica: the gateway retried nothing"
+    report({"fault": "runtime process SIGKILLed (a crash) under steady load, 2 replicas behind the gateway",
+            "tier": "e2e", "requests": len(load.outcomes), "failed": len(load.failed), "retried": retried,
+            "converge_s": round(converged, 1), "errors": sorted({o.error for o in load.failed})})
 
 
 def test_the_kubelet_restarting_leaves_the_pods_serving(faulty: Any) -> None:
+    """The runtime pods keep serving through the kubelet's restart: a client talking to one pod
+    straight at its IP loses nothing, and no container restarts. Through the gateway's Service
+    a client may meet a short gap: a restarted kubelet (1.20 as later ones) reports every pod
+    with a readiness probe not ready until that probe next runs, so for a moment the gateway's own Service has no
+    ready endpoint and kube-proxy refuses the connection. Such a request failed before any byte,
+    with a connection error the client can retry at once, and only in that window."""
     node, base_url = faulty
-    before = {p["metadata"]["uid"]: [c["restartCount"] for c in p["status"]["containerStatuses"]]
-              for p in ready_pods(node)}
+    pods = ready_pods(node)
+    before = {p["metadata"]["uid"]: [c["restartCount"] for c in p["status"]["containerStatuses"]] for p in pods}
+    direct_url = f"http://{pods[0]['status']['podIP']}:8000/v1"
     retried_before = gateway_retries(node, NAMESPACE, NAME)
-    with SteadyLoad(base_url, NAME) as load:
-        wait_for(lambda: load.answered >= 10, 120, "the steady load's first answers")
-        node_name = ready_pods(node)[0]["spec"]["nodeName"]
+    with SteadyLoad(base_url, NAME) as load, SteadyLoad(direct_url, NAME, clients=1) as direct:
+        wait_for(lambda: load.answered >= 10 and direct.answered >= 5, 120, "the steady loads' first answers")
+        node_name = pods[0]["spec"]["nodeName"]
         killed_at = datetime.now(timezone.utc).replace(microsecond=0)
+        killed = time.monotonic()
         restart_component(node, "kubelet", signal="KILL", pause=5)
         restarted = time.monotonic()
 
@@ -106,15 +146,21 @@ def test_the_kubelet_restarting_leaves_the_pods_serving(faulty: Any) -> None:
             beat = datetime.fromisoformat(ready.get("lastHeartbeatTime", "1970-01-01T00:00:00Z").replace("Z", "+00:00"))
             return ready.get("status") == "True" and beat > killed_at and service_ready(node, 2)
 
-        answered_at_restart = load.answered
         wait_for(node_ready, 180, "the node Ready again", explain=node.describe)
         converged = time.monotonic() - restarted
-        wait_for(lambda: load.answered >= answered_at_restart + 20, 120, "answers after the kubelet's restart")
+        settled = time.monotonic()
+        at_convergence = load.answered
+        wait_for(lambda: load.answered >= at_convergence + 20, 120, "answers after the kubelet's restart")
     retried = gateway_retries(node, NAMESPACE, NAME) - retried_before
-    assert not load.failed, [o.error for o in load.failed]
+    assert not direct.failed, [o.error for o in direct.failed]
     after = {p["metadata"]["uid"]: [c["restartCount"] for c in p["status"]["containerStatuses"]]
              for p in ready_pods(node)}
     assert after == before, "the kubelet's restart replaced or restarted runtime containers"
+    for o in load.failed:
+        assert o.chunks == 0 and o.error.startswith("APIConnectionError"), (o.chunks, o.error)
+        assert killed <= o.at <= settled, f"a request failed outside the kubelet's restart: {o.error}"
+    gap = (max(o.at for o in load.failed) - min(o.at for o in load.failed)) if load.failed else 0.0
     report({"fault": "kubelet SIGKILL, 5 s down, restarted, under steady load", "tier": "e2e",
-            "requests": len(load.outcomes), "failed": len(load.failed), "retried": retried,
-            "converge_s": round(converged, 1)})
+            "requests": len(load.outcomes) + len(direct.outcomes), "failed": len(load.failed), "retried": retried,
+            "converge_s": round(converged, 1), "direct_to_pod": len(direct.outcomes),
+            "refused_window_s": round(gap, 1), "errors": sorted({o.error for o in load.failed})})
