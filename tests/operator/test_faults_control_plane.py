@@ -220,6 +220,7 @@ def test_api_server_restart_while_services_are_created_and_scaled(cluster, opera
             user.create(namespace, f"svc-{i:02d}", spec(i, 1))
             if i % 3:
                 user.scale(namespace, f"svc-{i:02d}", 1 + i % 3)
+            time.sleep(0.1)  # a user's pace: the writes span the restart
     join = in_background(work)
     wait_for(lambda: user.done >= 6, 60, "the user's first writes")
     restart(cluster, "kube-apiserver", pause=3)
