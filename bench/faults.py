@@ -37,8 +37,9 @@ def run_tier(path: str) -> tuple[list[dict], int, float]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     result = subprocess.run([sys.executable, "-m", "pytest", path, "-m", "faults", "-s", "-q", "-p",
                              "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, env=env)
+    # pytest's progress dots may share the line
     rows = [json.loads(line.split("FAULT-ROW ", 1)[1]) for line in result.stdout.splitlines()
-            if line.startswith("FAULT-ROW ")]
+            if "FAULT-ROW " in line]
     if result.returncode != 0:
         print(result.stdout[-6000:], result.stderr[-3000:], sep="\n", file=sys.stderr)
     return rows, result.returncode, time.monotonic() - started
