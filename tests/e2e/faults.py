@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,18 +104,19 @@ def gateway_pods(node: Node) -> list[dict[str, Any]]:
             and not p["metadata"].get("deletionTimestamp")]
 
 
-def gateway_retries(node: Node, namespace: str, service: str) -> int:
-    """goodput_gateway_retries_total for the service, summed over every reason and gateway pod
+def gateway_retries(node: Node, namespace: str, service: str) -> Counter[str]:
+    """goodput_gateway_retries_total for the service by reason, summed over the gateway pods
     (each pod's /metrics, read from the node, which routes to pod IPs)."""
-    total = 0.0
+    total: Counter[str] = Counter()
     for pod in gateway_pods(node):
         with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8000/metrics", timeout=10) as response:
             text = response.read().decode()
         for line in text.splitlines():
             match = re.match(r'^goodput_gateway_retries_total\{(.*)\} (\S+)$', line)
             if match and f'namespace="{namespace}"' in match[1] and f'service="{service}"' in match[1]:
-                total += float(match[2])
-    return int(total)
+                reason = re.search(r'reason="([^"]*)"', match[1])
+                total[reason[1] if reason else ""] += int(float(match[2]))
+    return total
 
 
 def restart_component(node: Node, component: str, signal: str = "KILL", pause: float = 0) -> None:

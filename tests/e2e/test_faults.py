@@ -86,11 +86,13 @@ def test_a_runtime_pod_deleted_under_steady_load_loses_only_streams_already_unde
         converged = time.monotonic() - deleted
         at_convergence = load.answered
         wait_for(lambda: load.answered >= at_convergence + 10, 120, "answers after the replacement")
-    retried = gateway_retries(node, NAMESPACE, NAME) - retried_before
+    by_reason = gateway_retries(node, NAMESPACE, NAME) - retried_before
+    retried = by_reason.total()
     check_losses(load)
     report({"fault": "runtime pod deleted (1 s grace) under steady load, 2 replicas behind the gateway",
             "tier": "e2e", "requests": len(load.outcomes), "failed": len(load.failed), "retried": retried,
-            "converge_s": round(converged, 1), "errors": sorted({o.error for o in load.failed})})
+            "converge_s": round(converged, 1), "retry_reasons": dict(by_reason),
+            "errors": sorted({o.error for o in load.failed})})
 
 
 def test_a_runtime_process_killed_under_steady_load_is_retried_by_the_gateway(faulty: Any) -> None:
@@ -112,12 +114,14 @@ def test_a_runtime_process_killed_under_steady_load_is_retried_by_the_gateway(fa
         converged = time.monotonic() - killed
         at_convergence = load.answered
         wait_for(lambda: load.answered >= at_convergence + 10, 120, "answers after the restart")
-    retried = gateway_retries(node, NAMESPACE, NAME) - retried_before
+    by_reason = gateway_retries(node, NAMESPACE, NAME) - retried_before
+    retried = by_reason.total()
     check_losses(load)
     assert retried > 0, "no request met the dead replica: the gateway retried nothing"
     report({"fault": "runtime process SIGKILLed (a crash) under steady load, 2 replicas behind the gateway",
             "tier": "e2e", "requests": len(load.outcomes), "failed": len(load.failed), "retried": retried,
-            "converge_s": round(converged, 1), "errors": sorted({o.error for o in load.failed})})
+            "converge_s": round(converged, 1), "retry_reasons": dict(by_reason),
+            "errors": sorted({o.error for o in load.failed})})
 
 
 def test_the_kubelet_restarting_leaves_the_pods_serving(faulty: Any) -> None:
@@ -151,7 +155,8 @@ def test_the_kubelet_restarting_leaves_the_pods_serving(faulty: Any) -> None:
         settled = time.monotonic()
         at_convergence = load.answered
         wait_for(lambda: load.answered >= at_convergence + 20, 120, "answers after the kubelet's restart")
-    retried = gateway_retries(node, NAMESPACE, NAME) - retried_before
+    by_reason = gateway_retries(node, NAMESPACE, NAME) - retried_before
+    retried = by_reason.total()
     assert not direct.failed, [o.error for o in direct.failed]
     after = {p["metadata"]["uid"]: [c["restartCount"] for c in p["status"]["containerStatuses"]]
              for p in ready_pods(node)}
@@ -163,4 +168,5 @@ def test_the_kubelet_restarting_leaves_the_pods_serving(faulty: Any) -> None:
     report({"fault": "kubelet SIGKILL, 5 s down, restarted, under steady load", "tier": "e2e",
             "requests": len(load.outcomes) + len(direct.outcomes), "failed": len(load.failed), "retried": retried,
             "converge_s": round(converged, 1), "direct_to_pod": len(direct.outcomes),
-            "refused_window_s": round(gap, 1), "errors": sorted({o.error for o in load.failed})})
+            "refused_window_s": round(gap, 1), "retry_reasons": dict(by_reason),
+            "errors": sorted({o.error for o in load.failed})})
