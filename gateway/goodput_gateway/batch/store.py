@@ -235,12 +235,14 @@ class Store:
 
         def work(db: Database) -> list[Claimed]:
             with db.transaction() as tx:
+                # the CTE is evaluated once (PostgreSQL may re-run an IN subquery, taking more than LIMIT)
                 rows = tx.all(
+                    "WITH picked AS (SELECT idx FROM batch_lines WHERE batch_id = ? AND (state = 'pending' OR "
+                    "(state = 'claimed' AND lease_until < ?)) AND EXISTS (SELECT 1 FROM batches WHERE id = ? AND "
+                    f"status = 'in_progress') ORDER BY idx LIMIT ?{tx.skip_locked()}) "
                     "UPDATE batch_lines SET state = 'claimed', owner = ?, lease_until = ?, attempts = attempts + 1 "
-                    "WHERE batch_id = ? AND idx IN (SELECT idx FROM batch_lines WHERE batch_id = ? AND "
-                    "(state = 'pending' OR (state = 'claimed' AND lease_until < ?)) ORDER BY idx LIMIT ?"
-                    f"{tx.skip_locked()}) RETURNING idx, custom_id, body, attempts",
-                    (owner, now + lease, batch_id, batch_id, now, count))
+                    "WHERE batch_id = ? AND idx IN (SELECT idx FROM picked) RETURNING idx, custom_id, body, attempts",
+                    (batch_id, now, batch_id, count, owner, now + lease, batch_id))
                 return [Claimed(batch_id, *r) for r in sorted(rows)]
 
         return await self.db.run(work)
