@@ -88,23 +88,23 @@ async def one_online(session: aiohttp.ClientSession, url: str, text: str, max_to
         return time.perf_counter() - started, False
 
 
-async def capacity(url: str, max_tokens: int, seconds: float, concurrency: int) -> float:
-    """Online requests/s the replica completes with `concurrency` clients in a closed loop."""
+async def capacity(url: str, max_tokens: int, seconds: float, concurrency: int, warmup: float) -> float:
+    """Online requests/s the replica completes with `concurrency` clients in a closed loop, counted
+    over `seconds` after `warmup` seconds of the same load."""
     rng = random.Random(7)
-    done = 0
+    finished: list[float] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        await one_online(session, url, question(rng), max_tokens)  # warm
-        end = time.perf_counter() + seconds
         started = time.perf_counter()
+        end = started + warmup + seconds
 
         async def client() -> None:
-            nonlocal done
             while time.perf_counter() < end:
                 if (await one_online(session, url, question(rng), max_tokens))[1]:
-                    done += 1
+                    finished.append(time.perf_counter())
 
         await asyncio.gather(*(client() for _ in range(concurrency)))
-        return done / (time.perf_counter() - started)
+    counted = [t for t in finished if started + warmup <= t < end]
+    return len(counted) / seconds
 
 
 async def create_batch(session: aiohttp.ClientSession, url: str, lines: int, max_tokens: int, seed: int) -> str:
@@ -135,7 +135,7 @@ async def run_round(url: str, args: argparse.Namespace, rate: float, with_batch:
             break
         arrivals.append((t, question(rng)))
     online: list[tuple[float, float, bool]] = []  # (start offset, ttft, ok)
-    batch_timeline: list[tuple[float, int]] = []  # (offset, lines completed)
+    batch_timeline: list[tuple[float, int, float]] = []  # (offset, lines completed, the gateway's AIMD limit)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         batch_id = None
         if with_batch:
@@ -153,7 +153,10 @@ async def run_round(url: str, args: argparse.Namespace, rate: float, with_batch:
         async def watch() -> None:
             while batch_id and time.perf_counter() - started < args.duration:
                 state = await batch_state(session, url, batch_id)
-                batch_timeline.append((time.perf_counter() - started, state["request_counts"]["completed"]))
+                async with session.get(url + "/metrics") as r:
+                    limit = sum(float(line.rsplit(" ", 1)[1]) for line in (await r.text()).splitlines()
+                                if line.startswith("goodput_batch_concurrency_limit{"))
+                batch_timeline.append((time.perf_counter() - started, state["request_counts"]["completed"], limit))
                 await asyncio.sleep(1.0)
 
         await asyncio.gather(watch(), *(send(o, q) for o, q in arrivals))
@@ -165,7 +168,7 @@ async def run_round(url: str, args: argparse.Namespace, rate: float, with_batch:
                 await asyncio.sleep(0.5)
     ttfts = sorted(x[1] for x in online if x[2])
     good = sum(1 for x in online if x[2] and x[1] <= args.slo_ttft)
-    first, last = (batch_timeline[0], batch_timeline[-1]) if batch_timeline else ((0.0, 0), (1.0, 0))
+    first, last = (batch_timeline[0], batch_timeline[-1]) if batch_timeline else ((0.0, 0, 0.0), (1.0, 0, 0.0))
     batch_rps = (last[1] - first[1]) / max(1e-9, last[0] - first[0]) if len(batch_timeline) > 1 else 0.0
     return {"with_batch": with_batch, "online_requests": len(online), "online_rate_rps": len(online) / wall,
             "attainment": good / max(1, len(online)), "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
@@ -193,15 +196,15 @@ def plot(report: dict, path: Path, window: float) -> None:
             t += window
         top.plot(xs, ys, style, label=label)
         if r["with_batch"] and len(r["batch_timeline"]) > 1:
-            tl = r["batch_timeline"]
+            tl = r["batch_timeline"][:: max(1, round(window))]  # samples about a second apart: windows
             rates = [(b[1] - a[1]) / max(1e-9, b[0] - a[0]) for a, b in itertools.pairwise(tl)]
-            bottom.plot([b[0] for b in tl[1:]], rates, label=label)
+            bottom.plot([(a[0] + b[0]) / 2 for a, b in itertools.pairwise(tl)], rates, label=label)
     top.axhline(report["args"]["slo_ttft"], color="grey", linewidth=0.8, label="TTFT SLO")
     top.set_ylabel(f"online TTFT p90 (s, {window:g} s windows)")
     top.legend(fontsize=7)
     bottom.axhline(report["summary"]["idle_capacity_rps"], color="grey", linewidth=0.8,
                    label="capacity the online load leaves idle")
-    bottom.set_ylabel("batch lines/s")
+    bottom.set_ylabel(f"batch lines/s ({window:g} s windows)")
     bottom.set_xlabel("seconds into the round")
     bottom.legend(fontsize=7)
     fig.suptitle(f"online load {report['summary']['online_rate_rps']:.2f} req/s "
@@ -220,9 +223,10 @@ def main() -> int:
     p.add_argument("--batch-lines", type=int, default=2000)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--slo-ttft", type=float, default=1.0, help="seconds")
-    p.add_argument("--capacity-seconds", type=float, default=30.0)
+    p.add_argument("--capacity-seconds", type=float, default=30.0, help="closed-loop seconds counted")
     p.add_argument("--capacity-concurrency", type=int, default=16)
-    p.add_argument("--warmup", type=float, default=5.0, help="seconds the batch runs before a B round's clock")
+    p.add_argument("--warmup", type=float, default=5.0,
+                   help="seconds of load before counting: the capacity loop's, and the batch's before a B round")
     p.add_argument("--max-per-replica", type=int, default=16, help="the gateway's batch concurrency cap")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "batch_priority.json")
     args = p.parse_args()
@@ -243,7 +247,8 @@ def main() -> int:
                       log_dir) as server, \
             gateway_process(f"smollm2={server.base_url}", f"sqlite:///{database}", log_dir,
                             args.max_per_replica) as url:
-        cap = asyncio.run(capacity(url, args.max_tokens, args.capacity_seconds, args.capacity_concurrency))
+        cap = asyncio.run(capacity(url, args.max_tokens, args.capacity_seconds, args.capacity_concurrency,
+                                   args.warmup))
         rate = args.load * cap
         print(f"  capacity {cap:.2f} req/s; online load {rate:.2f} req/s", flush=True)
         for r in range(args.rounds):

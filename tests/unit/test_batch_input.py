@@ -55,7 +55,9 @@ def test_concurrency_grows_while_online_is_healthy_and_halves_when_online_waits(
     healthy = {"r": ReplicaSignals(online_total=10, online_good=10, seen=True)}
     limits = [aimd.update(healthy) for _ in range(5)]
     assert limits == [2, 3, 4, 4, 4]  # +1 a period, capped at 4 per replica
-    assert aimd.update({"r": ReplicaSignals(online_waiting=2, online_total=10, online_good=10, seen=True)}) == 2
+    queued = {"r": ReplicaSignals(online_waiting=2, online_total=10, online_good=10, seen=True)}
+    assert aimd.update(queued) == 4  # one read with a queue: a request between steps
+    assert aimd.update(queued) == 2  # a queue that persists: halve
     # attainment in the last period (5 good of 10 finished) below the target: halve again
     assert aimd.update({"r": ReplicaSignals(online_total=20, online_good=15, seen=True)}) == 1
 

@@ -95,7 +95,7 @@ def test_batch_requests_are_served_in_arrival_order_among_themselves():
     assert order == ["b0", "b1", "b2"]
 
 
-def test_metrics_split_requests_and_the_queue_by_priority():
+def test_metrics_split_requests_and_the_queue_by_priority_and_the_slo_series_count_online_only():
     m = RuntimeMetrics("m", slo_ttft=0.5, slo_tpot=None)
     m.record_finished(RequestTimes(arrival=0.0, first_scheduled=0.1, first_token=0.2, finished=1.0, priority=0))
     m.record_finished(RequestTimes(arrival=0.0, first_scheduled=0.1, first_token=3.0, finished=4.0, priority=1))
@@ -108,3 +108,8 @@ def test_metrics_split_requests_and_the_queue_by_priority():
     assert value("goodput_requests_good_by_priority_total", {"model": "m", "priority": "batch"}) == 0
     assert value("goodput_requests_waiting_by_priority", {"model": "m", "priority": "online"}) == 2
     assert value("goodput_requests_waiting_by_priority", {"model": "m", "priority": "batch"}) == 3
+    # the SLO series count online requests only: batch work never shows the autoscaler a queue or a miss
+    assert value("goodput_requests_total", {"model": "m", "outcome": "success"}) == 1
+    assert value("goodput_requests_good_total", {"model": "m"}) == 1
+    assert value("goodput_time_to_first_token_seconds_count", {"model": "m"}) == 1
+    assert value("goodput_requests_waiting", {"model": "m"}) == 2

@@ -1,9 +1,11 @@
 """How many batch lines a service may have in flight: additive increase, multiplicative decrease.
 
 Every period each ready replica's /metrics is read for the online (priority 0) requests
-waiting and the online requests that met the SLO since the last read. While no online
-request waits and online attainment holds, the limit grows by `increase` per period, up to
-`per_replica_cap` per ready replica; otherwise it is cut by `decrease`, down to one line.
+waiting and the online requests that met the SLO since the last read. While online attainment
+holds and no online queue persists (online requests waiting at two reads in a row: one waiting
+at a single read is most often a request that arrived during the step and joins the next), the
+limit grows by `increase` per period, up to `per_replica_cap` per ready replica; otherwise it is
+cut by `decrease`, down to one line.
 A replica that exports no per-priority series (another engine) is judged by its total
 queue: any waiting request counts as online pressure.
 """
@@ -58,6 +60,7 @@ class AIMD:
     per_replica_cap: int = 32
     limit: float = 1.0
     last: dict[str, ReplicaSignals] = field(default_factory=dict)
+    queued: bool = False  # online requests waited at the previous read
 
     def update(self, current: dict[str, ReplicaSignals]) -> float:
         """Adjust the limit from the replicas' latest signals (url -> signals); return it."""
@@ -71,7 +74,8 @@ class AIMD:
         self.last = dict(current)
         attainment = good / total if total > 0 else None
         cap = max(1, self.per_replica_cap * len(current))
-        if waiting > 0 or (attainment is not None and attainment < self.target_attainment):
+        persistent_queue, self.queued = waiting > 0 and self.queued, waiting > 0
+        if persistent_queue or (attainment is not None and attainment < self.target_attainment):
             self.limit = max(1.0, self.limit * self.decrease)
         else:
             self.limit = min(float(cap), self.limit + self.increase)
