@@ -71,6 +71,12 @@ def gateway_process(static: str, database: str, log_dir: Path, cap: int) -> Iter
         log.close()
 
 
+def first_text(raw: bytes) -> bool:
+    """Whether an event carries generated text (the first event only names the role, with empty content)."""
+    choices = json.loads(raw[len(b"data: "):]).get("choices") or [{}]
+    return bool((choices[0].get("delta") or {}).get("content"))
+
+
 async def one_online(session: aiohttp.ClientSession, url: str, text: str, max_tokens: int) -> tuple[float, bool]:
     """(TTFT in seconds, success) of one streamed chat request."""
     started = time.perf_counter()
@@ -81,7 +87,7 @@ async def one_online(session: aiohttp.ClientSession, url: str, text: str, max_to
                 await r.read()
                 return time.perf_counter() - started, False
             async for raw in r.content:
-                if ttft is None and raw.startswith(b"data: {") and b'"content"' in raw:
+                if ttft is None and raw.startswith(b"data: {") and first_text(raw):
                     ttft = time.perf_counter() - started
         return (ttft if ttft is not None else time.perf_counter() - started), ttft is not None
     except (aiohttp.ClientError, asyncio.TimeoutError):

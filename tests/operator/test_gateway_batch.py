@@ -11,6 +11,8 @@ import io
 import json
 import signal
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -132,6 +134,36 @@ def test_the_sdk_flow_end_to_end(env):
     with pytest.raises(openai.APIStatusError) as err:
         client.batches.cancel(done.id)
     assert err.value.status_code == 409
+
+
+def post_replica(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_the_runtime_takes_priority_from_the_body_or_the_gateways_header(env):
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+    def batch_count() -> float:
+        return metric(env.replica_url, "goodput_requests_by_priority_total", priority="batch")
+
+    before = batch_count()
+    assert post_replica(env.replica_url, {**chat, "priority": 5})[0] == 200
+    assert post_replica(env.replica_url, chat, {"X-Goodput-Priority": "batch"})[0] == 200
+    assert batch_count() == before + 2
+    # the body wins over the header: an online request stays online
+    online = metric(env.replica_url, "goodput_requests_by_priority_total", priority="online")
+    assert post_replica(env.replica_url, {**chat, "priority": 0}, {"X-Goodput-Priority": "batch"})[0] == 200
+    assert metric(env.replica_url, "goodput_requests_by_priority_total", priority="online") == online + 1
+    status, body = post_replica(env.replica_url, {**chat, "priority": "high"})
+    assert status == 400 and body["error"]["param"] == "priority"
+    status, body = post_replica(env.replica_url, chat, {"X-Goodput-Priority": "urgent"})
+    assert status == 400 and body["error"]["param"] == "X-Goodput-Priority"
 
 
 def test_bad_input_is_refused_with_its_line_and_a_bad_batch_names_its_field(env):

@@ -77,7 +77,12 @@ class Database:
             with self.lock:
                 if self.conn is None:
                     self._connect()
-                return work(self)
+                try:
+                    return work(self)
+                except Exception:
+                    if self.postgres and (self.conn.closed or self.conn.broken):
+                        self.conn = None  # the server restarted or the network dropped: reconnect next call
+                    raise
 
         return await asyncio.get_running_loop().run_in_executor(self.executor, call)
 
