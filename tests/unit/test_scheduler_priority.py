@@ -14,7 +14,8 @@ def make(num_blocks=64, block_size=4, max_num_seqs=8, budget=32) -> Scheduler:
 
 def request(rid: str, prompt_len: int, priority: int = 0, max_tokens: int = 8) -> Sequence:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, priority=priority)
-    return Sequence.new(rid, [10 + i % 50 for i in range(prompt_len)], params, 0.0)
+    base = 100 + 60 * (sum(map(ord, rid)) % 50)  # prompts of their own: no prefix-cache hits between them
+    return Sequence.new(rid, [base + i % 50 for i in range(prompt_len)], params, 0.0)
 
 
 def step(s: Scheduler) -> SchedulerOutput:
@@ -50,13 +51,33 @@ def test_no_budget_goes_to_a_batch_prefill_while_an_online_request_waits():
     s = make(max_num_seqs=2, budget=16)
     batch = request("batch", 40, priority=1)
     s.add(batch)
-    assert planned(step(s)) == {"batch": 16}  # alone, batch work gets the whole budget
+    assert planned(step(s)) == {"batch": 4}  # a quarter of the budget
     s.add(request("online-a", 4, max_tokens=50))
     step(s)
     s.add(request("online-b", 4))
     out = step(s)  # online-b waits for a seat: the batch prefill pauses, online-a decodes
     assert "batch" not in planned(out)
     assert planned(out)["online-a"] == 1
+
+
+def test_a_step_that_admits_an_online_request_runs_no_batch_decode():
+    s = make(budget=64)
+    s.add(request("batch", 4, priority=1, max_tokens=20))
+    step(s)
+    assert planned(step(s)) == {"batch": 1}  # decoding
+    s.add(request("online", 6))
+    assert planned(step(s)) == {"online": 6}
+    assert planned(step(s)) == {"batch": 1, "online": 1}  # both decode once nobody waits
+
+
+def test_batch_prefills_get_at_most_a_quarter_of_the_step_budget():
+    s = make(budget=32)
+    s.add(request("batch-a", 20, priority=1))
+    s.add(request("batch-b", 20, priority=1))
+    assert planned(step(s)) == {"batch-a": 8}
+    assert planned(step(s)) == {"batch-a": 8}
+    s.add(request("online", 20))
+    assert planned(step(s)) == {"online": 20}  # online prefills take the whole budget
 
 
 def test_when_blocks_run_out_a_batch_request_is_preempted_not_an_online_one():
@@ -80,8 +101,8 @@ def test_an_online_request_takes_the_blocks_of_a_running_batch_request():
     s = make(num_blocks=4, block_size=4, budget=64)
     batch = request("batch", 12, priority=1, max_tokens=20)
     s.add(batch)
-    step(s)
-    s.add(request("online", 4))
+    step(s)  # batch holds 3 of the 4 blocks
+    s.add(request("online", 8))  # needs 2
     out = step(s)
     assert "online" in planned(out) and "batch" not in planned(out)
     assert batch.status is SeqStatus.WAITING and batch.num_preemptions == 1

@@ -12,8 +12,9 @@ own: scheduled, preempted and recomputed like any other.
 
 Priority (vLLM's convention: lower first, 0 by default; above 0 is batch work): the waiting
 request admitted next is the first of the lowest priority, so batch requests are admitted only
-while no online one waits; while one waits, no batch prefill gets budget, and a batch request
-is preempted to make room (blocks or a seat) for it. Running requests are served in priority
+while no online one waits; a step that admits an online request runs no batch work at all (no
+batch prefill, no batch decode), and a batch request is preempted to make room (blocks or a
+seat) for it. Batch prefills get at most a quarter of a step's token budget. Running requests are served in priority
 order, so when blocks run out the victim is the most recently admitted of the lowest priority.
 """
 
@@ -25,6 +26,9 @@ from dataclasses import dataclass, field
 
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.sequence import SeqStatus, Sequence
+
+BATCH_PREFILL_SHARE = 4  # batch prefills take at most 1/4 of a step's token budget: a step an online
+# request arrives during stays short, so its wait for the next step does too
 
 
 def is_batch(seq: Sequence) -> bool:
@@ -88,13 +92,18 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         self.running.sort(key=lambda s: s.params.priority)  # stable: admission order within a priority
         online_waiting = any(not is_batch(s) for s in self.waiting)
+        batch_prefill = max(1, self.max_num_batched_tokens // BATCH_PREFILL_SHARE)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            if online_waiting and is_batch(seq) and seq.num_uncomputed_tokens > 1:
-                i += 1  # a batch prefill waits while an online request does
+            prefill = seq.num_uncomputed_tokens > 1
+            if is_batch(seq) and (online_waiting or (prefill and batch_prefill <= 0)):
+                i += 1  # batch work pauses for a step that admits an online request
                 continue
             num_tokens = min(seq.num_uncomputed_tokens, budget)
+            if is_batch(seq) and prefill:
+                num_tokens = min(num_tokens, batch_prefill)
+                batch_prefill -= num_tokens
             while not self.block_manager.allocate(seq, num_tokens):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -118,6 +127,10 @@ class Scheduler:
             hits = [] if self._needs_every_position(seq) else self.block_manager.match_prefix(seq)
             cached = len(hits) * self.block_manager.block_size
             num_tokens = min(seq.num_tokens - cached, budget)
+            if is_batch(seq):  # only batch requests wait now (the lowest priority comes first)
+                num_tokens = min(num_tokens, batch_prefill)
+                if num_tokens <= 0 or online_waiting:
+                    break
             if not self.block_manager.allocate(seq, num_tokens, hits):
                 freed = self._evict_batch_for(seq, out)
                 if freed is None:
@@ -134,6 +147,8 @@ class Scheduler:
                 out.prefix_hit_tokens += cached
             out.scheduled.append(self._scheduled(seq, num_tokens))
             budget -= num_tokens
+            if is_batch(seq):
+                batch_prefill -= num_tokens
         return out
 
     def _next_waiting(self) -> Sequence:
