@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 install:
 	$(PY) -m pip install --quiet -e ".[dev]"
 
-test: install k8s-binaries prometheus vllm-venv
+test: install k8s-binaries prometheus postgresql vllm-venv
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
@@ -42,6 +42,14 @@ vllm-venv:
 prometheus:
 	@command -v promtool >/dev/null && command -v prometheus >/dev/null || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+
+.PHONY: postgresql
+
+# PostgreSQL (Debian's package) for the batch store's tests: the suite starts its own server
+# (initdb in a temporary directory, a free port) from these binaries.
+postgresql:
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
 .PHONY: demo demo-down
 

@@ -28,6 +28,16 @@ GENERATION_TOKENS = PREFIX + "generation_tokens_total"
 PREEMPTIONS = PREFIX + "preemptions_total"
 PREFIX_CACHE_QUERIES = PREFIX + "prefix_cache_queries_total"
 PREFIX_CACHE_HITS = PREFIX + "prefix_cache_hits_total"
+# the same requests split by priority class (label priority: online | batch), so batch work
+# never hides or inflates the online SLO signals
+REQUESTS_BY_PRIORITY = PREFIX + "requests_by_priority_total"  # labels priority, outcome
+REQUESTS_GOOD_BY_PRIORITY = PREFIX + "requests_good_by_priority_total"  # label priority
+REQUESTS_WAITING_BY_PRIORITY = PREFIX + "requests_waiting_by_priority"  # label priority
+
+# the gateway's batch API
+BATCH_REQUESTS = PREFIX + "batch_requests_total"  # label state: completed | failed | retried
+BATCH_LINES_PENDING = PREFIX + "batch_lines_pending"
+BATCH_CONCURRENCY = PREFIX + "batch_concurrency_limit"  # labels namespace, service
 
 # the operator's autoscaler series, read by the dashboards (and by HPA/KEDA in those modes)
 AUTOSCALER_DESIRED_REPLICAS = PREFIX + "autoscaler_desired_replicas"

@@ -8,11 +8,12 @@ import contextlib
 import logging
 import os
 import signal
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
-from goodput_gateway import routing
+from goodput_gateway import batch, routing
 from goodput_gateway.app import Gateway, build_app
 from goodput_gateway.discovery import Registry, start_watches
 from goodput_gateway.holding import Holds
@@ -53,6 +54,18 @@ def parser() -> argparse.ArgumentParser:
                         "needed; repeatable)")
     p.add_argument("--static-policy", choices=routing.POLICIES, default="prefix",
                    help="the routing policy of --static-model services")
+    p.add_argument("--database", default=_env("GATEWAY_DATABASE", ""),
+                   help="the batch API's store: sqlite:///PATH (one gateway, or several sharing the file on one "
+                        "node) or postgresql://... (any number of gateways); unset: the batch API is off")
+    p.add_argument("--batch-file-dir", default=_env("GATEWAY_BATCH_FILE_DIR", ""),
+                   help="keep the bytes of batch files here instead of in the database")
+    p.add_argument("--batch-lease-seconds", type=float, default=float(_env("GATEWAY_BATCH_LEASE_SECONDS", "30")),
+                   help="a batch line claimed by a gateway that stopped returns to the others after this long")
+    p.add_argument("--batch-target-attainment", type=float,
+                   default=float(_env("GATEWAY_BATCH_TARGET_ATTAINMENT", "0.99")),
+                   help="batch concurrency halves while the replicas' online SLO attainment is below this")
+    p.add_argument("--batch-max-per-replica", type=int, default=int(_env("GATEWAY_BATCH_MAX_PER_REPLICA", "32")),
+                   help="the most batch lines in flight per ready replica")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     return p
 
@@ -76,7 +89,12 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     settings = ProxySettings(epsilon=args.load_epsilon, attempts=max(1, args.attempts),
                              chunk_chars=args.prefix_chunk_chars, prefix_chunks=args.prefix_chunks)
     gateway = Gateway(registry, Proxy(registry, holds, scraper, session, metrics, settings), metrics)
-    runner = web.AppRunner(build_app(gateway), handler_cancellation=True, access_log=None,
+    batch_settings = batch.BatchSettings(
+        database=args.database, file_dir=Path(args.batch_file_dir) if args.batch_file_dir else None,
+        dispatch=batch.DispatchSettings(lease_seconds=args.batch_lease_seconds,
+                                        target_attainment=args.batch_target_attainment,
+                                        per_replica_cap=args.batch_max_per_replica))
+    runner = web.AppRunner(build_app(gateway, batch_settings), handler_cancellation=True, access_log=None,
                            shutdown_timeout=args.shutdown_grace)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port, backlog=2048).start()

@@ -9,6 +9,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from goodput_gateway import batch
 from goodput_gateway.discovery import Registry, Service
 from goodput_gateway.errors import APIError, invalid, model_not_found, unavailable
 from goodput_gateway.metrics import GatewayMetrics
@@ -109,12 +110,13 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
         return APIError(exc.status, message, code=codes.get(exc.status)).response()
 
 
-def build_app(gateway: Gateway) -> web.Application:
+def build_app(gateway: Gateway, batch_settings: batch.BatchSettings | None = None) -> web.Application:
     app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
     app.on_response_prepare.append(gateway.close_when_stopping)
     app.router.add_get("/v1/models", gateway.list_models)
     app.router.add_get("/v1/models/{model:.+}", gateway.get_model)
     app.router.add_get("/health", gateway.health)
     app.router.add_get("/metrics", gateway.metrics_page)
+    batch.install(app, gateway, batch_settings or batch.BatchSettings())
     app.router.add_post("/{path:.*}", gateway.proxy_request)
     return app

@@ -82,6 +82,28 @@ def gateway_panels(y: int) -> list[dict[str, Any]]:
     ]
 
 
+def batch_panels(y: int) -> list[dict[str, Any]]:
+    """The batch API: lines waiting and done (every gateway together), how much batch work each service
+    is given, and the replicas' online vs batch requests (batch work yields to online)."""
+    return [
+        panel("Batch lines", [
+            q("max(goodput_batch_lines_pending)", "pending"),
+            q(f"sum by (state) (rate(goodput_batch_requests_total[{RATE}]))", "{{state}}/s"),
+        ], "short", 0, y, w=8, description="Lines of running batches not yet done, and lines finished per second."),
+        panel("Batch concurrency (AIMD)", [
+            q('sum by (service) (goodput_batch_concurrency_limit{service=~"$service"})', "{{service}}"),
+        ], "short", 8, y, w=8, step=True,
+            description="Lines a service may have in flight: +1 a second while its online requests meet the SLO "
+                        "and none waits, halved otherwise."),
+        panel("Online vs batch requests", [
+            q(f'sum by (priority) (rate(goodput_requests_by_priority_total{{{RUNTIME}, outcome="success"}}[{RATE}]))',
+              "{{priority}} req/s"),
+            q(f"sum by (priority) (goodput_requests_waiting_by_priority{{{RUNTIME}}})", "{{priority}} waiting"),
+        ], "short", 16, y, w=8,
+            description="The replicas' finished requests and queue by priority class."),
+    ]
+
+
 def dashboard() -> dict[str, Any]:
     # the recording rules read our runtime's, vLLM's and SGLang's series alike: every engine shows here
     good = f"sum(goodput:goodput:rate1m{{{RUNTIME}}})"
@@ -132,6 +154,7 @@ def dashboard() -> dict[str, Any]:
         ], "short", 16, 32, w=8, threshold=None,
             description="1 spends the budget (0.05 for a 0.95 target) exactly over the SLO period; 14.4 pages."),
         *gateway_panels(40),
+        *batch_panels(48),
     ]
     return {
         "uid": UID, "title": "Goodput / Autoscaling", "tags": ["goodput", "slo", "autoscaling"],

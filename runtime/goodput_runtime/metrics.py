@@ -35,6 +35,13 @@ def time_per_output_token(times: RequestTimes) -> float | None:
     return (times.finished - times.first_token) / (times.num_output_tokens - 1)
 
 
+PRIORITY_CLASSES = ("online", "batch")
+
+
+def priority_class(priority: int) -> str:
+    return "batch" if priority > 0 else "online"
+
+
 class RuntimeMetrics:
     def __init__(self, model: str, slo_ttft: float | None, slo_tpot: float | None,
                  registry: CollectorRegistry | None = None) -> None:
@@ -65,13 +72,22 @@ class RuntimeMetrics:
         self.queue_time = histogram(names.QUEUE_TIME, "Time from arrival to first scheduling.",
                                     REQUEST_LATENCY_BUCKETS)
         self.running = gauge(names.REQUESTS_RUNNING, "Requests in the running batch.")
-        self.waiting = gauge(names.REQUESTS_WAITING, "Requests waiting to be scheduled.")
+        self.waiting = gauge(names.REQUESTS_WAITING, "Online requests waiting to be scheduled.")
         self.kv_usage = gauge(names.KV_CACHE_USAGE, "Share of KV cache blocks in use (0-1).")
-        self.requests = Counter(counter_name(names.REQUESTS), "Finished requests by outcome.",
+        self.requests = Counter(counter_name(names.REQUESTS), "Finished online requests by outcome.",
                                 ["model", "outcome"], registry=r)
         self.good = counter(names.REQUESTS_GOOD, "Requests that succeeded and met both the TTFT and TPOT SLOs.")
         self.violations = Counter(counter_name(names.SLO_VIOLATIONS), "Successful requests that missed an SLO target.",
                                   ["model", "slo"], registry=r)
+        self.by_priority = Counter(counter_name(names.REQUESTS_BY_PRIORITY),
+                                   "Finished requests by priority class (online: priority <= 0, batch: above) and "
+                                   "outcome.", ["model", "priority", "outcome"], registry=r)
+        self.good_by_priority = Counter(counter_name(names.REQUESTS_GOOD_BY_PRIORITY),
+                                        "Requests that met both SLOs, by priority class.", ["model", "priority"],
+                                        registry=r)
+        self.waiting_by_priority = Gauge(names.REQUESTS_WAITING_BY_PRIORITY,
+                                         "Requests waiting to be scheduled, by priority class.",
+                                         ["model", "priority"], registry=r)
         self.prompt_tokens = counter(names.PROMPT_TOKENS, "Prompt tokens processed (prefill).")
         self.generation_tokens = counter(names.GENERATION_TOKENS, "Tokens generated.")
         self.preemptions = counter(names.PREEMPTIONS, "Requests preempted for lack of KV cache blocks.")
@@ -85,36 +101,52 @@ class RuntimeMetrics:
             self.requests.labels(model, outcome)
         for slo in ("ttft", "tpot"):
             self.violations.labels(model, slo)
+        for cls in PRIORITY_CLASSES:
+            self.good_by_priority.labels(model, cls)
+            self.waiting_by_priority.labels(model, cls)
+            for outcome in ("success", "abort", "error"):
+                self.by_priority.labels(model, cls, outcome)
 
     def record_finished(self, times: RequestTimes) -> bool:
-        """Observe one finished request; return whether it counted as good."""
-        self.requests.labels(self.model, times.outcome).inc()
-        if times.first_scheduled is not None:
-            self.queue_time.observe(times.first_scheduled - times.arrival)
+        """Observe one finished request; return whether it counted as good. Batch work (priority above
+        0) is counted apart, in the by-priority series only: the SLO series, and the autoscaler reading
+        them, see online requests, so a batch neither adds replicas nor hides an online SLO miss."""
+        cls = priority_class(times.priority)
+        online = cls == "online"
+        self.by_priority.labels(self.model, cls, times.outcome).inc()
+        if online:
+            self.requests.labels(self.model, times.outcome).inc()
+            if times.first_scheduled is not None:
+                self.queue_time.observe(times.first_scheduled - times.arrival)
         if times.outcome != "success" or times.finished is None:
             return False
-        self.e2e.observe(times.finished - times.arrival)
         ttft = None if times.first_token is None else times.first_token - times.arrival
-        if ttft is not None:
-            self.ttft.observe(ttft)
         tpot = time_per_output_token(times)
-        if tpot is not None:
-            self.tpot.observe(tpot)
         ttft_met = ttft is not None and (self.slo_ttft is None or ttft <= self.slo_ttft)
         tpot_met = tpot is None or self.slo_tpot is None or tpot <= self.slo_tpot
-        if not ttft_met:
-            self.violations.labels(self.model, "ttft").inc()
-        if not tpot_met:
-            self.violations.labels(self.model, "tpot").inc()
+        if online:
+            self.e2e.observe(times.finished - times.arrival)
+            if ttft is not None:
+                self.ttft.observe(ttft)
+            if tpot is not None:
+                self.tpot.observe(tpot)
+            if not ttft_met:
+                self.violations.labels(self.model, "ttft").inc()
+            if not tpot_met:
+                self.violations.labels(self.model, "tpot").inc()
         if ttft_met and tpot_met:
-            self.good.inc()
+            if online:
+                self.good.inc()
+            self.good_by_priority.labels(self.model, cls).inc()
             return True
         return False
 
     def record_step(self, running: int, waiting: int, kv_usage: float, prompt_tokens: int,
-                    generation_tokens: int, preemptions: int) -> None:
+                    generation_tokens: int, preemptions: int, waiting_batch: int = 0) -> None:
         self.running.set(running)
-        self.waiting.set(waiting)
+        self.waiting.set(waiting - waiting_batch)  # online requests: the queue the autoscaler reads
+        self.waiting_by_priority.labels(self.model, "online").set(waiting - waiting_batch)
+        self.waiting_by_priority.labels(self.model, "batch").set(waiting_batch)
         self.kv_usage.set(kv_usage)
         if prompt_tokens:
             self.prompt_tokens.inc(prompt_tokens)

@@ -17,3 +17,4 @@ class RequestTimes:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     outcome: str = "success"  # success | abort | error
+    priority: int = 0  # the request's; above 0 is batch work (metrics split by it)

@@ -35,6 +35,7 @@ class SamplingParams:
     min_tokens: int = 0  # EOS, stop tokens and stop strings are held off until this many are generated
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k likeliest
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob and the k likeliest
+    priority: int = 0  # vLLM's convention: lower is served first; above 0 is batch work
 
     @property
     def greedy(self) -> bool:

@@ -172,7 +172,7 @@ class EngineCore:
             num_sampling = sum(t is not None for t in result.tokens)  # forked choices computed nothing
             self.metrics.record_step(len(self.scheduler.running), len(self.scheduler.waiting),
                                      self.block_manager.usage, out.num_tokens - num_sampling,
-                                     result.num_sampled, out.num_preempted)
+                                     result.num_sampled, out.num_preempted, self.scheduler.num_waiting_batch)
             if out.prefix_queried_tokens:
                 self.metrics.record_prefix_lookup(out.prefix_queried_tokens, out.prefix_hit_tokens)
         return outputs
@@ -190,7 +190,7 @@ class EngineCore:
         if self.metrics and open_choices:
             # the gauges move now, not at the next step: an idle engine may take none for a long while
             self.metrics.record_step(len(self.scheduler.running), len(self.scheduler.waiting),
-                                     self.block_manager.usage, 0, 0, 0)
+                                     self.block_manager.usage, 0, 0, 0, self.scheduler.num_waiting_batch)
         now = time.monotonic()
         return [self._output(request, choice, now) for choice in open_choices]
 

@@ -9,6 +9,13 @@ A request with several choices is scheduled as one sequence until its prefill en
 that samples its first token samples one for every choice, and the other choices fork from it
 there, sharing its blocks (see block_manager.py). From then on each choice is a sequence of its
 own: scheduled, preempted and recomputed like any other.
+
+Priority (vLLM's convention: lower first, 0 by default; above 0 is batch work): the waiting
+request admitted next is the first of the lowest priority, so batch requests are admitted only
+while no online one waits; a step that admits an online request runs no batch work at all (no
+batch prefill, no batch decode), and a batch request is preempted to make room (blocks or a
+seat) for it. Batch prefills get at most a quarter of a step's token budget. Running requests are served in priority
+order, so when blocks run out the victim is the most recently admitted of the lowest priority.
 """
 
 from __future__ import annotations
@@ -19,6 +26,13 @@ from dataclasses import dataclass, field
 
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.sequence import SeqStatus, Sequence
+
+BATCH_PREFILL_SHARE = 4  # batch prefills take at most 1/4 of a step's token budget: a step an online
+# request arrives during stays short, so its wait for the next step does too
+
+
+def is_batch(seq: Sequence) -> bool:
+    return seq.params.priority > 0
 
 
 @dataclass(slots=True)
@@ -66,16 +80,30 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    @property
+    def num_waiting_batch(self) -> int:
+        return sum(1 for s in self.waiting if is_batch(s))
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        self.running.sort(key=lambda s: s.params.priority)  # stable: admission order within a priority
+        online_waiting = any(not is_batch(s) for s in self.waiting)
+        batch_prefill = max(1, self.max_num_batched_tokens // BATCH_PREFILL_SHARE)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            prefill = seq.num_uncomputed_tokens > 1
+            if is_batch(seq) and (online_waiting or (prefill and batch_prefill <= 0)):
+                i += 1  # batch work pauses for a step that admits an online request
+                continue
             num_tokens = min(seq.num_uncomputed_tokens, budget)
+            if is_batch(seq) and prefill:
+                num_tokens = min(num_tokens, batch_prefill)
+                batch_prefill -= num_tokens
             while not self.block_manager.allocate(seq, num_tokens):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -86,15 +114,30 @@ class Scheduler:
                 out.scheduled.append(self._scheduled(seq, num_tokens))
                 budget -= num_tokens
                 i += 1
-        while self.waiting and budget > 0 and not out.num_preempted and self._room_for(self.waiting[0]):
-            seq = self.waiting[0]
+        evicted = 0
+        while self.waiting and budget > 0 and out.num_preempted == evicted:
+            seq = self._next_waiting()
+            if not self._room_for(seq):
+                freed = self._evict_batch_for(seq, out)
+                if freed is None:
+                    break
+                budget, evicted = budget + freed, out.num_preempted
+                continue
             first_admission = seq.times.first_scheduled is None
             hits = [] if self._needs_every_position(seq) else self.block_manager.match_prefix(seq)
             cached = len(hits) * self.block_manager.block_size
             num_tokens = min(seq.num_tokens - cached, budget)
+            if is_batch(seq):  # only batch requests wait now (the lowest priority comes first)
+                num_tokens = min(num_tokens, batch_prefill)
+                if num_tokens <= 0 or online_waiting:
+                    break
             if not self.block_manager.allocate(seq, num_tokens, hits):
-                break
-            self.waiting.popleft()
+                freed = self._evict_batch_for(seq, out)
+                if freed is None:
+                    break
+                budget, evicted = budget + freed, out.num_preempted
+                continue
+            self.waiting.remove(seq)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             if first_admission:
@@ -104,7 +147,33 @@ class Scheduler:
                 out.prefix_hit_tokens += cached
             out.scheduled.append(self._scheduled(seq, num_tokens))
             budget -= num_tokens
+            if is_batch(seq):
+                batch_prefill -= num_tokens
         return out
+
+    def _next_waiting(self) -> Sequence:
+        """The first waiting request of the lowest priority (preempted ones are at the front)."""
+        best = self.waiting[0]
+        for seq in self.waiting:
+            if seq.params.priority < best.params.priority:
+                best = seq
+        return best
+
+    def _evict_batch_for(self, seq: Sequence, out: SchedulerOutput) -> int | None:
+        """Preempt the most recently admitted batch request to make room for online `seq`; None when
+        `seq` is itself batch work or no batch request runs. A victim already scheduled this step is
+        taken out of the step: the tokens it gives back to the budget are returned."""
+        if is_batch(seq):
+            return None
+        victim = next((s for s in reversed(self.running) if is_batch(s)), None)
+        if victim is None:
+            return None
+        freed = sum(item.num_tokens for item in out.scheduled if item.seq is victim)
+        out.scheduled = [item for item in out.scheduled if item.seq is not victim]
+        self.running.remove(victim)
+        self._preempt(victim)
+        out.num_preempted += 1
+        return freed
 
     @staticmethod
     def _needs_every_position(seq: Sequence) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -21,7 +22,7 @@ from goodput_runtime.server.prompts import (
     completion_prompt_ids,
     token_budget,
 )
-from goodput_runtime.server.protocol import Sampling, parse_chat, parse_completion, parse_json
+from goodput_runtime.server.protocol import Sampling, header_priority, parse_chat, parse_completion, parse_json
 from goodput_runtime.server.responses import ChatShape, CompletionShape, TokenText
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     engine = state.serving_engine()
     prompt_ids = completion_prompt_ids(engine.tokenizer, body.prompt)
     params = sampling_params(engine, body.sampling, len(prompt_ids), "prompt")
+    params = with_priority(request, body.sampling, params)
     shape = CompletionShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
     echo_text = None
     if body.sampling.echo:
@@ -117,6 +119,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     engine = state.serving_engine()
     prompt_ids = chat_prompt_ids(engine.tokenizer, body.messages, state.model_name)
     params = sampling_params(engine, body.sampling, len(prompt_ids), "messages")
+    params = with_priority(request, body.sampling, params)
     shape = ChatShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
     return await generate(request, engine, state.tracker, shape, prompt_ids, params, body.stream, "messages")
 
@@ -145,6 +148,13 @@ def sampling_params(engine: Any, sampling: Sampling, num_prompt_tokens: int, pro
                       "generate", "min_tokens")
     check_token_ids(engine.tokenizer, sampling)
     return sampling.params(max_tokens, defaults)
+
+
+def with_priority(request: web.Request, sampling: Sampling, params: SamplingParams) -> SamplingParams:
+    """The body's `priority`, else the gateway's header (batch lines carry it)."""
+    if sampling.priority is not None:
+        return params
+    return dataclasses.replace(params, priority=header_priority(request.headers.get("X-Goodput-Priority")))
 
 
 def model_card(state: ServerState) -> dict:

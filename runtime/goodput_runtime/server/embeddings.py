@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import sys
 import uuid
 from array import array
@@ -27,6 +28,7 @@ from goodput_runtime.server.generate import admit
 from goodput_runtime.server.prompts import completion_prompt_ids
 from goodput_runtime.server.protocol import (
     boolean,
+    header_priority,
     is_int,
     model_name,
     optional_int,
@@ -37,7 +39,8 @@ from goodput_runtime.server.protocol import (
 
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
 ENCODINGS = ("float", "base64")
-FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user", "normalize", "add_special_tokens"})
+FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user", "normalize", "add_special_tokens",
+                    "priority"})
 EMBEDDING_PARAMS = SamplingParams(max_tokens=1, temperature=0.0)  # never used to sample: nothing is generated
 
 
@@ -50,6 +53,7 @@ class EmbeddingRequest:
     normalize: bool
     add_special_tokens: bool
     single: bool  # one input, not a list of them: errors name 'input' rather than 'input[0]'
+    priority: int | None = None  # as in a completion request: None, the header's
 
 
 def parse_embedding(body: dict) -> EmbeddingRequest:
@@ -67,7 +71,8 @@ def parse_embedding(body: dict) -> EmbeddingRequest:
     if user is not None and not isinstance(user, str):
         raise wrong_type("user", "a string")
     return EmbeddingRequest(model, inputs, encoding, optional_int(body, "dimensions", minimum=1),
-                            boolean(body, "normalize", True), boolean(body, "add_special_tokens", True), single)
+                            boolean(body, "normalize", True), boolean(body, "add_special_tokens", True), single,
+                            optional_int(body, "priority"))
 
 
 def embedding_inputs(value: Any) -> list[str | list[int]]:
@@ -130,13 +135,17 @@ async def embeddings(request: web.Request, state: Any) -> web.Response:
                           f"holds {len(ids)} tokens. Shorten it.", param, "context_length_exceeded")
         prompts.append(ids)
     pooling = PoolingParams(engine.pooling, body.normalize)
+    priority = body.priority
+    if priority is None:
+        priority = header_priority(request.headers.get("X-Goodput-Priority"))
+    params = dataclasses.replace(EMBEDDING_PARAMS, priority=priority)
     base = f"embd-{uuid.uuid4().hex}"
     request_ids: list[str] = []
     finished = False
     try:
         streams = []
         for i, ids in enumerate(prompts):
-            streams.append(admit(engine, f"{base}-{i}", ids, EMBEDDING_PARAMS, "input", pooling))
+            streams.append(admit(engine, f"{base}-{i}", ids, params, "input", pooling))
             request_ids.append(f"{base}-{i}")
             state.tracker.active.add(request_ids[-1])
         outputs = await asyncio.gather(*(final_output(s) for s in streams))

@@ -36,6 +36,7 @@ class Sampling:
     min_tokens: int = 0
     logprobs: int | None = None  # top logprobs per token; None: no logprobs at all
     echo: bool = False  # completions: the prompt comes first in each choice (with its logprobs if asked)
+    priority: int | None = None  # vLLM's: lower first, above 0 is batch work; None: the header's, else 0
 
     def params(self, max_tokens: int, defaults: dict[str, float | int] | None = None) -> SamplingParams:
         """Engine settings: the request's own values, else the model's defaults, else OpenAI's."""
@@ -52,7 +53,7 @@ class Sampling:
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
             n=self.n, presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             logit_bias=self.logit_bias, min_tokens=self.min_tokens, logprobs=self.logprobs,
-            prompt_logprobs=self.logprobs if self.echo else None)
+            prompt_logprobs=self.logprobs if self.echo else None, priority=self.priority or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +254,21 @@ def sampling(body: dict, max_tokens_names: tuple[str, ...], logprobs: int | None
         min_tokens=min_tokens,
         logprobs=logprobs,
         echo=echo,
+        priority=optional_int(body, "priority", minimum=-(2**31)),
     )
+
+
+def header_priority(value: str | None) -> int:
+    """The gateway's X-Goodput-Priority header: `online` (0), `batch` (1) or an integer."""
+    if value is None or value == "online":
+        return 0
+    if value == "batch":
+        return 1
+    try:
+        return int(value)
+    except ValueError:
+        raise invalid(f"The header X-Goodput-Priority must be online, batch or an integer, got {shown(value)}",
+                      "X-Goodput-Priority") from None
 
 
 def model_name(body: dict) -> str:

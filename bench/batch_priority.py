@@ -1,0 +1,297 @@
+"""Batch work beside an online load: does the online SLO hold, and how much idle capacity does the batch use?
+
+One runtime process (the real SmolLM2-135M-Instruct by default) behind a gateway process with the
+batch API on (SQLite). First the replica's capacity C is measured (closed loop, requests/s of the
+online request shape). Then, in alternating rounds:
+
+- A: an online Poisson load at --load × C alone, for --duration seconds;
+- B: the same load (same seed) while a --batch-lines batch of the same request shape runs through
+  the gateway's batch API; the batch is cancelled at the end of the round.
+
+Online attainment is the share of online requests whose TTFT met --slo-ttft. The batch's share of
+the idle capacity is its throughput over (C − online rate). Writes JSON and a PNG (online TTFT p90
+and batch throughput over time, both runs) under bench/results/.
+
+    python -m bench.batch_priority --duration 60 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import itertools
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import aiohttp
+
+from bench.server_process import REPO, free_port, healthy, start_server
+
+WORDS = ("river", "market", "engine", "garden", "winter", "signal", "planet", "library", "thunder", "canvas",
+         "harbor", "circuit", "meadow", "lantern", "glacier", "orchard", "compass", "velvet", "falcon", "quartz")
+
+
+def question(rng: random.Random) -> str:
+    return "Write one sentence about " + " ".join(rng.choice(WORDS) for _ in range(12)) + "."
+
+
+def chat_body(text: str, max_tokens: int, stream: bool) -> dict:
+    return {"model": "smollm2", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+            "ignore_eos": True, "temperature": 0, **({"stream": True} if stream else {})}
+
+
+@contextmanager
+def gateway_process(static: str, database: str, log_dir: Path, cap: int) -> Iterator[str]:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("gateway", "operator", "contract"))}
+    log = (log_dir / f"gateway-batch-{time.strftime('%H%M%S')}.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "goodput_gateway", "--host", "127.0.0.1", "--port", str(port),
+                             "--static-model", static, "--database", database, "--batch-max-per-replica", str(cap),
+                             "--shutdown-delay", "0", "--shutdown-grace", "2"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not healthy(f"http://127.0.0.1:{port}/health"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the gateway did not start; see {log.name}")
+            time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        log.close()
+
+
+def first_text(raw: bytes) -> bool:
+    """Whether an event carries generated text (the first event only names the role, with empty content)."""
+    choices = json.loads(raw[len(b"data: "):]).get("choices") or [{}]
+    return bool((choices[0].get("delta") or {}).get("content"))
+
+
+async def one_online(session: aiohttp.ClientSession, url: str, text: str, max_tokens: int) -> tuple[float, bool]:
+    """(TTFT in seconds, success) of one streamed chat request."""
+    started = time.perf_counter()
+    ttft = None
+    try:
+        async with session.post(url + "/v1/chat/completions", json=chat_body(text, max_tokens, True)) as r:
+            if r.status != 200:
+                await r.read()
+                return time.perf_counter() - started, False
+            async for raw in r.content:
+                if ttft is None and raw.startswith(b"data: {") and first_text(raw):
+                    ttft = time.perf_counter() - started
+        return (ttft if ttft is not None else time.perf_counter() - started), ttft is not None
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return time.perf_counter() - started, False
+
+
+async def capacity(url: str, max_tokens: int, seconds: float, concurrency: int, warmup: float) -> float:
+    """Online requests/s the replica completes with `concurrency` clients in a closed loop, counted
+    over `seconds` after `warmup` seconds of the same load."""
+    rng = random.Random(7)
+    finished: list[float] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        started = time.perf_counter()
+        end = started + warmup + seconds
+
+        async def client() -> None:
+            while time.perf_counter() < end:
+                if (await one_online(session, url, question(rng), max_tokens))[1]:
+                    finished.append(time.perf_counter())
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+    counted = [t for t in finished if started + warmup <= t < end]
+    return len(counted) / seconds
+
+
+async def create_batch(session: aiohttp.ClientSession, url: str, lines: int, max_tokens: int, seed: int) -> str:
+    rng = random.Random(1000 + seed)
+    data = "".join(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
+                               "body": chat_body(question(rng), max_tokens, False)}) + "\n" for i in range(lines))
+    form = aiohttp.FormData()
+    form.add_field("purpose", "batch")
+    form.add_field("file", io.BytesIO(data.encode()), filename="batch.jsonl")
+    async with session.post(url + "/v1/files", data=form) as r:
+        file_id = (await r.json())["id"]
+    async with session.post(url + "/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+                                                       "completion_window": "24h"}) as r:
+        return str((await r.json())["id"])
+
+
+async def batch_state(session: aiohttp.ClientSession, url: str, batch_id: str) -> dict:
+    async with session.get(f"{url}/v1/batches/{batch_id}") as r:
+        return dict(await r.json())
+
+
+async def run_round(url: str, args: argparse.Namespace, rate: float, with_batch: bool, seed: int) -> dict:
+    rng = random.Random(seed)
+    arrivals, t = [], 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= args.duration:
+            break
+        arrivals.append((t, question(rng)))
+    online: list[tuple[float, float, bool]] = []  # (start offset, ttft, ok)
+    batch_timeline: list[tuple[float, int, float]] = []  # (offset, lines completed, the gateway's AIMD limit)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        batch_id = None
+        if with_batch:
+            batch_id = await create_batch(session, url, args.batch_lines, args.max_tokens, seed)
+            while (await batch_state(session, url, batch_id))["status"] == "validating":
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(args.warmup)  # the dispatcher's concurrency settles before measuring
+        started = time.perf_counter()
+
+        async def send(offset: float, text: str) -> None:
+            await asyncio.sleep(max(0.0, started + offset - time.perf_counter()))
+            ttft, ok = await one_online(session, url, text, args.max_tokens)
+            online.append((offset, ttft, ok))
+
+        async def watch() -> None:
+            while batch_id and time.perf_counter() - started < args.duration:
+                state = await batch_state(session, url, batch_id)
+                async with session.get(url + "/metrics") as r:
+                    limit = sum(float(line.rsplit(" ", 1)[1]) for line in (await r.text()).splitlines()
+                                if line.startswith("goodput_batch_concurrency_limit{"))
+                batch_timeline.append((time.perf_counter() - started, state["request_counts"]["completed"], limit))
+                await asyncio.sleep(1.0)
+
+        await asyncio.gather(watch(), *(send(o, q) for o, q in arrivals))
+        wall = time.perf_counter() - started
+        if batch_id:
+            async with session.post(f"{url}/v1/batches/{batch_id}/cancel") as r:
+                await r.read()
+            while (await batch_state(session, url, batch_id))["status"] != "cancelled":
+                await asyncio.sleep(0.5)
+    ttfts = sorted(x[1] for x in online if x[2])
+    good = sum(1 for x in online if x[2] and x[1] <= args.slo_ttft)
+    first, last = (batch_timeline[0], batch_timeline[-1]) if batch_timeline else ((0.0, 0, 0.0), (1.0, 0, 0.0))
+    batch_rps = (last[1] - first[1]) / max(1e-9, last[0] - first[0]) if len(batch_timeline) > 1 else 0.0
+    return {"with_batch": with_batch, "online_requests": len(online), "online_rate_rps": len(online) / wall,
+            "attainment": good / max(1, len(online)), "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
+            "ttft_p90_s": ttfts[int(0.9 * (len(ttfts) - 1))] if ttfts else None, "batch_rps": batch_rps,
+            "online": online, "batch_timeline": batch_timeline}
+
+
+def plot(report: dict, path: Path, window: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for r in report["rounds"]:
+        label = f"round {r['round']} {'with batch' if r['with_batch'] else 'online alone'}"
+        style = "-" if r["with_batch"] else "--"
+        xs, ys = [], []
+        t = 0.0
+        while t < report["args"]["duration"]:
+            inside = sorted(x[1] for x in r["online"] if t <= x[0] < t + window and x[2])
+            if inside:
+                xs.append(t + window / 2)
+                ys.append(inside[int(0.9 * (len(inside) - 1))])
+            t += window
+        top.plot(xs, ys, style, label=label)
+        if r["with_batch"] and len(r["batch_timeline"]) > 1:
+            tl = r["batch_timeline"][:: max(1, round(window))]  # samples about a second apart: windows
+            rates = [(b[1] - a[1]) / max(1e-9, b[0] - a[0]) for a, b in itertools.pairwise(tl)]
+            bottom.plot([(a[0] + b[0]) / 2 for a, b in itertools.pairwise(tl)], rates, label=label)
+    top.axhline(report["args"]["slo_ttft"], color="grey", linewidth=0.8, label="TTFT SLO")
+    top.set_ylabel(f"online TTFT p90 (s, {window:g} s windows)")
+    top.legend(fontsize=7)
+    bottom.axhline(report["summary"]["idle_capacity_rps"], color="grey", linewidth=0.8,
+                   label="capacity the online load leaves idle")
+    bottom.set_ylabel(f"batch lines/s ({window:g} s windows)")
+    bottom.set_xlabel("seconds into the round")
+    bottom.legend(fontsize=7)
+    fig.suptitle(f"online load {report['summary']['online_rate_rps']:.2f} req/s "
+                 f"({report['args']['load']:.0%} of capacity {report['summary']['capacity_rps']:.2f} req/s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.batch_priority", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="a model directory (default: SmolLM2-135M-Instruct, prepared under .cache)")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of online load per round")
+    p.add_argument("--rounds", type=int, default=2, help="pairs of rounds (A: online alone, B: with the batch)")
+    p.add_argument("--load", type=float, default=0.6, help="online rate as a share of the measured capacity")
+    p.add_argument("--batch-lines", type=int, default=2000)
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--slo-ttft", type=float, default=1.0, help="seconds")
+    p.add_argument("--capacity-seconds", type=float, default=30.0, help="closed-loop seconds counted")
+    p.add_argument("--capacity-concurrency", type=int, default=16)
+    p.add_argument("--warmup", type=float, default=5.0,
+                   help="seconds of load before counting: the capacity loop's, and the batch's before a B round")
+    p.add_argument("--max-per-replica", type=int, default=16, help="the gateway's batch concurrency cap")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "batch_priority.json")
+    args = p.parse_args()
+    if args.model:
+        model = args.model
+    else:
+        from goodput_runtime.tools import smollm2
+
+        cache = REPO / ".cache" / "smollm2"
+        model = str(smollm2.prepare(smollm2.fetch(cache), smollm2.prepared_dir(cache)))
+    log_dir = REPO / "bench" / "results" / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    database = log_dir / f"batch-{time.strftime('%H%M%S')}.db"
+    report: dict = {"machine": f"{os.cpu_count()} CPUs, shared", "model": model,
+                    "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "rounds": []}
+    with start_server(model, "smollm2", os.cpu_count() or 1,
+                      ["--slo-ttft", str(args.slo_ttft), "--max-model-len", "1024", "--max-num-seqs", "32"],
+                      log_dir) as server, \
+            gateway_process(f"smollm2={server.base_url}", f"sqlite:///{database}", log_dir,
+                            args.max_per_replica) as url:
+        cap = asyncio.run(capacity(url, args.max_tokens, args.capacity_seconds, args.capacity_concurrency,
+                                   args.warmup))
+        rate = args.load * cap
+        print(f"  capacity {cap:.2f} req/s; online load {rate:.2f} req/s", flush=True)
+        for r in range(args.rounds):
+            for with_batch in (False, True):
+                result = asyncio.run(run_round(url, args, rate, with_batch, seed=r))
+                result["round"] = r
+                report["rounds"].append(result)
+                print(f"  round {r} {'B with batch ' if with_batch else 'A online only'}: attainment "
+                      f"{result['attainment']:.3f}, TTFT p50 {result['ttft_p50_s']:.3f} s p90 "
+                      f"{result['ttft_p90_s']:.3f} s, batch {result['batch_rps']:.2f} lines/s", flush=True)
+
+    def mean(with_batch: bool, key: str) -> float:
+        return statistics.fmean(x[key] for x in report["rounds"] if x["with_batch"] is with_batch)
+
+    idle = cap - rate
+    summary = {"capacity_rps": cap, "online_rate_rps": rate, "idle_capacity_rps": idle,
+               "alone": {k: mean(False, k) for k in ("attainment", "ttft_p50_s", "ttft_p90_s")},
+               "with_batch": {k: mean(True, k) for k in ("attainment", "ttft_p50_s", "ttft_p90_s", "batch_rps")}}
+    summary["attainment_ratio"] = summary["with_batch"]["attainment"] / max(1e-9, summary["alone"]["attainment"])
+    summary["idle_capacity_used"] = summary["with_batch"]["batch_rps"] / max(1e-9, idle)
+    report["summary"] = summary
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    png = args.out.with_suffix(".png")
+    plot(report, png, window=max(5.0, args.duration / 12))
+    a, b = summary["alone"], summary["with_batch"]
+    print(f"\ncapacity {cap:.2f} req/s, online {rate:.2f} req/s ({args.load:.0%}), idle {idle:.2f} req/s; "
+          f"TTFT SLO {args.slo_ttft:g} s; {args.rounds} rounds of {args.duration:g} s each")
+    print("\n| run | online attainment | TTFT p50 (s) | TTFT p90 (s) | batch lines/s |\n|---|---|---|---|---|")
+    print(f"| online alone | {a['attainment']:.3f} | {a['ttft_p50_s']:.3f} | {a['ttft_p90_s']:.3f} | – |")
+    print(f"| online + batch | {b['attainment']:.3f} | {b['ttft_p50_s']:.3f} | {b['ttft_p90_s']:.3f} | "
+          f"{b['batch_rps']:.2f} |")
+    print(f"| ratio / share | {summary['attainment_ratio']:.3f} (target ≥ 0.98) | | | "
+          f"{summary['idle_capacity_used']:.0%} of idle capacity (target ≥ 50 %) |")
+    print(f"wrote {args.out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
