@@ -95,3 +95,12 @@ GATEWAY_HOLD_DURATION = PREFIX + "gateway_hold_duration_seconds"  # how long hel
 GATEWAY_REQUESTS_IN_FLIGHT = PREFIX + "gateway_requests_in_flight"
 GATEWAY_LAST_REQUEST = PREFIX + "gateway_last_request_timestamp_seconds"
 GATEWAY_ROUTING_DECISION_KINDS = ("affinity", "overflow", "least_load", "random", "retry")
+
+# the gateway's InferencePipeline series (labels namespace, pipeline)
+PIPELINE_REQUESTS = PREFIX + "pipeline_requests_total"  # label outcome
+PIPELINE_OUTCOMES = ("served", "refused", "filtered", "error")
+PIPELINE_REQUESTS_GOOD = PREFIX + "pipeline_requests_good_total"  # met the generate service's SLO end to end
+PIPELINE_TTFT = PREFIX + "pipeline_time_to_first_token_seconds"  # arrival to the first text released
+PIPELINE_STEP_DURATION = PREFIX + "pipeline_step_duration_seconds"  # labels step, kind
+GUARD_BLOCKS = PREFIX + "guard_blocks_total"  # label rule
+GUARD_REDACTIONS = PREFIX + "guard_redactions_total"  # label rule

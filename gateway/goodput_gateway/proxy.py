@@ -10,11 +10,13 @@ runtime aborts the request and frees its KV blocks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,12 +85,20 @@ class Proxy:
 
     async def forward(self, request: web.Request, svc: Service, model: str, raw: bytes,
                       body: dict[str, Any]) -> web.StreamResponse:
+        async with self.open(request.method, request.path_qs, request.headers, svc, model, raw, body) as upstream:
+            return await self.stream(request, upstream)
+
+    @contextlib.asynccontextmanager
+    async def open(self, method: str, path_qs: str, client_headers: Mapping[str, str], svc: Service, model: str,
+                   raw: bytes, body: dict[str, Any]) -> AsyncIterator[aiohttp.ClientResponse]:
+        """The response headers of one replica of `svc` (retried elsewhere as above); the replica counts
+        as carrying the request until the block ends."""
         key = (svc.namespace, svc.name)
         prefix = 0
         if svc.policy == "prefix":
             text = routing.prompt_text(body)
             prefix = routing.prefix_key(text, self.settings.chunk_chars, self.settings.prefix_chunks)
-        headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP)
+        headers = CIMultiDict((k, v) for k, v in client_headers.items() if k.lower() not in HOP_BY_HOP)
         tried: set[str] = set()
         failure = ""
         for _attempt in range(self.settings.attempts):
@@ -98,8 +108,7 @@ class Proxy:
             url = choice.replica
             self.outstanding[url] += 1
             try:
-                upstream = await self.session.request(request.method, url + request.path_qs, data=raw,
-                                                      headers=headers)
+                upstream = await self.session.request(method, url + path_qs, data=raw, headers=headers)
             except RETRYABLE as err:
                 self.outstanding[url] -= 1
                 tried.add(url)
@@ -118,9 +127,11 @@ class Proxy:
                 failure = f"{url}: 503"
                 continue
             try:
-                return await self.stream(request, upstream)
+                yield upstream
             finally:
                 self.outstanding[url] -= 1
+                upstream.close()  # a no-op after a full read (the connection went back to the pool)
+            return
         raise unavailable(f"No replica of '{model}' answered after {self.settings.attempts} attempts ({failure})",
                           "upstream_unavailable")
 
