@@ -38,7 +38,8 @@ def _is_phone(match: re.Match[str]) -> bool:
 # type -> (expression, a check a match must also pass)
 PII: dict[str, tuple[re.Pattern[str], Callable[[re.Match[str]], bool]]] = {
     "email": (re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"), lambda m: True),
-    "phone": (re.compile(r"(?<![\w+])\+?\d(?:[ .-]?\(?\d\)?){9,14}(?!\w)"), _is_phone),
+    # not the tail of a longer digit run ("4111 1111 1111 1112" holds no phone number)
+    "phone": (re.compile(r"(?<![\w+])(?<!\d[ .-])\(?\+?\d(?:[ .-]?\(?\d\)?){9,14}(?![\w-])(?![ .]\d)"), _is_phone),
     "card": (re.compile(r"(?<!\d)\d(?:[ -]?\d){12,18}(?!\d)"), _is_card),
 }
 
