@@ -80,8 +80,9 @@ async def reconcile_pipeline(ctx: Context, body: dict[str, Any]) -> None:
     status = body.get("status") or {}
     generation = int(meta.get("generation") or 0)
     merged = conditions.merge(status.get("conditions"), current, generation, now_timestamp())
-    new = {"observedGeneration": generation, "conditions": merged, "services": listed,
-           "steps": spec.summary if isinstance(spec, PipelineSpec) else ""}
+    new: dict[str, Any] = {"observedGeneration": generation, "conditions": merged, "services": listed}
+    if isinstance(spec, PipelineSpec):
+        new["steps"] = spec.summary
     if all(status.get(k) == v for k, v in new.items()):
         return
     await ctx.kube.request("PATCH", pipeline_path(namespace, name) + "/status", body={"status": new},
