@@ -99,5 +99,6 @@ def test_every_step_field_in_the_crd_is_one_the_parser_reads():
     assert fields == {"name", "kind", "stage", "holdBack", "rules", "classifier", "system", "prompt", "service",
                       "defaults"}
     defaults = set(step["items"]["properties"]["defaults"]["properties"])
-    spec = parse_pipeline("p", "ns", steps({"kind": "generate", "service": "s", "defaults": dict.fromkeys(defaults, 1)}))
+    generate = {"kind": "generate", "service": "s", "defaults": dict.fromkeys(defaults, 1)}
+    spec = parse_pipeline("p", "ns", steps(generate))
     assert len(spec.generate.defaults) == len(defaults)
