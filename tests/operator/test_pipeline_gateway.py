@@ -18,8 +18,9 @@ import urllib.request
 import openai
 import pytest
 from gateway_helpers import GatewayProcess, publish, start_replica, wait_ready
-from harness import wait_for
+from harness import ROOT, wait_for
 from pipeline_helpers import create_pipeline, install_pipeline_crd
+from prometheus_process import PROMETHEUS, Prometheus
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.gateway]
 
@@ -40,6 +41,8 @@ class Env:
     def __init__(self, cluster, namespace: str, gateway: GatewayProcess, runtime_url: str) -> None:
         self.cluster, self.namespace, self.gateway, self.runtime_url = cluster, namespace, gateway, runtime_url
         self.client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        self.prometheus: Prometheus | None = None
+        self.started = time.time()
 
     def pipeline(self, name: str, steps: list[dict]) -> str:
         create_pipeline(self.cluster, self.namespace, name, steps)
@@ -68,7 +71,7 @@ def env(cluster, smollm2_dir, tmp_path_factory):
     cluster.core.create_namespace({"metadata": {"name": namespace}})
     runtime = start_replica("smol", smollm2_dir, workdir, "--served-model-name", "smol", "--max-model-len", "1024",
                             "--kv-cache-memory", "48Mi")
-    gateway = None
+    gateway = prometheus = None
     try:
         for name in ("chat", "guard"):
             cluster.create_service(namespace, name, service_spec())
@@ -77,6 +80,8 @@ def env(cluster, smollm2_dir, tmp_path_factory):
             publish(cluster, namespace, name, "p0", runtime.port)
         gateway = GatewayProcess(cluster.kubeconfig, workdir / "gateway.log").start()
         e = Env(cluster, namespace, gateway, f"http://127.0.0.1:{runtime.port}")
+        if PROMETHEUS:  # scrapes the gateway throughout, for the dashboard's pipeline row
+            e.prometheus = prometheus = Prometheus(workdir, namespace, None, (int(gateway.url.rsplit(":", 1)[1]),))
         e.pipeline("cooking", [
             {"name": "input-rules", "kind": "guard", "rules": RULES},
             {"name": "on-topic", "kind": "guard",
@@ -91,6 +96,8 @@ def env(cluster, smollm2_dir, tmp_path_factory):
         ])
         yield e
     finally:
+        if prometheus is not None:
+            prometheus.stop()
         if gateway is not None:
             gateway.stop()
             log = gateway.log()
@@ -215,3 +222,22 @@ def test_the_pipelines_goodput_metrics_count_every_outcome_end_to_end(env):
         assert env.metric("goodput_pipeline_step_duration_seconds_count", pipeline="cooking", step=step,
                           kind=kind) >= 1, step
     assert env.metric("goodput_pipeline_time_to_first_token_seconds_count", pipeline="cooking") >= 1
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus missing (make prometheus)")
+def test_every_pipeline_panel_of_the_dashboard_returns_data(env):
+    assert env.prometheus is not None
+    board = json.loads((ROOT / "manifests" / "monitoring" / "goodput-autoscaling.json").read_text())
+    values = {"$namespace": env.namespace, "$pipeline": ".*", "$__rate_interval": "10s"}
+    queries = []
+    for panel in board["panels"]:
+        for target in panel["targets"]:
+            if "goodput_pipeline_" in target["expr"] or "goodput_guard_" in target["expr"]:
+                expr = target["expr"]
+                for name, value in values.items():
+                    expr = expr.replace(name, value)
+                queries.append((f"{panel['title']} / {target['legendFormat']}", expr))
+    assert len(queries) >= 6
+    time.sleep(3)  # a last scrape after the previous tests
+    empty = [name for name, expr in queries if not env.prometheus.query_range(expr, env.started, time.time())]
+    assert not empty, f"no data for: {empty}"
