@@ -108,3 +108,12 @@ GATEWAY_ROUTING_DECISION_KINDS = ("affinity", "overflow", "least_load", "random"
 # a replica failing before the client got a byte, the request sent on to another: label reason
 GATEWAY_RETRIES = PREFIX + "gateway_retries_total"
 GATEWAY_RETRY_REASONS = ("connect", "reset", "unavailable")  # refused; reset before the body's first byte; 503
+
+# the gateway's InferencePipeline series (labels namespace, pipeline)
+PIPELINE_REQUESTS = PREFIX + "pipeline_requests_total"  # label outcome
+PIPELINE_OUTCOMES = ("served", "refused", "filtered", "error")
+PIPELINE_REQUESTS_GOOD = PREFIX + "pipeline_requests_good_total"  # met the generate service's SLO end to end
+PIPELINE_TTFT = PREFIX + "pipeline_time_to_first_token_seconds"  # arrival to the first text released
+PIPELINE_STEP_DURATION = PREFIX + "pipeline_step_duration_seconds"  # labels step, kind
+GUARD_BLOCKS = PREFIX + "guard_blocks_total"  # label rule
+GUARD_REDACTIONS = PREFIX + "guard_redactions_total"  # label rule

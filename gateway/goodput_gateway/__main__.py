@@ -19,6 +19,7 @@ from goodput_gateway.discovery import Registry, start_watches
 from goodput_gateway.holding import Holds
 from goodput_gateway.loads import LoadScraper
 from goodput_gateway.metrics import GatewayMetrics
+from goodput_gateway.pipelines import PipelineTable, install, start_watch
 from goodput_gateway.proxy import Proxy, ProxySettings
 from goodput_operator.k8s import Kube, load_config
 
@@ -52,6 +53,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--static-model", action="append", default=[], metavar="NAME=URL[,URL...]",
                    help="serve NAME from these replica URLs instead of discovering InferenceServices (no cluster "
                         "needed; repeatable)")
+    p.add_argument("--static-pipeline", action="append", default=[], metavar="FILE",
+                   help="with --static-model: serve the InferencePipelines in this YAML file (repeatable)")
     p.add_argument("--static-policy", choices=routing.POLICIES, default="prefix",
                    help="the routing policy of --static-model services")
     p.add_argument("--database", default=_env("GATEWAY_DATABASE", ""),
@@ -73,13 +76,16 @@ def parser() -> argparse.ArgumentParser:
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     metrics = GatewayMetrics()
     registry = Registry()
+    pipelines = PipelineTable()
     watches = []
     if args.static_model:
         registry.set_static(parse_static(args.static_model), args.static_policy)
+        pipelines.load_files(args.static_pipeline, "static")
     else:
         api = load_config()
         api.user_agent = "goodput-gateway"
-        watches = await start_watches(kube=Kube(api, "goodput-gateway"), registry=registry)
+        kube = Kube(api, "goodput-gateway")
+        watches = [*await start_watches(kube=kube, registry=registry), *await start_watch(kube, pipelines)]
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=30)
     session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
                                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
@@ -89,6 +95,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     settings = ProxySettings(epsilon=args.load_epsilon, attempts=max(1, args.attempts),
                              chunk_chars=args.prefix_chunk_chars, prefix_chunks=args.prefix_chunks)
     gateway = Gateway(registry, Proxy(registry, holds, scraper, session, metrics, settings), metrics)
+    install(gateway, pipelines)
     batch_settings = batch.BatchSettings(
         database=args.database, file_dir=Path(args.batch_file_dir) if args.batch_file_dir else None,
         dispatch=batch.DispatchSettings(lease_seconds=args.batch_lease_seconds,

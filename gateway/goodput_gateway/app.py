@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -15,6 +15,9 @@ from goodput_gateway.errors import APIError, invalid, model_not_found, unavailab
 from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.proxy import Proxy, parse_body, rewrite_model
 
+if TYPE_CHECKING:
+    from goodput_gateway.pipelines import PipelineServer
+
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
@@ -24,6 +27,7 @@ class Gateway:
         self.registry, self.proxy, self.metrics = registry, proxy, metrics
         self.created = int(time.time())
         self.stopping = False  # after SIGTERM: health 503, every response closes its connection
+        self.pipelines: PipelineServer | None = None  # set by pipelines.install
 
     def service_for(self, model: str) -> Service:
         if not self.registry.synced >= {"services", "slices"}:
@@ -49,6 +53,8 @@ class Gateway:
                           "missing_required_parameter")
         if not isinstance(model, str):
             raise invalid("'model' must be a string", "model", "invalid_type")
+        if self.pipelines is not None and (pipeline := self.pipelines.find(model)) is not None:
+            return await self.pipelines.serve(request, pipeline, body)
         svc = self.service_for(model)
         labels = (svc.namespace, svc.name)
         self.metrics.last_request.labels(*labels).set(time.time())
@@ -75,10 +81,14 @@ class Gateway:
 
     async def list_models(self, request: web.Request) -> web.Response:
         services = sorted(self.registry.services.values(), key=lambda s: (s.served_name, s.namespace))
-        return web.json_response({"object": "list", "data": [self.card(s) for s in services]})
+        pipelines = self.pipelines.cards(self.created) if self.pipelines is not None else []
+        return web.json_response({"object": "list", "data": [*(self.card(s) for s in services), *pipelines]})
 
     async def get_model(self, request: web.Request) -> web.Response:
-        return web.json_response(self.card(self.service_for(request.match_info["model"])))
+        model = request.match_info["model"]
+        if self.pipelines is not None and (pipeline := self.pipelines.find(model)) is not None:
+            return web.json_response(self.pipelines.card(pipeline, self.created))
+        return web.json_response(self.card(self.service_for(model)))
 
     async def health(self, request: web.Request) -> web.Response:
         if self.stopping:

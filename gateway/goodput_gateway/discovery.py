@@ -37,6 +37,8 @@ class Service:
     policy: str
     min_replicas: int
     replicas: int  # what the scale subresource holds (or minReplicas while unset)
+    ttft_slo: float | None = None  # seconds; pipelines count goodput end to end against it
+    tpot_slo: float | None = None
 
 
 @dataclass
@@ -111,7 +113,8 @@ class Registry:
             self.services.pop(key, None)
             return
         self.services[key] = Service(key[0], key[1], spec.model.served_name, spec.routing.policy,
-                                     spec.autoscaling.min_replicas, spec.desired_replicas)
+                                     spec.autoscaling.min_replicas, spec.desired_replicas,
+                                     spec.slo.ttft_seconds, spec.slo.tpot_seconds)
 
     def reset_slices(self, items: list[dict[str, Any]]) -> None:
         self.slices = {}

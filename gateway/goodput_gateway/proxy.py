@@ -12,11 +12,13 @@ KV blocks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,12 +88,20 @@ class Proxy:
 
     async def forward(self, request: web.Request, svc: Service, model: str, raw: bytes,
                       body: dict[str, Any]) -> web.StreamResponse:
+        async with self.open(request.method, request.path_qs, request.headers, svc, model, raw, body) as upstream:
+            return await self.stream(request, upstream)
+
+    @contextlib.asynccontextmanager
+    async def open(self, method: str, path_qs: str, client_headers: Mapping[str, str], svc: Service, model: str,
+                   raw: bytes, body: dict[str, Any]) -> AsyncIterator[Upstream]:
+        """One replica of `svc`'s response, its body's first bytes read (retried elsewhere as above); the
+        replica counts as carrying the request until the block ends."""
         key = (svc.namespace, svc.name)
         prefix = 0
         if svc.policy == "prefix":
             text = routing.prompt_text(body)
             prefix = routing.prefix_key(text, self.settings.chunk_chars, self.settings.prefix_chunks)
-        headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP)
+        headers = CIMultiDict((k, v) for k, v in client_headers.items() if k.lower() not in HOP_BY_HOP)
         tried: set[str] = set()
         failure, reason = "", ""
         for attempt in range(self.settings.attempts):
@@ -104,8 +114,7 @@ class Proxy:
             url = choice.replica
             self.outstanding[url] += 1
             try:
-                upstream = await self.session.request(request.method, url + request.path_qs, data=raw,
-                                                      headers=headers)
+                response = await self.session.request(method, url + path_qs, data=raw, headers=headers)
             except RETRYABLE as err:
                 self.outstanding[url] -= 1
                 reason = "connect" if isinstance(err, aiohttp.ClientConnectorError) else "reset"
@@ -114,28 +123,30 @@ class Proxy:
             except BaseException:
                 self.outstanding[url] -= 1
                 raise
-            if upstream.status == 503 and not last:
-                upstream.release()
+            if response.status == 503 and not last:
+                response.release()
                 self.outstanding[url] -= 1
                 reason = "unavailable"
                 failure = self.failed(key, url, tried, f"{url}: 503")
                 continue
             try:
                 try:
-                    first = await upstream.content.readany()
+                    first = await response.content.readany()
                 except FIRST_BYTE_LOST as err:
                     # headers came, then the replica went before the body's first byte: the client has
                     # seen nothing yet, so the request may still go elsewhere
-                    upstream.close()
+                    response.close()
                     reason = "reset"
                     failure = self.failed(key, url, tried, f"{url}: lost before the first byte ({err!r})")
                     continue
                 except BaseException:
-                    upstream.close()
+                    response.close()
                     raise
-                return await self.stream(request, upstream, first)
+                yield Upstream(response, first)
             finally:
                 self.outstanding[url] -= 1
+                response.close()  # a no-op after a full read (the connection went back to the pool)
+            return
         raise unavailable(f"No replica of '{model}' answered after {self.settings.attempts} attempts ({failure})",
                           "upstream_unavailable")
 
@@ -146,27 +157,50 @@ class Proxy:
         logger.info("A replica of %s/%s failed before the client got a byte: %s", *key, failure)
         return failure
 
-    async def stream(self, request: web.Request, upstream: aiohttp.ClientResponse,
-                     first: bytes) -> web.StreamResponse:
+    async def stream(self, request: web.Request, upstream: Upstream) -> web.StreamResponse:
         finished = False
         try:
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            response = web.StreamResponse(status=upstream.status, reason=upstream.response.reason)
             for name, value in upstream.headers.items():
                 if name.lower() not in NOT_COPIED_BACK:
                     response.headers.add(name, value)
             await response.prepare(request)
-            if first:
-                await response.write(first)
-            async for chunk in upstream.content.iter_any():
+            async for chunk in upstream.iter_any():
                 await response.write(chunk)  # waits while the client is slow to read
             await response.write_eof()
             finished = True
             return response
         finally:
             if finished:
-                upstream.release()
+                upstream.response.release()
             else:
-                upstream.close()  # the runtime sees the connection go and aborts the request
+                upstream.response.close()  # the runtime sees the connection go and aborts the request
+
+
+@dataclass
+class Upstream:
+    """A replica's response whose body's first bytes were read: a replica that fails before them is
+    retried elsewhere, so whoever reads the body gets those bytes first."""
+
+    response: aiohttp.ClientResponse
+    first: bytes
+
+    @property
+    def status(self) -> int:
+        return self.response.status
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self.response.headers
+
+    async def read(self) -> bytes:
+        return self.first + await self.response.read()
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        if self.first:
+            yield self.first
+        async for chunk in self.response.content.iter_any():
+            yield chunk
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

@@ -104,6 +104,31 @@ def batch_panels(y: int) -> list[dict[str, Any]]:
     ]
 
 
+def pipeline_panels(y: int) -> list[dict[str, Any]]:
+    """InferencePipelines at the gateway: outcomes, end-to-end goodput, what each step costs, what guards block."""
+    sel = 'namespace=~"$namespace", pipeline=~"$pipeline"'
+    step = "goodput_pipeline_step_duration_seconds_bucket"
+    return [
+        panel("Pipeline requests and goodput", [
+            q(f"sum by (outcome) (rate(goodput_pipeline_requests_total{{{sel}}}[{RATE}]))", "{{outcome}}"),
+            q(f"sum(rate(goodput_pipeline_requests_good_total{{{sel}}}[{RATE}]))", "goodput (met the SLO end to end)"),
+        ], "reqps", 0, y, w=8,
+            description="served, refused (an input guard), filtered (an output guard ended the stream), error; "
+                        "goodput counts guards' time against the generate service's TTFT target."),
+        panel("Pipeline step latency (p90)", [
+            q(f"histogram_quantile(0.9, sum by (le, step, kind) (rate({step}{{{sel}}}[{RATE}])))",
+              "{{step}} ({{kind}})"),
+            q(f"histogram_quantile(0.9, sum by (le) (rate(goodput_pipeline_time_to_first_token_seconds_bucket"
+              f"{{{sel}}}[{RATE}])))", "end-to-end TTFT"),
+        ], "s", 8, y, w=8,
+            description="Rules take microseconds; a classifier one short forward pass; generate is its TTFT."),
+        panel("Guard blocks by rule", [
+            q(f"sum by (rule) (rate(goodput_guard_blocks_total{{{sel}}}[{RATE}]))", "blocked: {{rule}}"),
+            q(f"sum by (rule) (rate(goodput_guard_redactions_total{{{sel}}}[{RATE}]))", "redacted: {{rule}}"),
+        ], "reqps", 16, y, w=8),
+    ]
+
+
 def dashboard() -> dict[str, Any]:
     # the recording rules read our runtime's, vLLM's and SGLang's series alike: every engine shows here
     good = f"sum(goodput:goodput:rate1m{{{RUNTIME}}})"
@@ -155,6 +180,7 @@ def dashboard() -> dict[str, Any]:
             description="1 spends the budget (0.05 for a 0.95 target) exactly over the SLO period; 14.4 pages."),
         *gateway_panels(40),
         *batch_panels(48),
+        *pipeline_panels(56),
     ]
     return {
         "uid": UID, "title": "Goodput / Autoscaling", "tags": ["goodput", "slo", "autoscaling"],
@@ -173,6 +199,8 @@ def dashboard() -> dict[str, Any]:
             variable("model", 'label_values(goodput:requests:rate5m{namespace=~"$namespace"}, model)', "Model"),
             variable("service", 'label_values(goodput_autoscaler_desired_replicas{namespace=~"$namespace"}, name)',
                      "InferenceService"),
+            variable("pipeline", 'label_values(goodput_pipeline_requests_total{namespace=~"$namespace"}, pipeline)',
+                     "InferencePipeline"),
         ]},
         "panels": panels,
     }

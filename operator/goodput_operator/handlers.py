@@ -12,6 +12,7 @@ from typing import Any
 import kopf
 import prometheus_client
 
+from goodput_operator import pipelines
 from goodput_operator.autoscaling.loop import Autoscaler
 from goodput_operator.builders import MANAGED_BY, SERVICE_LABEL
 from goodput_operator.context import Context
@@ -130,6 +131,8 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
         service = body.metadata.labels.get(SERVICE_LABEL)
         if service and body.metadata.namespace and getattr(memo, "ctx", None) is not None:
             await _quietly(memo.ctx, body.metadata.namespace, service)
+
+    pipelines.register(registry)
 
 
 async def resync_forever(ctx: Context) -> None:
