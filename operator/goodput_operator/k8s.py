@@ -30,6 +30,7 @@ PLURALS = {
     "Pod": "pods",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
     "ScaledObject": "scaledobjects",
+    "NetworkPolicy": "networkpolicies",
 }
 
 

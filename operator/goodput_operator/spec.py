@@ -21,6 +21,10 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0}
 _HF = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*(?:/[\w.-]+)?)(?:/(?P<file>[\w.-]+\.gguf))?$")
 _PVC = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?P<path>/.*)?$")
 ROUTING_POLICIES = ("prefix", "least-load", "random")
+# Volume types the restricted Pod Security profile admits (besides the name)
+RESTRICTED_VOLUME_TYPES = frozenset({"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                                     "persistentVolumeClaim", "projected", "secret"})
+API_KEY_VARIABLES = frozenset({"GOODPUT_API_KEY", "VLLM_API_KEY"})  # what spec.auth sets; never a literal
 _FILE = re.compile(r"^file://(?P<path>/.+)$")
 
 
@@ -109,6 +113,17 @@ class Routing:
 
 
 @dataclass(frozen=True)
+class SecretKeyRef:
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class Auth:
+    api_key_secret: SecretKeyRef | None = None  # the runtime gets it as an environment variable
+
+
+@dataclass(frozen=True)
 class PodTemplate:
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[dict[str, Any], ...] = ()
@@ -137,6 +152,8 @@ class ServiceSpec:
     image: str | None
     template: PodTemplate
     routing: Routing = Routing()
+    auth: Auth = Auth()
+    network_policy: bool = True
 
     @property
     def desired_replicas(self) -> int:
@@ -268,7 +285,31 @@ def _routing(raw: dict[str, Any]) -> Routing:
     return Routing(policy=policy)
 
 
+def _auth(raw: dict[str, Any]) -> Auth:
+    ref = raw.get("apiKeySecretRef")
+    if not ref:
+        return Auth()
+    return Auth(SecretKeyRef(ref["name"], ref.get("key") or "apiKey"))
+
+
+def _check_template(raw: dict[str, Any]) -> None:
+    """What would take the pods out of the restricted Pod Security profile, or put a key in the CR."""
+    for i, volume in enumerate(raw.get("volumes") or ()):
+        kinds = set(volume) - {"name"}
+        if kinds - RESTRICTED_VOLUME_TYPES:
+            raise SpecError(f"template.volumes[{i}]",
+                            f"{', '.join(sorted(kinds - RESTRICTED_VOLUME_TYPES))} volumes break the restricted Pod "
+                            f"Security profile; use one of {', '.join(sorted(RESTRICTED_VOLUME_TYPES))}",
+                            reason="VolumeTypeNotAllowed")
+    for i, var in enumerate(raw.get("env") or ()):
+        if var.get("name") in API_KEY_VARIABLES:
+            raise SpecError(f"template.env[{i}]", f"sets {var['name']}, which spec.auth.apiKeySecretRef sets from a "
+                            "Secret (a key in the spec would be readable by anyone who can read the spec)",
+                            reason="APIKeyInSpec")
+
+
 def _template(raw: dict[str, Any]) -> PodTemplate:
+    _check_template(raw)
     return PodTemplate(
         node_selector=dict(raw.get("nodeSelector") or {}),
         tolerations=tuple(raw.get("tolerations") or ()),
@@ -307,6 +348,8 @@ def parse(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         image=spec.get("image"),
         template=_template(spec.get("template") or {}),
         routing=_routing(spec.get("routing") or {}),
+        auth=_auth(spec.get("auth") or {}),
+        network_policy=bool(spec.get("networkPolicy", True)),
     )
     if parsed.model.source.scheme == "pvc" and parsed.model.cache_claim == parsed.model.source.claim:
         raise SpecError(
