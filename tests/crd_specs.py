@@ -120,7 +120,7 @@ def specs() -> st.SearchStrategy[dict[str, Any]]:
 
 def schema_at(field_path: str) -> dict[str, Any] | None:
     """The schema of a dotted field path such as spec.template.volumes[1] or spec.slo.ttft, else None."""
-    parts = [p for p in re.split(r"\.|\[\d+\]", field_path) if p]
+    parts = [p for p in re.split(r"\.|\[[^\]]*\]", field_path) if p]
     if not parts or parts[0] != "spec":
         return None
     schema: dict[str, Any] | None = spec_schema()

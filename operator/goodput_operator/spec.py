@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from goodput_operator import names
 from goodput_operator.quantity import parse_quantity
 
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
@@ -25,6 +26,10 @@ ROUTING_POLICIES = ("prefix", "least-load", "random")
 RESTRICTED_VOLUME_TYPES = frozenset({"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
                                      "persistentVolumeClaim", "projected", "secret"})
 API_KEY_VARIABLES = frozenset({"GOODPUT_API_KEY", "VLLM_API_KEY"})  # what spec.auth sets; never a literal
+# The runtime pod's own volumes and mount paths (builders.py), which template.volumes must not reuse
+RESERVED_VOLUMES = frozenset({"model-cache", "tmp", "model-source", "dshm"})
+RESERVED_MOUNT_PATHS = frozenset({"/var/cache/goodput", "/tmp", "/mnt/models", "/dev/shm"})
+INT32_MAX = 2**31 - 1  # replica counts are int32 in Deployments, PodDisruptionBudgets and autoscalers
 _FILE = re.compile(r"^file://(?P<path>/.+)$")
 
 
@@ -184,9 +189,11 @@ def _quantity(value: Any, field_path: str) -> str | None:
     if value is None:
         return None
     try:
-        parse_quantity(value)
+        amount = parse_quantity(value)
     except ValueError:
         raise SpecError(field_path, f"{value!r} is not a Kubernetes quantity") from None
+    if amount < 0:
+        raise SpecError(field_path, f"{value!r} is negative")
     return str(value)
 
 
@@ -292,8 +299,46 @@ def _auth(raw: dict[str, Any]) -> Auth:
     return Auth(SecretKeyRef(ref["name"], ref.get("key") or "apiKey"))
 
 
+def _check(field_path: str, problem: str | None) -> None:
+    if problem:
+        raise SpecError(field_path, problem, reason="InvalidName")
+
+
+def _check_secret_ref(field_path: str, raw: dict[str, Any] | None) -> None:
+    if raw:
+        _check(f"{field_path}.name", names.dns_subdomain(raw["name"]))
+        if raw.get("key"):
+            _check(f"{field_path}.key", names.secret_key(raw["key"]))
+
+
+def _check_labels(field_path: str, labels: dict[str, str], values: bool = True) -> None:
+    for key, value in labels.items():
+        _check(f"{field_path}[{key}]", names.qualified_name(key) or (names.label_value(value) if values else None))
+
+
+def _check_mounts(raw: dict[str, Any]) -> None:
+    volumes = [v.get("name", "") for v in raw.get("volumes") or ()]
+    for i, name in enumerate(volumes):
+        _check(f"template.volumes[{i}].name", names.dns_label(name))
+        if name in RESERVED_VOLUMES or name in volumes[:i]:
+            raise SpecError(f"template.volumes[{i}].name", f"{name!r} is taken (the runtime pod's own volumes are "
+                            f"{', '.join(sorted(RESERVED_VOLUMES))})", reason="VolumeNameTaken")
+    paths: list[str] = []
+    for i, mount in enumerate(raw.get("volumeMounts") or ()):
+        if mount["name"] not in volumes:
+            raise SpecError(f"template.volumeMounts[{i}].name", f"{mount['name']!r} is not one of template.volumes",
+                            reason="VolumeNotFound")
+        path = str(mount["mountPath"]).rstrip("/") or "/"
+        if not path.startswith("/") or ":" in path or path in RESERVED_MOUNT_PATHS or path in paths:
+            raise SpecError(f"template.volumeMounts[{i}].mountPath",
+                            f"{mount['mountPath']!r} must be an absolute path, used once, and none of the runtime's "
+                            f"own ({', '.join(sorted(RESERVED_MOUNT_PATHS))})", reason="MountPathTaken")
+        paths.append(path)
+
+
 def _check_template(raw: dict[str, Any]) -> None:
-    """What would take the pods out of the restricted Pod Security profile, or put a key in the CR."""
+    """What would take the pods out of the restricted Pod Security profile, put a key in the CR, or
+    build a pod the API server refuses."""
     for i, volume in enumerate(raw.get("volumes") or ()):
         kinds = set(volume) - {"name"}
         if kinds - RESTRICTED_VOLUME_TYPES:
@@ -306,6 +351,37 @@ def _check_template(raw: dict[str, Any]) -> None:
             raise SpecError(f"template.env[{i}]", f"sets {var['name']}, which spec.auth.apiKeySecretRef sets from a "
                             "Secret (a key in the spec would be readable by anyone who can read the spec)",
                             reason="APIKeyInSpec")
+        _check(f"template.env[{i}].name", names.env_name(str(var.get("name"))))
+    _check_mounts(raw)
+    _check_labels("template.nodeSelector", raw.get("nodeSelector") or {})
+    _check_labels("template.labels", raw.get("labels") or {})
+    _check_labels("template.annotations", raw.get("annotations") or {}, values=False)
+    for field_name in ("priorityClassName", "serviceAccountName"):
+        if raw.get(field_name):
+            _check(f"template.{field_name}", names.dns_subdomain(raw[field_name]))
+    for i, secret in enumerate(raw.get("imagePullSecrets") or ()):
+        _check(f"template.imagePullSecrets[{i}].name", names.dns_subdomain(secret["name"]))
+
+
+def _check_references(spec: dict[str, Any], parsed: ServiceSpec) -> None:
+    """Names the spec passes on into its children, by the API server's rules for them."""
+    _check_secret_ref("model.tokenSecretRef", (spec.get("model") or {}).get("tokenSecretRef"))
+    _check_secret_ref("auth.apiKeySecretRef", (spec.get("auth") or {}).get("apiKeySecretRef"))
+    if parsed.model.cache_claim:
+        _check("model.cacheClaimName", names.dns_subdomain(parsed.model.cache_claim))
+    if parsed.image is not None:
+        _check("image", names.image(parsed.image))
+    if parsed.engine.image is not None:
+        _check("engine.image", names.image(parsed.engine.image))
+    if parsed.resources.gpu:
+        _check("resources.gpuResourceName", names.extended_resource(parsed.resources.gpu_resource_name))
+        if parsed.resources.gpu_product:
+            _check("resources.gpuProduct", names.label_value(parsed.resources.gpu_product))
+    for field_path, count in (("replicas", parsed.replicas), ("autoscaling.minReplicas",
+                                                              parsed.autoscaling.min_replicas),
+                              ("autoscaling.maxReplicas", parsed.autoscaling.max_replicas)):
+        if count is not None and count > INT32_MAX:
+            raise SpecError(field_path, f"is {count}, above {INT32_MAX}", reason="TooLarge")
 
 
 def _template(raw: dict[str, Any]) -> PodTemplate:
@@ -351,6 +427,7 @@ def parse(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         auth=_auth(spec.get("auth") or {}),
         network_policy=bool(spec.get("networkPolicy", True)),
     )
+    _check_references(spec, parsed)
     if parsed.model.source.scheme == "pvc" and parsed.model.cache_claim == parsed.model.source.claim:
         raise SpecError(
             "model.cacheClaimName",
