@@ -14,6 +14,7 @@ from aiohttp import web
 
 from goodput_gateway import routing
 from goodput_gateway.app import Gateway, build_app
+from goodput_gateway.auth import ServiceKeys
 from goodput_gateway.discovery import Registry, start_watches
 from goodput_gateway.holding import Holds
 from goodput_gateway.loads import LoadScraper
@@ -53,6 +54,8 @@ def parser() -> argparse.ArgumentParser:
                         "needed; repeatable)")
     p.add_argument("--static-policy", choices=routing.POLICIES, default="prefix",
                    help="the routing policy of --static-model services")
+    p.add_argument("--api-key-ttl", type=float, default=float(_env("GATEWAY_API_KEY_TTL", "30")),
+                   help="seconds a service's API keys, read from its Secret, are kept before reading it again")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     return p
 
@@ -61,12 +64,14 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     metrics = GatewayMetrics()
     registry = Registry()
     watches = []
+    kube = None
     if args.static_model:
         registry.set_static(parse_static(args.static_model), args.static_policy)
     else:
         api = load_config()
         api.user_agent = "goodput-gateway"
-        watches = await start_watches(kube=Kube(api, "goodput-gateway"), registry=registry)
+        kube = Kube(api, "goodput-gateway")
+        watches = await start_watches(kube=kube, registry=registry)
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=30)
     session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
                                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
@@ -75,7 +80,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     holds = Holds(registry, metrics, args.max_held_requests, args.hold_seconds)
     settings = ProxySettings(epsilon=args.load_epsilon, attempts=max(1, args.attempts),
                              chunk_chars=args.prefix_chunk_chars, prefix_chunks=args.prefix_chunks)
-    gateway = Gateway(registry, Proxy(registry, holds, scraper, session, metrics, settings), metrics)
+    gateway = Gateway(registry, Proxy(registry, holds, scraper, session, metrics, settings), metrics,
+                      ServiceKeys(kube, args.api_key_ttl))
     runner = web.AppRunner(build_app(gateway), handler_cancellation=True, access_log=None,
                            shutdown_timeout=args.shutdown_grace)
     await runner.setup()

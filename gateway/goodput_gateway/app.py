@@ -9,6 +9,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from goodput_gateway.auth import ServiceKeys
 from goodput_gateway.discovery import Registry, Service
 from goodput_gateway.errors import APIError, invalid, model_not_found, unavailable
 from goodput_gateway.metrics import GatewayMetrics
@@ -19,8 +20,10 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 class Gateway:
-    def __init__(self, registry: Registry, proxy: Proxy, metrics: GatewayMetrics) -> None:
+    def __init__(self, registry: Registry, proxy: Proxy, metrics: GatewayMetrics,
+                 keys: ServiceKeys | None = None) -> None:
         self.registry, self.proxy, self.metrics = registry, proxy, metrics
+        self.keys = keys or ServiceKeys(None)
         self.created = int(time.time())
         self.stopping = False  # after SIGTERM: health 503, every response closes its connection
 
@@ -49,13 +52,15 @@ class Gateway:
         if not isinstance(model, str):
             raise invalid("'model' must be a string", "model", "invalid_type")
         svc = self.service_for(model)
+        upstream_auth = await self.keys.upstream_authorization(svc, request.headers.get("Authorization"))
         labels = (svc.namespace, svc.name)
         self.metrics.last_request.labels(*labels).set(time.time())
         in_flight = self.metrics.in_flight.labels(*labels)
         in_flight.inc()
         status = 500
         try:
-            response = await self.proxy.forward(request, svc, model, rewrite_model(raw, body, svc.served_name), body)
+            response = await self.proxy.forward(request, svc, model, rewrite_model(raw, body, svc.served_name), body,
+                                                upstream_auth)
             status = response.status
             return response
         except APIError as err:
@@ -73,11 +78,22 @@ class Gateway:
                 "ready_replicas": len(self.registry.ready((svc.namespace, svc.name)))}
 
     async def list_models(self, request: web.Request) -> web.Response:
+        """Every service the caller may use: those that ask for no key, and those whose key it sent."""
         services = sorted(self.registry.services.values(), key=lambda s: (s.served_name, s.namespace))
-        return web.json_response({"object": "list", "data": [self.card(s) for s in services]})
+        authorization = request.headers.get("Authorization")
+        visible = []
+        for svc in services:
+            try:
+                if await self.keys.allowed(svc, authorization):
+                    visible.append(svc)
+            except APIError:
+                continue  # its Secret cannot be read: nobody may use it now
+        return web.json_response({"object": "list", "data": [self.card(s) for s in visible]})
 
     async def get_model(self, request: web.Request) -> web.Response:
-        return web.json_response(self.card(self.service_for(request.match_info["model"])))
+        svc = self.service_for(request.match_info["model"])
+        await self.keys.upstream_authorization(svc, request.headers.get("Authorization"))
+        return web.json_response(self.card(svc))
 
     async def health(self, request: web.Request) -> web.Response:
         if self.stopping:

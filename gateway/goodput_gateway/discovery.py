@@ -37,6 +37,7 @@ class Service:
     policy: str
     min_replicas: int
     replicas: int  # what the scale subresource holds (or minReplicas while unset)
+    api_key_secret: tuple[str, str] | None = None  # (Secret, key) of spec.auth.apiKeySecretRef
 
 
 @dataclass
@@ -110,8 +111,10 @@ class Registry:
             logger.info("Not routing to %s/%s: %s", *key, err)
             self.services.pop(key, None)
             return
+        secret = spec.auth.api_key_secret
         self.services[key] = Service(key[0], key[1], spec.model.served_name, spec.routing.policy,
-                                     spec.autoscaling.min_replicas, spec.desired_replicas)
+                                     spec.autoscaling.min_replicas, spec.desired_replicas,
+                                     (secret.name, secret.key) if secret else None)
 
     def reset_slices(self, items: list[dict[str, Any]]) -> None:
         self.slices = {}

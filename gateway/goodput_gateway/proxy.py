@@ -82,13 +82,17 @@ class Proxy:
                               rng=self.rng)
 
     async def forward(self, request: web.Request, svc: Service, model: str, raw: bytes,
-                      body: dict[str, Any]) -> web.StreamResponse:
+                      body: dict[str, Any], authorization: str | None = None) -> web.StreamResponse:
+        """`authorization`, when given, replaces the client's header: the runtime's own key."""
         key = (svc.namespace, svc.name)
         prefix = 0
         if svc.policy == "prefix":
             text = routing.prompt_text(body)
             prefix = routing.prefix_key(text, self.settings.chunk_chars, self.settings.prefix_chunks)
         headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP)
+        if authorization is not None:
+            headers.popall(hdrs.AUTHORIZATION, None)
+            headers[hdrs.AUTHORIZATION] = authorization
         tried: set[str] = set()
         failure = ""
         for _attempt in range(self.settings.attempts):

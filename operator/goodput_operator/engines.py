@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from goodput_contract import flags
+from goodput_contract import api_keys, flags
 from goodput_operator.settings import Settings
 from goodput_operator.spec import ServiceSpec, SpecError
 
@@ -270,7 +270,7 @@ ENGINES: dict[str, Engine] = {
         startup=_LOAD, readiness=_READY, liveness=_LIVE,
         shared_memory=False,  # only tensor-parallel workers share memory (added below)
         pre_stop_sleep=False,  # --shutdown-delay does it
-        api_key_env="GOODPUT_API_KEY",
+        api_key_env=api_keys.RUNTIME_VARIABLE,
     ),
     VLLM: Engine(
         kind=VLLM,
