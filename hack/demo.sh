@@ -177,16 +177,18 @@ spec:
   template:
     spec:
       restartPolicy: Never
-      securityContext: {runAsUser: 65532, runAsGroup: 65532}
+      # the restricted Pod Security profile, as every pod Goodput makes
+      securityContext: {runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532, seccompProfile: {type: RuntimeDefault}}
       containers:
         - name: make-model
           image: $RUNTIME_IMAGE
           imagePullPolicy: IfNotPresent
           # readable by the runtime's own user, whatever uid writes it
           command: [sh, -c, "python3 -m goodput_runtime.tools.smollm2 prepare --gguf /models/smollm2-gguf/$GGUF_NAME --out /models/smollm2 && chmod -R a+rX /models/smollm2"]
-          env: [{name: HOME, value: /tmp}]
-          volumeMounts: [{name: models, mountPath: /models}]
-      volumes: [{name: models, persistentVolumeClaim: {claimName: models}}]
+          env: [{name: HOME, value: /tmp}, {name: HF_HOME, value: /tmp/hf}, {name: XDG_CACHE_HOME, value: /tmp/.cache}]
+          securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+          volumeMounts: [{name: models, mountPath: /models}, {name: tmp, mountPath: /tmp}]
+      volumes: [{name: models, persistentVolumeClaim: {claimName: models}}, {name: tmp, emptyDir: {}}]
 EOF
   k wait --for=condition=complete job/make-model --timeout=600s
   k logs job/make-model | tail -n 5

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from goodput_gateway import batch, routing
 from goodput_gateway.app import Gateway, build_app
+from goodput_gateway.auth import ServiceKeys
 from goodput_gateway.discovery import Registry, start_watches
 from goodput_gateway.holding import Holds
 from goodput_gateway.loads import LoadScraper
@@ -69,6 +70,8 @@ def parser() -> argparse.ArgumentParser:
                    help="batch concurrency halves while the replicas' online SLO attainment is below this")
     p.add_argument("--batch-max-per-replica", type=int, default=int(_env("GATEWAY_BATCH_MAX_PER_REPLICA", "32")),
                    help="the most batch lines in flight per ready replica")
+    p.add_argument("--api-key-ttl", type=float, default=float(_env("GATEWAY_API_KEY_TTL", "30")),
+                   help="seconds a service's API keys, read from its Secret, are kept before reading it again")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     return p
 
@@ -78,6 +81,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     registry = Registry()
     pipelines = PipelineTable()
     watches = []
+    kube = None
     if args.static_model:
         registry.set_static(parse_static(args.static_model), args.static_policy)
         pipelines.load_files(args.static_pipeline, "static")
@@ -94,7 +98,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     holds = Holds(registry, metrics, args.max_held_requests, args.hold_seconds)
     settings = ProxySettings(epsilon=args.load_epsilon, attempts=max(1, args.attempts),
                              chunk_chars=args.prefix_chunk_chars, prefix_chunks=args.prefix_chunks)
-    gateway = Gateway(registry, Proxy(registry, holds, scraper, session, metrics, settings), metrics)
+    gateway = Gateway(registry, Proxy(registry, holds, scraper, session, metrics, settings), metrics,
+                      ServiceKeys(kube, args.api_key_ttl))
     install(gateway, pipelines)
     batch_settings = batch.BatchSettings(
         database=args.database, file_dir=Path(args.batch_file_dir) if args.batch_file_dir else None,

@@ -10,6 +10,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from goodput_gateway import batch
+from goodput_gateway.auth import ServiceKeys
 from goodput_gateway.discovery import Registry, Service
 from goodput_gateway.errors import APIError, invalid, model_not_found, unavailable
 from goodput_gateway.metrics import GatewayMetrics
@@ -23,8 +24,10 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 class Gateway:
-    def __init__(self, registry: Registry, proxy: Proxy, metrics: GatewayMetrics) -> None:
+    def __init__(self, registry: Registry, proxy: Proxy, metrics: GatewayMetrics,
+                 keys: ServiceKeys | None = None) -> None:
         self.registry, self.proxy, self.metrics = registry, proxy, metrics
+        self.keys = keys or ServiceKeys(None)
         self.created = int(time.time())
         self.stopping = False  # after SIGTERM: health 503, every response closes its connection
         self.pipelines: PipelineServer | None = None  # set by pipelines.install
@@ -56,13 +59,15 @@ class Gateway:
         if self.pipelines is not None and (pipeline := self.pipelines.find(model)) is not None:
             return await self.pipelines.serve(request, pipeline, body)
         svc = self.service_for(model)
+        upstream_auth = await self.keys.upstream_authorization(svc, request.headers.get("Authorization"))
         labels = (svc.namespace, svc.name)
         self.metrics.last_request.labels(*labels).set(time.time())
         in_flight = self.metrics.in_flight.labels(*labels)
         in_flight.inc()
         status = 500
         try:
-            response = await self.proxy.forward(request, svc, model, rewrite_model(raw, body, svc.served_name), body)
+            response = await self.proxy.forward(request, svc, model, rewrite_model(raw, body, svc.served_name), body,
+                                                upstream_auth)
             status = response.status
             return response
         except APIError as err:
@@ -80,15 +85,27 @@ class Gateway:
                 "ready_replicas": len(self.registry.ready((svc.namespace, svc.name)))}
 
     async def list_models(self, request: web.Request) -> web.Response:
+        """Every service the caller may use: those that ask for no key, and those whose key it sent."""
         services = sorted(self.registry.services.values(), key=lambda s: (s.served_name, s.namespace))
-        pipelines = self.pipelines.cards(self.created) if self.pipelines is not None else []
-        return web.json_response({"object": "list", "data": [*(self.card(s) for s in services), *pipelines]})
+        authorization = request.headers.get("Authorization")
+        visible = []
+        for svc in services:
+            try:
+                if await self.keys.allowed(svc, authorization):
+                    visible.append(svc)
+            except APIError:
+                continue  # its Secret cannot be read: nobody may use it now
+        pipelines = await self.pipelines.cards(self.created, authorization) if self.pipelines is not None else []
+        return web.json_response({"object": "list", "data": [*(self.card(s) for s in visible), *pipelines]})
 
     async def get_model(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
         if self.pipelines is not None and (pipeline := self.pipelines.find(model)) is not None:
+            await self.pipelines.authorize(pipeline, request.headers.get("Authorization"))
             return web.json_response(self.pipelines.card(pipeline, self.created))
-        return web.json_response(self.card(self.service_for(model)))
+        svc = self.service_for(model)
+        await self.keys.upstream_authorization(svc, request.headers.get("Authorization"))
+        return web.json_response(self.card(svc))
 
     async def health(self, request: web.Request) -> web.Response:
         if self.stopping:

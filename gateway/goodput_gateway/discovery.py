@@ -39,6 +39,7 @@ class Service:
     replicas: int  # what the scale subresource holds (or minReplicas while unset)
     ttft_slo: float | None = None  # seconds; pipelines count goodput end to end against it
     tpot_slo: float | None = None
+    api_key_secret: tuple[str, str] | None = None  # (Secret, key) of spec.auth.apiKeySecretRef
 
 
 @dataclass
@@ -112,9 +113,11 @@ class Registry:
             logger.info("Not routing to %s/%s: %s", *key, err)
             self.services.pop(key, None)
             return
+        secret = spec.auth.api_key_secret
         self.services[key] = Service(key[0], key[1], spec.model.served_name, spec.routing.policy,
                                      spec.autoscaling.min_replicas, spec.desired_replicas,
-                                     spec.slo.ttft_seconds, spec.slo.tpot_seconds)
+                                     spec.slo.ttft_seconds, spec.slo.tpot_seconds,
+                                     (secret.name, secret.key) if secret else None)
 
     def reset_slices(self, items: list[dict[str, Any]]) -> None:
         self.slices = {}

@@ -87,21 +87,26 @@ class Proxy:
                               rng=self.rng)
 
     async def forward(self, request: web.Request, svc: Service, model: str, raw: bytes,
-                      body: dict[str, Any]) -> web.StreamResponse:
-        async with self.open(request.method, request.path_qs, request.headers, svc, model, raw, body) as upstream:
+                      body: dict[str, Any], authorization: str | None = None) -> web.StreamResponse:
+        async with self.open(request.method, request.path_qs, request.headers, svc, model, raw, body,
+                             authorization) as upstream:
             return await self.stream(request, upstream)
 
     @contextlib.asynccontextmanager
     async def open(self, method: str, path_qs: str, client_headers: Mapping[str, str], svc: Service, model: str,
-                   raw: bytes, body: dict[str, Any]) -> AsyncIterator[Upstream]:
+                   raw: bytes, body: dict[str, Any], authorization: str | None = None) -> AsyncIterator[Upstream]:
         """One replica of `svc`'s response, its body's first bytes read (retried elsewhere as above); the
-        replica counts as carrying the request until the block ends."""
+        replica counts as carrying the request until the block ends. `authorization`, when given,
+        replaces the client's header: the runtime's own key."""
         key = (svc.namespace, svc.name)
         prefix = 0
         if svc.policy == "prefix":
             text = routing.prompt_text(body)
             prefix = routing.prefix_key(text, self.settings.chunk_chars, self.settings.prefix_chunks)
         headers = CIMultiDict((k, v) for k, v in client_headers.items() if k.lower() not in HOP_BY_HOP)
+        if authorization is not None:
+            headers.popall(hdrs.AUTHORIZATION, None)
+            headers[hdrs.AUTHORIZATION] = authorization
         tried: set[str] = set()
         failure, reason = "", ""
         for attempt in range(self.settings.attempts):

@@ -79,6 +79,9 @@ def _env(svc: ServiceSpec, settings: Settings) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "HF_HOME", "value": f"{MODEL_CACHE_DIR}/hf"},
         {"name": "HOME", "value": "/tmp"},
+        {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
+        # named here: inductor's default names the user, and the pod's uid has no passwd entry
+        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/tmp/torchinductor"},
     ]
     if settings.hf_endpoint != DEFAULT_HF_ENDPOINT:
         # pods download from the same Hub mirror the operator reads config.json from
@@ -87,6 +90,11 @@ def _env(svc: ServiceSpec, settings: Settings) -> list[dict[str, Any]]:
         ref = {"name": svc.model.token_secret.name, "key": svc.model.token_secret.key}
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
     env += engines.engine_of(svc).env(svc)
+    variable = engines.engine_of(svc).api_key_env
+    if svc.auth.api_key_secret and variable:
+        # from the Secret at container start: the key is in neither the pod spec nor the arguments
+        ref = {"name": svc.auth.api_key_secret.name, "key": svc.auth.api_key_secret.key}
+        env.append({"name": variable, "valueFrom": {"secretKeyRef": ref}})
     return env + [dict(item) for item in svc.template.env]
 
 

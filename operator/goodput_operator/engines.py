@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from goodput_contract import flags
+from goodput_contract import api_keys, flags
 from goodput_operator.settings import Settings
 from goodput_operator.spec import ServiceSpec, SpecError
 
@@ -66,6 +66,7 @@ class Engine:
     pre_stop_sleep: bool  # no drain flag of its own: sleep before SIGTERM so endpoints drop the pod first
     env: Callable[[ServiceSpec], list[dict[str, str]]] = lambda svc: []
     port: int = RUNTIME_PORT
+    api_key_env: str | None = None  # the variable the engine reads its API key from (spec.auth)
 
 
 def model_path(svc: ServiceSpec) -> str:
@@ -269,6 +270,7 @@ ENGINES: dict[str, Engine] = {
         startup=_LOAD, readiness=_READY, liveness=_LIVE,
         shared_memory=False,  # only tensor-parallel workers share memory (added below)
         pre_stop_sleep=False,  # --shutdown-delay does it
+        api_key_env=api_keys.RUNTIME_VARIABLE,
     ),
     VLLM: Engine(
         kind=VLLM,
@@ -284,6 +286,7 @@ ENGINES: dict[str, Engine] = {
         shared_memory=True,  # the API server and the engine core talk through shared memory
         pre_stop_sleep=True,
         env=_vllm_env,
+        api_key_env="VLLM_API_KEY",
     ),
     SGLANG: Engine(
         kind=SGLANG,
@@ -315,6 +318,10 @@ def validate(svc: ServiceSpec) -> None:
     if svc.image and svc.engine.image and svc.image != svc.engine.image:
         raise SpecError("engine.image", f"is {svc.engine.image!r} but spec.image is {svc.image!r}; set one of them",
                         reason="ImageConflict")
+    if svc.auth.api_key_secret and engine_of(svc).api_key_env is None:
+        raise SpecError("auth.apiKeySecretRef", f"cannot be honoured by engine.kind {svc.engine.kind}: it takes "
+                        "its API key only on the command line, where the pod spec would show it",
+                        reason="EngineUnsupportedField")
     for field, why in engine_of(svc).refusals(svc):
         raise SpecError(field, f"cannot be honoured by engine.kind {svc.engine.kind}: {why}",
                         reason="EngineUnsupportedField")

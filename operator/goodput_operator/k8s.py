@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 from datetime import datetime, timezone
 from typing import Any
 
@@ -30,6 +31,7 @@ PLURALS = {
     "Pod": "pods",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
     "ScaledObject": "scaledobjects",
+    "NetworkPolicy": "networkpolicies",
 }
 
 
@@ -123,6 +125,21 @@ def is_subset(desired: Any, live: Any) -> bool:
     return bool(desired == live)
 
 
+# A character beyond the BMP, as json.dumps writes it: a UTF-16 surrogate pair (after an even
+# number of backslashes, so an escaped backslash followed by "u" is left alone)
+_SURROGATE_PAIR = re.compile(r"(?<!\\)((?:\\\\)*)\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})")
+
+
+def apply_body(manifest: dict[str, Any]) -> bytes:
+    """A manifest for server-side apply, which the server reads as YAML: JSON is YAML, except
+    that YAML has no surrogate pairs, so a character beyond the BMP is written as \\UXXXXXXXX."""
+    def one_escape(match: re.Match[str]) -> str:
+        high, low = int(match[2], 16), int(match[3], 16)
+        return f"{match[1]}\\U{0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00):08x}"
+
+    return _SURROGATE_PAIR.sub(one_escape, json.dumps(manifest)).encode()
+
+
 class Kube:
     def __init__(self, api: kubernetes.client.ApiClient, field_manager: str) -> None:
         self._api = api
@@ -172,7 +189,7 @@ class Kube:
         meta = manifest["metadata"]
         path = resource_path(manifest["apiVersion"], manifest["kind"], meta.get("namespace"), meta["name"])
         current = await self.request(
-            "PATCH", path, body=manifest, content_type="application/apply-patch+yaml",
+            "PATCH", path, body=apply_body(manifest), content_type="application/apply-patch+yaml",
             query={"fieldManager": self.field_manager, "force": "true"},
         )
         return ("created" if live is None else "updated"), current

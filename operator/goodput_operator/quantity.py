@@ -27,12 +27,15 @@ def parse_quantity(value: str | int | float) -> Decimal:
     except InvalidOperation:
         raise ValueError(f"{value!r} is not a quantity") from None
     suffix = match["suffix"]
-    if suffix in _BINARY:
-        return number * _BINARY[suffix]
-    if suffix in _DECIMAL:
-        return number * _DECIMAL[suffix]
-    if suffix[:1] in ("e", "E"):
-        return number * (Decimal(10) ** int(suffix[1:]))
+    try:
+        if suffix in _BINARY:
+            return number * _BINARY[suffix]
+        if suffix in _DECIMAL:
+            return number * _DECIMAL[suffix]
+        if suffix[:1] in ("e", "E"):
+            return number * (Decimal(10) ** int(suffix[1:]))
+    except ArithmeticError:  # an exponent beyond Decimal's range, such as 1e1000000
+        raise ValueError(f"{value!r} is out of range") from None
     raise ValueError(f"{value!r} has an unknown suffix {suffix!r}")
 
 

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from goodput_operator import builders, capacity, engines, metrics, pods
+from goodput_operator import builders, capacity, engines, metrics, network, pods
 from goodput_operator.autoscaling import external
 from goodput_operator.conditions import (
     AVAILABLE,
@@ -229,6 +229,8 @@ async def _desired_children(ctx: Context, svc: ServiceSpec,
                        builders.deployment_name(svc))),
         (external.build_hpa(svc, owner, discovered.hpa_api_version),
          resource_path(discovered.hpa_api_version, "HorizontalPodAutoscaler", svc.namespace, svc.name)),
+        (network.build_network_policy(svc, ctx.settings, owner) if svc.network_policy else None,
+         resource_path(network.API_VERSION, "NetworkPolicy", svc.namespace, builders.deployment_name(svc))),
     ]
     if discovered.scaled_objects:
         optional.append((external.build_scaled_object(svc, owner),

@@ -38,6 +38,7 @@ class Settings:
     prometheus_url: str | None = None  # None: the autoscaler scrapes the pods itself
     gateway_namespace: str = "goodput-system"  # where the goodput-gateway Service's pods are found
     gateway_urls: tuple[str, ...] = ()  # or these gateway URLs instead
+    monitoring_namespace: str = "monitoring"  # Prometheus's, admitted by the runtime pods' NetworkPolicy
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -60,4 +61,5 @@ class Settings:
             prometheus_url=(env.get("PROMETHEUS_URL") or "").rstrip("/") or None,
             gateway_namespace=env.get("GATEWAY_NAMESPACE") or env.get("POD_NAMESPACE") or "goodput-system",
             gateway_urls=tuple(u for u in (env.get("GATEWAY_URL") or "").split(",") if u),
+            monitoring_namespace=env.get("MONITORING_NAMESPACE") or "monitoring",
         )

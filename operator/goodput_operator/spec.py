@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from goodput_operator import names
 from goodput_operator.quantity import parse_quantity
 
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
@@ -21,6 +22,14 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0}
 _HF = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*(?:/[\w.-]+)?)(?:/(?P<file>[\w.-]+\.gguf))?$")
 _PVC = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?P<path>/.*)?$")
 ROUTING_POLICIES = ("prefix", "least-load", "random")
+# Volume types the restricted Pod Security profile admits (besides the name)
+RESTRICTED_VOLUME_TYPES = frozenset({"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                                     "persistentVolumeClaim", "projected", "secret"})
+API_KEY_VARIABLES = frozenset({"GOODPUT_API_KEY", "VLLM_API_KEY"})  # what spec.auth sets; never a literal
+# The runtime pod's own volumes and mount paths (builders.py), which template.volumes must not reuse
+RESERVED_VOLUMES = frozenset({"model-cache", "tmp", "model-source", "dshm"})
+RESERVED_MOUNT_PATHS = frozenset({"/var/cache/goodput", "/tmp", "/mnt/models", "/dev/shm"})
+INT32_MAX = 2**31 - 1  # replica counts are int32 in Deployments, PodDisruptionBudgets and autoscalers
 _FILE = re.compile(r"^file://(?P<path>/.+)$")
 
 
@@ -109,6 +118,17 @@ class Routing:
 
 
 @dataclass(frozen=True)
+class SecretKeyRef:
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class Auth:
+    api_key_secret: SecretKeyRef | None = None  # the runtime gets it as an environment variable
+
+
+@dataclass(frozen=True)
 class PodTemplate:
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[dict[str, Any], ...] = ()
@@ -137,6 +157,8 @@ class ServiceSpec:
     image: str | None
     template: PodTemplate
     routing: Routing = Routing()
+    auth: Auth = Auth()
+    network_policy: bool = True
 
     @property
     def desired_replicas(self) -> int:
@@ -167,9 +189,11 @@ def _quantity(value: Any, field_path: str) -> str | None:
     if value is None:
         return None
     try:
-        parse_quantity(value)
+        amount = parse_quantity(value)
     except ValueError:
         raise SpecError(field_path, f"{value!r} is not a Kubernetes quantity") from None
+    if amount < 0:
+        raise SpecError(field_path, f"{value!r} is negative")
     return str(value)
 
 
@@ -268,7 +292,100 @@ def _routing(raw: dict[str, Any]) -> Routing:
     return Routing(policy=policy)
 
 
+def _auth(raw: dict[str, Any]) -> Auth:
+    ref = raw.get("apiKeySecretRef")
+    if not ref:
+        return Auth()
+    return Auth(SecretKeyRef(ref["name"], ref.get("key") or "apiKey"))
+
+
+def _check(field_path: str, problem: str | None) -> None:
+    if problem:
+        raise SpecError(field_path, problem, reason="InvalidName")
+
+
+def _check_secret_ref(field_path: str, raw: dict[str, Any] | None) -> None:
+    if raw:
+        _check(f"{field_path}.name", names.dns_subdomain(raw["name"]))
+        if raw.get("key"):
+            _check(f"{field_path}.key", names.secret_key(raw["key"]))
+
+
+def _check_labels(field_path: str, labels: dict[str, str], values: bool = True) -> None:
+    for key, value in labels.items():
+        _check(f"{field_path}[{key}]", names.qualified_name(key) or (names.label_value(value) if values else None))
+
+
+def _check_mounts(raw: dict[str, Any]) -> None:
+    volumes = [v.get("name", "") for v in raw.get("volumes") or ()]
+    for i, name in enumerate(volumes):
+        _check(f"template.volumes[{i}].name", names.dns_label(name))
+        if name in RESERVED_VOLUMES or name in volumes[:i]:
+            raise SpecError(f"template.volumes[{i}].name", f"{name!r} is taken (the runtime pod's own volumes are "
+                            f"{', '.join(sorted(RESERVED_VOLUMES))})", reason="VolumeNameTaken")
+    paths: list[str] = []
+    for i, mount in enumerate(raw.get("volumeMounts") or ()):
+        if mount["name"] not in volumes:
+            raise SpecError(f"template.volumeMounts[{i}].name", f"{mount['name']!r} is not one of template.volumes",
+                            reason="VolumeNotFound")
+        path = str(mount["mountPath"]).rstrip("/") or "/"
+        if not path.startswith("/") or ":" in path or path in RESERVED_MOUNT_PATHS or path in paths:
+            raise SpecError(f"template.volumeMounts[{i}].mountPath",
+                            f"{mount['mountPath']!r} must be an absolute path, used once, and none of the runtime's "
+                            f"own ({', '.join(sorted(RESERVED_MOUNT_PATHS))})", reason="MountPathTaken")
+        paths.append(path)
+
+
+def _check_template(raw: dict[str, Any]) -> None:
+    """What would take the pods out of the restricted Pod Security profile, put a key in the CR, or
+    build a pod the API server refuses."""
+    for i, volume in enumerate(raw.get("volumes") or ()):
+        kinds = set(volume) - {"name"}
+        if kinds - RESTRICTED_VOLUME_TYPES:
+            raise SpecError(f"template.volumes[{i}]",
+                            f"{', '.join(sorted(kinds - RESTRICTED_VOLUME_TYPES))} volumes break the restricted Pod "
+                            f"Security profile; use one of {', '.join(sorted(RESTRICTED_VOLUME_TYPES))}",
+                            reason="VolumeTypeNotAllowed")
+    for i, var in enumerate(raw.get("env") or ()):
+        if var.get("name") in API_KEY_VARIABLES:
+            raise SpecError(f"template.env[{i}]", f"sets {var['name']}, which spec.auth.apiKeySecretRef sets from a "
+                            "Secret (a key in the spec would be readable by anyone who can read the spec)",
+                            reason="APIKeyInSpec")
+        _check(f"template.env[{i}].name", names.env_name(str(var.get("name"))))
+    _check_mounts(raw)
+    _check_labels("template.nodeSelector", raw.get("nodeSelector") or {})
+    _check_labels("template.labels", raw.get("labels") or {})
+    _check_labels("template.annotations", raw.get("annotations") or {}, values=False)
+    for field_name in ("priorityClassName", "serviceAccountName"):
+        if raw.get(field_name):
+            _check(f"template.{field_name}", names.dns_subdomain(raw[field_name]))
+    for i, secret in enumerate(raw.get("imagePullSecrets") or ()):
+        _check(f"template.imagePullSecrets[{i}].name", names.dns_subdomain(secret["name"]))
+
+
+def _check_references(spec: dict[str, Any], parsed: ServiceSpec) -> None:
+    """Names the spec passes on into its children, by the API server's rules for them."""
+    _check_secret_ref("model.tokenSecretRef", (spec.get("model") or {}).get("tokenSecretRef"))
+    _check_secret_ref("auth.apiKeySecretRef", (spec.get("auth") or {}).get("apiKeySecretRef"))
+    if parsed.model.cache_claim:
+        _check("model.cacheClaimName", names.dns_subdomain(parsed.model.cache_claim))
+    if parsed.image is not None:
+        _check("image", names.image(parsed.image))
+    if parsed.engine.image is not None:
+        _check("engine.image", names.image(parsed.engine.image))
+    if parsed.resources.gpu:
+        _check("resources.gpuResourceName", names.extended_resource(parsed.resources.gpu_resource_name))
+        if parsed.resources.gpu_product:
+            _check("resources.gpuProduct", names.label_value(parsed.resources.gpu_product))
+    for field_path, count in (("replicas", parsed.replicas), ("autoscaling.minReplicas",
+                                                              parsed.autoscaling.min_replicas),
+                              ("autoscaling.maxReplicas", parsed.autoscaling.max_replicas)):
+        if count is not None and count > INT32_MAX:
+            raise SpecError(field_path, f"is {count}, above {INT32_MAX}", reason="TooLarge")
+
+
 def _template(raw: dict[str, Any]) -> PodTemplate:
+    _check_template(raw)
     return PodTemplate(
         node_selector=dict(raw.get("nodeSelector") or {}),
         tolerations=tuple(raw.get("tolerations") or ()),
@@ -307,7 +424,10 @@ def parse(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         image=spec.get("image"),
         template=_template(spec.get("template") or {}),
         routing=_routing(spec.get("routing") or {}),
+        auth=_auth(spec.get("auth") or {}),
+        network_policy=bool(spec.get("networkPolicy", True)),
     )
+    _check_references(spec, parsed)
     if parsed.model.source.scheme == "pvc" and parsed.model.cache_claim == parsed.model.source.claim:
         raise SpecError(
             "model.cacheClaimName",

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import os
 import re
 import signal
 import sys
@@ -15,6 +16,7 @@ from typing import NoReturn
 from goodput_contract import quantization as quantization_rules
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.cpu import default_openmp_waits
+from goodput_runtime.server.auth import API_KEY_ENV, split_keys
 
 BYTE_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
               "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -190,6 +192,10 @@ def build_parser() -> ReasonedArgumentParser:
     serving.add_argument("--termination-message-path", default=TERMINATION_MESSAGE_PATH,
                          help="file that gets a one-line reason when the runtime cannot start; written only "
                               "if it exists, or if its directory exists and is not /dev")
+    serving.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                         help="ask every request but /health and /metrics for 'Authorization: Bearer KEY' "
+                              "(repeatable; default: the comma-separated keys in $GOODPUT_API_KEY, if set). "
+                              "The environment keeps keys out of the process list")
     serving.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -198,6 +204,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     parser.termination_path = termination_message_path(argv)
     args = parser.parse_args(argv)
+    args.api_keys = split_keys(args.api_key or [os.environ.get(API_KEY_ENV, "")])
     return args
 
 
@@ -226,7 +233,7 @@ async def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     return await serve(config, metrics, args.host, args.port, args.shutdown_grace, stop, force,
-                       shutdown_delay=args.shutdown_delay,
+                       shutdown_delay=args.shutdown_delay, api_keys=args.api_keys,
                        on_failure=lambda reason: write_termination_message(args.termination_message_path, reason))
 
 

@@ -29,7 +29,7 @@ __all__ = ["PipelineServer", "PipelineTable", "install", "start_watch"]
 def install(gateway: Gateway, table: PipelineTable) -> PipelineServer:
     """Requests whose model names a pipeline go to it; /v1/models lists pipelines beside services."""
     metrics = PipelineMetrics(gateway.metrics.registry)
-    gateway.pipelines = PipelineServer(table, gateway.registry, gateway.proxy, metrics)
+    gateway.pipelines = PipelineServer(table, gateway.registry, gateway.proxy, metrics, gateway.keys)
     return gateway.pipelines
 
 

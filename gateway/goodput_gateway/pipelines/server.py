@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from goodput_gateway.auth import ServiceKeys
 from goodput_gateway.discovery import Registry, Service
 from goodput_gateway.errors import APIError, invalid, unavailable
 from goodput_gateway.pipelines import classifier as classify
@@ -62,8 +63,10 @@ class Outcome:
 
 
 class PipelineServer:
-    def __init__(self, table: PipelineTable, registry: Registry, proxy: Proxy, metrics: PipelineMetrics) -> None:
+    def __init__(self, table: PipelineTable, registry: Registry, proxy: Proxy, metrics: PipelineMetrics,
+                 keys: ServiceKeys | None = None) -> None:
         self.table, self.registry, self.proxy, self.metrics = table, registry, proxy, metrics
+        self.keys = keys or ServiceKeys(None)
 
     def find(self, model: str) -> Entry | None:
         found = self.table.resolve(model)
@@ -80,9 +83,31 @@ class PipelineServer:
                 "pipeline": entry.name, "steps": spec.summary if spec else None,
                 "ready": spec is not None and all(self.registry.ready((entry.namespace, s)) for s in spec.services)}
 
-    def cards(self, created: int) -> list[dict[str, Any]]:
+    async def cards(self, created: int, authorization: str | None = None) -> list[dict[str, Any]]:
+        """The pipelines the caller may use: a pipeline asks for its generate service's key."""
         entries = sorted(self.table.entries.values(), key=lambda e: (e.name, e.namespace))
-        return [self.card(e, created) for e in entries]
+        visible = []
+        for entry in entries:
+            try:
+                await self.authorize(entry, authorization)
+            except APIError:
+                continue
+            visible.append(self.card(entry, created))
+        return visible
+
+    async def authorize(self, entry: Entry, authorization: str | None) -> str | None:
+        """The generate service's key for its runtime, once the client's key is checked against it (401
+        otherwise): a pipeline is open to exactly those who may call the service it generates with."""
+        spec = entry.spec
+        svc = self.registry.services.get((entry.namespace, spec.generate.service)) if spec else None
+        if svc is None:
+            return None
+        return await self.keys.upstream_authorization(svc, authorization)
+
+    async def own_key(self, svc: Service) -> str | None:
+        """The gateway's own call to a service (a classifier): with that service's key, if it asks for one."""
+        keys = await self.keys.keys(svc)
+        return f"Bearer {keys[0]}" if keys else None
 
     def service(self, entry: Entry, name: str) -> Service:
         svc = self.registry.services.get((entry.namespace, name))
@@ -110,6 +135,7 @@ class PipelineServer:
                 if body.get(name) not in (None, 1):
                     raise invalid(f"'{name}' must be 1 for the pipeline '{entry.name}', which filters one answer",
                                   name, "unsupported_value")
+        upstream_auth = await self.authorize(entry, request.headers.get("Authorization"))
         labels = (entry.namespace, entry.name)
         self.metrics.seen(*labels)
         result = Outcome()
@@ -125,7 +151,7 @@ class PipelineServer:
                 else:
                     current = await self.input_guard(entry, step, path, current, result)
                 self.metrics.step.labels(*labels, step.name, step.kind).observe(time.monotonic() - step_started)
-            response = await self.generate(request, entry, spec.generate, current, outputs, result)
+            response = await self.generate(request, entry, spec.generate, current, outputs, result, upstream_auth)
             if result.outcome == "error" and response.status == 200:
                 result.outcome = "served"
             return response
@@ -162,10 +188,11 @@ class PipelineServer:
         assert guard is not None
         svc = self.service(entry, guard.service)
         payload = classify.request_body(guard, svc.served_name, last_user_text(path, body))
+        authorization = await self.own_key(svc)
         try:
             async with asyncio.timeout(guard.timeout_seconds):
                 async with self.proxy.open("POST", CHAT, {"Content-Type": "application/json"}, svc, guard.service,
-                                           json.dumps(payload).encode(), payload) as upstream:
+                                           json.dumps(payload).encode(), payload, authorization) as upstream:
                     answer = await upstream.read()
                     status = upstream.status
         except TimeoutError:
@@ -191,13 +218,13 @@ class PipelineServer:
                     "request" if step.stage == INPUT else "stream", rule)
 
     async def generate(self, request: web.Request, entry: Entry, step: Step, body: dict[str, Any],
-                       outputs: list[Step], result: Outcome) -> web.StreamResponse:
+                       outputs: list[Step], result: Outcome, authorization: str | None = None) -> web.StreamResponse:
         svc = self.service(entry, step.service)
         payload = apply_defaults(step, {**body, "model": svc.served_name})
         sent = time.monotonic()
         filters = [(s, OutputFilter(entry.rules[s.name], s.hold_back)) for s in outputs]
         async with self.proxy.open("POST", request.path_qs, request.headers, svc, step.service,
-                                   json.dumps(payload).encode(), payload) as upstream:
+                                   json.dumps(payload).encode(), payload, authorization) as upstream:
             content_type = upstream.headers.get("Content-Type", "")
             if upstream.status != 200 or not content_type.startswith(("text/event-stream", "application/json")):
                 data = await upstream.read()

@@ -14,6 +14,7 @@ from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.server import embeddings as embedding_routes
 from goodput_runtime.server import tokens as token_routes
+from goodput_runtime.server.auth import require_api_key
 from goodput_runtime.server.errors import APIError, from_http_exception, internal, invalid, unavailable
 from goodput_runtime.server.generate import Tracker, generate
 from goodput_runtime.server.prompts import (
@@ -33,8 +34,10 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 class ServerState:
     """What the routes share: the engine once it is ready, and the serving phase."""
 
-    def __init__(self, model_name: str, metrics: RuntimeMetrics, root: str | None = None) -> None:
+    def __init__(self, model_name: str, metrics: RuntimeMetrics, root: str | None = None,
+                 api_keys: tuple[str, ...] = ()) -> None:
         self.model_name = model_name
+        self.api_keys = api_keys  # empty: no key is asked for
         self.root = root or model_name
         self.metrics = metrics
         self.engine: Any = None
@@ -198,7 +201,8 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def build_app(state: ServerState) -> web.Application:
-    app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
+    middlewares = [openai_errors, require_api_key(state.api_keys)] if state.api_keys else [openai_errors]
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app[STATE] = state
     app.on_response_prepare.append(close_connections_when_stopping)
     app.router.add_post("/v1/completions", completions)

@@ -88,8 +88,10 @@ async def serve(config: EngineConfig, metrics: RuntimeMetrics, host: str, port: 
                 stop: asyncio.Event, force: asyncio.Event | None = None,
                 engine_factory: EngineFactory = load_engine,
                 on_listening: Callable[[int], None] | None = None, shutdown_delay: float = 0.0,
-                on_failure: Callable[[str], None] | None = None) -> int:
+                on_failure: Callable[[str], None] | None = None, api_keys: tuple[str, ...] = ()) -> int:
     """Serve until ``stop`` is set; return the process exit code.
+
+    ``api_keys``, when any, are asked of every request but /health and /metrics.
 
     ``on_failure`` hears, in one line, why the server cannot serve when it returns 1.
     """
@@ -101,7 +103,7 @@ async def serve(config: EngineConfig, metrics: RuntimeMetrics, host: str, port: 
             on_failure(reason)
         return 1
 
-    state = ServerState(config.model_name, metrics, config.model)
+    state = ServerState(config.model_name, metrics, config.model, api_keys)
     runner = web.AppRunner(build_app(state), handler_cancellation=True, shutdown_timeout=FINAL_WRITE_SECONDS,
                            access_log_class=QuietAccessLogger)
     await runner.setup()

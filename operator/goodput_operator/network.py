@@ -1,0 +1,44 @@
+"""The NetworkPolicy of a service's runtime pods (spec.networkPolicy, on by default).
+
+Their serving port (the API, /health and /metrics alike) accepts connections only from the
+goodput-gateway and the operator (whose autoscaler reads each pod's /metrics), from pods of
+the service's own namespace, and from the monitoring namespace (Prometheus). Nothing else is
+admitted on any port. It binds only where the cluster's CNI plugin enforces NetworkPolicies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from goodput_operator import engines
+from goodput_operator.builders import Manifest, child_metadata, deployment_name, selector_labels
+from goodput_operator.settings import Settings
+from goodput_operator.spec import ServiceSpec
+
+API_VERSION = "networking.k8s.io/v1"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by the API server (1.21+)
+SYSTEM_COMPONENTS = ("goodput-gateway", "goodput-operator")  # their pods' app.kubernetes.io/name
+
+
+def namespace_selector(namespace: str) -> dict[str, Any]:
+    return {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}}
+
+
+def build_network_policy(svc: ServiceSpec, settings: Settings, owner: dict[str, Any]) -> Manifest:
+    peers: list[dict[str, Any]] = [
+        {"podSelector": {}},  # this namespace
+        {"namespaceSelector": namespace_selector(settings.gateway_namespace),
+         "podSelector": {"matchExpressions": [{"key": "app.kubernetes.io/name", "operator": "In",
+                                               "values": list(SYSTEM_COMPONENTS)}]}},
+        {"namespaceSelector": namespace_selector(settings.monitoring_namespace)},
+    ]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "NetworkPolicy",
+        "metadata": child_metadata(svc, deployment_name(svc), owner),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(svc)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": engines.engine_of(svc).port}]}],
+        },
+    }
