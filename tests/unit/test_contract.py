@@ -184,6 +184,7 @@ def test_quantization_methods_agree_across_crd_runtime_and_contract():
 AUTOSCALER_PREFIX = metric_names.PREFIX + "autoscaler_"
 GATEWAY_PREFIX = metric_names.PREFIX + "gateway_"
 BATCH_PREFIX = metric_names.PREFIX + "batch_"  # the gateway's batch API
+PIPELINE_PREFIXES = (metric_names.PREFIX + "pipeline_", metric_names.PREFIX + "guard_")  # the gateway's pipelines
 
 
 def test_the_runtime_exports_every_series_the_contract_names():
@@ -194,7 +195,7 @@ def test_the_runtime_exports_every_series_the_contract_names():
     runtime_series = {value for name, value in vars(metric_names).items()
                       if name.isupper() and isinstance(value, str) and value.startswith(metric_names.PREFIX)
                       and value != metric_names.PREFIX
-                      and not value.startswith((AUTOSCALER_PREFIX, GATEWAY_PREFIX, BATCH_PREFIX))}
+                      and not value.startswith((AUTOSCALER_PREFIX, GATEWAY_PREFIX, BATCH_PREFIX, *PIPELINE_PREFIXES))}
     histograms = {metric_names.TTFT, metric_names.TPOT, metric_names.E2E_LATENCY, metric_names.QUEUE_TIME}
     for name in runtime_series:
         assert (name + "_count" if name in histograms else name) in exported, name
@@ -215,6 +216,27 @@ def test_the_gateway_exports_every_gateway_series_the_contract_names():
     assert len(gateway_series) == 8
     histograms = {metric_names.GATEWAY_REQUEST_DURATION, metric_names.GATEWAY_HOLD_DURATION}
     for name in gateway_series:
+        assert (name + "_count" if name in histograms else name) in exported, name
+
+
+def test_the_gateway_exports_every_pipeline_series_the_contract_names():
+    from prometheus_client import CollectorRegistry
+
+    from goodput_gateway.pipelines.metrics import PipelineMetrics
+
+    registry = CollectorRegistry()
+    metrics = PipelineMetrics(registry)
+    metrics.seen("ns", "guarded")
+    metrics.ttft.labels("ns", "guarded").observe(0.1)
+    metrics.step.labels("ns", "guarded", "screen", "guard").observe(0.001)
+    metrics.blocks.labels("ns", "guarded", "pii-email").inc()
+    metrics.redactions.labels("ns", "guarded", "pii-email").inc()
+    exported = {sample.name for family in registry.collect() for sample in family.samples}
+    pipeline_series = {value for name, value in vars(metric_names).items()
+                       if name.isupper() and isinstance(value, str) and value.startswith(PIPELINE_PREFIXES)}
+    assert len(pipeline_series) == 6
+    histograms = {metric_names.PIPELINE_TTFT, metric_names.PIPELINE_STEP_DURATION}
+    for name in pipeline_series:
         assert (name + "_count" if name in histograms else name) in exported, name
 
 
