@@ -68,11 +68,37 @@ def workloads(documents: list[Any]) -> list[tuple[str, dict[str, Any]]]:
             for pod in pod_specs(d)]
 
 
+def strategic_merge(base: Any, patch: Any) -> Any:
+    """`kubectl patch`'s strategic merge, as far as our patches use it: maps merge key by key, lists of
+    named items (containers, volumes, env, mounts) merge by name, a null deletes."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        merged = dict(base)
+        for key, value in patch.items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = strategic_merge(base.get(key), value)
+        return merged
+    if isinstance(base, list) and isinstance(patch, list) and all(
+            isinstance(i, dict) and "name" in i for i in [*base, *patch]):
+        by_name = {i["name"]: i for i in base}
+        for item in patch:
+            by_name[item["name"]] = strategic_merge(by_name.get(item["name"]), item)
+        return list(by_name.values())
+    return patch
+
+
 def manifest_workloads() -> list[tuple[str, dict[str, Any]]]:
+    """Every workload under manifests/; a `*-patch.yaml` is checked as the workload it patches would be."""
+    documents: dict[Path, list[Any]] = {path: [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+                                        for path in sorted((ROOT / "manifests").rglob("*.yaml"))}
+    bases = {(d["kind"], d["metadata"]["name"]): d for path, docs in documents.items()
+             if not path.name.endswith("-patch.yaml") for d in docs if "kind" in d and "metadata" in d}
     found = []
-    for path in sorted((ROOT / "manifests").rglob("*.yaml")):
-        found += [(f"{path.relative_to(ROOT)}: {name}", pod)
-                  for name, pod in workloads(list(yaml.safe_load_all(path.read_text())))]
+    for path, docs in documents.items():
+        if path.name.endswith("-patch.yaml"):
+            docs = [strategic_merge(bases[(d["kind"], d["metadata"]["name"])], d) for d in docs]
+        found += [(f"{path.relative_to(ROOT)}: {name}", pod) for name, pod in workloads(docs)]
     return found
 
 
