@@ -28,6 +28,7 @@ GENERATION_TOKENS = PREFIX + "generation_tokens_total"
 PREEMPTIONS = PREFIX + "preemptions_total"
 PREFIX_CACHE_QUERIES = PREFIX + "prefix_cache_queries_total"
 PREFIX_CACHE_HITS = PREFIX + "prefix_cache_hits_total"
+REQUESTS_REJECTED = PREFIX + "requests_rejected_total"  # label reason: ttft_slo | queue_full
 
 # the operator's autoscaler series, read by the dashboards (and by HPA/KEDA in those modes)
 AUTOSCALER_DESIRED_REPLICAS = PREFIX + "autoscaler_desired_replicas"

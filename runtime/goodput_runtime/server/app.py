@@ -13,6 +13,7 @@ from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.server import embeddings as embedding_routes
 from goodput_runtime.server import tokens as token_routes
+from goodput_runtime.server.admission import Admission
 from goodput_runtime.server.errors import APIError, from_http_exception, internal, invalid, unavailable
 from goodput_runtime.server.generate import Tracker, generate
 from goodput_runtime.server.prompts import (
@@ -32,7 +33,8 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 class ServerState:
     """What the routes share: the engine once it is ready, and the serving phase."""
 
-    def __init__(self, model_name: str, metrics: RuntimeMetrics, root: str | None = None) -> None:
+    def __init__(self, model_name: str, metrics: RuntimeMetrics, root: str | None = None,
+                 admission: Admission | None = None) -> None:
         self.model_name = model_name
         self.root = root or model_name
         self.metrics = metrics
@@ -41,9 +43,12 @@ class ServerState:
         self.created = int(time.time())
         self.tracker = Tracker()
         self.token_text: TokenText | None = None
+        self.admission = admission  # None: every request is queued (up to --max-queue)
 
     def set_ready(self, engine: Any) -> None:
         self.engine = engine
+        if self.admission is not None:
+            self.admission.attach(engine)
         self.token_text = TokenText(engine.tokenizer)
         self.phase = "ready"
 
@@ -68,6 +73,11 @@ class ServerState:
             raise unavailable("The server is shutting down and accepts no new requests", "shutting_down")
         return self.engine
 
+    def admit(self, engine: Any, prompt_ids: list[int], params: SamplingParams) -> None:
+        """429 now for a request predicted to miss the TTFT target (see admission.py)."""
+        if self.admission is not None:
+            self.admission.check(engine, len(prompt_ids), params)
+
     def check_model(self, model: str) -> None:
         if model != self.model_name:
             raise invalid(f"The model '{model}' does not exist; this server serves '{self.model_name}'",
@@ -83,6 +93,8 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
         return await handler(request)
     except APIError as exc:
         log.debug("Refused %s %s: %s", request.method, request.path, exc.message)
+        if exc.status == 429:
+            request.app[STATE].metrics.record_rejected(exc.code)
         return exc.response()
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -102,6 +114,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     engine = state.serving_engine()
     prompt_ids = completion_prompt_ids(engine.tokenizer, body.prompt)
     params = sampling_params(engine, body.sampling, len(prompt_ids), "prompt")
+    state.admit(engine, prompt_ids, params)
     shape = CompletionShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
     echo_text = None
     if body.sampling.echo:
@@ -117,6 +130,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     engine = state.serving_engine()
     prompt_ids = chat_prompt_ids(engine.tokenizer, body.messages, state.model_name)
     params = sampling_params(engine, body.sampling, len(prompt_ids), "messages")
+    state.admit(engine, prompt_ids, params)
     shape = ChatShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
     return await generate(request, engine, state.tracker, shape, prompt_ids, params, body.stream, "messages")
 
