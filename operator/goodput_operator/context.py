@@ -1,4 +1,4 @@
-"""What every reconcile shares: the API, settings, the config fetcher, per-service locks."""
+"""What every reconcile shares: the API, settings, the config fetcher, per-service locks, what the watches saw."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from goodput_operator.hub import ConfigFetcher
 from goodput_operator.k8s import ApiError, Kube, build_event
+from goodput_operator.observed import Observed
 from goodput_operator.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -27,6 +28,29 @@ class Discovered:
     scaled_objects: bool = False
 
 
+class SideQueue:
+    """Services to reconcile for a side trigger, in order, each at most once in the queue: the burst
+    of events one change makes (a Deployment and its status, its pod) costs one reconcile."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self._queued: set[tuple[str, str]] = set()
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
+    def add(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    async def next(self) -> tuple[str, str]:
+        key = await self._queue.get()
+        self._queued.discard(key)  # a trigger from now on queues it again: it may change what we read
+        return key
+
+
 @dataclass
 class Context:
     kube: Kube
@@ -38,6 +62,8 @@ class Context:
     )
     # (namespace, name) -> Failure.key of the pod failure last posted as an Event
     reported_failures: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    observed: Observed = field(default_factory=Observed)  # children and pods from the watch streams
+    side: SideQueue = field(default_factory=SideQueue)
     _discovered: Discovered | None = None
     _discovered_at: float = 0.0
 

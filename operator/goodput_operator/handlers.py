@@ -7,11 +7,13 @@ import dataclasses
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 import kopf
 import prometheus_client
 
+from goodput_operator import metrics
 from goodput_operator.autoscaling.loop import Autoscaler
 from goodput_operator.builders import MANAGED_BY, SERVICE_LABEL
 from goodput_operator.context import Context
@@ -30,6 +32,8 @@ CHILD_RESOURCES = (
 # Runtime pods: their status says why a service does not serve (crash loop, image pull, scheduling).
 POD_RESOURCE = {"group": "", "version": "v1", "plural": "pods"}
 RETRY_BACKOFF_SECONDS = 5.0
+# reconciles for side triggers (a child or pod changed, a config fetched) run this many at a time
+SIDE_WORKERS = 4
 
 
 def operator_settings() -> kopf.OperatorSettings:
@@ -71,9 +75,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
 
     def reconcile_soon(ctx: Context, waiters: set[Waiter]) -> None:
         for namespace, name in waiters:
-            task = asyncio.create_task(_quietly(ctx, namespace, name))
-            background.add(task)
-            task.add_done_callback(background.discard)
+            ctx.side.add(namespace, name)
 
     @kopf.on.login(id="login", registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -93,8 +95,10 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
                                 on_ready=lambda waiters: reconcile_soon(memo.ctx, waiters))
         memo.ctx = Context(kube, settings, fetcher, instance=os.environ.get("POD_NAME") or socket.gethostname())
         # A plain loop rather than a kopf timer: timers put a finalizer on every service.
+        workers = [asyncio.create_task(side_reconciles(memo.ctx), name=f"side-{i}") for i in range(SIDE_WORKERS)]
         for task in (asyncio.create_task(resync_forever(memo.ctx), name="resync"),
-                     asyncio.create_task(Autoscaler.from_context(memo.ctx).run_forever(), name="autoscaler")):
+                     asyncio.create_task(Autoscaler.from_context(memo.ctx).run_forever(), name="autoscaler"),
+                     *workers):
             background.add(task)
             task.add_done_callback(background.discard)
         if settings.metrics_port:
@@ -117,19 +121,28 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
 
     for resource in CHILD_RESOURCES:
         @kopf.on.event(**resource, id="child", labels=OWNED, registry=registry)  # type: ignore[arg-type]
-        async def child_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        async def child_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
             owner = _owner_of(body)
             if owner is not None and getattr(memo, "ctx", None) is not None:
-                await _quietly(memo.ctx, *owner)
+                memo.ctx.observed.child_event(event.get("type"), event["object"])
+                memo.ctx.side.add(*owner)
 
     # An event handler only: kopf keeps no progress, diff base or finalizer on pods, so it
     # never writes to them (the role may not either). Pods belong to ReplicaSets, not to the
     # service; the service label names it.
     @kopf.on.event(**POD_RESOURCE, id="pod", labels=OWNED, registry=registry)  # type: ignore[arg-type]
-    async def pod_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    async def pod_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         service = body.metadata.labels.get(SERVICE_LABEL)
         if service and body.metadata.namespace and getattr(memo, "ctx", None) is not None:
-            await _quietly(memo.ctx, body.metadata.namespace, service)
+            memo.ctx.observed.pod_event(event.get("type"), event["object"], service)
+            memo.ctx.side.add(body.metadata.namespace, service)
+
+
+async def side_reconciles(ctx: Context) -> None:
+    """Reconcile services a side trigger named, each once however many triggers named it meanwhile."""
+    while True:
+        namespace, name = await ctx.side.next()
+        await _quietly(ctx, namespace, name)
 
 
 async def resync_forever(ctx: Context) -> None:
@@ -142,15 +155,19 @@ async def resync_forever(ctx: Context) -> None:
         except Exception as err:
             logger.warning("Listing InferenceServices for resync failed: %s", err)
             continue
+        started = time.monotonic()
         items = listing.get("items") or ()
         ctx.forget_failures_except({(i["metadata"]["namespace"], i["metadata"]["name"]) for i in items})
         for item in items:
+            await asyncio.sleep(0)  # an unchanged service makes no API call: let other work in between
             if not item["metadata"].get("deletionTimestamp"):
                 try:
                     await reconcile(ctx, item)
                 except Exception as err:
                     meta = item["metadata"]
                     logger.warning("Resync of %s/%s failed: %s", meta["namespace"], meta["name"], err)
+        metrics.RESYNCS.inc()
+        metrics.RESYNC_SECONDS.set(time.monotonic() - started)
 
 
 async def _quietly(ctx: Context, namespace: str, name: str) -> None:

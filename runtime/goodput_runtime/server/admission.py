@@ -8,15 +8,15 @@ prediction exceeds the target (less a safety margin), so the requests it serves 
 The prediction, from the engine's own measurements:
 
 - ``prefill``: the prompt tokens still to compute ahead of the request (waiting requests, running
-  ones still in prefill) and its own, at the measured prefill rate, plus the decode steps that
-  share those steps with it;
+  ones still in prefill) and its own, at the measured seconds per prompt token, plus the fixed
+  cost of each step they take (a decode step's time);
 - ``seat``: when the batch is full (``--max-num-seqs``), the time until enough running requests
   finish, from their remaining tokens at the measured decode step time;
 - ``kv``: when the free KV blocks cannot hold the prompts ahead and its own, the time until the
   running requests holding enough blocks finish.
 
 The request waits for the later of the seat and the KV, and for the prefill ahead of it.
-Until the engine has measured both rates every request is admitted.
+Until the engine has timed a decode step every request is admitted.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from goodput_runtime.server.errors import APIError
 log = logging.getLogger(__name__)
 
 EWMA_WEIGHT = 0.2  # share of the newest measurement in each running average
+MIN_PREFILL_SAMPLE = 16  # prompt tokens a step needs to teach the cost per prompt token
 LOG_EVERY_SECONDS = 10.0
 
 
@@ -64,9 +65,10 @@ class StepRates:
             if decode_seqs:
                 self.decode_step_seconds = self._blend(self.decode_step_seconds, seconds)
             return
-        # a mixed step: what the decodes would have cost alone is not prefill's
-        decode_part = (self.decode_step_seconds or 0.0) if decode_seqs else 0.0
-        per_token = max(seconds - decode_part, seconds * 0.5) / prefill_tokens
+        if self.decode_step_seconds is None or prefill_tokens < MIN_PREFILL_SAMPLE:
+            return  # a few prompt tokens tell the step's fixed cost, not the cost per token
+        # a step costs what a decode step costs (its fixed part) plus its prompt tokens
+        per_token = max(seconds - self.decode_step_seconds, seconds * 0.1) / prefill_tokens
         self.prefill_token_seconds = self._blend(self.prefill_token_seconds, per_token)
 
     def observe_finished(self, num_output_tokens: int) -> None:
@@ -74,7 +76,9 @@ class StepRates:
 
     @property
     def measured(self) -> bool:
-        return self.prefill_token_seconds is not None and self.decode_step_seconds is not None
+        """Once a decode step is timed; until a long enough prefill is, prompt tokens count as free
+        and each step as a decode step."""
+        return self.decode_step_seconds is not None
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ def remaining_tokens(seq: Any, typical: float | None) -> int:
 
 
 def predict(scheduler: Any, rates: StepRates, num_prompt_tokens: int, n: int) -> Prediction | None:
-    """The predicted TTFT of a request arriving now; None until the rates are measured."""
+    """The predicted TTFT of a request arriving now; None until a decode step is measured."""
     if not rates.measured:
         return None
     prefill_s, step_s = rates.prefill_token_seconds or 0.0, rates.decode_step_seconds or 0.0
@@ -121,7 +125,7 @@ def predict(scheduler: Any, rates: StepRates, num_prompt_tokens: int, n: int) ->
     tokens = ahead + num_prompt_tokens
     decoding = len(running) - len(in_prefill)
     budget = max(1, scheduler.max_num_batched_tokens - decoding)
-    prefill = tokens * prefill_s + math.ceil(tokens / budget) * (step_s if decoding else 0.0)
+    prefill = tokens * prefill_s + math.ceil(tokens / budget) * step_s
 
     finishing = sorted((remaining_tokens(s, rates.output_tokens), len(s.block_table)) for s in running)
     typical_tokens = rates.output_tokens or (finishing[-1][0] if finishing else 1.0)
