@@ -16,7 +16,7 @@ import prometheus_client
 from goodput_operator import metrics
 from goodput_operator.autoscaling.loop import Autoscaler
 from goodput_operator.builders import MANAGED_BY, SERVICE_LABEL
-from goodput_operator.context import Context
+from goodput_operator.context import CHANGE, RESUME, RESYNC, Context
 from goodput_operator.hub import ConfigFetcher, Waiter
 from goodput_operator.k8s import ApiError, Kube, load_config, owner_collection
 from goodput_operator.reconcile import reconcile, reconcile_by_name
@@ -116,8 +116,8 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", backoff=RETRY_BACKOFF_SECONDS, registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", backoff=RETRY_BACKOFF_SECONDS, registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", backoff=RETRY_BACKOFF_SECONDS, registry=registry)
-    async def service_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await reconcile(memo.ctx, _plain(body))
+    async def service_changed(body: kopf.Body, memo: kopf.Memo, reason: str, **_: Any) -> None:
+        await reconcile(memo.ctx, _plain(body), RESUME if reason == kopf.Reason.RESUME else CHANGE)
 
     for resource in CHILD_RESOURCES:
         @kopf.on.event(**resource, id="child", labels=OWNED, registry=registry)  # type: ignore[arg-type]
@@ -162,7 +162,7 @@ async def resync_forever(ctx: Context) -> None:
             await asyncio.sleep(0)  # an unchanged service makes no API call: let other work in between
             if not item["metadata"].get("deletionTimestamp"):
                 try:
-                    await reconcile(ctx, item)
+                    await reconcile(ctx, item, RESYNC)
                 except Exception as err:
                     meta = item["metadata"]
                     logger.warning("Resync of %s/%s failed: %s", meta["namespace"], meta["name"], err)

@@ -21,7 +21,7 @@ from goodput_operator.conditions import (
     find,
     merge,
 )
-from goodput_operator.context import Context
+from goodput_operator.context import CHANGE, SIDE, Context
 from goodput_operator.k8s import ApiError, now_timestamp, owner_path, resource_path
 from goodput_operator.spec import ServiceSpec, SpecError, parse
 
@@ -35,18 +35,20 @@ class Fit:
     invalid: SpecError | None = None  # a fact about the model makes the spec unservable
 
 
-async def reconcile_by_name(ctx: Context, namespace: str, name: str) -> None:
+async def reconcile_by_name(ctx: Context, namespace: str, name: str, priority: int = SIDE) -> None:
     """Reconcile the service as the server holds it now (after a child or a fetch changed)."""
-    body = await ctx.kube.get(owner_path(namespace, name))
+    async with ctx.slots.hold(priority):
+        body = await ctx.kube.get(owner_path(namespace, name))
     if body is not None and not body["metadata"].get("deletionTimestamp"):
-        await reconcile(ctx, body)
+        await reconcile(ctx, body, priority)
 
 
-async def reconcile(ctx: Context, body: dict[str, Any]) -> None:
+async def reconcile(ctx: Context, body: dict[str, Any], priority: int = CHANGE) -> None:
+    """One pass for the service; `priority` orders it among the passes waiting for a slot (context.Slots)."""
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    started = time.monotonic()
-    async with ctx.lock(namespace, name):
+    async with ctx.lock(namespace, name), ctx.slots.hold(priority):
+        started = time.monotonic()
         try:
             result = await _reconcile(ctx, body)
         except Exception as err:

@@ -11,6 +11,7 @@ from aiohttp import hdrs, web
 
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
+from goodput_runtime.server import debug
 from goodput_runtime.server import embeddings as embedding_routes
 from goodput_runtime.server import tokens as token_routes
 from goodput_runtime.server.admission import Admission
@@ -139,6 +140,10 @@ async def embeddings(request: web.Request) -> web.Response:
     return await embedding_routes.embeddings(request, request.app[STATE])
 
 
+async def debug_state(request: web.Request) -> web.Response:
+    return await debug.debug_state(request, request.app[STATE])
+
+
 async def tokenize(request: web.Request) -> web.Response:
     return await token_routes.tokenize(request, request.app[STATE])
 
@@ -214,4 +219,5 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/debug/state", debug_state)
     return app
