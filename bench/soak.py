@@ -113,7 +113,8 @@ async def one(session: aiohttp.ClientSession, base: str, kind: str, rng: random.
     if kind == "bad":
         choice = rng.randrange(3)
         if choice == 0:
-            r_ctx = session.post(url, data=b'{"model": "soak", "messages": [', headers={"Content-Type": "application/json"})
+            r_ctx = session.post(url, data=b'{"model": "soak", "messages": [',
+                                 headers={"Content-Type": "application/json"})
         elif choice == 1:
             r_ctx = session.post(url, json=chat(prompt, max_tokens=-1))
         else:
