@@ -3,7 +3,7 @@
     python -m bench.soak --duration 600
 
 One server (``python -m goodput_runtime``, SmolLM2-135M-Instruct unless --model-dir) gets
---workers clients at once for --duration seconds, each picking in turn among:
+--workers clients at once for --duration seconds, each sending in turn:
 
 - stream: a streamed chat completion read to its end;
 - cancel: a streamed chat completion dropped after its first chunks (the client hangs up);
@@ -132,8 +132,10 @@ async def traffic(base: str, seconds: float, workers: int, seed: int, outcomes: 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         async def worker(index: int) -> None:
             rng = random.Random(seed * 1000 + index)
+            turn = index
             while time.monotonic() < deadline:
-                kind = rng.choice(KINDS)
+                kind = KINDS[turn % len(KINDS)]  # in turn, so even a short run sends every kind
+                turn += 1
                 try:
                     label = await one(session, base, kind, rng)
                 except (aiohttp.ClientError, asyncio.TimeoutError) as err:

@@ -272,7 +272,11 @@ async def _apply_children(ctx: Context, body: dict[str, Any], desired: list[dict
             written.setdefault(verb, []).append(f"{manifest['kind']} {meta['name']}")
         if manifest["kind"] == "Deployment":
             deployment = current
+    # only a pass of ours creates an owned optional child, and a service without status never had one
+    never_reconciled = not body.get("status")
     for path in unwanted:
+        if never_reconciled:
+            ctx.observed.mark_absent(path)
         if ctx.observed.known_absent(path):
             continue
         live = await ctx.kube.get(path)
