@@ -119,6 +119,7 @@ class Context:
     observed: Observed = field(default_factory=Observed)  # children and pods from the watch streams
     side: SideQueue = field(default_factory=SideQueue)
     slots: Slots = field(default_factory=lambda: Slots(RECONCILE_SLOTS))
+    started_at: float = field(default_factory=time.time)  # wall clock, as creationTimestamps are
     _discovered: Discovered | None = None
     _discovered_at: float = 0.0
 

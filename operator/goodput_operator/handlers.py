@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import time
+from datetime import datetime
 from typing import Any
 
 import kopf
@@ -117,7 +118,11 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
     @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", backoff=RETRY_BACKOFF_SECONDS, registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", backoff=RETRY_BACKOFF_SECONDS, registry=registry)
     async def service_changed(body: kopf.Body, memo: kopf.Memo, reason: str, **_: Any) -> None:
-        await reconcile(memo.ctx, _plain(body), RESUME if reason == kopf.Reason.RESUME else CHANGE)
+        plain = _plain(body)
+        # services found at start-up (resumed, or created while the operator was down) are backlog:
+        # a service created or changed since goes ahead of them
+        backlog = reason == kopf.Reason.RESUME or (reason == kopf.Reason.CREATE and _created_before(plain, memo.ctx))
+        await reconcile(memo.ctx, plain, RESUME if backlog else CHANGE)
 
     for resource in CHILD_RESOURCES:
         @kopf.on.event(**resource, id="child", labels=OWNED, registry=registry)  # type: ignore[arg-type]
@@ -179,6 +184,15 @@ async def _quietly(ctx: Context, namespace: str, name: str) -> None:
             logger.warning("Reconciling %s/%s failed, will retry on resync: %s", namespace, name, err)
     except Exception as err:
         logger.warning("Reconciling %s/%s failed, will retry on resync: %s", namespace, name, err)
+
+
+def _created_before(body: dict[str, Any], ctx: Context) -> bool:
+    """Whether the service was created before the operator started (timestamps are whole seconds)."""
+    stamp = body["metadata"].get("creationTimestamp")
+    if not stamp:
+        return False
+    created = datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    return created < ctx.started_at - 1.0
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:
