@@ -28,7 +28,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="${GOODPUT_CLUSTER_DIR:-$ROOT/.cache/cluster}"
-SERVICE_CIDR="10.0.0.0/24"
+SERVICE_CIDR="${GOODPUT_SERVICE_CIDR:-10.0.0.0/24}"  # room for 254 Services; more for scale tests
 FIRST_SERVICE_IP="10.0.0.1"
 READY_TIMEOUT="${CLUSTER_READY_TIMEOUT:-120}"
 CACHE_ROOT="${GOODPUT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/goodput}"

@@ -1,16 +1,21 @@
-"""What every reconcile shares: the API, settings, the config fetcher, per-service locks."""
+"""What every reconcile shares: the API, settings, the config fetcher, per-service locks, what the watches saw."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import heapq
+import itertools
 import logging
 import time
 import weakref
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from goodput_operator.hub import ConfigFetcher
 from goodput_operator.k8s import ApiError, Kube, build_event
+from goodput_operator.observed import Observed
 from goodput_operator.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -27,6 +32,79 @@ class Discovered:
     scaled_objects: bool = False
 
 
+# Who asked for a reconcile, most urgent first: a user's change, a side trigger, start-up, the resync.
+CHANGE, SIDE, RESUME, RESYNC = range(4)
+RECONCILE_SLOTS = 6  # reconciles talking to the API server at once (the default executor has cpus + 4 threads)
+
+
+class Slots:
+    """At most `size` holders at once; waiters go by priority, then by arrival.
+
+    Unbounded, thousands of reconciles (start-up, a burst of child events) interleave their
+    API calls in one FIFO thread pool: each finishes only when nearly all do, and a new
+    service's first call waits behind all of theirs. Bounded, each finishes in turn and a
+    user's change goes ahead of the rest.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._free = size
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._arrivals = itertools.count()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, priority: int) -> AsyncIterator[None]:
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+        else:
+            future = asyncio.get_running_loop().create_future()
+            heapq.heappush(self._waiters, (priority, next(self._arrivals), future))
+            try:
+                await future
+            except asyncio.CancelledError:
+                if future.done() and not future.cancelled():
+                    self._release()  # handed a slot just as it was cancelled: pass it on
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        while self._waiters:
+            _, _, future = heapq.heappop(self._waiters)
+            if not future.done():
+                future.set_result(None)
+                return
+        self._free += 1
+
+
+class SideQueue:
+    """Services to reconcile for a side trigger, in order, each at most once in the queue: the burst
+    of events one change makes (a Deployment and its status, its pod) costs one reconcile."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self._queued: set[tuple[str, str]] = set()
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
+    def add(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    async def next(self) -> tuple[str, str]:
+        key = await self._queue.get()
+        self._queued.discard(key)  # a trigger from now on queues it again: it may change what we read
+        return key
+
+
 @dataclass
 class Context:
     kube: Kube
@@ -38,6 +116,10 @@ class Context:
     )
     # (namespace, name) -> Failure.key of the pod failure last posted as an Event
     reported_failures: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    observed: Observed = field(default_factory=Observed)  # children and pods from the watch streams
+    side: SideQueue = field(default_factory=SideQueue)
+    slots: Slots = field(default_factory=lambda: Slots(RECONCILE_SLOTS))
+    started_at: float = field(default_factory=time.time)  # wall clock, as creationTimestamps are
     _discovered: Discovered | None = None
     _discovered_at: float = 0.0
 

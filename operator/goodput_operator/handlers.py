@@ -7,15 +7,17 @@ import dataclasses
 import logging
 import os
 import socket
+import time
+from datetime import datetime
 from typing import Any
 
 import kopf
 import prometheus_client
 
-from goodput_operator import pipelines
+from goodput_operator import metrics, pipelines
 from goodput_operator.autoscaling.loop import Autoscaler
 from goodput_operator.builders import MANAGED_BY, SERVICE_LABEL
-from goodput_operator.context import Context
+from goodput_operator.context import CHANGE, RESUME, RESYNC, Context
 from goodput_operator.hub import ConfigFetcher, Waiter
 from goodput_operator.k8s import ApiError, Kube, load_config, owner_collection
 from goodput_operator.reconcile import reconcile, reconcile_by_name
@@ -31,6 +33,8 @@ CHILD_RESOURCES = (
 # Runtime pods: their status says why a service does not serve (crash loop, image pull, scheduling).
 POD_RESOURCE = {"group": "", "version": "v1", "plural": "pods"}
 RETRY_BACKOFF_SECONDS = 5.0
+# reconciles for side triggers (a child or pod changed, a config fetched) run this many at a time
+SIDE_WORKERS = 4
 
 
 def operator_settings() -> kopf.OperatorSettings:
@@ -72,9 +76,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
 
     def reconcile_soon(ctx: Context, waiters: set[Waiter]) -> None:
         for namespace, name in waiters:
-            task = asyncio.create_task(_quietly(ctx, namespace, name))
-            background.add(task)
-            task.add_done_callback(background.discard)
+            ctx.side.add(namespace, name)
 
     @kopf.on.login(id="login", registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -94,8 +96,10 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
                                 on_ready=lambda waiters: reconcile_soon(memo.ctx, waiters))
         memo.ctx = Context(kube, settings, fetcher, instance=os.environ.get("POD_NAME") or socket.gethostname())
         # A plain loop rather than a kopf timer: timers put a finalizer on every service.
+        workers = [asyncio.create_task(side_reconciles(memo.ctx), name=f"side-{i}") for i in range(SIDE_WORKERS)]
         for task in (asyncio.create_task(resync_forever(memo.ctx), name="resync"),
-                     asyncio.create_task(Autoscaler.from_context(memo.ctx).run_forever(), name="autoscaler")):
+                     asyncio.create_task(Autoscaler.from_context(memo.ctx).run_forever(), name="autoscaler"),
+                     *workers):
             background.add(task)
             task.add_done_callback(background.discard)
         if settings.metrics_port:
@@ -113,26 +117,39 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", backoff=RETRY_BACKOFF_SECONDS, registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", backoff=RETRY_BACKOFF_SECONDS, registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", backoff=RETRY_BACKOFF_SECONDS, registry=registry)
-    async def service_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await reconcile(memo.ctx, _plain(body))
+    async def service_changed(body: kopf.Body, memo: kopf.Memo, reason: str, **_: Any) -> None:
+        plain = _plain(body)
+        # services found at start-up (resumed, or created while the operator was down) are backlog:
+        # a service created or changed since goes ahead of them
+        backlog = reason == kopf.Reason.RESUME or (reason == kopf.Reason.CREATE and _created_before(plain, memo.ctx))
+        await reconcile(memo.ctx, plain, RESUME if backlog else CHANGE)
 
     for resource in CHILD_RESOURCES:
         @kopf.on.event(**resource, id="child", labels=OWNED, registry=registry)  # type: ignore[arg-type]
-        async def child_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        async def child_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
             owner = _owner_of(body)
             if owner is not None and getattr(memo, "ctx", None) is not None:
-                await _quietly(memo.ctx, *owner)
+                memo.ctx.observed.child_event(event.get("type"), event["object"])
+                memo.ctx.side.add(*owner)
 
     # An event handler only: kopf keeps no progress, diff base or finalizer on pods, so it
     # never writes to them (the role may not either). Pods belong to ReplicaSets, not to the
     # service; the service label names it.
     @kopf.on.event(**POD_RESOURCE, id="pod", labels=OWNED, registry=registry)  # type: ignore[arg-type]
-    async def pod_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    async def pod_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         service = body.metadata.labels.get(SERVICE_LABEL)
         if service and body.metadata.namespace and getattr(memo, "ctx", None) is not None:
-            await _quietly(memo.ctx, body.metadata.namespace, service)
+            memo.ctx.observed.pod_event(event.get("type"), event["object"], service)
+            memo.ctx.side.add(body.metadata.namespace, service)
 
     pipelines.register(registry)
+
+
+async def side_reconciles(ctx: Context) -> None:
+    """Reconcile services a side trigger named, each once however many triggers named it meanwhile."""
+    while True:
+        namespace, name = await ctx.side.next()
+        await _quietly(ctx, namespace, name)
 
 
 async def resync_forever(ctx: Context) -> None:
@@ -145,15 +162,19 @@ async def resync_forever(ctx: Context) -> None:
         except Exception as err:
             logger.warning("Listing InferenceServices for resync failed: %s", err)
             continue
+        started = time.monotonic()
         items = listing.get("items") or ()
         ctx.forget_failures_except({(i["metadata"]["namespace"], i["metadata"]["name"]) for i in items})
         for item in items:
+            await asyncio.sleep(0)  # an unchanged service makes no API call: let other work in between
             if not item["metadata"].get("deletionTimestamp"):
                 try:
-                    await reconcile(ctx, item)
+                    await reconcile(ctx, item, RESYNC)
                 except Exception as err:
                     meta = item["metadata"]
                     logger.warning("Resync of %s/%s failed: %s", meta["namespace"], meta["name"], err)
+        metrics.RESYNCS.inc()
+        metrics.RESYNC_SECONDS.set(time.monotonic() - started)
 
 
 async def _quietly(ctx: Context, namespace: str, name: str) -> None:
@@ -165,6 +186,15 @@ async def _quietly(ctx: Context, namespace: str, name: str) -> None:
             logger.warning("Reconciling %s/%s failed, will retry on resync: %s", namespace, name, err)
     except Exception as err:
         logger.warning("Reconciling %s/%s failed, will retry on resync: %s", namespace, name, err)
+
+
+def _created_before(body: dict[str, Any], ctx: Context) -> bool:
+    """Whether the service was created before the operator started (timestamps are whole seconds)."""
+    stamp = body["metadata"].get("creationTimestamp")
+    if not stamp:
+        return False
+    created = datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    return created < ctx.started_at - 1.0
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from goodput_operator import metrics
 from goodput_operator.settings import GROUP, PLURAL, VERSION
 
 PLURALS = {
@@ -164,6 +165,8 @@ class Kube:
         return json.loads(data) if data else None
 
     async def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        if method != "GET":
+            metrics.API_WRITES.labels(verb=method).inc()
         return await asyncio.to_thread(self._call, method, path, **kwargs)
 
     async def get(self, path: str) -> dict[str, Any] | None:

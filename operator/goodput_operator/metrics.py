@@ -20,6 +20,11 @@ CHILD_WRITES = Counter(
 RECONCILE_ERRORS = Counter(
     "goodput_operator_reconcile_errors_total", "Reconcile passes that failed and will be retried.", ["reason"]
 )
+API_WRITES = Counter(
+    "goodput_operator_api_writes_total", "Writes the operator sent to the API server, by verb.", ["verb"]
+)
+RESYNCS = Counter("goodput_operator_resyncs_total", "Resyncs of every service finished.")
+RESYNC_SECONDS = Gauge("goodput_operator_resync_duration_seconds", "Time the last resync of every service took.")
 RUNTIME_FAILURES = Counter(
     "goodput_operator_runtime_failures_total",
     "Distinct pod failures reported (one Warning Event each), by reason.", ["reason"],

@@ -21,7 +21,7 @@ from goodput_operator.conditions import (
     find,
     merge,
 )
-from goodput_operator.context import Context
+from goodput_operator.context import CHANGE, SIDE, Context
 from goodput_operator.k8s import ApiError, now_timestamp, owner_path, resource_path
 from goodput_operator.spec import ServiceSpec, SpecError, parse
 
@@ -35,18 +35,20 @@ class Fit:
     invalid: SpecError | None = None  # a fact about the model makes the spec unservable
 
 
-async def reconcile_by_name(ctx: Context, namespace: str, name: str) -> None:
+async def reconcile_by_name(ctx: Context, namespace: str, name: str, priority: int = SIDE) -> None:
     """Reconcile the service as the server holds it now (after a child or a fetch changed)."""
-    body = await ctx.kube.get(owner_path(namespace, name))
+    async with ctx.slots.hold(priority):
+        body = await ctx.kube.get(owner_path(namespace, name))
     if body is not None and not body["metadata"].get("deletionTimestamp"):
-        await reconcile(ctx, body)
+        await reconcile(ctx, body, priority)
 
 
-async def reconcile(ctx: Context, body: dict[str, Any]) -> None:
+async def reconcile(ctx: Context, body: dict[str, Any], priority: int = CHANGE) -> None:
+    """One pass for the service; `priority` orders it among the passes waiting for a slot (context.Slots)."""
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    started = time.monotonic()
-    async with ctx.lock(namespace, name):
+    async with ctx.lock(namespace, name), ctx.slots.hold(priority):
+        started = time.monotonic()
         try:
             result = await _reconcile(ctx, body)
         except Exception as err:
@@ -88,8 +90,7 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
             await ctx.event(body, "Warning", "ChildConflict", str(err))
         failure = None
     else:
-        failure = pods.failure(await ctx.kube.list_items(resource_path("v1", "Pod", namespace),
-                                                         builders.selector_string(svc)))
+        failure = pods.failure(ctx.observed.pods(namespace, svc.name))
         available = _available(deployment, svc.desired_replicas, failure)
     conditions = [Condition(VALID, TRUE, "SpecValid", "the spec is valid"), fit.condition, available]
     conditions.append(derive_ready(conditions))
@@ -243,11 +244,14 @@ async def _apply_children(ctx: Context, body: dict[str, Any], desired: list[dict
                           unwanted: list[str], svc: ServiceSpec, owner: dict[str, Any]) -> dict[str, Any]:
     """Apply every desired child; remove the ones no longer wanted; return the live Deployment."""
     # Look before writing anything: a name held by someone else's object stops the whole pass.
+    # The watches' copy when they delivered one; else the server's (absent or predating the watch).
     lives = []
     for manifest in desired:
         meta = manifest["metadata"]
-        live = await ctx.kube.get(resource_path(manifest["apiVersion"], manifest["kind"], svc.namespace,
-                                                meta["name"]))
+        live = ctx.observed.child(manifest["kind"], svc.namespace, meta["name"])
+        if live is None:
+            live = await ctx.kube.get(resource_path(manifest["apiVersion"], manifest["kind"], svc.namespace,
+                                                    meta["name"]))
         if live is not None and not _owned_by(live, owner["uid"]):
             raise ChildConflict(
                 f"{manifest['kind']} {meta['name']} already exists and is not owned by this service; "
@@ -256,22 +260,38 @@ async def _apply_children(ctx: Context, body: dict[str, Any], desired: list[dict
         lives.append(live)
 
     deployment: dict[str, Any] = {}
+    written: dict[str, list[str]] = {}  # verb -> "Kind name" of each child written, one Event per verb
     for manifest, live in zip(desired, lives, strict=True):
         meta = manifest["metadata"]
         action, current = await ctx.kube.apply(manifest, live)
         if action != "unchanged":
+            ctx.observed.remember(current)
+            ctx.observed.mark_absent(resource_path(manifest["apiVersion"], manifest["kind"], svc.namespace,
+                                                   meta["name"]), absent=False)
             metrics.CHILD_WRITES.labels(kind=manifest["kind"], action=action).inc()
             verb = action.capitalize()
             logger.info("%s %s %s/%s", verb, manifest["kind"], svc.namespace, meta["name"])
-            await ctx.event(body, "Normal", verb, f"{verb} {manifest['kind']} {meta['name']}")
+            written.setdefault(verb, []).append(f"{manifest['kind']} {meta['name']}")
         if manifest["kind"] == "Deployment":
             deployment = current
+    # only a pass of ours creates an owned optional child, and a service without status never had one
+    never_reconciled = not body.get("status")
     for path in unwanted:
+        if never_reconciled:
+            ctx.observed.mark_absent(path)
+        if ctx.observed.known_absent(path):
+            continue
         live = await ctx.kube.get(path)
-        if live is not None and _owned_by(live, owner["uid"]) and await ctx.kube.delete(path):
+        if live is None:
+            ctx.observed.mark_absent(path)
+        elif _owned_by(live, owner["uid"]) and await ctx.kube.delete(path):
             kind, child = live["kind"], live["metadata"]["name"]
+            ctx.observed.forget(kind, svc.namespace, child)
+            ctx.observed.mark_absent(path)
             logger.info("Deleted %s %s/%s", kind, svc.namespace, child)
-            await ctx.event(body, "Normal", "Deleted", f"Deleted {kind} {child}")
+            written.setdefault("Deleted", []).append(f"{kind} {child}")
+    for verb, children in written.items():
+        await ctx.event(body, "Normal", verb, f"{verb} {', '.join(children)}")
     return deployment
 
 

@@ -11,12 +11,15 @@ import re
 import signal
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from goodput_contract import quantization as quantization_rules
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.cpu import default_openmp_waits
 from goodput_runtime.server.auth import API_KEY_ENV, split_keys
+
+if TYPE_CHECKING:
+    from goodput_runtime.server.admission import AdmissionSettings
 
 BYTE_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
               "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -97,6 +100,16 @@ def positive_seconds(text: str) -> float:
     value = seconds(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be greater than zero: {text!r}")
+    return value
+
+
+def margin_fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1): {text!r}")
     return value
 
 
@@ -183,6 +196,13 @@ def build_parser() -> ReasonedArgumentParser:
     serving.add_argument("--port", type=port_number, default=8000, help="0 picks a free port")
     serving.add_argument("--slo-ttft", type=positive_seconds, help="time-to-first-token target, seconds")
     serving.add_argument("--slo-tpot", type=positive_seconds, help="time-per-output-token target, seconds")
+    serving.add_argument("--admission", choices=["auto", "on", "off"], default="auto",
+                         help="refuse with 429 and Retry-After, at once, a request whose predicted time to first "
+                              "token (from the measured prefill and decode rates, the queue ahead and the free KV "
+                              "cache) exceeds --slo-ttft; auto: on when --slo-ttft is set")
+    serving.add_argument("--admission-margin", type=margin_fraction, default=0.1,
+                         help="safety margin of admission: refuse when the predicted TTFT exceeds "
+                              "--slo-ttft × (1 − margin)")
     serving.add_argument("--shutdown-grace", type=seconds, default=30.0,
                          help="seconds in-flight requests get to finish after SIGTERM (after --shutdown-delay)")
     serving.add_argument("--shutdown-delay", type=seconds, default=0.0,
@@ -205,7 +225,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.termination_path = termination_message_path(argv)
     args = parser.parse_args(argv)
     args.api_keys = split_keys(args.api_key or [os.environ.get(API_KEY_ENV, "")])
+    if args.admission == "on" and args.slo_ttft is None:
+        parser.error("--admission on needs --slo-ttft: admission refuses requests predicted to miss it")
     return args
+
+
+def admission_settings(args: argparse.Namespace) -> AdmissionSettings | None:
+    """SLO-aware admission: on by default wherever a TTFT target is set."""
+    from goodput_runtime.server.admission import AdmissionSettings
+
+    if args.admission == "off" or args.slo_ttft is None:
+        return None
+    return AdmissionSettings(args.slo_ttft, args.admission_margin)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -234,6 +265,7 @@ async def run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, on_signal, sig)
     return await serve(config, metrics, args.host, args.port, args.shutdown_grace, stop, force,
                        shutdown_delay=args.shutdown_delay, api_keys=args.api_keys,
+                       admission=admission_settings(args),
                        on_failure=lambda reason: write_termination_message(args.termination_message_path, reason))
 
 

@@ -22,6 +22,8 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 PREFIX = names.PREFIX
+# 429 error codes, and the reason label each is counted under
+REJECT_REASONS = {"slo_unattainable": "ttft_slo", "rate_limit_exceeded": "queue_full"}
 
 
 def with_boundary(buckets: tuple[float, ...], *extra: float | None) -> tuple[float, ...]:
@@ -88,6 +90,9 @@ class RuntimeMetrics:
         self.waiting_by_priority = Gauge(names.REQUESTS_WAITING_BY_PRIORITY,
                                          "Requests waiting to be scheduled, by priority class.",
                                          ["model", "priority"], registry=r)
+        self.rejected = Counter(counter_name(names.REQUESTS_REJECTED),
+                                "Requests answered 429 before they were queued, by reason.",
+                                ["model", "reason"], registry=r)
         self.prompt_tokens = counter(names.PROMPT_TOKENS, "Prompt tokens processed (prefill).")
         self.generation_tokens = counter(names.GENERATION_TOKENS, "Tokens generated.")
         self.preemptions = counter(names.PREEMPTIONS, "Requests preempted for lack of KV cache blocks.")
@@ -106,6 +111,12 @@ class RuntimeMetrics:
             self.waiting_by_priority.labels(model, cls)
             for outcome in ("success", "abort", "error"):
                 self.by_priority.labels(model, cls, outcome)
+        for reason in REJECT_REASONS.values():
+            self.rejected.labels(model, reason)
+
+    def record_rejected(self, code: str | None) -> None:
+        """A request answered 429: counted by why (the error's code names it)."""
+        self.rejected.labels(self.model, REJECT_REASONS.get(code or "", "other")).inc()
 
     def record_finished(self, times: RequestTimes) -> bool:
         """Observe one finished request; return whether it counted as good. Batch work (priority above

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from goodput_runtime.config import EngineConfig
@@ -59,6 +60,8 @@ class AsyncEngine:
         self.loop_task: asyncio.Task | None = None
         # one thread runs every forward pass, so a step still running at shutdown can be waited for
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine-step")
+        # called after each step with its scheduled sequences and the forward pass's seconds
+        self.step_observers: list[Callable[[list, float], None]] = []
 
     @classmethod
     def from_config(cls, config: EngineConfig, metrics: RuntimeMetrics | None = None) -> AsyncEngine:
@@ -172,10 +175,12 @@ class AsyncEngine:
             await asyncio.sleep(0.001)  # nothing fits this instant: let aborts and arrivals in
             return
         self.stepping = True
+        started = time.monotonic()
         try:
             sampled = await asyncio.get_running_loop().run_in_executor(self.executor, core.execute, out)
         finally:
             self.stepping = False
+        seconds = time.monotonic() - started
         try:
             for output in core.update(out, sampled):
                 self._deliver(output)
@@ -183,6 +188,8 @@ class AsyncEngine:
             aborts, self.pending_aborts = self.pending_aborts, []
             for request_id in aborts:
                 self._abort_now(request_id)
+        for observe in self.step_observers:
+            observe(out.scheduled, seconds)
 
     def _abort_now(self, request_id: str, outcome: str = "abort") -> None:
         for output in self.core.abort(request_id, outcome):

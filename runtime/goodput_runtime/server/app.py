@@ -12,8 +12,10 @@ from aiohttp import hdrs, web
 
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
+from goodput_runtime.server import debug
 from goodput_runtime.server import embeddings as embedding_routes
 from goodput_runtime.server import tokens as token_routes
+from goodput_runtime.server.admission import Admission
 from goodput_runtime.server.auth import require_api_key
 from goodput_runtime.server.errors import APIError, from_http_exception, internal, invalid, unavailable
 from goodput_runtime.server.generate import Tracker, generate
@@ -35,7 +37,7 @@ class ServerState:
     """What the routes share: the engine once it is ready, and the serving phase."""
 
     def __init__(self, model_name: str, metrics: RuntimeMetrics, root: str | None = None,
-                 api_keys: tuple[str, ...] = ()) -> None:
+                 api_keys: tuple[str, ...] = (), admission: Admission | None = None) -> None:
         self.model_name = model_name
         self.api_keys = api_keys  # empty: no key is asked for
         self.root = root or model_name
@@ -45,9 +47,12 @@ class ServerState:
         self.created = int(time.time())
         self.tracker = Tracker()
         self.token_text: TokenText | None = None
+        self.admission = admission  # None: every request is queued (up to --max-queue)
 
     def set_ready(self, engine: Any) -> None:
         self.engine = engine
+        if self.admission is not None:
+            self.admission.attach(engine)
         self.token_text = TokenText(engine.tokenizer)
         self.phase = "ready"
 
@@ -72,6 +77,11 @@ class ServerState:
             raise unavailable("The server is shutting down and accepts no new requests", "shutting_down")
         return self.engine
 
+    def admit(self, engine: Any, prompt_ids: list[int], params: SamplingParams) -> None:
+        """429 now for a request predicted to miss the TTFT target (see admission.py)."""
+        if self.admission is not None:
+            self.admission.check(engine, len(prompt_ids), params)
+
     def check_model(self, model: str) -> None:
         if model != self.model_name:
             raise invalid(f"The model '{model}' does not exist; this server serves '{self.model_name}'",
@@ -87,6 +97,8 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
         return await handler(request)
     except APIError as exc:
         log.debug("Refused %s %s: %s", request.method, request.path, exc.message)
+        if exc.status == 429:
+            request.app[STATE].metrics.record_rejected(exc.code)
         return exc.response()
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -107,6 +119,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     prompt_ids = completion_prompt_ids(engine.tokenizer, body.prompt)
     params = sampling_params(engine, body.sampling, len(prompt_ids), "prompt")
     params = with_priority(request, body.sampling, params)
+    state.admit(engine, prompt_ids, params)
     shape = CompletionShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
     echo_text = None
     if body.sampling.echo:
@@ -123,12 +136,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     prompt_ids = chat_prompt_ids(engine.tokenizer, body.messages, state.model_name)
     params = sampling_params(engine, body.sampling, len(prompt_ids), "messages")
     params = with_priority(request, body.sampling, params)
+    state.admit(engine, prompt_ids, params)
     shape = ChatShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
     return await generate(request, engine, state.tracker, shape, prompt_ids, params, body.stream, "messages")
 
 
 async def embeddings(request: web.Request) -> web.Response:
     return await embedding_routes.embeddings(request, request.app[STATE])
+
+
+async def debug_state(request: web.Request) -> web.Response:
+    return await debug.debug_state(request, request.app[STATE])
 
 
 async def tokenize(request: web.Request) -> web.Response:
@@ -214,4 +232,5 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/debug/state", debug_state)
     return app

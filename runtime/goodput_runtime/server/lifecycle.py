@@ -21,6 +21,7 @@ from aiohttp.web_log import AccessLogger
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.loader import ModelLoadError
 from goodput_runtime.metrics import RuntimeMetrics
+from goodput_runtime.server.admission import Admission, AdmissionSettings
 from goodput_runtime.server.app import ServerState, build_app
 
 log = logging.getLogger(__name__)
@@ -88,10 +89,12 @@ async def serve(config: EngineConfig, metrics: RuntimeMetrics, host: str, port: 
                 stop: asyncio.Event, force: asyncio.Event | None = None,
                 engine_factory: EngineFactory = load_engine,
                 on_listening: Callable[[int], None] | None = None, shutdown_delay: float = 0.0,
-                on_failure: Callable[[str], None] | None = None, api_keys: tuple[str, ...] = ()) -> int:
+                on_failure: Callable[[str], None] | None = None, api_keys: tuple[str, ...] = (),
+                admission: AdmissionSettings | None = None) -> int:
     """Serve until ``stop`` is set; return the process exit code.
 
     ``api_keys``, when any, are asked of every request but /health and /metrics.
+    ``admission``: refuse with 429 the requests predicted to miss the TTFT target (None: queue them all).
 
     ``on_failure`` hears, in one line, why the server cannot serve when it returns 1.
     """
@@ -103,7 +106,8 @@ async def serve(config: EngineConfig, metrics: RuntimeMetrics, host: str, port: 
             on_failure(reason)
         return 1
 
-    state = ServerState(config.model_name, metrics, config.model, api_keys)
+    state = ServerState(config.model_name, metrics, config.model, api_keys,
+                        Admission(admission) if admission is not None else None)
     runner = web.AppRunner(build_app(state), handler_cancellation=True, shutdown_timeout=FINAL_WRITE_SECONDS,
                            access_log_class=QuietAccessLogger)
     await runner.setup()

@@ -1,0 +1,333 @@
+"""The operator under load: thousands of InferenceServices on the project's own control plane.
+
+    python -m bench.operator_scale --services 2000 --probes 20
+
+On a fresh control plane (hack/cluster.sh: etcd, kube-apiserver, kube-controller-manager;
+no nodes, so pods stay Pending) the script measures, against one operator process:
+
+1. probes on the empty cluster: ``kubectl apply`` of a new service, then the time until its
+   Deployment exists (the baseline);
+2. from nothing: --services services created while the operator is stopped, then the operator
+   started; the time until every one has its Deployment and a status;
+3. probes again with every service present, spread over the resync cycle;
+4. the writes one resync of unchanged services makes, from the API server's own request counters
+   (apiserver_request_total, every client), between two resyncs the operator reports finished;
+5. the operator's RSS (VmRSS), sampled every second; the peak is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from bench.serve import write_json
+from bench.stats import percentile
+
+ROOT = Path(__file__).resolve().parents[1]
+CRD = ROOT / "crds" / "serving.goodput.dev_inferenceservices.yaml"
+GROUP, VERSION, PLURAL = "serving.goodput.dev", "v1alpha1", "inferenceservices"
+RESULTS = ROOT / "bench" / "results"
+SERVICE_CIDR = "10.0.0.0/16"  # a ClusterIP for every service (the default /24 holds 254)
+WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "CREATE", "UPDATE", "APPLY"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--services", type=int, default=2000)
+    p.add_argument("--probes", type=int, default=20, help="new services applied with every service present")
+    p.add_argument("--empty-probes", type=int, default=5, help="new services applied on the empty cluster")
+    p.add_argument("--probe-gap", type=float, default=1.5, help="seconds between probes")
+    p.add_argument("--resync-seconds", type=float, default=30.0)
+    p.add_argument("--deadline", type=float, default=900.0, help="seconds to wait for the initial reconcile")
+    p.add_argument("--cluster-dir", type=Path, default=None, help="default: a fresh temporary directory")
+    p.add_argument("--keep-cluster", action="store_true")
+    p.add_argument("--output", type=Path, default=None)
+    return p
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ControlPlane:
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir
+        for attempt in range(3):  # on a busy machine the controller-manager may give up waiting for RBAC
+            out = subprocess.run([str(ROOT / "hack" / "cluster.sh"), "up", "--dir", str(workdir)],
+                                 capture_output=True, text=True, timeout=1800,
+                                 env={**os.environ, "GOODPUT_SERVICE_CIDR": SERVICE_CIDR})
+            if out.returncode == 0:
+                break
+            self.down()
+            if attempt == 2:
+                raise SystemExit(f"hack/cluster.sh up failed:\n{out.stdout}\n{out.stderr[-3000:]}")
+        match = re.search(r"export KUBECONFIG=(\S+)", out.stdout)
+        assert match, out.stdout
+        self.kubeconfig = Path(match[1])
+        bin_dir = Path((workdir / "bin").read_text().strip())
+        self.kubectl_bin = str(bin_dir / "kubectl") if (bin_dir / "kubectl").exists() else "kubectl"
+        self.api = kubernetes.config.new_client_from_config(config_file=str(self.kubeconfig))
+        self.api.configuration.connection_pool_maxsize = 32
+        self.custom = kubernetes.client.CustomObjectsApi(self.api)
+        self.apps = kubernetes.client.AppsV1Api(self.api)
+        self.core = kubernetes.client.CoreV1Api(self.api)
+
+    def kubectl(self, *args: str, input_text: str | None = None) -> str:
+        cmd = [self.kubectl_bin, "--kubeconfig", str(self.kubeconfig), "--cache-dir", str(self.dir / "kcache"), *args]
+        out = subprocess.run(cmd, capture_output=True, text=True, input=input_text, timeout=120)
+        if out.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)}: {out.stderr}")
+        return out.stdout
+
+    def down(self) -> None:
+        subprocess.run([str(ROOT / "hack" / "cluster.sh"), "down", "--dir", str(self.dir)],
+                       capture_output=True, text=True, timeout=300)
+
+    def write_counts(self) -> dict[str, float]:
+        """Writes the API server has served so far, per resource (apiserver_request_total, every client)."""
+        request = self.api.param_serialize("GET", "/metrics", header_params={"Accept": "text/plain"},
+                                           auth_settings=["BearerToken"])
+        text = self.api.call_api(*request, _request_timeout=60).read().decode()
+        counts: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            if labels.get("verb", "").upper() not in WRITE_VERBS:
+                continue
+            key = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+            counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        return counts
+
+
+def service_spec(i: int) -> dict[str, Any]:
+    return {"model": {"source": f"file:///models/m{i}"}, "resources": {"gpu": 0, "memory": "1Gi"}, "replicas": 1}
+
+
+def manifest(namespace: str, name: str, i: int) -> str:
+    return json.dumps({"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService",
+                       "metadata": {"name": name, "namespace": namespace}, "spec": service_spec(i)})
+
+
+class Operator:
+    def __init__(self, plane: ControlPlane, log: Path, resync: float) -> None:
+        self.metrics_port = free_port()
+        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "RUNTIME_IMAGE": "registry.test/goodput:bench",
+               "RESYNC_SECONDS": str(resync), "HF_ENDPOINT": "http://127.0.0.1:9"}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "operator"), str(ROOT / "contract"),
+                                                           env.get("PYTHONPATH")]))
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "goodput_operator", "--liveness-port", "0",
+             "--metrics-port", str(self.metrics_port)], env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+        self.rss_peak = 0
+        self.rss_last = 0
+        self._stop = threading.Event()
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def _sample(self) -> None:
+        while not self._stop.is_set() and self.proc.poll() is None:
+            try:
+                status = Path(f"/proc/{self.proc.pid}/status").read_text()
+                kib = int(re.search(r"VmRSS:\s+(\d+)", status)[1])  # type: ignore[index]
+                self.rss_last = kib * 1024
+                self.rss_peak = max(self.rss_peak, self.rss_last)
+            except (OSError, TypeError):
+                pass
+            self._stop.wait(1.0)
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name) and not line.startswith("#") and line[len(name)] in " {")
+
+    def wait_started(self) -> None:
+        deadline = time.monotonic() + 120
+        while "Watching InferenceServices" not in self.log.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the operator did not start; see {self.log}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def probe(plane: ControlPlane, namespace: str, name: str, i: int, timeout: float = 120.0) -> float:
+    """Seconds from `kubectl apply` returning to the service's Deployment existing."""
+    plane.kubectl("apply", "-f", "-", input_text=manifest(namespace, name, i))
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            plane.apps.read_namespaced_deployment(f"{name}-runtime", namespace, _request_timeout=10)
+            return time.monotonic() - started
+        except ApiException as err:
+            if err.status != 404:
+                raise
+        time.sleep(0.02)
+    return float("inf")
+
+
+def run_probes(plane: ControlPlane, namespace: str, prefix: str, count: int, gap: float) -> list[float]:
+    latencies = []
+    for k in range(count):
+        latencies.append(probe(plane, namespace, f"{prefix}-{k:03d}", 100_000 + k))
+        print(f"    probe {k + 1}/{count}: {latencies[-1]:.3f} s", flush=True)
+        time.sleep(gap)
+    return latencies
+
+
+def count_reconciled(plane: ControlPlane, namespace: str) -> tuple[int, int]:
+    """(Deployments, services with a status) in the namespace."""
+    deployments = plane.apps.list_namespaced_deployment(namespace, _preload_content=False, _request_timeout=60)
+    n_deploy = len(json.loads(deployments.data)["items"])
+    services = plane.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
+                                                          _preload_content=False, _request_timeout=60)
+    n_status = sum(1 for item in json.loads(services.data)["items"]
+                   if (item.get("status") or {}).get("observedGeneration"))
+    return n_deploy, n_status
+
+
+def summary(values: list[float]) -> dict[str, float | None]:
+    return {"p50": percentile(values, 50), "p99": percentile(values, 99), "max": max(values) if values else None}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    workdir = args.cluster_dir or Path(tempfile.mkdtemp(prefix="goodput-scale-"))
+    print(f"control plane in {workdir} ...", flush=True)
+    plane = ControlPlane(workdir)
+    operator: Operator | None = None
+    result: dict[str, Any] = {"kind": "operator_scale", "services": args.services,
+                              "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        plane.kubectl("apply", "-f", str(CRD))
+        plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{PLURAL}.{GROUP}")
+        for ns in ("scale", "probe"):
+            plane.core.create_namespace({"metadata": {"name": ns}})
+        shutil.rmtree(workdir / "kcache", ignore_errors=True)
+        log = workdir / "operator.log"
+        operator = Operator(plane, log, args.resync_seconds)
+        operator.wait_started()
+        print("probes on the empty cluster:", flush=True)
+        result["empty_probe_s"] = run_probes(plane, "probe", "empty", args.empty_probes, args.probe_gap)
+        operator.stop()
+
+        print(f"creating {args.services} services with the operator stopped ...", flush=True)
+        created = time.monotonic()
+
+        def create(i: int) -> None:
+            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService",
+                    "metadata": {"name": f"svc-{i:05d}"}, "spec": service_spec(i)}
+            plane.custom.create_namespaced_custom_object(GROUP, VERSION, "scale", PLURAL, body, _request_timeout=60)
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(create, range(args.services)))
+        result["create_s"] = time.monotonic() - created
+        print(f"  created in {result['create_s']:.1f} s; starting the operator", flush=True)
+
+        operator = Operator(plane, log, args.resync_seconds)
+        started = time.monotonic()
+        operator.wait_started()
+        n_deploy = n_status = 0
+        while time.monotonic() - started < args.deadline:
+            n_deploy, n_status = count_reconciled(plane, "scale")
+            print(f"  {time.monotonic() - started:6.1f} s: {n_deploy} Deployments, {n_status} statuses "
+                  f"(RSS {operator.rss_last / 2**20:.0f} MiB)", flush=True)
+            if n_deploy >= args.services and n_status >= args.services:
+                break
+            time.sleep(3.0)
+        result["from_nothing_s"] = time.monotonic() - started
+        result["from_nothing_done"] = n_deploy >= args.services and n_status >= args.services
+        result["from_nothing_reconciled"] = min(n_deploy, n_status)
+        # what the pass cost the operator itself, independent of how much CPU this machine could give it
+        result["from_nothing_operator_cpu_s"] = operator.cpu_seconds()
+
+        print(f"probes with {args.services} services present:", flush=True)
+        result["loaded_probe_s"] = run_probes(plane, "probe", "loaded", args.probes, args.probe_gap)
+
+        print("writes of one resync of unchanged services:", flush=True)
+        first = operator.metric("goodput_operator_resyncs_total")
+        deadline = time.monotonic() + 4 * args.resync_seconds + 300
+        while operator.metric("goodput_operator_resyncs_total") < first + 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        before = plane.write_counts()
+        mark = operator.metric("goodput_operator_resyncs_total")
+        while operator.metric("goodput_operator_resyncs_total") < mark + 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        after = plane.write_counts()
+        result["resync_seconds_last"] = operator.metric("goodput_operator_resync_duration_seconds")
+        result["resync_writes"] = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
+        result["resync_write_total"] = sum(result["resync_writes"].values())
+        result["operator_writes_total"] = operator.metric("goodput_operator_api_writes_total")
+        result["rss_peak_mib"] = operator.rss_peak / 2**20
+        result["rss_end_mib"] = operator.rss_last / 2**20
+    finally:
+        if operator is not None:
+            operator.stop()
+        if not args.keep_cluster:
+            plane.down()
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    result["empty"] = summary(result.get("empty_probe_s", []))
+    result["loaded"] = summary(result.get("loaded_probe_s", []))
+    path = write_json(args.output or RESULTS / f"operator-scale-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json",
+                      result)
+    print(render(result))
+    print(f"\nwrote {path}")
+    return result
+
+
+def render(r: dict) -> str:
+    def s(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    e, loaded = r["empty"], r["loaded"]
+    return "\n".join([
+        f"{'measure':<44}{'value':>12}{'target':>12}",
+        f"{'apply → Deployment, empty cluster, p50 (s)':<44}{s(e['p50']):>12}{'':>12}",
+        f"{'apply → Deployment, empty cluster, p99 (s)':<44}{s(e['p99']):>12}{'':>12}",
+        f"{'apply → Deployment, N present, p50 (s)':<44}{s(loaded['p50']):>12}{'< 0.5':>12}",
+        f"{'apply → Deployment, N present, p99 (s)':<44}{s(loaded['p99']):>12}{'< 1':>12}",
+        f"{'N reconciled from nothing (s)':<44}{s(r.get('from_nothing_s')):>12}{'< 120':>12}",
+        f"{'operator RSS peak (MiB)':<44}{s(r.get('rss_peak_mib')):>12}{'< 300':>12}",
+        f"{'writes in one resync of unchanged services':<44}{s(r.get('resync_write_total')):>12}{'0':>12}",
+        f"{'last resync of every service (s)':<44}{s(r.get('resync_seconds_last')):>12}{'':>12}",
+        f"{'operator CPU for the pass from nothing (s)':<44}{s(r.get('from_nothing_operator_cpu_s')):>12}{'':>12}",
+        f"{'services reconciled by then':<44}{r.get('from_nothing_reconciled', 0):>12}{'':>12}",
+        f"N = {r['services']}",
+    ])
+
+
+if __name__ == "__main__":
+    main()

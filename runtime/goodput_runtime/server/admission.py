@@ -1,0 +1,202 @@
+"""SLO-aware admission: answer 429 at once when a new request would wait past its TTFT target.
+
+Under overload a FIFO queue grows until every request waits longer than its target: throughput
+stays high while goodput (requests that met the SLO) falls to zero. Admission predicts a new
+request's time to first token from what the engine holds now and refuses the request when the
+prediction exceeds the target (less a safety margin), so the requests it serves keep meeting it.
+
+The prediction, from the engine's own measurements:
+
+- ``prefill``: the prompt tokens still to compute ahead of the request (waiting requests, running
+  ones still in prefill) and its own, at the measured seconds per prompt token, plus the fixed
+  cost of each step they take (a decode step's time);
+- ``seat``: when the batch is full (``--max-num-seqs``), the time until enough running requests
+  finish, from their remaining tokens at the measured decode step time;
+- ``kv``: when the free KV blocks cannot hold the prompts ahead and its own, the time until the
+  running requests holding enough blocks finish.
+
+The request waits for the later of the seat and the KV, and for the prefill ahead of it.
+Until the engine has timed a decode step every request is admitted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from goodput_runtime.sampling import SamplingParams
+from goodput_runtime.server.errors import APIError
+
+log = logging.getLogger(__name__)
+
+EWMA_WEIGHT = 0.2  # share of the newest measurement in each running average
+MIN_PREFILL_SAMPLE = 16  # prompt tokens a step needs to teach the cost per prompt token
+LOG_EVERY_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    ttft_target: float  # seconds
+    margin: float = 0.1  # a request is refused when its predicted TTFT exceeds target × (1 − margin)
+
+    @property
+    def limit(self) -> float:
+        return self.ttft_target * (1.0 - self.margin)
+
+
+class StepRates:
+    """Running averages of what the engine measured: seconds per prefill token, seconds per decode
+    step, and how many tokens a finished request generated."""
+
+    def __init__(self) -> None:
+        self.prefill_token_seconds: float | None = None
+        self.decode_step_seconds: float | None = None
+        self.output_tokens: float | None = None
+
+    @staticmethod
+    def _blend(old: float | None, new: float) -> float:
+        return new if old is None else (1 - EWMA_WEIGHT) * old + EWMA_WEIGHT * new
+
+    def observe_step(self, prefill_tokens: int, decode_seqs: int, seconds: float) -> None:
+        if prefill_tokens == 0:
+            if decode_seqs:
+                self.decode_step_seconds = self._blend(self.decode_step_seconds, seconds)
+            return
+        if self.decode_step_seconds is None or prefill_tokens < MIN_PREFILL_SAMPLE:
+            return  # a few prompt tokens tell the step's fixed cost, not the cost per token
+        # a step costs what a decode step costs (its fixed part) plus its prompt tokens
+        per_token = max(seconds - self.decode_step_seconds, seconds * 0.1) / prefill_tokens
+        self.prefill_token_seconds = self._blend(self.prefill_token_seconds, per_token)
+
+    def observe_finished(self, num_output_tokens: int) -> None:
+        self.output_tokens = self._blend(self.output_tokens, float(num_output_tokens))
+
+    @property
+    def measured(self) -> bool:
+        """Once a decode step is timed; until a long enough prefill is, prompt tokens count as free
+        and each step as a decode step."""
+        return self.decode_step_seconds is not None
+
+
+@dataclass(frozen=True)
+class Prediction:
+    ttft: float  # seconds
+    prefill: float
+    seat: float
+    kv: float
+
+
+def observe_step(rates: StepRates, scheduled: list[Any], seconds: float) -> None:
+    """Feed one executed step (the scheduler's ScheduledSeq list, after update) into `rates`."""
+    prefill = decodes = 0
+    for item in scheduled:
+        seq = item.seq
+        if item.num_tokens == 1 and seq.num_computed_tokens > seq.num_prompt_tokens:
+            decodes += 1
+        else:
+            prefill += item.num_tokens
+        if seq.is_finished and seq.pooling is None:
+            rates.observe_finished(seq.num_output_tokens)
+    rates.observe_step(prefill, decodes, seconds)
+
+
+def remaining_tokens(seq: Any, typical: float | None) -> int:
+    """Tokens a running sequence has yet to generate: up to its max_tokens, expected near the typical
+    output length (once measured) for requests that stop on their own."""
+    left = max(1, seq.params.max_tokens - seq.num_output_tokens)
+    if typical is not None and not seq.params.ignore_eos:
+        left = min(left, max(1, math.ceil(typical) - seq.num_output_tokens))
+    return left
+
+
+def predict(scheduler: Any, rates: StepRates, num_prompt_tokens: int, n: int, priority: int = 0) -> Prediction | None:
+    """The predicted TTFT of a request arriving now; None until a decode step is measured. Waiting
+    requests of a later priority class (batch work behind an online request) are not ahead of it."""
+    if not rates.measured:
+        return None
+    prefill_s, step_s = rates.prefill_token_seconds or 0.0, rates.decode_step_seconds or 0.0
+    running = scheduler.running
+    waiting = [s for s in scheduler.waiting if s.params.priority <= priority]
+    block_manager = scheduler.block_manager
+    # prefill ahead of the request, and its own, sharing each step with the running decodes
+    in_prefill = [s for s in running if s.num_computed_tokens < s.num_prompt_tokens]
+    ahead = sum(s.num_uncomputed_tokens for s in waiting) + sum(s.num_uncomputed_tokens for s in in_prefill)
+    tokens = ahead + num_prompt_tokens
+    decoding = len(running) - len(in_prefill)
+    budget = max(1, scheduler.max_num_batched_tokens - decoding)
+    prefill = tokens * prefill_s + math.ceil(tokens / budget) * step_s
+
+    finishing = sorted((remaining_tokens(s, rates.output_tokens), len(s.block_table)) for s in running)
+    typical_tokens = rates.output_tokens or (finishing[-1][0] if finishing else 1.0)
+    seats_taken = len(running) + sum(1 + len(s.forks) for s in waiting) + n
+    seat = wait_for_finishes(finishing, seats_taken - scheduler.max_num_seqs, scheduler.max_num_seqs,
+                             typical_tokens, step_s)
+    blocks_needed = block_manager.blocks_needed(tokens + 1)
+    kv = 0.0
+    deficit = blocks_needed - block_manager.num_free_blocks
+    if deficit > 0:
+        freed, kv = 0, math.inf
+        for left, blocks in finishing:
+            freed += blocks
+            if freed >= deficit:
+                kv = left * step_s
+                break
+    return Prediction(max(seat, kv) + prefill, prefill, seat, kv)
+
+
+def wait_for_finishes(finishing: list[tuple[int, int]], count: int, max_num_seqs: int, typical_tokens: float,
+                      step_s: float) -> float:
+    """Seconds until `count` more requests have finished: the running ones first (shortest remaining
+    first), then later ones at the batch's steady rate, a full batch per typical request."""
+    if count <= 0:
+        return 0.0
+    if count <= len(finishing):
+        return finishing[count - 1][0] * step_s
+    last = finishing[-1][0] if finishing else 0
+    rounds = (count - len(finishing)) / max(1, max_num_seqs)
+    return (last + rounds * typical_tokens) * step_s
+
+
+class Admission:
+    """Refuses, with 429 and Retry-After, the requests predicted to miss the TTFT target."""
+
+    def __init__(self, settings: AdmissionSettings) -> None:
+        self.settings = settings
+        self.rates = StepRates()
+        self._refused_since_log = 0
+        self._last_log = 0.0
+
+    def attach(self, engine: Any) -> None:
+        """Measure every step the engine runs from now on (engines without step observers: never refuse)."""
+        observers = getattr(engine, "step_observers", None)
+        if observers is not None:
+            observers.append(lambda scheduled, seconds: observe_step(self.rates, scheduled, seconds))
+
+    def check(self, engine: Any, num_prompt_tokens: int, params: SamplingParams) -> None:
+        core = getattr(engine, "core", None)
+        if core is None:
+            return
+        if params.priority > 0:
+            return  # batch work has no TTFT target: it waits behind online requests, paced by the gateway
+        prediction = predict(core.scheduler, self.rates, num_prompt_tokens, params.n, params.priority)
+        if prediction is None or prediction.ttft <= self.settings.limit:
+            return
+        self._log_refusal(prediction)
+        over = prediction.ttft - self.settings.limit
+        retry_after = max(1, math.ceil(min(over, 60.0)))
+        raise APIError(
+            429, f"The server is overloaded: this request's predicted time to first token "
+                 f"({prediction.ttft:.2f}s) exceeds the {self.settings.ttft_target:g}s target; retry later",
+            "rate_limit_error", code="slo_unattainable", headers={"Retry-After": str(retry_after)})
+
+    def _log_refusal(self, prediction: Prediction) -> None:
+        self._refused_since_log += 1
+        now = time.monotonic()
+        if now - self._last_log >= LOG_EVERY_SECONDS:
+            log.warning("Overloaded: refused %d requests predicted to miss the %gs TTFT target (latest %.2fs: "
+                        "prefill %.2fs, seat %.2fs, KV %.2fs)", self._refused_since_log, self.settings.ttft_target,
+                        prediction.ttft, prediction.prefill, prediction.seat, prediction.kv)
+            self._refused_since_log, self._last_log = 0, now

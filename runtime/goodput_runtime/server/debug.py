@@ -1,0 +1,33 @@
+"""``GET /debug/state``: what a leak would show — asyncio tasks, KV blocks, requests in flight, open files.
+
+Read by the soak benchmark (bench/soak.py) before and after a long run of mixed traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from aiohttp import web
+
+
+def open_files() -> int | None:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
+
+
+def state_of(server: Any) -> dict[str, Any]:
+    engine = server.engine
+    out: dict[str, Any] = {"phase": server.phase, "asyncio_tasks": len(asyncio.all_tasks()),
+                           "open_files": open_files(), "requests_in_flight": len(server.tracker)}
+    if engine is not None:
+        out.update(kv_blocks_free=engine.num_free_blocks, kv_blocks_total=engine.num_total_blocks,
+                   requests_waiting=engine.num_waiting, engine_streams=len(engine.streams))
+    return out
+
+
+async def debug_state(request: web.Request, server: Any) -> web.Response:
+    return web.json_response(state_of(server))

@@ -1,0 +1,64 @@
+"""Many services at small scale: a resync of unchanged services writes nothing, and makes no API call per service."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+
+import pytest
+from harness import OperatorProcess, wait_for
+
+pytestmark = pytest.mark.apiserver
+
+COUNT = 30
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and line[len(name)] in " {")
+
+
+@pytest.fixture
+def counted_operator(cluster, hub, tmp_path):
+    port = free_port()
+    process = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", hub.endpoint,
+                              "--metrics-port", str(port), "--resync-seconds", "3").start()
+    yield process, port
+    process.stop()
+
+
+def test_a_resync_of_unchanged_services_writes_nothing(cluster, counted_operator, namespace):
+    _, port = counted_operator
+    for i in range(COUNT):
+        cluster.create_service(namespace, f"svc-{i:02d}", {"model": {"source": f"file:///models/m{i}"},
+                                                           "resources": {"gpu": 0, "memory": "1Gi"}})
+    wait_for(lambda: len(cluster.apps.list_namespaced_deployment(namespace).items) == COUNT, 240,
+             f"{COUNT} Deployments")
+
+    def settled() -> bool:
+        items = cluster.custom.list_namespaced_custom_object(
+            "serving.goodput.dev", "v1alpha1", namespace, "inferenceservices")["items"]
+        return all((i.get("status") or {}).get("observedGeneration") for i in items)
+
+    wait_for(settled, 240, "every service to have a status")
+    # two full resyncs after the last write: the second one starts from a settled state
+    start = metric(port, "goodput_operator_resyncs_total")
+    wait_for(lambda: metric(port, "goodput_operator_resyncs_total") >= start + 2, 120, "two resyncs")
+    writes = metric(port, "goodput_operator_api_writes_total")
+    reconciles = metric(port, "goodput_operator_reconciles_total")
+    mark = metric(port, "goodput_operator_resyncs_total")
+    wait_for(lambda: metric(port, "goodput_operator_resyncs_total") >= mark + 2, 120, "two more resyncs")
+    assert metric(port, "goodput_operator_reconciles_total") - reconciles >= COUNT  # each service was visited
+    assert metric(port, "goodput_operator_api_writes_total") == writes  # ... and nothing was written
+    # a new service still gets its Deployment
+    cluster.create_service(namespace, "late", {"model": {"source": "file:///models/late"},
+                                               "resources": {"gpu": 0, "memory": "1Gi"}})
+    cluster.wait_deployment(namespace, "late-runtime")

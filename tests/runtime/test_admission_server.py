@@ -1,0 +1,115 @@
+"""SLO-aware admission on a real server (the tiny model): a flood past the TTFT target gets 429 at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from conftest import MODEL_NAME, ServerThread, get
+
+from goodput_runtime.server.admission import AdmissionSettings
+from goodput_runtime.server.lifecycle import serve
+
+pytestmark = pytest.mark.runtime
+
+FLOOD = 40
+
+
+class AdmittingServer(ServerThread):
+    """The test server, started as ``--slo-ttft T --admission on`` would start it."""
+
+    def __init__(self, *args: Any, admission: AdmissionSettings, **kwargs: Any) -> None:
+        super().__init__(*args, slo_ttft=admission.ttft_target, **kwargs)
+        self.admission = admission
+
+    async def main(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.stop_event = asyncio.Event()
+
+        def on_listening(port: int) -> None:
+            self.port = port
+            self.listening.set()
+
+        self.exit_code = await serve(self.config, self.metrics, "127.0.0.1", 0, self.shutdown_grace,
+                                     self.stop_event, engine_factory=self.make_engine, on_listening=on_listening,
+                                     admission=self.admission)
+
+
+async def flood(url: str, count: int) -> list[tuple[int, dict[str, str], float]]:
+    """`count` completions at once; each answer's status, headers and seconds to its headers."""
+    async with aiohttp.ClientSession() as session:
+        async def one() -> tuple[int, dict[str, str], float]:
+            started = time.monotonic()
+            body = {"model": MODEL_NAME, "prompt": "a b c d e f g h", "max_tokens": 64, "ignore_eos": True}
+            async with session.post(f"{url}/v1/completions", json=body) as response:
+                headers = dict(response.headers)
+                waited = time.monotonic() - started
+                await response.read()
+                return response.status, headers, waited
+
+        return await asyncio.gather(*(one() for _ in range(count)))
+
+
+@pytest.fixture
+def admitting(tiny_model_dir) -> Any:
+    running = AdmittingServer(tiny_model_dir, admission=AdmissionSettings(ttft_target=0.5, margin=0.0),
+                              max_num_seqs=2, max_model_len=256).start()
+    yield running
+    running.stop()
+
+
+def warm(running: ServerThread) -> None:
+    """A few requests one at a time, so the engine measures its prefill and decode rates."""
+    client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    for _ in range(3):
+        client.completions.create(model=MODEL_NAME, prompt="warm up", max_tokens=8)
+
+
+def test_a_flood_past_the_ttft_target_is_refused_at_once_with_retry_after(admitting):
+    warm(admitting)
+    answers = asyncio.run(flood(admitting.url, FLOOD))
+    refused = [(headers, waited) for status, headers, waited in answers if status == 429]
+    assert refused, "a queue of 40 requests × 64 tokens behind 2 seats cannot all start within 0.5 s"
+    assert {status for status, _, _ in answers} <= {200, 429}
+    for headers, _ in refused:
+        assert int(headers["Retry-After"]) >= 1
+    # counted by reason, in the exposition too
+    assert admitting.metric("goodput_requests_rejected_total", reason="ttft_slo") == len(refused)
+    _, exposition = get(f"{admitting.url}/metrics")
+    assert f'goodput_requests_rejected_total{{model="{MODEL_NAME}",reason="ttft_slo"}} {len(refused)}.0' \
+        in exposition
+    # refused requests never entered the engine: every block is free once the admitted ones finish
+    admitting.wait_idle()
+    assert admitting.metric("goodput_requests_total", outcome="success") == 3 + FLOOD - len(refused)
+
+
+def test_the_openai_sdk_sees_a_rate_limit_error_and_the_server_recovers(admitting):
+    warm(admitting)
+    client = openai.OpenAI(base_url=f"{admitting.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+    async def flood_and_probe() -> None:
+        background = asyncio.create_task(flood(admitting.url, FLOOD))
+        await asyncio.sleep(0.3)  # the flood is queued by now
+        with pytest.raises(openai.RateLimitError) as refused:
+            await asyncio.to_thread(client.completions.create, model=MODEL_NAME, prompt="hello", max_tokens=4)
+        assert refused.value.response.headers["Retry-After"].isdigit()
+        assert "predicted time to first token" in refused.value.message
+        await background
+
+    asyncio.run(flood_and_probe())
+    admitting.wait_idle()
+    answer = client.completions.create(model=MODEL_NAME, prompt="hello", max_tokens=4)
+    assert answer.choices[0].text is not None
+    assert get(f"{admitting.url}/health")[0] == 200
+
+
+def test_without_admission_the_same_flood_is_queued_and_served(make_server):
+    running = make_server(slo_ttft=0.5, max_num_seqs=2, max_model_len=256)
+    warm(running)
+    answers = asyncio.run(flood(running.url, FLOOD))
+    assert [status for status, _, _ in answers] == [200] * FLOOD
+    assert running.metric("goodput_requests_rejected_total", reason="ttft_slo") == 0

@@ -1,0 +1,138 @@
+"""SLO-aware admission's prediction, against the real scheduler and block manager (plain Python)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from goodput_runtime.__main__ import admission_settings, parse_args
+from goodput_runtime.engine.block_manager import BlockManager
+from goodput_runtime.engine.scheduler import Scheduler
+from goodput_runtime.engine.sequence import Sequence
+from goodput_runtime.sampling import SamplingParams
+from goodput_runtime.server.admission import Admission, AdmissionSettings, StepRates, observe_step, predict
+from goodput_runtime.server.errors import APIError
+
+PREFILL_TOKEN_S = 0.001  # 1,000 prompt tokens/s
+DECODE_STEP_S = 0.02
+
+
+def make(num_blocks=256, block_size=4, max_num_seqs=4, budget=64) -> Scheduler:
+    return Scheduler(BlockManager(num_blocks, block_size), max_num_seqs, budget, 4096)
+
+
+def request(rid: str, prompt_len: int, max_tokens: int = 50, base: int = 10) -> Sequence:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return Sequence.new(rid, [base + i % 50 for i in range(prompt_len)], params, 0.0)
+
+
+def rates() -> StepRates:
+    r = StepRates()
+    r.prefill_token_seconds, r.decode_step_seconds = PREFILL_TOKEN_S, DECODE_STEP_S
+    return r
+
+
+def run_step(s: Scheduler) -> None:
+    out = s.schedule()
+    s.update(out, [7 if item.samples else None for item in out.scheduled])
+
+
+def test_nothing_is_predicted_until_a_decode_step_is_measured():
+    s = make()
+    assert predict(s, StepRates(), 100, 1) is None
+    admission = Admission(AdmissionSettings(ttft_target=0.001))
+    admission.check(SimpleNamespace(core=SimpleNamespace(scheduler=s)), 100, SamplingParams(max_tokens=5))
+
+
+def test_an_idle_engine_predicts_the_request_s_own_prefill():
+    p = predict(make(), rates(), 200, 1)
+    assert p is not None
+    assert p.ttft == pytest.approx(200 * PREFILL_TOKEN_S + 4 * DECODE_STEP_S)  # 4 steps of a 64-token budget
+    assert p.seat == 0 and p.kv == 0
+
+
+def test_prompts_waiting_ahead_add_their_prefill():
+    s = make(max_num_seqs=64)
+    for i in range(10):
+        s.add(request(f"w{i}", 100))
+    p = predict(s, rates(), 100, 1)
+    assert p.prefill == pytest.approx(1100 * PREFILL_TOKEN_S + 18 * DECODE_STEP_S)
+
+
+def test_a_full_batch_waits_for_the_running_request_nearest_its_end():
+    s = make(max_num_seqs=2)
+    s.add(request("long", 8, max_tokens=40))
+    s.add(request("short", 8, max_tokens=10))
+    run_step(s)  # both prefilled, one token each
+    p = predict(s, rates(), 8, 1)
+    assert p.seat == pytest.approx(9 * DECODE_STEP_S)  # "short" has 9 tokens left
+    # a request behind one already waiting needs both running requests gone
+    s.add(request("queued", 8))
+    assert predict(s, rates(), 8, 1).seat == pytest.approx(39 * DECODE_STEP_S)
+
+
+def test_a_request_with_n_choices_needs_a_seat_for_each():
+    s = make(max_num_seqs=4)
+    s.add(request("a", 8, max_tokens=20))
+    s.add(request("b", 8, max_tokens=30))
+    run_step(s)
+    assert predict(s, rates(), 8, 2).seat == 0
+    assert predict(s, rates(), 8, 3).seat == pytest.approx(19 * DECODE_STEP_S)
+
+
+def test_without_free_kv_blocks_it_waits_for_requests_that_free_enough():
+    s = make(num_blocks=12, block_size=4, max_num_seqs=8)
+    s.add(request("a", 16, max_tokens=5))  # 4 blocks, then a 5th
+    s.add(request("b", 16, max_tokens=30))
+    run_step(s)
+    free = s.block_manager.num_free_blocks
+    p = predict(s, rates(), 4 * free, 1)  # its prompt needs one block more than is free
+    assert p.kv == pytest.approx(4 * DECODE_STEP_S)  # "a" frees its blocks after 4 more tokens
+
+
+def test_a_request_predicted_past_the_target_gets_429_with_retry_after():
+    s = make(max_num_seqs=64)
+    for i in range(30):
+        s.add(request(f"w{i}", 100))  # 3 s of prefill ahead
+    admission = Admission(AdmissionSettings(ttft_target=1.0, margin=0.1))
+    admission.rates = rates()
+    engine = SimpleNamespace(core=SimpleNamespace(scheduler=s))
+    with pytest.raises(APIError) as refused:
+        admission.check(engine, 100, SamplingParams(max_tokens=5))
+    assert refused.value.status == 429
+    assert refused.value.code == "slo_unattainable"
+    assert int(refused.value.headers["Retry-After"]) >= 2  # 3.1 s predicted against a 0.9 s limit
+    assert "1s target" in refused.value.message
+    # a queue short enough is admitted
+    s.waiting.clear()
+    admission.check(engine, 100, SamplingParams(max_tokens=5))
+
+
+def test_steps_teach_the_prefill_rate_decode_step_time_and_output_length():
+    s = make()
+    s.add(request("a", 40, max_tokens=3))
+    r = StepRates()
+    out = s.schedule()
+    s.update(out, [7 if item.samples else None for item in out.scheduled])
+    observe_step(r, out.scheduled, 0.04)
+    assert r.prefill_token_seconds is None  # no decode step timed yet to tell the step's fixed cost
+    for _ in range(2):
+        out = s.schedule()
+        s.update(out, [7 for _ in out.scheduled])
+        observe_step(r, out.scheduled, 0.01)
+    assert r.decode_step_seconds == pytest.approx(0.01)
+    assert r.output_tokens == 3  # the request finished in the last step
+    assert predict(s, r, 40, 1).ttft == pytest.approx(0.01)  # one step; prompt tokens not yet priced
+    # later prefills count a decode step's time as the step's fixed cost
+    s.add(request("b", 40, max_tokens=3, base=100))  # no prefix shared with "a"
+    out = s.schedule()
+    s.update(out, [7 if item.samples else None for item in out.scheduled])
+    observe_step(r, out.scheduled, 0.05)
+    assert r.prefill_token_seconds == pytest.approx((0.05 - 0.01) / 40)
+
+
+def test_admission_is_on_by_default_only_where_a_ttft_target_is_set():
+    assert admission_settings(parse_args(["--model", "m"])) is None
+    assert admission_settings(parse_args(["--model", "m", "--slo-ttft", "2"])) == AdmissionSettings(2.0, 0.1)
+    assert admission_settings(parse_args(["--model", "m", "--slo-ttft", "2", "--admission", "off"])) is None
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "m", "--admission", "on"])
