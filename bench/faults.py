@@ -2,6 +2,7 @@
 
     python -m bench.faults                       # every tier: apiserver, runtime, e2e (needs root; the node)
     python -m bench.faults --tiers apiserver,runtime
+    python -m bench.faults --e2e-lock /tmp/goodput-e2e.lock   # the e2e tier waits for a shared node
 
 Each fault is a test marked `faults` that injects it for real and asserts what a user sees
 (tests/operator/test_faults_control_plane.py, tests/runtime/test_kv_pressure.py,
@@ -32,11 +33,13 @@ COLUMNS = (("fault", "fault"), ("tier", "tier"), ("requests", "requests sent"), 
            ("retried", "retried"), ("converge_s", "converge (s)"))
 
 
-def run_tier(path: str) -> tuple[list[dict], int, float]:
+def run_tier(path: str, lock: Path | None) -> tuple[list[dict], int, float]:
     started = time.monotonic()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    result = subprocess.run([sys.executable, "-m", "pytest", path, "-m", "faults", "-s", "-q", "-p",
-                             "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, env=env)
+    command = [sys.executable, "-m", "pytest", path, "-m", "faults", "-s", "-q", "-p", "no:cacheprovider"]
+    if lock is not None:
+        command = ["flock", str(lock), *command]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     # pytest's progress dots may share the line
     rows = [json.loads(line.split("FAULT-ROW ", 1)[1]) for line in result.stdout.splitlines()
             if "FAULT-ROW " in line]
@@ -58,11 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiers", default=",".join(TIERS), help=f"comma-separated, of {', '.join(TIERS)}")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "faults.json")
+    parser.add_argument("--e2e-lock", type=Path, default=None,
+                        help="a file to hold with flock(1) while the e2e tier runs, where the node is shared")
     args = parser.parse_args(argv)
     rows: list[dict] = []
     runs = {}
     for tier in args.tiers.split(","):
-        tier_rows, code, seconds = run_tier(TIERS[tier])
+        tier_rows, code, seconds = run_tier(TIERS[tier], args.e2e_lock if tier == "e2e" else None)
         rows += tier_rows
         runs[tier] = {"exit_code": code, "seconds": round(seconds, 1), "faults": len(tier_rows)}
         print(f"{tier}: {len(tier_rows)} faults, pytest exit {code}, {seconds:.0f} s", flush=True)

@@ -65,7 +65,13 @@ class SteadyLoad:
                                                         max_tokens=self.max_tokens, temperature=0)
                 assert answer.choices[0].message.content is not None
             return Outcome(stream, True, chunks)
-        except Exception as err:  # every kind of failure is what this load counts, with its message
+        except openai.APIStatusError as err:  # the answer's status and its body, which names the cause
+            try:
+                body = err.response.read().decode(errors="replace")
+            except Exception:  # a stream's body may be gone already
+                body = ""
+            return Outcome(stream, False, chunks, f"{type(err).__name__}: {err} {body}"[:400])
+        except Exception as err:  # every other kind of failure is what this load counts, with its message
             return Outcome(stream, False, chunks, f"{type(err).__name__}: {err}"[:300])
 
     def _run(self, index: int) -> None:
