@@ -28,6 +28,9 @@ GENERATION_TOKENS = PREFIX + "generation_tokens_total"
 PREEMPTIONS = PREFIX + "preemptions_total"
 PREFIX_CACHE_QUERIES = PREFIX + "prefix_cache_queries_total"
 PREFIX_CACHE_HITS = PREFIX + "prefix_cache_hits_total"
+STRUCTURED_OUTPUT_REQUESTS = PREFIX + "structured_output_requests_total"  # label type
+TOOL_CALLS = PREFIX + "tool_calls_total"
+GRAMMAR_COMPILE_TIME = PREFIX + "grammar_compile_seconds"
 
 # the operator's autoscaler series, read by the dashboards (and by HPA/KEDA in those modes)
 AUTOSCALER_DESIRED_REPLICAS = PREFIX + "autoscaler_desired_replicas"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,8 @@ class SamplingParams:
     min_tokens: int = 0  # EOS, stop tokens and stop strings are held off until this many are generated
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k likeliest
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob and the k likeliest
+    # a compiled grammar (structured/grammar.py) the output must follow; each choice gets its own matcher
+    grammar: Any = field(default=None, compare=False)
 
     @property
     def greedy(self) -> bool:

@@ -15,6 +15,7 @@ from goodput_runtime.server import embeddings as embedding_routes
 from goodput_runtime.server import tokens as token_routes
 from goodput_runtime.server.errors import APIError, from_http_exception, internal, invalid, unavailable
 from goodput_runtime.server.generate import Tracker, generate
+from goodput_runtime.server.guided import Grammars
 from goodput_runtime.server.prompts import (
     chat_prompt_ids,
     check_token_ids,
@@ -41,6 +42,7 @@ class ServerState:
         self.created = int(time.time())
         self.tracker = Tracker()
         self.token_text: TokenText | None = None
+        self.grammars = Grammars(metrics)
 
     def set_ready(self, engine: Any) -> None:
         self.engine = engine
@@ -102,6 +104,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     engine = state.serving_engine()
     prompt_ids = completion_prompt_ids(engine.tokenizer, body.prompt)
     params = sampling_params(engine, body.sampling, len(prompt_ids), "prompt")
+    params = await state.grammars.params(engine, body.guide, params)
     shape = CompletionShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
     echo_text = None
     if body.sampling.echo:
@@ -115,10 +118,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = parse_chat(parse_json(await request.read()))
     state.check_model(body.model)
     engine = state.serving_engine()
-    prompt_ids = chat_prompt_ids(engine.tokenizer, body.messages, state.model_name)
+    tools = state.grammars.tools(engine, body)
+    prompt_ids = chat_prompt_ids(engine.tokenizer, body.messages, state.model_name,
+                                 tools=[t.raw for t in body.tools] if tools is not None else None)
     params = sampling_params(engine, body.sampling, len(prompt_ids), "messages")
+    params = await state.grammars.params(engine, body.guide, params)
     shape = ChatShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
-    return await generate(request, engine, state.tracker, shape, prompt_ids, params, body.stream, "messages")
+    return await generate(request, engine, state.tracker, shape, prompt_ids, params, body.stream, "messages",
+                          tools=tools, count_calls=state.metrics.record_tool_calls)
 
 
 async def embeddings(request: web.Request) -> web.Response:
