@@ -63,7 +63,8 @@ def test_a_cut_output_ends_with_length_and_a_stop_string_ends_it_early(tiny_mode
     text, reason = outputs[("cut", 0)]
     assert reason == "length" and len(results[("cut", 0)]["tokens"]) == 4 and text.startswith('{"id')
     assert outputs[("stopped", 0)][1] == "stop"
-    assert re.fullmatch(r'\{"id": [1-9][0-9]{0,2}, ', results_text := outputs[("stopped", 0)][0]), results_text
+    # the engine's tokens run to the token completing the stop string (the server's text ends before it)
+    assert re.fullmatch(r'\{"id": [1-9][0-9]{0,2}, "ok"', stopped := outputs[("stopped", 0)][0]), stopped
 
 
 def test_a_json_schema_with_enums_and_bounded_values_is_followed_by_a_random_model(tiny_model_dir: Path):
