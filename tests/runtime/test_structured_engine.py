@@ -31,7 +31,8 @@ def texts(core, results) -> dict:
 
 
 def test_every_choice_matches_its_regex_through_preemption_while_plain_requests_are_untouched(tiny_model_dir: Path):
-    core = build_core(config(tiny_model_dir, blocks=14, block_size=8, max_model_len=112))  # too few blocks: requests get preempted
+    # too few blocks for every choice at once: choices get preempted and recomputed
+    core = build_core(config(tiny_model_dir, blocks=14, block_size=8, max_model_len=112))
     grammar = compiler_for(core).compile(GrammarSpec("regex", RECORD))
     plain = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     requests = {f"g{i}": (PROMPT[i:], SamplingParams(max_tokens=60, temperature=1.0, seed=i, n=3, grammar=grammar))

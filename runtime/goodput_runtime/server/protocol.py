@@ -478,7 +478,7 @@ def tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
                           "tool_choice")
         return value
     if not isinstance(value, dict) or value.get("type") != "function" or not isinstance(value.get("function"), dict):
-        raise wrong_type("tool_choice", "none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}")
+        raise wrong_type("tool_choice", 'none, auto, required or {"type": "function", "function": {"name": ...}}')
     name = value["function"].get("name")
     if not any(t.name == name for t in tools):
         raise invalid(f"'tool_choice.function.name' names no tool in 'tools': {shown(name)}",
