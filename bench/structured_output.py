@@ -36,6 +36,8 @@ ITEM = {"type": "object", "properties": {
                  "required": ["lat", "lon"]}},
     "required": ["city", "country", "population_millions", "coastal", "location"]}
 LONG_SCHEMA = {"type": "array", "items": ITEM, "minItems": 100}
+# llguidance's rigid JSON with the separators xgrammar (and json.dumps) use
+LLG_FORMAT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 SAMPLE = [{"city": "Paris", "country": "France", "population_millions": 2.1, "coastal": False,
            "location": {"lat": 48.85, "lon": 2.35}},
           {"city": "Tokyo", "country": "Japan", "population_millions": 14.0, "coastal": True,
@@ -47,14 +49,20 @@ def engines(model: str, num_schemas: int) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     vocab = AutoConfig.from_pretrained(model).vocab_size
-    schemas = [json.dumps({**LONG_SCHEMA, "title": f"cities-{i}", "maxItems": 200 + i}) for i in range(num_schemas)]
-    ids = tokenizer(json.dumps(SAMPLE), add_special_tokens=False).input_ids
-    results = {"replayed_tokens": len(ids), "schemas": num_schemas}
-    results["xgrammar"] = xgrammar_figures(tokenizer, vocab, schemas, ids)
-    try:
-        results["llguidance"] = llguidance_figures(tokenizer, vocab, schemas, ids)
-    except ImportError:
-        results["llguidance"] = None
+    results: dict = {"schemas": num_schemas}
+    # a typical nested object schema (each distinct, so nothing is cached), replaying one object; and the
+    # serving part's array of at least 100 objects, replaying two of them
+    for name, base, sample in (("object", ITEM, SAMPLE[0]), ("array_min100", LONG_SCHEMA, SAMPLE)):
+        schemas = [json.dumps({**base, "title": f"s-{i}"}) for i in range(num_schemas)]
+        ids = tokenizer(json.dumps(sample), add_special_tokens=False).input_ids
+        if name == "array_min100":
+            ids = ids[:-1]  # not "]": the array needs 100 items at least
+        figures: dict = {"replayed_tokens": len(ids), "xgrammar": xgrammar_figures(tokenizer, vocab, schemas, ids)}
+        try:
+            figures["llguidance"] = llguidance_figures(tokenizer, vocab, schemas, ids)
+        except ImportError:
+            figures["llguidance"] = None
+        results[name] = figures
     return results
 
 
@@ -96,13 +104,13 @@ def llguidance_figures(tokenizer, vocab: int, schemas: list[str], ids: list[int]
     def build(schema: str) -> None:
         # llguidance compiles lazily: the first mask is part of making a usable grammar
         m = llguidance.LLMatcher(info, llguidance.LLMatcher.grammar_from_json_schema(
-            schema, defaults={"whitespace_flexible": False}))
+            schema, defaults=LLG_FORMAT))
         llguidance.torch.fill_next_token_bitmask(m, llguidance.torch.allocate_token_bitmask(1, vocab), 0)
         matchers.append(m)
 
     compile_s = [timed(lambda s=s: build(s)) for s in schemas]
     matcher = llguidance.LLMatcher(info, llguidance.LLMatcher.grammar_from_json_schema(
-        schemas[-1], defaults={"whitespace_flexible": False}))
+        schemas[-1], defaults=LLG_FORMAT))
     bitmask = llguidance.torch.allocate_token_bitmask(1, vocab)
     mask_s = []
     for token in ids:
@@ -177,14 +185,15 @@ def serving_table(records: list[dict]) -> tuple[str, list[dict]]:
     return "\n".join(lines), rows
 
 
-def engines_table(figures: dict) -> str:
-    lines = ["| engine | tokenizer setup ms | first compile ms | median compile ms | mask mean µs | mask p99 µs |",
-             "|---|---|---|---|---|---|"]
-    for name in ("xgrammar", "llguidance"):
-        f = figures.get(name)
-        if f:
-            lines.append(f"| {name} | {f['tokenizer_setup_ms']:.0f} | {f['compile_first_ms']:.1f} | "
-                         f"{f['compile_median_ms']:.1f} | {f['mask_mean_us']:.1f} | {f['mask_p99_us']:.1f} |")
+def engines_table(results: dict) -> str:
+    lines = ["| schema | engine | tokenizer setup ms | first compile ms | median compile ms | mask mean µs | "
+             "mask p99 µs |", "|---|---|---|---|---|---|---|"]
+    for schema in ("object", "array_min100"):
+        for name in ("xgrammar", "llguidance"):
+            f = results[schema].get(name)
+            if f:
+                lines.append(f"| {schema} | {name} | {f['tokenizer_setup_ms']:.0f} | {f['compile_first_ms']:.1f} | "
+                             f"{f['compile_median_ms']:.1f} | {f['mask_mean_us']:.1f} | {f['mask_p99_us']:.1f} |")
     return "\n".join(lines)
 
 

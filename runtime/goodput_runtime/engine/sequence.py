@@ -50,7 +50,8 @@ class Sequence:
     # prompt positions whose next-token logprobs were computed (prompt logprobs are reported once)
     num_prompt_logprob_positions: int = 0
     pooling: PoolingParams | None = None  # an embedding request: pooled at the prompt's end, never sampled
-    # this choice's grammar matcher (structured/grammar.py), advanced with each token it accepts
+    # this choice's grammar matcher (structured/grammar.py), advanced with each token it accepts; a
+    # preempted sequence keeps its output tokens for the recompute, so the matcher keeps its state too
     grammar: Grammar | None = None
 
     @classmethod

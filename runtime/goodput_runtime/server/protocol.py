@@ -309,7 +309,7 @@ def include_usage(body: dict, stream: bool) -> bool:
 
 
 def parse_completion(body: dict) -> CompletionRequest:
-    reject_unsupported(body, {"suffix": ("",)})
+    reject_unsupported(body, {"suffix": ("",), "tools": ([],), "tool_choice": ("none",)})
     stream = boolean(body, "stream")
     echo = boolean(body, "echo")
     logprobs = int_in(body, "logprobs", 0, MAX_LOGPROBS)

@@ -59,7 +59,8 @@ def _call(obj: object, names: frozenset[str], key: str) -> ToolCall | None:
 
 def _json_values(text: str, separators: str = " \t\r\n;,") -> list[object] | None:
     """The JSON values text holds one after another; None unless all of it is such values."""
-    values, at = [], 0
+    values: list[object] = []
+    at = 0
     while True:
         while at < len(text) and text[at] in separators:
             at += 1
