@@ -39,6 +39,9 @@ REQUESTS_WAITING_BY_PRIORITY = PREFIX + "requests_waiting_by_priority"  # label 
 BATCH_REQUESTS = PREFIX + "batch_requests_total"  # label state: completed | failed | retried
 BATCH_LINES_PENDING = PREFIX + "batch_lines_pending"
 BATCH_CONCURRENCY = PREFIX + "batch_concurrency_limit"  # labels namespace, service
+STRUCTURED_OUTPUT_REQUESTS = PREFIX + "structured_output_requests_total"  # label type
+TOOL_CALLS = PREFIX + "tool_calls_total"
+GRAMMAR_COMPILE_TIME = PREFIX + "grammar_compile_seconds"
 
 # the operator's autoscaler series, read by the dashboards (and by HPA/KEDA in those modes)
 AUTOSCALER_DESIRED_REPLICAS = PREFIX + "autoscaler_desired_replicas"

@@ -183,6 +183,9 @@ def build_parser() -> ReasonedArgumentParser:
     engine.add_argument("--pooling", choices=["last", "mean"],
                         help="how /v1/embeddings pools the model's final hidden states: the last token's, or the "
                              "mean over every token (default: last, as for every decoder-only causal LM)")
+    engine.add_argument("--tool-call-parser", choices=["hermes", "llama3_json", "mistral"],
+                        help="the format of the model's tool calls (default: the one its chat template teaches, "
+                             "else hermes)")
     engine.add_argument("--enforce-eager", action="store_true",
                         help="on GPU, run decode steps eagerly instead of replaying captured CUDA graphs")
     engine.add_argument("--model-impl", default=default("model_impl"), choices=["auto", "transformers"],

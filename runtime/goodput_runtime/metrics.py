@@ -21,6 +21,7 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+GRAMMAR_COMPILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PREFIX = names.PREFIX
 # 429 error codes, and the reason label each is counted under
 REJECT_REASONS = {"slo_unattainable": "ttft_slo", "rate_limit_exceeded": "queue_full"}
@@ -98,6 +99,12 @@ class RuntimeMetrics:
         self.preemptions = counter(names.PREEMPTIONS, "Requests preempted for lack of KV cache blocks.")
         self.prefix_queries = counter(names.PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter(names.PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.")
+        self.structured = Counter(counter_name(names.STRUCTURED_OUTPUT_REQUESTS),
+                                  "Requests whose output a grammar constrained, by what asked for it.",
+                                  ["model", "type"], registry=r)
+        self.tool_calls = counter(names.TOOL_CALLS, "Tool calls returned to clients.")
+        self.grammar_compile = histogram(names.GRAMMAR_COMPILE_TIME, "Time to compile a grammar not in the cache.",
+                                         GRAMMAR_COMPILE_BUCKETS)
         for name, value in ((names.SLO_TTFT, slo_ttft), (names.SLO_TPOT, slo_tpot)):
             g = gauge(name, "Configured SLO target in seconds (absent when no target is set).")
             if value is not None:
@@ -170,6 +177,13 @@ class RuntimeMetrics:
         self.prefix_queries.inc(queried_tokens)
         if hit_tokens:
             self.prefix_hits.inc(hit_tokens)
+
+    def record_structured(self, kind: str) -> None:
+        self.structured.labels(self.model, kind).inc()
+
+    def record_tool_calls(self, count: int) -> None:
+        if count:
+            self.tool_calls.inc(count)
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,8 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k likeliest
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob and the k likeliest
     priority: int = 0  # vLLM's convention: lower is served first; above 0 is batch work
+    # a compiled grammar (structured/grammar.py) the output must follow; each choice gets its own matcher
+    grammar: Any = field(default=None, compare=False)
 
     @property
     def greedy(self) -> bool:

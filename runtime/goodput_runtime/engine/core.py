@@ -87,6 +87,9 @@ class EngineCore:
                                        dataclasses.replace(params, seed=params.choice_seed(i)),
                                        first.times.arrival, first.times, index=i) for i in range(1, params.n)]
         first.forks = seqs[1:]  # forked from the first choice once its prefill ends
+        if params.grammar is not None:
+            for seq in seqs:
+                seq.grammar = params.grammar.matcher()
         choices = [Choice(seq, IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop))
                    for seq in seqs]
         prompt_logprobs: list[TokenLogprob | None] | None = None

@@ -171,7 +171,8 @@ class ModelRunner:
                 at += item.prompt_count
             if item.samples:
                 for j, choice in enumerate([seq, *seq.forks]):
-                    rows.append(SampleRow(choice.params, choice.key, choice.token_ids, choice.num_prompt_tokens))
+                    rows.append(SampleRow(choice.params, choice.key, choice.token_ids, choice.num_prompt_tokens,
+                                          choice.grammar))
                     logit_rows.append(at)
                     targets.append((pos, j))
                 at += 1

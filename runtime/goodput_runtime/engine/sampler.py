@@ -1,6 +1,7 @@
 """Next-token choice from logits, batched over the step's sampling rows.
 
-In order, as vLLM applies them: logit bias and the minimum length (EOS and stop tokens held
+In order, as vLLM applies them: a grammar's token mask (one bitmask for every row that has a
+grammar, applied on the logits' device), logit bias and the minimum length (EOS and stop tokens held
 off), then the repetition, frequency and presence penalties, then temperature; greedy rows take
 the argmax there, random rows drop tokens by min-p, top-k and top-p and draw one. Every stage is
 a tensor operation over the whole batch (the penalties count each row's tokens with one
@@ -8,7 +9,7 @@ a tensor operation over the whole batch (the penalties count each row's tokens w
 rows are all greedy with nothing to change takes the plain argmax, exactly as before.
 
 Reported logprobs are `log_softmax` of the logits at the point the token is chosen: after the
-bias, minimum-length mask, penalties and temperature (a greedy request's temperature 0 divides
+grammar mask (a token it rules out reports the floor), the bias, minimum-length mask, penalties and temperature (a greedy request's temperature 0 divides
 nothing), before min-p, top-k and top-p drop tokens. Prompt logprobs are the model's own distribution.
 
 Draws use exponential noise: the argmax of probs / E with E ~ Exp(1) per token is a draw from
@@ -25,6 +26,7 @@ import torch
 
 from goodput_runtime.engine.outputs import TokenLogprob
 from goodput_runtime.sampling import SamplingParams
+from goodput_runtime.structured.grammar import Grammar, allocate_bitmask, apply_bitmask
 
 LOGIT_BIAS_LIMIT = 100.0
 
@@ -37,6 +39,7 @@ class SampleRow:
     key: tuple[str, int]  # request id and choice index
     token_ids: list[int]  # the prompt followed by the output so far
     num_prompt_tokens: int
+    grammar: Grammar | None = None  # the choice's grammar matcher: tokens it rules out are never drawn
 
     @property
     def num_output_tokens(self) -> int:
@@ -53,6 +56,8 @@ class Sampler:
     def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[TokenLogprob | None]]:
         """The next token of each row, and its logprobs where the row asked for them. logits: [N, V]."""
         params = [r.params for r in rows]
+        if any(r.grammar is not None for r in rows):
+            logits = self.mask(logits, rows)
         if all(p.greedy and not p.penalized and p.logprobs is None for p in params):
             return logits.argmax(dim=-1).tolist(), [None] * len(rows)
         logits = logits.float()
@@ -69,6 +74,20 @@ class Sampler:
             tokens[index] = self._draw(scores[index], [rows[i] for i in random_rows])
         token_list = tokens.tolist()
         return token_list, self._logprobs(scores, token_list, params)
+
+    @staticmethod
+    def mask(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        """Tokens each row's grammar rules out set to -inf: one bitmask for the batch, filled on the CPU,
+        applied on the logits' device in one call. Rows without a grammar are untouched."""
+        logits = logits.float().clone()
+        at = [i for i, r in enumerate(rows) if r.grammar is not None]
+        bitmask = allocate_bitmask(len(rows), logits.shape[-1])
+        for i in at:
+            grammar = rows[i].grammar
+            assert grammar is not None
+            grammar.fill(bitmask, i)
+        apply_bitmask(logits, bitmask, at)
+        return logits
 
     def forget(self, request_id: str) -> None:
         self.seeded.pop(request_id, None)

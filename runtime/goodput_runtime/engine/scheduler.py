@@ -235,6 +235,8 @@ class Scheduler:
         seq.token_ids.append(token)
         advanced.append(seq)
         reason = self.stop_reason(seq, token)
+        if seq.grammar is not None and not reason and (not seq.grammar.accept(token) or seq.grammar.terminated):
+            reason = "stop"  # the grammar is complete (its stop token came, though EOS was ignored)
         if reason:
             self.finish(seq, reason)
 

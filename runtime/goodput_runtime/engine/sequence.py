@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from goodput_runtime.request_times import RequestTimes
 from goodput_runtime.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from goodput_runtime.structured.grammar import Grammar
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,9 @@ class Sequence:
     # prompt positions whose next-token logprobs were computed (prompt logprobs are reported once)
     num_prompt_logprob_positions: int = 0
     pooling: PoolingParams | None = None  # an embedding request: pooled at the prompt's end, never sampled
+    # this choice's grammar matcher (structured/grammar.py), advanced with each token it accepts; a
+    # preempted sequence keeps its output tokens for the recompute, so the matcher keeps its state too
+    grammar: Grammar | None = None
 
     @classmethod
     def new(cls, request_id: str, prompt: list[int], params: SamplingParams, arrival: float,

@@ -19,6 +19,7 @@ from goodput_runtime.server.admission import Admission
 from goodput_runtime.server.auth import require_api_key
 from goodput_runtime.server.errors import APIError, from_http_exception, internal, invalid, unavailable
 from goodput_runtime.server.generate import Tracker, generate
+from goodput_runtime.server.guided import Grammars
 from goodput_runtime.server.prompts import (
     chat_prompt_ids,
     check_token_ids,
@@ -48,6 +49,7 @@ class ServerState:
         self.tracker = Tracker()
         self.token_text: TokenText | None = None
         self.admission = admission  # None: every request is queued (up to --max-queue)
+        self.grammars = Grammars(metrics)
 
     def set_ready(self, engine: Any) -> None:
         self.engine = engine
@@ -120,6 +122,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     params = sampling_params(engine, body.sampling, len(prompt_ids), "prompt")
     params = with_priority(request, body.sampling, params)
     state.admit(engine, prompt_ids, params)
+    params = await state.grammars.params(engine, body.guide, params)
     shape = CompletionShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
     echo_text = None
     if body.sampling.echo:
@@ -133,12 +136,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = parse_chat(parse_json(await request.read()))
     state.check_model(body.model)
     engine = state.serving_engine()
-    prompt_ids = chat_prompt_ids(engine.tokenizer, body.messages, state.model_name)
+    tools = state.grammars.tools(engine, body)
+    prompt_ids = chat_prompt_ids(engine.tokenizer, body.messages, state.model_name,
+                                 tools=[t.raw for t in body.tools] if tools is not None else None)
     params = sampling_params(engine, body.sampling, len(prompt_ids), "messages")
     params = with_priority(request, body.sampling, params)
     state.admit(engine, prompt_ids, params)
+    params = await state.grammars.params(engine, body.guide, params)
     shape = ChatShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
-    return await generate(request, engine, state.tracker, shape, prompt_ids, params, body.stream, "messages")
+    return await generate(request, engine, state.tracker, shape, prompt_ids, params, body.stream, "messages",
+                          tools=tools, count_calls=state.metrics.record_tool_calls)
 
 
 async def embeddings(request: web.Request) -> web.Response:

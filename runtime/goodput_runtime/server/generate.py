@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -21,6 +22,7 @@ from goodput_runtime.engine.sequence import PoolingParams
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.server.errors import APIError, internal, invalid, queue_full, unavailable
 from goodput_runtime.server.responses import Choice, Shape, usage
+from goodput_runtime.structured.tool_parsers import ToolStream, parse, parse_forced
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,32 @@ class Tracker:
 
     def __len__(self) -> int:
         return len(self.active)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSetup:
+    """How a chat request's output turns into tool calls: the parser's format, the tools' names, and
+    whether a grammar forced the call (required, or the one named function)."""
+
+    fmt: str
+    names: frozenset[str]
+    forced: bool
+    named: str | None  # tool_choice's function: the output is its arguments object
+    parallel: bool
+
+    def stream(self) -> ToolStream:
+        return ToolStream(self.fmt, self.names, self.forced, self.named, self.parallel)
+
+    def parse(self, text: str) -> tuple[str | None, list[dict]]:
+        """(content, tool calls as OpenAI shapes them) of a whole choice."""
+        if self.forced:
+            calls = parse_forced(text, self.named, self.names)
+            content = None if calls else text
+        else:
+            content, calls = parse(text, self.fmt, self.names)
+        if not self.parallel:
+            calls = calls[:1]
+        return content, [c.as_openai() for c in calls]
 
 
 class Pieces:
@@ -75,17 +103,20 @@ class Pieces:
 
 async def generate(request: web.Request, engine: Any, tracker: Tracker, shape: Shape,
                    prompt_ids: list[int], params: SamplingParams, stream: bool,
-                   prompt_param: str, echo_text: str | None = None) -> web.StreamResponse:
+                   prompt_param: str, echo_text: str | None = None, tools: ToolSetup | None = None,
+                   count_calls: Callable[[int], None] | None = None) -> web.StreamResponse:
     outputs = admit(engine, shape.id, prompt_ids, params, prompt_param)
     tracker.active.add(shape.id)
     pieces = Pieces(shape, prompt_ids, params, echo_text)
     finished = False
     try:
         if stream:
-            response, finished = await stream_events(request, shape, outputs, pieces)
+            response, finished = await stream_events(request, shape, outputs, pieces, tools, count_calls)
             return response
-        choices, last = await collect(outputs, pieces)
+        choices, last = await collect(outputs, pieces, tools)
         finished = True
+        if count_calls is not None:
+            count_calls(sum(len(c.tool_calls or []) for c in choices))
         return web.json_response(shape.response(choices, pieces.usage(last)))
     finally:
         if not finished:
@@ -112,7 +143,8 @@ def admit(engine: Any, request_id: str, prompt_ids: list[int], params: SamplingP
                           "shutting_down") from None
 
 
-async def collect(outputs: AsyncIterator[RequestOutput], pieces: Pieces) -> tuple[list[Choice], RequestOutput]:
+async def collect(outputs: AsyncIterator[RequestOutput], pieces: Pieces,
+                  tools: ToolSetup | None = None) -> tuple[list[Choice], RequestOutput]:
     texts: dict[int, list[str]] = {}
     entries: dict[int, list[tuple[int, TokenLogprob | None]]] = {}
     reasons: dict[int, str | None] = {}
@@ -130,7 +162,13 @@ async def collect(outputs: AsyncIterator[RequestOutput], pieces: Pieces) -> tupl
     choices = []
     for index in sorted(texts):
         text = "".join(texts[index])
-        choices.append(Choice(index, text, reasons[index], pieces.logprobs(index, entries[index], text)))
+        choice = Choice(index, text, reasons[index], pieces.logprobs(index, entries[index], text))
+        if tools is not None:
+            content, calls = tools.parse(text)
+            if calls:
+                choice.text, choice.tool_calls = content, calls
+                choice.finish_reason = "tool_calls" if choice.finish_reason == "stop" else choice.finish_reason
+        choices.append(choice)
     return choices, last
 
 
@@ -140,22 +178,37 @@ def event(payload: dict | str) -> bytes:
 
 
 async def stream_events(request: web.Request, shape: Shape, outputs: AsyncIterator[RequestOutput],
-                        pieces: Pieces) -> tuple[web.StreamResponse, bool]:
+                        pieces: Pieces, tools: ToolSetup | None = None,
+                        count_calls: Callable[[int], None] | None = None) -> tuple[web.StreamResponse, bool]:
     """Stream chunks until the engine finishes; report whether it did. Chunks of a request's
-    choices interleave, each carrying its choice's index."""
+    choices interleave, each carrying its choice's index. With tools, a choice's text goes through
+    its ToolStream: content until a call begins, then tool_calls deltas."""
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
     finished = False
+    streams: dict[int, ToolStream] = {}
     try:
         for chunk in shape.first_chunks():
             await response.write(event(chunk))
         async for out in outputs:
             text, entries = pieces.take(out)
-            if text or entries:
+            reason = out.finish_reason
+            if tools is not None:
+                calls = streams.setdefault(out.index, tools.stream())
+                deltas = calls.feed(text) + (calls.finish() if reason is not None else [])
+                logprobs = pieces.logprobs(out.index, entries, text) if entries else None
+                for i, delta in enumerate(deltas or ([{}] if logprobs else [])):
+                    await response.write(event(shape.delta(delta, index=out.index,  # type: ignore[attr-defined]
+                                                           logprobs=logprobs if i == 0 else None)))
+                if reason is not None and calls.made_calls:
+                    if count_calls is not None:
+                        count_calls(calls.num_calls)
+                    reason = "tool_calls" if reason == "stop" else reason
+            elif text or entries:
                 logprobs = pieces.logprobs(out.index, entries, text)
                 await response.write(event(shape.chunk(text, index=out.index, logprobs=logprobs)))
-            if out.finish_reason is not None:
-                await response.write(event(shape.chunk("", out.finish_reason, index=out.index)))
+            if reason is not None:
+                await response.write(event(shape.chunk("", reason, index=out.index)))
             if out.finished:
                 finished = True
                 if shape.include_usage:

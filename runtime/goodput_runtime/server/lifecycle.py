@@ -108,6 +108,7 @@ async def serve(config: EngineConfig, metrics: RuntimeMetrics, host: str, port: 
 
     state = ServerState(config.model_name, metrics, config.model, api_keys,
                         Admission(admission) if admission is not None else None)
+    state.grammars.tool_call_parser = config.tool_call_parser
     runner = web.AppRunner(build_app(state), handler_cancellation=True, shutdown_timeout=FINAL_WRITE_SECONDS,
                            access_log_class=QuietAccessLogger)
     await runner.setup()

@@ -9,6 +9,8 @@ from typing import Any
 
 from goodput_runtime.sampling import MAX_LOGPROBS, MAX_N, SamplingParams
 from goodput_runtime.server.errors import invalid, missing, wrong_type
+from goodput_runtime.structured.grammar import GrammarError, GrammarSpec
+from goodput_runtime.structured.schema import check_schema
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 SEED_RANGE = (-(2**63), 2**64 - 1)
@@ -57,21 +59,48 @@ class Sampling:
 
 
 @dataclass(frozen=True, slots=True)
+class Guide:
+    """The grammar a request's output must follow, and the field that asked for it."""
+
+    spec: GrammarSpec
+    param: str  # named by the 400 when the engine cannot compile it
+    kind: str  # json_object, json_schema, regex, choice, grammar or tool_call (the metric's label)
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str | None
+    parameters: dict  # a JSON Schema for the arguments object
+    raw: dict  # as sent, for the chat template
+
+
+@dataclass(frozen=True, slots=True)
 class CompletionRequest:
     model: str
     prompt: str | list[int]
     sampling: Sampling
     stream: bool
     include_usage: bool
+    guide: Guide | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     model: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     sampling: Sampling
     stream: bool
     include_usage: bool
+    guide: Guide | None = None
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str | None = None  # none, auto, required, or the name of the one function to call
+    parallel_tool_calls: bool = True
+
+    @property
+    def forced_tool(self) -> bool:
+        """The output is a call, made so by a grammar: tool_choice required or a named function."""
+        return bool(self.tools) and self.tool_choice not in ("none", "auto")
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -295,13 +324,91 @@ def include_usage(body: dict, stream: bool) -> bool:
 
 
 def parse_completion(body: dict) -> CompletionRequest:
-    reject_unsupported(body, {"suffix": ("",)})
+    reject_unsupported(body, {"suffix": ("",), "tools": ([],), "tool_choice": ("none",)})
     stream = boolean(body, "stream")
     echo = boolean(body, "echo")
     logprobs = int_in(body, "logprobs", 0, MAX_LOGPROBS)
     return CompletionRequest(model_name(body), completion_prompt(body.get("prompt")),
                              sampling(body, ("max_tokens", "max_completion_tokens"), logprobs, echo), stream,
-                             include_usage(body, stream))
+                             include_usage(body, stream), guide(body))
+
+
+GUIDED_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def guide(body: dict) -> Guide | None:
+    """The grammar asked for by response_format or one of vLLM's guided_* fields (at most one of them)."""
+    given = [name for name in GUIDED_FIELDS if body.get(name) is not None
+             and not (name == "response_format" and isinstance(body[name], dict) and body[name].get("type") == "text")]
+    if len(given) > 1:
+        raise invalid(f"'{given[0]}' and '{given[1]}' both constrain the output; send one", given[1])
+    if not given:
+        if body.get("response_format") is not None:
+            response_format(body["response_format"])  # checks {"type": "text"} has nothing else wrong
+        return None
+    name = given[0]
+    value = body[name]
+    if name == "response_format":
+        return response_format(value)
+    if name == "guided_json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                raise invalid("'guided_json' must be a JSON Schema (an object or its JSON text)", name) from None
+        return Guide(schema_spec(value, name), name, "json_schema")
+    if name == "guided_regex":
+        if not isinstance(value, str) or not value:
+            raise wrong_type(name, "a non-empty string (a regular expression)")
+        return Guide(GrammarSpec("regex", value), name, "regex")
+    if name == "guided_choice":
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+            raise wrong_type(name, "a non-empty list of non-empty strings")
+        return Guide(GrammarSpec("choice", json.dumps(value)), name, "choice")
+    if not isinstance(value, str) or not value.strip():
+        raise wrong_type(name, "a non-empty string (an EBNF or Lark grammar)")
+    return Guide(GrammarSpec("grammar", value), name, "grammar")
+
+
+def response_format(value: Any) -> Guide | None:
+    if not isinstance(value, dict):
+        raise wrong_type("response_format", "an object")
+    kind = value.get("type")
+    if kind not in ("text", "json_object", "json_schema"):
+        raise invalid(f"'response_format.type' must be one of text, json_object, json_schema, got {shown(kind)}",
+                      "response_format.type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Guide(GrammarSpec("json_object"), "response_format", "json_object")
+    spec = value.get("json_schema")
+    if spec is None:
+        raise missing("response_format.json_schema")
+    if not isinstance(spec, dict):
+        raise wrong_type("response_format.json_schema", "an object")
+    name = spec.get("name")
+    if name is None:
+        raise missing("response_format.json_schema.name")
+    if not isinstance(name, str):
+        raise wrong_type("response_format.json_schema.name", "a string")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise wrong_type("response_format.json_schema.strict", "a boolean")
+    if spec.get("description") is not None and not isinstance(spec["description"], str):
+        raise wrong_type("response_format.json_schema.description", "a string")
+    # strict or not, the schema is enforced: a grammar can only make outputs more conformant
+    schema = spec.get("schema")
+    if schema is None:
+        return Guide(GrammarSpec("json_object"), "response_format.json_schema", "json_schema")
+    param = "response_format.json_schema.schema"
+    return Guide(schema_spec(schema, param), param, "json_schema")
+
+
+def schema_spec(schema: Any, param: str) -> GrammarSpec:
+    try:
+        check_schema(schema)
+    except GrammarError as exc:
+        raise invalid(f"'{param}' cannot be enforced: {exc}", param, "unsupported_schema") from None
+    return GrammarSpec.json_schema(schema)
 
 
 def completion_prompt(value: Any) -> str | list[int]:
@@ -323,7 +430,6 @@ def completion_prompt(value: Any) -> str | list[int]:
 
 
 def parse_chat(body: dict) -> ChatRequest:
-    reject_unsupported(body, {"tools": ([],), "response_format": ({"type": "text"},)})
     stream = boolean(body, "stream")
     top_logprobs = int_in(body, "top_logprobs", 0, MAX_LOGPROBS)
     logprobs = None
@@ -331,12 +437,85 @@ def parse_chat(body: dict) -> ChatRequest:
         logprobs = top_logprobs or 0
     elif top_logprobs is not None:
         raise invalid("'top_logprobs' needs 'logprobs' set to true", "top_logprobs")
+    tools = tool_list(body.get("tools"))
+    choice = tool_choice(body.get("tool_choice"), tools)
+    parallel = boolean(body, "parallel_tool_calls", default=True)
+    output_guide = guide(body)
+    if output_guide is not None and tools and choice not in ("none", "auto"):
+        raise invalid(f"'{output_guide.param}' cannot be combined with 'tool_choice' {shown(choice)}: the output "
+                      "is a tool call", output_guide.param)
+    if tools and choice not in ("none", "auto"):
+        output_guide = Guide(tool_call_spec(tools, choice, parallel), "tools", "tool_call")
     return ChatRequest(model_name(body), chat_messages(body.get("messages")),
                        sampling(body, ("max_completion_tokens", "max_tokens"), logprobs), stream,
-                       include_usage(body, stream))
+                       include_usage(body, stream), output_guide, tools, choice, parallel)
 
 
-def chat_messages(value: Any) -> list[dict[str, str]]:
+def tool_list(value: Any) -> tuple[Tool, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise wrong_type("tools", "a list of tool objects")
+    tools = []
+    for i, item in enumerate(value):
+        where = f"tools[{i}]"
+        if not isinstance(item, dict):
+            raise wrong_type(where, "an object")
+        if item.get("type") != "function":
+            raise invalid(f"'{where}.type' must be 'function', got {shown(item.get('type'))}", f"{where}.type")
+        function = item.get("function")
+        if not isinstance(function, dict):
+            raise wrong_type(f"{where}.function", "an object")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise wrong_type(f"{where}.function.name", "a non-empty string")
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise wrong_type(f"{where}.function.description", "a string")
+        parameters = function.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        schema_spec(parameters, f"{where}.function.parameters")
+        if any(t.name == name for t in tools):
+            raise invalid(f"'{where}.function.name' repeats the tool name {shown(name)}", f"{where}.function.name")
+        tools.append(Tool(name, description, parameters, item))
+    return tuple(tools)
+
+
+def tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
+    if value is None:
+        return "auto" if tools else "none"
+    if not tools and value != "none":
+        raise invalid("'tool_choice' needs 'tools'", "tool_choice")
+    if isinstance(value, str):
+        if value not in ("none", "auto", "required"):
+            raise invalid(f"'tool_choice' must be none, auto, required or a function object, got {shown(value)}",
+                          "tool_choice")
+        return value
+    if not isinstance(value, dict) or value.get("type") != "function" or not isinstance(value.get("function"), dict):
+        raise wrong_type("tool_choice", 'none, auto, required or {"type": "function", "function": {"name": ...}}')
+    name = value["function"].get("name")
+    if not any(t.name == name for t in tools):
+        raise invalid(f"'tool_choice.function.name' names no tool in 'tools': {shown(name)}",
+                      "tool_choice.function.name")
+    return name
+
+
+def tool_call_spec(tools: tuple[Tool, ...], choice: str, parallel: bool) -> GrammarSpec:
+    """The grammar of a forced call, as vLLM forces one: a named function's output is its arguments
+    object; a required call is a JSON array of {"name", "parameters"} objects, one at least."""
+    if choice != "required":
+        return GrammarSpec.json_schema(next(t.parameters for t in tools if t.name == choice))
+    calls = [{"type": "object", "properties": {"name": {"enum": [t.name]}, "parameters": t.parameters},
+              "required": ["name", "parameters"]} for t in tools]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1,
+                              "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+    if not parallel:
+        schema["maxItems"] = 1
+    return GrammarSpec.json_schema(schema)
+
+
+def chat_messages(value: Any) -> list[dict[str, Any]]:
     if value is None:
         raise missing("messages")
     if not isinstance(value, list):
@@ -346,7 +525,7 @@ def chat_messages(value: Any) -> list[dict[str, str]]:
     return [chat_message(m, f"messages[{i}]") for i, m in enumerate(value)]
 
 
-def chat_message(message: Any, where: str) -> dict[str, str]:
+def chat_message(message: Any, where: str) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise wrong_type(where, "an object")
     role = message.get("role")
@@ -354,7 +533,44 @@ def chat_message(message: Any, where: str) -> dict[str, str]:
         raise missing(f"{where}.role")
     if role not in ROLES:
         raise invalid(f"'{where}.role' must be one of {', '.join(ROLES)}, got {shown(role)}", f"{where}.role")
-    return {"role": role, "content": message_content(message.get("content"), role, f"{where}.content")}
+    parsed: dict[str, Any] = {"role": role, "content": message_content(message.get("content"), role,
+                                                                       f"{where}.content")}
+    if role == "assistant" and message.get("tool_calls") is not None:
+        parsed["tool_calls"] = message_tool_calls(message["tool_calls"], f"{where}.tool_calls")
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if call_id is None:
+            raise missing(f"{where}.tool_call_id")
+        if not isinstance(call_id, str):
+            raise wrong_type(f"{where}.tool_call_id", "a string")
+        parsed["tool_call_id"] = call_id
+    if isinstance(message.get("name"), str):
+        parsed["name"] = message["name"]
+    return parsed
+
+
+def message_tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant's earlier calls, their arguments as objects (as chat templates expect them)."""
+    if not isinstance(value, list):
+        raise wrong_type(where, "a list of tool calls")
+    calls = []
+    for i, call in enumerate(value):
+        at = f"{where}[{i}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise wrong_type(at, "an object with function.name and function.arguments")
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments or "{}")
+            except json.JSONDecodeError:
+                raise invalid(f"'{at}.function.arguments' must be a JSON object's text", f"{at}.function.arguments") \
+                    from None
+        if not isinstance(arguments, dict):
+            raise wrong_type(f"{at}.function.arguments", "a JSON object's text")
+        calls.append({"id": call.get("id") if isinstance(call.get("id"), str) else f"call_{i}", "type": "function",
+                      "function": {"name": function["name"], "arguments": arguments}})
+    return calls
 
 
 def message_content(content: Any, role: str, where: str) -> str:

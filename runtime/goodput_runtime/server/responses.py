@@ -78,9 +78,10 @@ class Choice:
     """One choice of a whole (non-streamed) response."""
 
     index: int
-    text: str
+    text: str | None  # None: a chat message that holds tool calls only
     finish_reason: str | None
     logprobs: dict | None = None
+    tool_calls: list[dict] | None = None  # a chat message's, as OpenAI shapes them
 
 
 @dataclass
@@ -195,6 +196,13 @@ class ChatShape(Shape):
         return self.delta({"content": text} if text or logprobs else {}, finish_reason, index, logprobs)
 
     def response(self, choices: list[Choice], counts: dict) -> dict:
-        body = [{"index": c.index, "message": {"role": "assistant", "content": c.text, "refusal": None},
-                 "logprobs": c.logprobs, "finish_reason": c.finish_reason} for c in choices]
+        body = [{"index": c.index, "message": message(c), "logprobs": c.logprobs, "finish_reason": c.finish_reason}
+                for c in choices]
         return {**self.envelope(self.object_name, body), "usage": counts}
+
+
+def message(choice: Choice) -> dict:
+    body: dict[str, Any] = {"role": "assistant", "content": choice.text, "refusal": None}
+    if choice.tool_calls:
+        body["tool_calls"] = choice.tool_calls
+    return body

@@ -1,0 +1,226 @@
+"""The cost of structured output: grammar engines compared, and output tokens/s with and without a
+JSON Schema on the real model at concurrency 1 and 16.
+
+Two parts, both written to one JSON file under bench/results/ and printed as tables:
+
+1. engines: xgrammar and llguidance (when installed) on the model's tokenizer: time to compile
+   fresh JSON Schemas (each distinct, so nothing is cached), and time to fill one token mask per
+   step while replaying a valid JSON output token by token.
+2. serving: our server (a child process) answers chat requests at concurrency 1 and 16, plain and
+   with response_format json_schema, in alternating rounds (plain, schema, plain, schema, ...).
+   The schema is an array of at least 100 nested objects (strings, enums, numbers, booleans), so
+   every request runs to max_tokens and both sides decode the same number of tokens per request:
+   the difference is the grammar's (mask filling, its transfer and application), not output length.
+
+    PYTHONPATH=runtime:contract python -m bench.structured_output --model .cache/smollm2/0.1.2/hf
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+from bench.serve import default_output, write_json
+from bench.server_process import start_server
+
+ITEM = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 16},
+    "country": {"type": "string", "enum": ["France", "Japan", "Italy", "Spain", "Other"]},
+    "population_millions": {"type": "number"},
+    "coastal": {"type": "boolean"},
+    "location": {"type": "object", "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
+                 "required": ["lat", "lon"]}},
+    "required": ["city", "country", "population_millions", "coastal", "location"]}
+LONG_SCHEMA = {"type": "array", "items": ITEM, "minItems": 100}
+# llguidance's rigid JSON with the separators xgrammar (and json.dumps) use
+LLG_FORMAT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+SAMPLE = [{"city": "Paris", "country": "France", "population_millions": 2.1, "coastal": False,
+           "location": {"lat": 48.85, "lon": 2.35}},
+          {"city": "Tokyo", "country": "Japan", "population_millions": 14.0, "coastal": True,
+           "location": {"lat": 35.68, "lon": 139.69}}]
+
+
+def engines(model: str, num_schemas: int) -> dict:
+    from transformers import AutoConfig, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    vocab = AutoConfig.from_pretrained(model).vocab_size
+    results: dict = {"schemas": num_schemas}
+    # a typical nested object schema (each distinct, so nothing is cached), replaying one object; and the
+    # serving part's array of at least 100 objects, replaying two of them
+    for name, base, sample in (("object", ITEM, SAMPLE[0]), ("array_min100", LONG_SCHEMA, SAMPLE)):
+        schemas = [json.dumps({**base, "title": f"s-{i}"}) for i in range(num_schemas)]
+        ids = tokenizer(json.dumps(sample), add_special_tokens=False).input_ids
+        if name == "array_min100":
+            ids = ids[:-1]  # not "]": the array needs 100 items at least
+        figures: dict = {"replayed_tokens": len(ids), "xgrammar": xgrammar_figures(tokenizer, vocab, schemas, ids)}
+        try:
+            figures["llguidance"] = llguidance_figures(tokenizer, vocab, schemas, ids)
+        except ImportError:
+            figures["llguidance"] = None
+        results[name] = figures
+    return results
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def xgrammar_figures(tokenizer, vocab: int, schemas: list[str], ids: list[int]) -> dict:
+    import xgrammar as xgr
+
+    setup = time.perf_counter()
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab), max_threads=1,
+                                   cache_enabled=False)
+    setup = time.perf_counter() - setup
+    compiled = []
+    compile_s = [timed(lambda s=s: compiled.append(compiler.compile_json_schema(s, any_whitespace=False)))
+                 for s in schemas]
+    matcher = xgr.GrammarMatcher(compiled[-1])
+    bitmask = xgr.allocate_token_bitmask(1, vocab)
+    mask_s = []
+    for token in ids:
+        mask_s.append(timed(lambda: matcher.fill_next_token_bitmask(bitmask, 0)))
+        assert matcher.accept_token(token)
+    return summary(setup, compile_s, mask_s)
+
+
+def llguidance_figures(tokenizer, vocab: int, schemas: list[str], ids: list[int]) -> dict:
+    import llguidance
+    import llguidance.hf
+    import llguidance.torch
+
+    setup = time.perf_counter()
+    info = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab)
+    setup = time.perf_counter() - setup
+    matchers = []
+
+    def build(schema: str) -> None:
+        # llguidance compiles lazily: the first mask is part of making a usable grammar
+        m = llguidance.LLMatcher(info, llguidance.LLMatcher.grammar_from_json_schema(
+            schema, defaults=LLG_FORMAT))
+        llguidance.torch.fill_next_token_bitmask(m, llguidance.torch.allocate_token_bitmask(1, vocab), 0)
+        matchers.append(m)
+
+    compile_s = [timed(lambda s=s: build(s)) for s in schemas]
+    matcher = llguidance.LLMatcher(info, llguidance.LLMatcher.grammar_from_json_schema(
+        schemas[-1], defaults=LLG_FORMAT))
+    bitmask = llguidance.torch.allocate_token_bitmask(1, vocab)
+    mask_s = []
+    for token in ids:
+        mask_s.append(timed(lambda: llguidance.torch.fill_next_token_bitmask(matcher, bitmask, 0)))
+        assert matcher.consume_token(token), matcher.get_error()
+    return summary(setup, compile_s, mask_s)
+
+
+def summary(setup: float, compile_s: list[float], mask_s: list[float]) -> dict:
+    ordered = sorted(mask_s)
+    return {"tokenizer_setup_ms": setup * 1e3, "compile_first_ms": compile_s[0] * 1e3,
+            "compile_median_ms": statistics.median(compile_s) * 1e3,
+            "mask_mean_us": statistics.fmean(mask_s) * 1e6,
+            "mask_p99_us": ordered[int(0.99 * (len(ordered) - 1))] * 1e6, "mask_max_us": ordered[-1] * 1e6}
+
+
+async def one_round(base_url: str, model: str, concurrency: int, max_tokens: int, structured: bool,
+                    round_index: int) -> dict:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=3600)
+    extra: dict = {"ignore_eos": True}
+    if structured:
+        extra = {"response_format": {"type": "json_schema", "json_schema": {"name": "cities", "schema": LONG_SCHEMA}}}
+
+    async def request(i: int) -> int:
+        result = await client.chat.completions.create(
+            model=model, max_tokens=max_tokens, temperature=0.7, seed=1000 * round_index + i,
+            messages=[{"role": "user", "content": "List many world cities as JSON, with their details."}],
+            extra_body=extra)
+        assert result.choices[0].finish_reason == "length"  # every request runs to max_tokens
+        return result.usage.completion_tokens
+
+    start = time.perf_counter()
+    tokens = sum(await asyncio.gather(*(request(i) for i in range(concurrency))))
+    wall = time.perf_counter() - start
+    await client.close()
+    return {"concurrency": concurrency, "structured": structured, "tokens": tokens, "wall_s": wall,
+            "tokens_per_s": tokens / wall}
+
+
+def serving(model: str, rounds: int, concurrencies: list[int], max_tokens: int, threads: int,
+            log_dir: Path) -> list[dict]:
+    records = []
+    with start_server(model, "bench", threads, ["--max-model-len", "1024", "--kv-cache-memory", "256Mi",
+                                                "--max-num-seqs", "32"], log_dir) as server:
+        asyncio.run(one_round(server.base_url, "bench", 1, 8, True, -1))  # compiles the schema before timing
+        for concurrency in concurrencies:
+            for r in range(rounds):
+                for structured in (False, True):
+                    record = asyncio.run(one_round(server.base_url, "bench", concurrency, max_tokens, structured, r))
+                    record["round"] = r
+                    records.append(record)
+                    print(f"  c={concurrency} round {r} {'json_schema' if structured else 'plain      '} "
+                          f"{record['tokens_per_s']:.2f} tokens/s", flush=True)
+    return records
+
+
+def serving_table(records: list[dict]) -> tuple[str, list[dict]]:
+    rows, lines = [], ["| concurrency | plain tokens/s | json_schema tokens/s | ratio (schema / plain, per round) |",
+                       "|---|---|---|---|"]
+    for concurrency in sorted({r["concurrency"] for r in records}):
+        mine = [r for r in records if r["concurrency"] == concurrency]
+        plain = [r["tokens_per_s"] for r in mine if not r["structured"]]
+        schema = [r["tokens_per_s"] for r in mine if r["structured"]]
+        ratios = [s / p for p, s in zip(plain, schema, strict=True)]
+        rows.append({"concurrency": concurrency, "plain_tokens_per_s": statistics.median(plain),
+                     "json_schema_tokens_per_s": statistics.median(schema), "ratios": ratios,
+                     "median_ratio": statistics.median(ratios)})
+        lines.append(f"| {concurrency} | {statistics.median(plain):.2f} | {statistics.median(schema):.2f} | "
+                     f"{statistics.median(ratios):.3f} ({', '.join(f'{x:.3f}' for x in ratios)}) |")
+    return "\n".join(lines), rows
+
+
+def engines_table(results: dict) -> str:
+    lines = ["| schema | engine | tokenizer setup ms | first compile ms | median compile ms | mask mean µs | "
+             "mask p99 µs |", "|---|---|---|---|---|---|---|"]
+    for schema in ("object", "array_min100"):
+        for name in ("xgrammar", "llguidance"):
+            f = results[schema].get(name)
+            if f:
+                lines.append(f"| {schema} | {name} | {f['tokenizer_setup_ms']:.0f} | {f['compile_first_ms']:.1f} | "
+                             f"{f['compile_median_ms']:.1f} | {f['mask_mean_us']:.1f} | {f['mask_p99_us']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=".cache/smollm2/0.1.2/hf")
+    parser.add_argument("--schemas", type=int, default=10, help="distinct schemas compiled per engine")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating plain/json_schema rounds per concurrency")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--skip-serving", action="store_true")
+    parser.add_argument("--output", type=Path, default=None)
+    args = parser.parse_args(argv)
+    figures = engines(args.model, args.schemas)
+    print(engines_table(figures))
+    payload: dict = {"model": args.model, "engines": figures}
+    if not args.skip_serving:
+        records = serving(args.model, args.rounds, args.concurrency, args.max_tokens, args.threads,
+                          Path("bench/results/logs"))
+        table, rows = serving_table(records)
+        payload.update(rounds=records, serving=rows)
+        print(table)
+    path = write_json(args.output or default_output("structured-output"), payload)
+    print(f"wrote {path}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Grammars for requests that constrain their output: compiled on a thread of their own (never on
+the event loop), cached per distinct spec, and handed to the engine with the request's settings."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from goodput_runtime.metrics import RuntimeMetrics
+from goodput_runtime.sampling import SamplingParams
+from goodput_runtime.server.errors import invalid
+from goodput_runtime.server.generate import ToolSetup
+from goodput_runtime.server.protocol import ChatRequest, Guide
+from goodput_runtime.structured.grammar import CompiledGrammar, GrammarCompiler, GrammarError
+from goodput_runtime.structured.tool_parsers import parser_for_template
+
+
+class Grammars:
+    """The server's grammar compiler, made on first use for the engine's tokenizer and vocabulary."""
+
+    def __init__(self, metrics: RuntimeMetrics | None = None, tool_call_parser: str | None = None) -> None:
+        self.metrics = metrics
+        self.tool_call_parser = tool_call_parser  # None: the one the chat template implies
+        self.compiler: GrammarCompiler | None = None
+        self.lock = threading.Lock()
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
+
+    def _compiler(self, engine: Any) -> GrammarCompiler:
+        with self.lock:
+            if self.compiler is None:
+                core = engine.core
+                observe = self.metrics.grammar_compile.observe if self.metrics is not None else None
+                self.compiler = GrammarCompiler(engine.tokenizer, int(core.runner.model.config.vocab_size),
+                                                core.scheduler.eos_token_ids, observe=observe)
+            return self.compiler
+
+    def _compile(self, engine: Any, guide: Guide) -> CompiledGrammar:
+        return self._compiler(engine).compile(guide.spec)
+
+    async def params(self, engine: Any, guide: Guide | None, params: SamplingParams) -> SamplingParams:
+        """params with the request's compiled grammar; a 400 naming the field when it cannot compile."""
+        if guide is None:
+            return params
+        loop = asyncio.get_running_loop()
+        try:
+            compiled = await loop.run_in_executor(self.executor, self._compile, engine, guide)
+        except GrammarError as exc:
+            raise invalid(f"'{guide.param}' cannot be enforced: {exc}", guide.param, "unsupported_grammar") from None
+        if self.metrics is not None:
+            self.metrics.record_structured(guide.kind)
+        return dataclasses.replace(params, grammar=compiled)
+
+    def tools(self, engine: Any, body: ChatRequest) -> ToolSetup | None:
+        """How the request's output turns into tool calls; None when it offers no tools or forbids calls."""
+        if not body.tools or body.tool_choice == "none":
+            return None
+        fmt = self.tool_call_parser or parser_for_template(getattr(engine.tokenizer, "chat_template", None))
+        named = body.tool_choice if body.forced_tool and body.tool_choice != "required" else None
+        return ToolSetup(fmt, frozenset(t.name for t in body.tools), body.forced_tool, named,
+                         body.parallel_tool_calls)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False)

@@ -1,0 +1,114 @@
+"""Grammars in the engine: every choice follows its grammar to the end, through n > 1, preemption
+with recompute and stop strings, while requests without one in the same batch are untouched."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from test_engine_choices import config, run
+
+from goodput_runtime.engine.builder import build_core
+from goodput_runtime.sampling import SamplingParams
+from goodput_runtime.structured.grammar import GrammarCompiler, GrammarError, GrammarSpec
+from goodput_runtime.structured.schema import check_schema
+
+pytestmark = pytest.mark.runtime
+
+RECORD = r'\{"id": [1-9][0-9]{0,2}, "ok": (true|false), "tag": "[a-z]{2,6}"\}'
+PROMPT = list(range(20, 60))
+
+
+def compiler_for(core) -> GrammarCompiler:
+    return GrammarCompiler(core.tokenizer, core.runner.model.config.vocab_size, core.scheduler.eos_token_ids)
+
+
+def texts(core, results) -> dict:
+    return {key: (core.tokenizer.decode(r["tokens"], skip_special_tokens=True), r["reason"])
+            for key, r in results.items()}
+
+
+def test_every_choice_matches_its_regex_through_preemption_while_plain_requests_are_untouched(tiny_model_dir: Path):
+    # too few blocks for every choice at once: choices get preempted and recomputed
+    core = build_core(config(tiny_model_dir, blocks=14, block_size=8, max_model_len=112))
+    grammar = compiler_for(core).compile(GrammarSpec("regex", RECORD))
+    plain = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    requests = {f"g{i}": (PROMPT[i:], SamplingParams(max_tokens=60, temperature=1.0, seed=i, n=3, grammar=grammar))
+                for i in range(3)}
+    requests["plain"] = (PROMPT, plain)
+    preempted = []
+    schedule = core.scheduler.schedule
+    core.scheduler.schedule = lambda: (out := schedule(), preempted.append(out.num_preempted))[0]  # type: ignore
+    results, _ = run(core, requests)
+    outputs = texts(core, results)
+    for i in range(3):
+        for choice in range(3):
+            text, reason = outputs[(f"g{i}", choice)]
+            assert re.fullmatch(RECORD, text), text
+            assert reason == "stop"
+    alone, _ = run(build_core(config(tiny_model_dir)), {"plain": (PROMPT, plain)})
+    assert results[("plain", 0)]["tokens"] == alone[("plain", 0)]["tokens"]
+    assert sum(preempted) > 0  # the case under test happened
+
+
+def test_a_cut_output_ends_with_length_and_a_stop_string_ends_it_early(tiny_model_dir: Path):
+    core = build_core(config(tiny_model_dir))
+    grammar = compiler_for(core).compile(GrammarSpec("regex", RECORD))
+    results, _ = run(core, {
+        "cut": (PROMPT, SamplingParams(max_tokens=4, temperature=0.0, grammar=grammar)),
+        "stopped": (PROMPT, SamplingParams(max_tokens=60, temperature=0.0, grammar=grammar, stop=('"ok"',))),
+    })
+    outputs = texts(core, results)
+    text, reason = outputs[("cut", 0)]
+    assert reason == "length" and len(results[("cut", 0)]["tokens"]) == 4 and text.startswith('{"id')
+    assert outputs[("stopped", 0)][1] == "stop"
+    # the engine's tokens run to the token completing the stop string (the server's text ends before it)
+    assert re.fullmatch(r'\{"id": [1-9][0-9]{0,2}, "ok"', stopped := outputs[("stopped", 0)][0]), stopped
+
+
+def test_a_json_schema_with_enums_and_bounded_values_is_followed_by_a_random_model(tiny_model_dir: Path):
+    import jsonschema
+
+    schema = {"type": "object", "properties": {
+        "color": {"type": "string", "enum": ["red", "green", "blue"]},
+        "size": {"type": "integer", "minimum": 1, "maximum": 9},
+        "flags": {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 3},
+        "inner": {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}},
+        "required": ["color", "size", "flags", "inner"]}
+    core = build_core(config(tiny_model_dir))
+    grammar = compiler_for(core).compile(GrammarSpec.json_schema(schema))
+    results, _ = run(core, {"a": (PROMPT, SamplingParams(max_tokens=120, temperature=1.0, seed=3, n=4,
+                                                          grammar=grammar))})
+    for choice in range(4):
+        text, reason = texts(core, results)[("a", choice)]
+        assert reason == "stop", text
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_the_compiler_caches_per_spec_within_its_bound_and_names_what_it_cannot_compile(tiny_model_dir: Path):
+    core = build_core(config(tiny_model_dir))
+    seen: list[float] = []
+    compiler = GrammarCompiler(core.tokenizer, core.runner.model.config.vocab_size, core.scheduler.eos_token_ids,
+                               cache_size=2, observe=seen.append)
+    first = compiler.compile(GrammarSpec("regex", "[ab]+"))
+    assert compiler.compile(GrammarSpec("regex", "[ab]+")) is first
+    compiler.compile(GrammarSpec("regex", "c"))
+    compiler.compile(GrammarSpec("regex", "d"))
+    assert compiler.compile(GrammarSpec("regex", "[ab]+")) is not first  # evicted, compiled again
+    assert len(seen) == 4 and len(compiler.cache) == 2
+    with pytest.raises(GrammarError, match="Lookbehind"):
+        compiler.compile(GrammarSpec("regex", "(?<=a)b"))
+    with pytest.raises(GrammarError, match="Rule \"nowhere\" is not defined"):
+        compiler.compile(GrammarSpec("grammar", "root ::= nowhere"))
+
+
+@pytest.mark.parametrize(("schema", "named"), [
+    ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, "'not' at '#/properties/a'"),
+    ({"type": "array", "uniqueItems": True}, "'uniqueItems' at '#'"),
+    ({"type": "strin"}, "not a valid JSON Schema"),
+])
+def test_a_schema_the_engine_cannot_enforce_is_refused_naming_the_construct(schema, named):
+    with pytest.raises(GrammarError, match=re.escape(named)):
+        check_schema(schema)
