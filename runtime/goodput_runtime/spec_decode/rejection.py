@@ -67,24 +67,45 @@ def _rejection_sample(logits: torch.Tensor, groups: list[SpecGroup], sampler: Sa
     temperatures = torch.tensor([p.temperature for p in params], device=device)[:, None]
     probs = Sampler.probabilities(logits[index] / temperatures, params)
     probs = probs / probs.sum(dim=-1, keepdim=True)  # [R, V]: the target's distribution per row
-    kept: list[list[int]] = []
+    starts = [0]
+    for g in groups:
+        starts.append(starts[-1] + len(g.draft) + 1)
+    draft_rows = [starts[i] + j for i, g in enumerate(groups) for j in range(len(g.draft))]
+    drafted = [t for g in groups for t in g.draft]
+    accept = probs[torch.tensor(draft_rows, device=device), torch.tensor(drafted, device=device)]
+    uniforms = _random(groups, sampler, device, lambda g: len(g.draft), lambda n, gen: torch.rand(
+        n, generator=gen, device=device))
+    rejected = (uniforms >= accept).tolist()
+    kept_counts = []
     at = 0
-    for group in groups:
-        k = len(group.draft)
-        rows = probs[at : at + k + 1]
-        at += k + 1
-        generator = _generator(sampler, group.row, device)
-        accept = rows[torch.arange(k, device=device), torch.tensor(group.draft, device=device)]
-        uniforms = torch.rand(k, generator=generator, device=device)
-        rejected = (uniforms >= accept).tolist()
-        n = rejected.index(True) if True in rejected else k
-        last = rows[n].clone()
-        if n < k:
-            last[group.draft[n]] = 0.0  # the residual max(0, p - q) for a one-hot q
-        noise = torch.empty_like(last).exponential_(generator=generator)
-        kept.append([*group.draft[:n], int((last / noise).argmax())])
-    return kept
+    for g in groups:
+        flags = rejected[at : at + len(g.draft)]
+        at += len(g.draft)
+        kept_counts.append(flags.index(True) if True in flags else len(g.draft))
+    last = probs[torch.tensor([starts[i] + n for i, n in enumerate(kept_counts)], device=device)]  # [G, V]
+    residual = [(i, g.draft[n]) for i, (g, n) in enumerate(zip(groups, kept_counts, strict=True)) if n < len(g.draft)]
+    if residual:  # max(0, p - q) for a one-hot q: p without the rejected token
+        last[[i for i, _ in residual], [t for _, t in residual]] = 0.0
+    vocab = last.shape[1]
+    noise = _random(groups, sampler, device, lambda g: vocab, lambda n, gen: torch.empty(
+        n, device=device).exponential_(generator=gen)).view(len(groups), vocab)
+    drawn = (last / noise).argmax(dim=-1).tolist()
+    return [[*g.draft[:n], t] for g, n, t in zip(groups, kept_counts, drawn, strict=True)]
 
 
-def _generator(sampler: Sampler, row: SampleRow, device: torch.device) -> torch.Generator:
-    return sampler._generator(row, device) if row.params.seed is not None else sampler._shared(device)
+def _random(groups: list[SpecGroup], sampler: Sampler, device: torch.device, size, draw) -> torch.Tensor:
+    """size(group) random numbers per group, concatenated: a seeded request's from its own generator,
+    the others' from the sampler's shared one in one draw."""
+    sizes = [size(g) for g in groups]
+    unseeded = [i for i, g in enumerate(groups) if g.row.params.seed is None]
+    shared = draw(sum(sizes[i] for i in unseeded), sampler._shared(device)) if unseeded else None
+    parts: list[torch.Tensor] = []
+    at = 0
+    for i, g in enumerate(groups):
+        if g.row.params.seed is None:
+            assert shared is not None
+            parts.append(shared[at : at + sizes[i]])
+            at += sizes[i]
+        else:
+            parts.append(draw(sizes[i], sampler._generator(g.row, device)))
+    return torch.cat(parts) if parts else torch.empty(0, device=device)
