@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from goodput_contract import flags
 from goodput_operator.settings import Settings
-from goodput_operator.spec import ServiceSpec, SpecError
+from goodput_operator.spec import ModelSource, ServiceSpec, SpecError
 
 GOODPUT, VLLM, SGLANG = "goodput", "vllm", "sglang"
 RUNTIME_PORT = 8000  # every engine listens here, serving the API, its health check and /metrics
@@ -68,10 +68,11 @@ class Engine:
     port: int = RUNTIME_PORT
 
 
-def model_path(svc: ServiceSpec) -> str:
-    """Where the engine finds the weights: the Hub id (downloaded by the engine itself into the
-    model cache), or the path the source claim is mounted at, or a path in the image."""
-    source = svc.model.source
+def model_path(svc: ServiceSpec, source: ModelSource | None = None) -> str:
+    """Where the engine finds the weights (of `source`, by default the model's): the Hub id
+    (downloaded by the engine itself into the model cache), or the path the source claim is
+    mounted at, or a path in the image."""
+    source = source or svc.model.source
     if source.scheme == "hf":
         return f"hf://{source.repo}/{source.file}" if source.file else source.repo
     if source.scheme == "pvc":
@@ -110,6 +111,13 @@ def goodput_args(svc: ServiceSpec) -> list[str]:
         "parallelism.tensor": svc.tensor_parallel,
         "model.quantization": m.quantization,
     })
+    if e.speculative is not None:  # the draft model is fetched into the same cache, with the same token
+        draft = e.speculative.draft_model
+        args += flags.to_args({
+            "engine.speculative.method": e.speculative.method,
+            "engine.speculative.tokens": e.speculative.tokens,
+            "engine.speculative.draftModel": model_path(svc, draft) if draft else None,
+        })
     args += [flags.SHUTDOWN_DELAY, str(SHUTDOWN_DELAY_SECONDS)]
     return args + list(e.extra_args)
 
@@ -191,6 +199,9 @@ def _vllm_refusals(svc: ServiceSpec) -> list[tuple[str, str]]:
         out.append(("engine.maxQueue", "vLLM has no bounded queue; leave it out or use engine.kind goodput or sglang"))
     if svc.model.source.file:
         out.append(("model.source", "names one GGUF file; vLLM needs a model directory or a Hub repository here"))
+    if svc.engine.speculative is not None:
+        out.append(("engine.speculative", "is Goodput's runtime's; for vLLM pass --speculative-config in "
+                    "engine.extraArgs"))
     return out
 
 
@@ -243,6 +254,9 @@ def _sglang_refusals(svc: ServiceSpec) -> list[tuple[str, str]]:
         out.append(("resources.gpu", "is 0 (CPU), but SGLang's published images serve on GPUs only"))
     if svc.model.source.file:
         out.append(("model.source", "names one GGUF file; SGLang needs a model directory or a Hub repository here"))
+    if svc.engine.speculative is not None:
+        out.append(("engine.speculative", "is Goodput's runtime's; for SGLang pass --speculative-algorithm and its "
+                    "flags in engine.extraArgs"))
     return out
 
 
