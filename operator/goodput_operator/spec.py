@@ -335,12 +335,13 @@ def parse(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         template=_template(spec.get("template") or {}),
         routing=_routing(spec.get("routing") or {}),
     )
-    spec_ = parsed.engine.speculative
-    draft = spec_.draft_model if spec_ else None
+    speculative = parsed.engine.speculative
+    draft = speculative.draft_model if speculative else None
     if draft is not None and draft.scheme == "pvc" and (parsed.model.source.scheme != "pvc"
                                                          or draft.claim != parsed.model.source.claim):
         raise SpecError("engine.speculative.draftModel",
-                        "may name a claim only when it is the model's own (pvc:// of model.source), which the pod mounts",
+                        "may name a claim only when it is the model's own (pvc:// of model.source), which the pod "
+                        "mounts",
                         reason="DraftClaimNotMounted")
     if parsed.model.source.scheme == "pvc" and parsed.model.cache_claim == parsed.model.source.claim:
         raise SpecError(

@@ -188,3 +188,23 @@ async def test_concurrent_async_requests_with_speculation_equal_those_without(ti
             await engine.shutdown()
 
     assert await serve({"speculative_method": "ngram", "speculative_max_batch": 8}) == await serve({})
+
+
+def test_a_server_with_speculation_answers_as_one_without_and_exports_its_decisions(make_server, server):
+    import openai
+
+    spec_server = make_server(speculative_method="ngram", num_speculative_tokens=4)  # threshold timed at start
+    prompt = "one two three one two three one two three one two"
+    answers = []
+    for running in (server, spec_server):
+        client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        answers.append(client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0,
+                                                 extra_body={"ignore_eos": True}).choices[0].text)
+    assert answers[0] == answers[1]
+    switch = spec_server.engine.core.scheduler.switch
+    assert spec_server.metric("goodput_spec_decode_max_batch") == switch.max_batch
+    steps = (spec_server.metric("goodput_spec_decode_steps_total", speculated="true")
+             + spec_server.metric("goodput_spec_decode_steps_total", speculated="false"))
+    assert steps > 0
+    status, text = spec_server.get("/metrics")
+    assert status == 200 and "goodput_spec_decode_num_accepted_tokens_total" in str(text)
