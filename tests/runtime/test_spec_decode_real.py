@@ -21,19 +21,18 @@ PASSAGE = ("The scheduler watches for newly created pods that have no node assig
 REQUESTS = [
     f"Repeat this passage exactly:\n\n{PASSAGE}",
     f"Rewrite this passage, replacing 'pod' with 'workload':\n\n{PASSAGE}",
-    "Return this code unchanged:\n\ndef add(a, b):\n    total = a + b\n    return total\n",
 ]
 KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # k and v, 30 layers, 3 KV heads, head dim 64, fp32
 
 
 def answers(model_dir: Path, prompts: list[list[int]], **spec) -> tuple[list[list[int]], RuntimeMetrics]:
-    # room for 320 tokens: the three requests (about 330 tokens at their longest) preempt one another
-    config = EngineConfig(model=str(model_dir), device="cpu", dtype="float32", block_size=16, max_model_len=256,
-                          kv_cache_memory=320 * KV_BYTES_PER_TOKEN, max_num_batched_tokens=48, **spec)
+    # room for 160 tokens: the two requests (about 220 tokens at their longest) preempt one another
+    config = EngineConfig(model=str(model_dir), device="cpu", dtype="float32", block_size=16, max_model_len=160,
+                          kv_cache_memory=160 * KV_BYTES_PER_TOKEN, max_num_batched_tokens=48, **spec)
     metrics = RuntimeMetrics("tiny", None, None)
     core = build_core(config, metrics)
     for i, prompt in enumerate(prompts):
-        core.add(str(i), prompt, SamplingParams(max_tokens=40, temperature=0.0))
+        core.add(str(i), prompt, SamplingParams(max_tokens=32, temperature=0.0))
     out: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
     while core.has_unfinished():
         for output in core.step():
