@@ -23,6 +23,9 @@ GPU_MEMORY_UTILIZATION = "--gpu-memory-utilization"
 ENABLE_PREFIX_CACHING = "--enable-prefix-caching"  # a boolean: --no-enable-prefix-caching turns it off
 MAX_QUEUE = "--max-queue"
 SLO_TTFT = "--slo-ttft"  # seconds
+SPECULATIVE_METHOD = "--speculative-method"
+NUM_SPECULATIVE_TOKENS = "--num-speculative-tokens"
+SPECULATIVE_MODEL = "--speculative-model"  # the draft model: a Hub id or a path, like --model
 SLO_TPOT = "--slo-tpot"  # seconds
 # set by the operator, not from a CR field
 HOST = "--host"
@@ -46,6 +49,9 @@ CR_FIELD_FLAGS: dict[str, str] = {
     "engine.gpuMemoryUtilization": GPU_MEMORY_UTILIZATION,
     "engine.prefixCaching": ENABLE_PREFIX_CACHING,
     "engine.maxQueue": MAX_QUEUE,
+    "engine.speculative.method": SPECULATIVE_METHOD,
+    "engine.speculative.tokens": NUM_SPECULATIVE_TOKENS,
+    "engine.speculative.draftModel": SPECULATIVE_MODEL,  # the Hub id, or the path the source is mounted at
     "slo.ttft": SLO_TTFT,
     "slo.tpot": SLO_TPOT,
 }

@@ -42,6 +42,15 @@ BATCH_CONCURRENCY = PREFIX + "batch_concurrency_limit"  # labels namespace, serv
 STRUCTURED_OUTPUT_REQUESTS = PREFIX + "structured_output_requests_total"  # label type
 TOOL_CALLS = PREFIX + "tool_calls_total"
 GRAMMAR_COMPILE_TIME = PREFIX + "grammar_compile_seconds"
+# speculative decoding, in vLLM's vocabulary (vllm:spec_decode_num_drafts, ...)
+SPEC_DECODE_DRAFTS = PREFIX + "spec_decode_num_drafts_total"
+SPEC_DECODE_DRAFT_TOKENS = PREFIX + "spec_decode_num_draft_tokens_total"
+SPEC_DECODE_ACCEPTED_TOKENS = PREFIX + "spec_decode_num_accepted_tokens_total"
+SPEC_DECODE_ACCEPTED_TOKENS_PER_POS = PREFIX + "spec_decode_num_accepted_tokens_per_pos_total"  # label position
+SPEC_DECODE_EMITTED_TOKENS = PREFIX + "spec_decode_num_emitted_tokens_total"
+SPEC_DECODE_STEPS = PREFIX + "spec_decode_steps_total"  # label speculated: true | false
+SPEC_DECODE_ACTIVE = PREFIX + "spec_decode_active"  # the switch's last decision, 1 or 0
+SPEC_DECODE_MAX_BATCH = PREFIX + "spec_decode_max_batch"  # the running batch up to which it speculates
 
 # the operator's autoscaler series, read by the dashboards (and by HPA/KEDA in those modes)
 AUTOSCALER_DESIRED_REPLICAS = PREFIX + "autoscaler_desired_replicas"

@@ -241,10 +241,18 @@ def plan(
     device_memory_bytes: int | None,
     utilization: float,
     reserved_bytes: int = RESERVED_BYTES_PER_GPU,
+    draft: ModelConfig | None = None,
 ) -> Capacity:
+    """The fit of the model (and of speculative decoding's draft model, which the runtime loads
+    unquantized and unsharded beside the first rank, with a KV cache of as many tokens as the model's)."""
     weights = weight_bytes(c, dtype, quantization)
     per_gpu = -(-weights // tensor)
     per_token = kv_bytes_per_token(c, dtype, tensor)
+    if draft is not None:
+        draft_weights = weight_bytes(draft, dtype)
+        weights += draft_weights
+        per_gpu += draft_weights
+        per_token += kv_bytes_per_token(draft, dtype)
     length = max_model_len or c.max_position_embeddings or 2048
     if device_memory_bytes is None:
         return Capacity(weights, per_gpu, per_token, length, None, None, None, None)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from goodput_contract import api_keys, flags
 from goodput_operator.settings import Settings
-from goodput_operator.spec import ServiceSpec, SpecError
+from goodput_operator.spec import ModelSource, ServiceSpec, SpecError
 
 GOODPUT, VLLM, SGLANG = "goodput", "vllm", "sglang"
 RUNTIME_PORT = 8000  # every engine listens here, serving the API, its health check and /metrics
@@ -69,10 +69,11 @@ class Engine:
     api_key_env: str | None = None  # the variable the engine reads its API key from (spec.auth)
 
 
-def model_path(svc: ServiceSpec) -> str:
-    """Where the engine finds the weights: the Hub id (downloaded by the engine itself into the
-    model cache), or the path the source claim is mounted at, or a path in the image."""
-    source = svc.model.source
+def model_path(svc: ServiceSpec, source: ModelSource | None = None) -> str:
+    """Where the engine finds the weights (of `source`, by default the model's): the Hub id
+    (downloaded by the engine itself into the model cache), or the path the source claim is
+    mounted at, or a path in the image."""
+    source = source or svc.model.source
     if source.scheme == "hf":
         return f"hf://{source.repo}/{source.file}" if source.file else source.repo
     if source.scheme == "pvc":
@@ -111,6 +112,13 @@ def goodput_args(svc: ServiceSpec) -> list[str]:
         "parallelism.tensor": svc.tensor_parallel,
         "model.quantization": m.quantization,
     })
+    if e.speculative is not None:  # the draft model is fetched into the same cache, with the same token
+        draft = e.speculative.draft_model
+        args += flags.to_args({
+            "engine.speculative.method": e.speculative.method,
+            "engine.speculative.tokens": e.speculative.tokens,
+            "engine.speculative.draftModel": model_path(svc, draft) if draft else None,
+        })
     args += [flags.SHUTDOWN_DELAY, str(SHUTDOWN_DELAY_SECONDS)]
     return args + list(e.extra_args)
 
@@ -192,6 +200,9 @@ def _vllm_refusals(svc: ServiceSpec) -> list[tuple[str, str]]:
         out.append(("engine.maxQueue", "vLLM has no bounded queue; leave it out or use engine.kind goodput or sglang"))
     if svc.model.source.file:
         out.append(("model.source", "names one GGUF file; vLLM needs a model directory or a Hub repository here"))
+    if svc.engine.speculative is not None:
+        out.append(("engine.speculative", "is Goodput's runtime's; for vLLM pass --speculative-config in "
+                    "engine.extraArgs"))
     return out
 
 
@@ -244,6 +255,9 @@ def _sglang_refusals(svc: ServiceSpec) -> list[tuple[str, str]]:
         out.append(("resources.gpu", "is 0 (CPU), but SGLang's published images serve on GPUs only"))
     if svc.model.source.file:
         out.append(("model.source", "names one GGUF file; SGLang needs a model directory or a Hub repository here"))
+    if svc.engine.speculative is not None:
+        out.append(("engine.speculative", "is Goodput's runtime's; for SGLang pass --speculative-algorithm and its "
+                    "flags in engine.extraArgs"))
     return out
 
 

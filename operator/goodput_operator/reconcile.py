@@ -193,11 +193,26 @@ async def _model_fit(ctx: Context, svc: ServiceSpec) -> Fit:
     if problem:
         return Fit(Condition(MODEL_FITS, FALSE, "TensorParallelMismatch", problem),
                    invalid=SpecError("parallelism.tensor", problem, reason="TensorParallelMismatch"))
+    draft_source = svc.engine.speculative.draft_model if svc.engine.speculative else None
+    draft = None
+    if draft_source is not None and draft_source.scheme == "hf":  # the draft model counts in the plan too
+        fetched = ctx.fetcher.lookup(draft_source.repo, "main", token, (svc.namespace, svc.name), draft_source.file)
+        if fetched is None:
+            return Fit(Condition(MODEL_FITS, UNKNOWN, "FetchingConfig",
+                                 f"fetching config.json of the draft model {draft_source.repo}"))
+        if fetched.config is None:
+            return Fit(Condition(MODEL_FITS, UNKNOWN, "ConfigUnavailable", f"draft model: {fetched.error or ''}"))
+        draft = fetched.config
+        if draft.vocab_size != config.vocab_size:
+            problem = (f"has a vocabulary of {draft.vocab_size} tokens, the model {config.vocab_size}: a draft model "
+                       "needs the model's tokenizer")
+            return Fit(Condition(MODEL_FITS, FALSE, "DraftModelMismatch", problem),
+                       invalid=SpecError("engine.speculative.draftModel", problem, reason="DraftModelMismatch"))
     utilization = svc.engine.gpu_memory_utilization
     plan = capacity.plan(
         config, dtype=svc.model.dtype, quantization=svc.model.quantization, tensor=svc.tensor_parallel,
         max_model_len=svc.model.max_model_len, device_memory_bytes=capacity.device_memory_bytes(svc.resources),
-        utilization=utilization,
+        utilization=utilization, draft=draft,
     )
     message = plan.describe(utilization)
     if plan.fits is None:

@@ -70,6 +70,13 @@ class Model:
 
 
 @dataclass(frozen=True)
+class Speculative:
+    method: str  # ngram | draft
+    tokens: int = 3
+    draft_model: ModelSource | None = None  # method draft
+
+
+@dataclass(frozen=True)
 class Engine:
     kind: str = "goodput"  # goodput | vllm | sglang: the row of engines.ENGINES that serves it
     image: str | None = None  # overrides the engine's default image
@@ -79,6 +86,7 @@ class Engine:
     gpu_memory_utilization: float = 0.9
     max_queue: int | None = None
     extra_args: tuple[str, ...] = ()
+    speculative: Speculative | None = None
 
 
 @dataclass(frozen=True)
@@ -223,7 +231,26 @@ def _engine(raw: dict[str, Any]) -> Engine:
         gpu_memory_utilization=float(raw.get("gpuMemoryUtilization", 0.9)),
         max_queue=raw.get("maxQueue"),
         extra_args=tuple(raw.get("extraArgs") or ()),
+        speculative=_speculative(raw["speculative"]) if raw.get("speculative") else None,
     )
+
+
+def _speculative(raw: dict[str, Any]) -> Speculative:
+    method = raw.get("method")
+    if method not in ("ngram", "draft"):
+        raise SpecError("engine.speculative.method", f"{method!r} is not one of ngram, draft")
+    draft = raw.get("draftModel")
+    if method == "draft" and not draft:
+        raise SpecError("engine.speculative.draftModel", "is required with method draft", reason="DraftModelMissing")
+    if method != "draft" and draft:
+        raise SpecError("engine.speculative.draftModel", f"is only used with method draft, not {method}")
+    source = None
+    if draft:
+        try:
+            source = parse_source(draft)
+        except SpecError as err:
+            raise SpecError("engine.speculative.draftModel", str(err).split(": ", 1)[1]) from None
+    return Speculative(method=method, tokens=int(raw.get("tokens", 3)), draft_model=source)
 
 
 def _resources(raw: dict[str, Any], tensor: int) -> Resources:
@@ -427,6 +454,14 @@ def parse(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         auth=_auth(spec.get("auth") or {}),
         network_policy=bool(spec.get("networkPolicy", True)),
     )
+    speculative = parsed.engine.speculative
+    draft = speculative.draft_model if speculative else None
+    if draft is not None and draft.scheme == "pvc" and (parsed.model.source.scheme != "pvc"
+                                                         or draft.claim != parsed.model.source.claim):
+        raise SpecError("engine.speculative.draftModel",
+                        "may name a claim only when it is the model's own (pvc:// of model.source), which the pod "
+                        "mounts",
+                        reason="DraftClaimNotMounted")
     _check_references(spec, parsed)
     if parsed.model.source.scheme == "pvc" and parsed.model.cache_claim == parsed.model.source.claim:
         raise SpecError(

@@ -123,6 +123,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0: {text!r}")
+    return value
+
+
 def port_number(text: str) -> int:
     value = int(text) if text.isdigit() else -1
     if not 0 <= value <= 65535:
@@ -194,6 +204,22 @@ def build_parser() -> ReasonedArgumentParser:
     engine.add_argument("--compile", action="store_true", default=default("compile"),
                         help="on CPU, compile the compact modules' decoder layers with torch.compile (inductor) "
                              "and warm them up at start")
+    spec = p.add_argument_group("speculative decoding")
+    spec.add_argument("--speculative-method", choices=["ngram", "draft"],
+                      help="propose tokens for the target model to verify: ngram (prompt lookup in the request's "
+                           "own tokens) or draft (--speculative-model); default: off")
+    spec.add_argument("--num-speculative-tokens", type=positive_int, default=default("num_speculative_tokens"),
+                      help="tokens proposed per step and request")
+    spec.add_argument("--speculative-model",
+                      help="the draft model for --speculative-method draft (a directory, .gguf or Hub id), with "
+                           "the target's tokenizer")
+    spec.add_argument("--ngram-min", type=positive_int, default=default("ngram_min"),
+                      help="shortest suffix prompt lookup matches")
+    spec.add_argument("--ngram-max", type=positive_int, default=default("ngram_max"),
+                      help="longest suffix prompt lookup matches")
+    spec.add_argument("--speculative-max-batch", type=non_negative_int,
+                      help="speculate only while at most this many requests run (0: never); default: timed at "
+                           "start-up, the largest batch at which verifying the proposals costs less than it saves")
     serving = p.add_argument_group("serving")
     serving.add_argument("--host", default="0.0.0.0")
     serving.add_argument("--port", type=port_number, default=8000, help="0 picks a free port")
@@ -230,6 +256,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.api_keys = split_keys(args.api_key or [os.environ.get(API_KEY_ENV, "")])
     if args.admission == "on" and args.slo_ttft is None:
         parser.error("--admission on needs --slo-ttft: admission refuses requests predicted to miss it")
+    if args.speculative_method == "draft" and not args.speculative_model:
+        parser.error("--speculative-method draft needs --speculative-model")
+    if args.speculative_model and args.speculative_method != "draft":
+        parser.error("--speculative-model is only used with --speculative-method draft")
+    if args.ngram_min > args.ngram_max:
+        parser.error(f"--ngram-min {args.ngram_min} exceeds --ngram-max {args.ngram_max}")
     return args
 
 

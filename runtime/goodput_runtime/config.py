@@ -30,6 +30,12 @@ class EngineConfig:
     pooling: str | None = None  # embeddings: last | mean; None: the model's default (last for causal LMs)
     num_threads: int | None = None  # CPU intra-op threads per rank; None: from the container's CPU limit
     tool_call_parser: str | None = None  # hermes | llama3_json | mistral; None: the one the chat template implies
+    speculative_method: str | None = None  # ngram | draft; None: no speculative decoding
+    num_speculative_tokens: int = 3  # k: tokens proposed per step and sequence
+    speculative_model: str | None = None  # the draft model (method draft): same tokenizer as the target
+    ngram_min: int = 1  # prompt lookup matches suffixes of ngram_max down to ngram_min tokens
+    ngram_max: int = 4
+    speculative_max_batch: int | None = None  # speculate up to this many running requests; None: timed at start
 
     @property
     def model_name(self) -> str:

@@ -105,6 +105,20 @@ class RuntimeMetrics:
         self.tool_calls = counter(names.TOOL_CALLS, "Tool calls returned to clients.")
         self.grammar_compile = histogram(names.GRAMMAR_COMPILE_TIME, "Time to compile a grammar not in the cache.",
                                          GRAMMAR_COMPILE_BUCKETS)
+        self.spec_drafts = counter(names.SPEC_DECODE_DRAFTS, "Proposals verified by speculative decoding.")
+        self.spec_draft_tokens = counter(names.SPEC_DECODE_DRAFT_TOKENS, "Proposed tokens verified.")
+        self.spec_accepted = counter(names.SPEC_DECODE_ACCEPTED_TOKENS, "Proposed tokens the target model accepted.")
+        self.spec_accepted_per_pos = Counter(counter_name(names.SPEC_DECODE_ACCEPTED_TOKENS_PER_POS),
+                                             "Accepted proposed tokens by their position in the proposal (0 first).",
+                                             ["model", "position"], registry=r)
+        self.spec_emitted = counter(names.SPEC_DECODE_EMITTED_TOKENS,
+                                    "Tokens emitted by verification steps: the accepted ones and the target's own.")
+        self.spec_steps = Counter(counter_name(names.SPEC_DECODE_STEPS),
+                                  "Engine steps by whether speculative decoding was on for them.",
+                                  ["model", "speculated"], registry=r)
+        self.spec_active = gauge(names.SPEC_DECODE_ACTIVE, "1 while speculative decoding is on for the running batch.")
+        self.spec_max_batch = gauge(names.SPEC_DECODE_MAX_BATCH,
+                                    "The running batch up to which speculative decoding is on (absent when off).")
         for name, value in ((names.SLO_TTFT, slo_ttft), (names.SLO_TPOT, slo_tpot)):
             g = gauge(name, "Configured SLO target in seconds (absent when no target is set).")
             if value is not None:
@@ -120,10 +134,19 @@ class RuntimeMetrics:
                 self.by_priority.labels(model, cls, outcome)
         for reason in REJECT_REASONS.values():
             self.rejected.labels(model, reason)
+        for speculated in ("true", "false"):
+            self.spec_steps.labels(model, speculated)
+        self.spec_accepted_per_pos.labels(model, "0")
 
     def record_rejected(self, code: str | None) -> None:
         """A request answered 429: counted by why (the error's code names it)."""
         self.rejected.labels(self.model, REJECT_REASONS.get(code or "", "other")).inc()
+
+    def speculation_configured(self, max_batch: int, num_tokens: int) -> None:
+        """Speculative decoding is configured: k positions, on up to a running batch of max_batch."""
+        self.spec_max_batch.set(max_batch)
+        for position in range(num_tokens):
+            self.spec_accepted_per_pos.labels(self.model, str(position))
 
     def record_finished(self, times: RequestTimes) -> bool:
         """Observe one finished request; return whether it counted as good. Batch work (priority above
@@ -172,6 +195,19 @@ class RuntimeMetrics:
             self.generation_tokens.inc(generation_tokens)
         if preemptions:
             self.preemptions.inc(preemptions)
+
+    def record_speculation(self, speculated: bool, verified: list[tuple[int, int]]) -> None:
+        """One step's switch decision and its verifications, each (tokens proposed, tokens accepted)."""
+        self.spec_steps.labels(self.model, "true" if speculated else "false").inc()
+        self.spec_active.set(1 if speculated else 0)
+        for proposed, accepted in verified:
+            self.spec_drafts.inc()
+            self.spec_draft_tokens.inc(proposed)
+            self.spec_emitted.inc(accepted + 1)
+            if accepted:
+                self.spec_accepted.inc(accepted)
+                for position in range(accepted):
+                    self.spec_accepted_per_pos.labels(self.model, str(position)).inc()
 
     def record_prefix_lookup(self, queried_tokens: int, hit_tokens: int) -> None:
         self.prefix_queries.inc(queried_tokens)

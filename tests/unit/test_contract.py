@@ -158,14 +158,15 @@ def test_every_cr_field_the_contract_maps_reaches_the_runtime_as_its_value():
     spec = {"model": {"source": "hf://org/model", "revision": "v2", "servedName": "chat", "dtype": "float16",
                       "maxModelLen": 2048, "quantization": "int8"},
             "engine": {"maxNumSeqs": 7, "maxBatchedTokens": 512, "gpuMemoryUtilization": 0.8, "prefixCaching": False,
-                       "maxQueue": 9},
+                       "maxQueue": 9, "speculative": {"method": "draft", "tokens": 5, "draftModel": "hf://org/draft"}},
             "parallelism": {"tensor": 2}, "resources": {"gpu": 2}, "slo": {"ttft": "250ms", "tpot": "40ms"}}
     args = vars(build_parser().parse_args(runtime_args(parse("svc", "ns", spec))))
     expected = {"model.source": "org/model", "model.revision": "v2", "model.servedName": "chat",
                 "model.dtype": "float16", "model.maxModelLen": 2048, "model.quantization": "int8",
                 "engine.maxNumSeqs": 7, "engine.maxBatchedTokens": 512, "engine.gpuMemoryUtilization": 0.8,
                 "engine.prefixCaching": False, "engine.maxQueue": 9, "parallelism.tensor": 2,
-                "resources.gpu": "cuda", "slo.ttft": 0.25, "slo.tpot": 0.04}
+                "resources.gpu": "cuda", "slo.ttft": 0.25, "slo.tpot": 0.04, "engine.speculative.method": "draft",
+                "engine.speculative.tokens": 5, "engine.speculative.draftModel": "org/draft"}
     assert set(expected) == set(flags.CR_FIELD_FLAGS)
     for field, flag in flags.CR_FIELD_FLAGS.items():
         dest = flag.removeprefix("--").replace("-", "_")

@@ -102,6 +102,9 @@ def test_every_field_our_runtime_takes_is_mapped_or_refused_by_each_engine():
         "vllm": {"resources.gpu": "the image: VLLM_CPU_IMAGE for 0 GPUs", "engine.maxQueue": "refused"},
         "sglang": {"resources.gpu": "0 GPUs refused"},
     }
+    for kind in handled_otherwise:  # engine.speculative is refused as a whole (test_spec_operator.py)
+        handled_otherwise[kind].update(dict.fromkeys(
+            ("engine.speculative.method", "engine.speculative.tokens", "engine.speculative.draftModel"), "refused"))
     for kind, table in (("vllm", engines.VLLM_FLAGS), ("sglang", engines.SGLANG_FLAGS)):
         for field in flags.CR_FIELD_FLAGS:
             assert field in table or field in handled_otherwise[kind], (kind, field)

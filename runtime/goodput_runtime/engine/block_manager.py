@@ -123,6 +123,18 @@ class BlockManager:
         seq.block_copies = []
         seq.num_computed_tokens = 0
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past seq's computed tokens: those allocated for proposed tokens the
+        target rejected. They are fresh (no hash), so they go to the front of the free list."""
+        keep = self.blocks_needed(seq.num_computed_tokens)
+        for block_id in reversed(seq.block_table[keep:]):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block_id] = None
+                self.free.move_to_end(block_id, last=False)
+        del seq.block_table[keep:]
+
     def commit(self, seq: Sequence) -> None:
         """Publish seq's newly filled blocks to the prefix cache."""
         if not self.enable_prefix_caching:

@@ -31,6 +31,9 @@ from goodput_runtime.loader import (
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.quantization import check_method, quantize_model
 from goodput_runtime.sampling import generation_defaults
+from goodput_runtime.spec_decode.draft import DraftProposer
+from goodput_runtime.spec_decode.ngram import NgramProposer
+from goodput_runtime.spec_decode.switch import SpeculationSwitch, measure_max_batch, timer
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +171,46 @@ def compile_layers(runner: ModelRunner, device: torch.device) -> None:
     log.info("compiled the decoder layers in %.1f s", time.monotonic() - started)
 
 
+def configure_speculation(config: EngineConfig, runner: ModelRunner, scheduler: Scheduler,
+                          metrics: RuntimeMetrics | None, model_config, num_blocks: int) -> None:
+    """The proposer (prompt lookup, or the draft model with a KV cache of as many tokens as the
+    target's) and the switch, its threshold timed here unless --speculative-max-batch gives it."""
+    k = config.num_speculative_tokens
+    draft: ModelRunner | None = None
+    if config.speculative_method == "draft":
+        assert config.speculative_model
+        draft_dir = resolve_model_path(config.speculative_model, None)
+        check_architecture(draft_dir)
+        draft_config = load_config(draft_dir)
+        if draft_config.vocab_size != model_config.vocab_size:
+            raise EngineConfigError(f"--speculative-model has a vocabulary of {draft_config.vocab_size} tokens, the "
+                                    f"model {model_config.vocab_size}: a draft model needs the model's tokenizer")
+        draft_model, _ = load_for_rank(dataclasses.replace(config, quantization="none"), draft_dir)
+        draft = ModelRunner(draft_model, num_blocks, config.block_size, config.seed)
+        runner.proposer = DraftProposer(draft, BlockManager(num_blocks, config.block_size, False), k)
+        log.info("Loaded the draft model %s (%d layers)", config.speculative_model, draft_config.num_hidden_layers)
+    else:
+        runner.proposer = NgramProposer(k, config.ngram_min, config.ngram_max)
+    max_batch = config.speculative_max_batch
+    if max_batch is None:
+        def step(batch: int, tokens: int) -> None:
+            runner.time_step(batch, tokens)
+            if draft is not None and tokens > 1:  # a verification's proposals cost k draft steps
+                for _ in range(k):
+                    draft.time_step(batch, 1)
+
+        max_batch, ratios = measure_max_batch(timer(step), k, config.max_num_seqs)
+        log.info("Speculative decoding timed: a step of %d tokens per sequence costs %s times one of 1 token "
+                 "(by running batch); it pays up to %d running requests",
+                 k + 1, ", ".join(f"{b}: {r}" for b, r in ratios.items()), max_batch)
+    scheduler.switch = SpeculationSwitch(max_batch)
+    if metrics is not None:
+        metrics.speculation_configured(max_batch, k)
+    log.info("Speculative decoding: %s, %d tokens per step, on up to %d running requests%s",
+             config.speculative_method, k, max_batch,
+             "; verification steps run eagerly, beside the decode CUDA graphs" if runner.device.type == "cuda" else "")
+
+
 def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> EngineCore:
     model_dir = resolve_model_path(config.model, config.revision)
     check_architecture(model_dir)
@@ -209,6 +252,8 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
             runner.enable_decode_graphs(config.max_num_seqs, max_model_len, capture=True)
         else:
             log.info("decode CUDA graphs are off under tensor parallelism; decode steps run eagerly")
+    if config.speculative_method:
+        configure_speculation(config, runner, scheduler, metrics, model_config, num_blocks)
     defaults = generation_defaults(getattr(model, "generation_config", None))  # for requests silent on them
     return EngineCore(runner, scheduler, tokenizer, max_model_len, metrics, followers, defaults)
 

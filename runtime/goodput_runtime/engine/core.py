@@ -33,6 +33,7 @@ class Choice:
     seq: Sequence
     detokenizer: IncrementalDetokenizer
     num_sent_tokens: int = 0
+    num_detokenized: int = 0  # output tokens the detokenizer has seen
     logprobs: list[TokenLogprob] = field(default_factory=list)  # of tokens not yet handed out
     sent_prompt_logprobs: bool = False
     done: bool = False  # its final output was handed out
@@ -154,7 +155,7 @@ class EngineCore:
             request = self.requests.get(out.scheduled[pos].seq.request_id)
             if request is not None and request.prompt_logprobs is not None:
                 request.prompt_logprobs.extend(entries)
-        advanced = self.scheduler.update(out, result.tokens, result.fork_tokens)
+        advanced = self.scheduler.update(out, result.tokens, result.fork_tokens, result.accepted, result.proposals)
         outputs = []
         for seq in advanced:
             request = self.requests[seq.request_id]
@@ -167,18 +168,36 @@ class EngineCore:
             if seq.params.max_tokens and seq.num_output_tokens:  # max_tokens 0: nothing was generated
                 if logprob is not None:
                     choice.logprobs.append(logprob)
-                check_stop = seq.num_output_tokens > seq.params.min_tokens
-                if choice.detokenizer.add(seq.token_ids[-1], check_stop) and not seq.is_finished:
-                    self.scheduler.finish(seq, "stop")
+                self._detokenize(choice)
             outputs.append(self._output(request, choice, now, record))
         if self.metrics and record:
             num_sampling = sum(t is not None for t in result.tokens)  # forked choices computed nothing
+            num_proposed = sum(len(s.draft) for s in out.scheduled)
             self.metrics.record_step(len(self.scheduler.running), len(self.scheduler.waiting),
-                                     self.block_manager.usage, out.num_tokens - num_sampling,
+                                     self.block_manager.usage, out.num_tokens - num_sampling - num_proposed,
                                      result.num_sampled, out.num_preempted, self.scheduler.num_waiting_batch)
+            if self.scheduler.switch is not None:
+                self.metrics.record_speculation(out.speculative, result.verified)
             if out.prefix_queried_tokens:
                 self.metrics.record_prefix_lookup(out.prefix_queried_tokens, out.prefix_hit_tokens)
         return outputs
+
+    def _detokenize(self, choice: Choice) -> None:
+        """Feed the choice's new tokens (several after a verified proposal) to its detokenizer; a stop
+        string cuts the output after the token completing it, as decoding one token at a time would."""
+        seq = choice.seq
+        new = seq.output_token_ids[choice.num_detokenized :]
+        for i, token in enumerate(new):
+            choice.num_detokenized += 1
+            if not choice.detokenizer.add(token, choice.num_detokenized > seq.params.min_tokens):
+                continue
+            if i < len(new) - 1:  # tokens after the stop string were never generated
+                del seq.token_ids[seq.num_prompt_tokens + choice.num_detokenized :]
+                if seq.is_finished:
+                    seq.finish_reason = "stop"
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "stop")
+            return
 
     def abort(self, request_id: str, outcome: str = "abort") -> list[RequestOutput]:
         """Finish every choice of the request still running; the final output of each, the

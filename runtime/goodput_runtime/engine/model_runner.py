@@ -14,6 +14,8 @@ from goodput_runtime.engine.decode_graphs import MIN_WIDTH, DecodeGraphs
 from goodput_runtime.engine.outputs import TokenLogprob
 from goodput_runtime.engine.sampler import Sampler, SampleRow, logprob_rows
 from goodput_runtime.engine.scheduler import SchedulerOutput
+from goodput_runtime.spec_decode import Proposer, can_speculate
+from goodput_runtime.spec_decode.rejection import SpecGroup, verify
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class StepItem:
     prompt_count: int = 0
     pool: str | None = None  # an embedding request's pooling mode: its rows' hidden states are pooled
     pool_ends: bool = False  # this step completes its prompt: the pooled vector is ready
+    num_draft: int = 0  # the last num_draft tokens are proposals: every row from the last real token on samples
 
     @property
     def context_len(self) -> int:
@@ -60,7 +63,7 @@ class StepItem:
         first = last_row - len(self.token_ids) + 1 + self.prompt_first
         rows = list(range(first, first + self.prompt_count))
         if self.samples:
-            rows.append(last_row)
+            rows.extend(range(last_row - self.num_draft, last_row + 1))
         return rows
 
 
@@ -73,10 +76,14 @@ class StepResult:
     logprobs: dict[tuple[str, int], TokenLogprob] = field(default_factory=dict)  # by (request id, choice)
     prompt_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)  # of this step's prompt rows
     embeddings: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # of completed embedding requests
+    accepted: dict[int, list[int]] = field(default_factory=dict)  # proposed tokens kept, before the sampled one
+    verified: list[tuple[int, int]] = field(default_factory=list)  # (tokens proposed, accepted) per verification
+    proposals: dict[int, list[int]] = field(default_factory=dict)  # tokens proposed for the next step
 
     @property
     def num_sampled(self) -> int:
-        return sum(t is not None for t in self.tokens) + sum(len(t) for t in self.fork_tokens.values())
+        return (sum(t is not None for t in self.tokens) + sum(len(t) for t in self.fork_tokens.values())
+                + sum(len(t) for t in self.accepted.values()))
 
 
 def plan_step(out: SchedulerOutput) -> tuple[list[int], list[StepItem]]:
@@ -89,11 +96,11 @@ def plan_step(out: SchedulerOutput) -> tuple[list[int], list[StepItem]]:
     items = []
     for i in order:
         s = scheduled[i]
-        tokens = s.seq.token_ids[s.start : s.start + s.num_tokens]
+        tokens = s.seq.token_ids[s.start : s.start + s.num_tokens - len(s.draft)] + s.draft
         prompt = s.prompt_logprobs
         pool = s.seq.pooling.mode if s.seq.pooling is not None else None
         items.append(StepItem(tokens, s.start, list(s.seq.block_table), s.samples and pool is None, s.block_copies,
-                              prompt.start - s.start if prompt else 0, len(prompt), pool, s.samples))
+                              prompt.start - s.start if prompt else 0, len(prompt), pool, s.samples, len(s.draft)))
     return order, items
 
 
@@ -115,6 +122,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         # mean pooling: the float32 sum of the hidden states computed so far, per embedding request
         self.pool_sums: dict[tuple[str, int], torch.Tensor] = {}
+        self.proposer: Proposer | None = None  # speculative decoding's: proposes after each step
 
     @torch.inference_mode()
     def enable_decode_graphs(self, max_batch: int, max_len: int, capture: bool, min_width: int = MIN_WIDTH) -> None:
@@ -140,6 +148,8 @@ class ModelRunner:
         """Drop what the runner keeps for a finished request (its sampling generator, a pooling sum)."""
         self.sampler.forget(request_id)
         self.pool_sums.pop((request_id, 0), None)
+        if self.proposer is not None:
+            self.proposer.forget(request_id)
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> StepResult:
@@ -159,6 +169,7 @@ class ModelRunner:
         rows: list[SampleRow] = []
         logit_rows: list[int] = []
         targets: list[tuple[int, int]] = []  # (scheduled position, 0 for the sequence or 1 + its fork)
+        groups: list[tuple[int, SpecGroup]] = []  # (scheduled position, its proposal's rows)
         prompt_jobs: list[tuple[int, int, list[int], int]] = []  # (position, first row, targets, k)
         at = 0
         for pos, item in zip(order, items, strict=True):
@@ -169,7 +180,12 @@ class ModelRunner:
                 prompt_jobs.append((pos, at, seq.token_ids[span.start + 1 : span.stop + 1],
                                     seq.params.prompt_logprobs or 0))
                 at += item.prompt_count
-            if item.samples:
+            if item.samples and item.num_draft:
+                draft = item.token_ids[-item.num_draft :]
+                row = SampleRow(seq.params, seq.key, seq.token_ids, seq.num_prompt_tokens)
+                groups.append((pos, SpecGroup(at, draft, row)))
+                at += item.num_draft + 1
+            elif item.samples:
                 for j, choice in enumerate([seq, *seq.forks]):
                     rows.append(SampleRow(choice.params, choice.key, choice.token_ids, choice.num_prompt_tokens,
                                           choice.grammar))
@@ -178,18 +194,46 @@ class ModelRunner:
                 at += 1
         if prompt_jobs:
             self._prompt_logprobs(logits, prompt_jobs, result)
-        if not rows:
-            return result
-        picked = logits if logit_rows == list(range(logits.shape[0])) else logits[logit_rows]
-        tokens, logprobs = self.sampler.sample(picked, rows)
-        for (pos, j), row, token, logprob in zip(targets, rows, tokens, logprobs, strict=True):
-            if j == 0:
-                result.tokens[pos] = token
-            else:
-                result.fork_tokens.setdefault(pos, []).append(token)
-            if logprob is not None:
-                result.logprobs[row.key] = logprob
+        if rows:
+            picked = logits if logit_rows == list(range(logits.shape[0])) else logits[logit_rows]
+            tokens, logprobs = self.sampler.sample(picked, rows)
+            for (pos, j), row, token, logprob in zip(targets, rows, tokens, logprobs, strict=True):
+                if j == 0:
+                    result.tokens[pos] = token
+                else:
+                    result.fork_tokens.setdefault(pos, []).append(token)
+                if logprob is not None:
+                    result.logprobs[row.key] = logprob
+        if groups:
+            for (pos, group), kept in zip(groups, verify(logits, [g for _, g in groups], self.sampler), strict=True):
+                result.tokens[pos], result.accepted[pos] = kept[-1], kept[:-1]
+                result.verified.append((len(group.draft), len(kept) - 1))
+        if out.speculative and self.proposer is not None:
+            self._propose(out, result)
         return result
+
+    def _propose(self, out: SchedulerOutput, result: StepResult) -> None:
+        """Proposals for the next step of every sequence that got a token and may speculate."""
+        wanted: list[tuple[int, tuple[tuple[str, int], list[int]]]] = []
+        for pos, token in enumerate(result.tokens):
+            seq = out.scheduled[pos].seq
+            if token is not None and not seq.is_finished and can_speculate(seq.params, seq):
+                wanted.append((pos, (seq.key, [*seq.token_ids, *result.accepted.get(pos, []), token])))
+        if not wanted:
+            return
+        assert self.proposer is not None
+        for (pos, _), draft in zip(wanted, self.proposer.propose([w for _, w in wanted]), strict=True):
+            if draft:
+                result.proposals[pos] = draft
+
+    @torch.inference_mode()
+    def time_step(self, batch: int, tokens: int) -> None:
+        """One forward pass of `batch` sequences of `tokens` new tokens each, sampling every row, into
+        the scratch block (no sequence's cache is touched): what speculative decoding's switch times."""
+        table = [self.scratch_block] * (2 + tokens // self.block_size)
+        logits = self.execute([StepItem([0] * tokens, self.block_size, table, True, num_draft=tokens - 1)
+                               for _ in range(batch)])
+        logits.argmax(dim=-1).tolist()  # waits for the device
 
     def _pool(self, out: SchedulerOutput, order: list[int], items: list[StepItem], pooled: dict[int, torch.Tensor],
               result: StepResult) -> None:

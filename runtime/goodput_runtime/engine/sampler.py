@@ -138,11 +138,12 @@ class Sampler:
         counts.scatter_add_(1, padded, torch.ones(padded.shape, device=device))
         return counts[:, :vocab]
 
-    def _draw(self, scores: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
-        """One token per row from softmax(scores) after min-p, top-k and top-p. scores: [M, V]."""
+    @staticmethod
+    def probabilities(scores: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """[M, V] what random rows draw from: softmax(scores) after min-p, top-k and top-p (not
+        renormalized after them: a draw by exponential noise needs no normalization)."""
         vocab = scores.shape[1]
         device = scores.device
-        params = [r.params for r in rows]
         probs = scores.softmax(dim=-1)
         if any(p.min_p > 0 for p in params):
             min_p = torch.tensor([p.min_p for p in params], device=device)[:, None]
@@ -158,6 +159,14 @@ class Sampler:
             keep &= before < torch.tensor([p.top_p for p in params], device=device)[:, None]
             keep[:, 0] = True  # the likeliest token always stays
             probs = torch.zeros_like(probs).scatter_(1, order, ordered * keep)
+        return probs
+
+    def _draw(self, scores: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        """One token per row from softmax(scores) after min-p, top-k and top-p. scores: [M, V]."""
+        vocab = scores.shape[1]
+        device = scores.device
+        params = [r.params for r in rows]
+        probs = self.probabilities(scores, params)
         noise = torch.empty_like(probs)
         unseeded = [i for i, p in enumerate(params) if p.seed is None]
         if unseeded:

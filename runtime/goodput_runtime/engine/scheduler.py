@@ -16,6 +16,13 @@ while no online one waits; a step that admits an online request runs no batch wo
 batch prefill, no batch decode), and a batch request is preempted to make room (blocks or a
 seat) for it. Batch prefills get at most a quarter of a step's token budget. Running requests are served in priority
 order, so when blocks run out the victim is the most recently admitted of the lowest priority.
+
+With speculative decoding a decode carries the tokens proposed for it (``drafts``, set at the end
+of the previous step) when the switch allows it this step: its KV slots are allocated with the
+decode's and the target verifies them in the same forward pass. ``update`` keeps the accepted
+prefix and rolls back the rest: the computed count stops after the last accepted token and the
+blocks past it go back to the free list, so block tables and prefix-cache hashes only ever hold
+real tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from dataclasses import dataclass, field
 
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.sequence import SeqStatus, Sequence
+from goodput_runtime.spec_decode.switch import SpeculationSwitch
 
 BATCH_PREFILL_SHARE = 4  # batch prefills take at most 1/4 of a step's token budget: a step an online
 # request arrives during stays short, so its wait for the next step does too
@@ -43,6 +51,7 @@ class ScheduledSeq:
     # positions [start, stop) of this step whose logits give prompt logprobs, each predicting the
     # prompt token after it; empty unless the request asked for them and they are not yet reported
     prompt_logprobs: range = range(0)
+    draft: list[int] = field(default_factory=list)  # proposed tokens verified after the last one (in num_tokens)
 
     @property
     def start(self) -> int:
@@ -51,7 +60,7 @@ class ScheduledSeq:
     @property
     def samples(self) -> bool:
         """True when this step reaches the sequence's last token, so its next token is sampled."""
-        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+        return self.seq.num_computed_tokens + self.num_tokens - len(self.draft) == self.seq.num_tokens
 
 
 @dataclass(slots=True)
@@ -60,6 +69,7 @@ class SchedulerOutput:
     num_preempted: int = 0
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
+    speculative: bool = False  # the switch allowed speculation this step (and proposals for the next)
 
     @property
     def num_tokens(self) -> int:
@@ -76,6 +86,8 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.switch: SpeculationSwitch | None = None  # set when speculative decoding is configured
+        self.drafts: dict[Sequence, list[int]] = {}  # proposals for each sequence's next step
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -93,12 +105,20 @@ class Scheduler:
         self.running.sort(key=lambda s: s.params.priority)  # stable: admission order within a priority
         online_waiting = any(not is_batch(s) for s in self.waiting)
         batch_prefill = max(1, self.max_num_batched_tokens // BATCH_PREFILL_SHARE)
+        drafts, self.drafts = self.drafts, {}
+        out.speculative = self.switch is not None and self.switch.decide(len(self.running))
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             prefill = seq.num_uncomputed_tokens > 1
             if is_batch(seq) and (online_waiting or (prefill and batch_prefill <= 0)):
                 i += 1  # batch work pauses for a step that admits an online request
+                continue
+            draft = self._fit_draft(seq, drafts.get(seq), budget) if out.speculative else []
+            if draft and self.block_manager.allocate(seq, 1 + len(draft)):
+                out.scheduled.append(self._scheduled(seq, 1 + len(draft), draft))
+                budget -= 1 + len(draft)
+                i += 1
                 continue
             num_tokens = min(seq.num_uncomputed_tokens, budget)
             if is_batch(seq) and prefill:
@@ -187,10 +207,18 @@ class Scheduler:
         --max-num-seqs, or alone when it has more choices than that."""
         return len(self.running) + 1 + len(seq.forks) <= self.max_num_seqs or not self.running
 
+    def _fit_draft(self, seq: Sequence, draft: list[int] | None, budget: int) -> list[int]:
+        """The part of a decode's proposal this step can verify: within the token budget, the model's
+        length and the request's max_tokens (the step also yields one token of the target's)."""
+        if not draft or seq.num_uncomputed_tokens != 1:
+            return []
+        room = min(budget - 1, self.max_model_len - seq.num_tokens, seq.params.max_tokens - seq.num_output_tokens - 1)
+        return draft[: max(room, 0)]
+
     @staticmethod
-    def _scheduled(seq: Sequence, num_tokens: int) -> ScheduledSeq:
+    def _scheduled(seq: Sequence, num_tokens: int, draft: list[int] | None = None) -> ScheduledSeq:
         copies, seq.block_copies = seq.block_copies, []
-        scheduled = ScheduledSeq(seq, num_tokens, copies)
+        scheduled = ScheduledSeq(seq, num_tokens, copies, draft=draft or [])
         if seq.params.prompt_logprobs is not None:
             start = max(seq.num_computed_tokens, seq.num_prompt_logprob_positions)
             stop = min(seq.num_computed_tokens + num_tokens, seq.num_prompt_tokens - 1)
@@ -200,17 +228,24 @@ class Scheduler:
         return scheduled
 
     def update(self, out: SchedulerOutput, sampled: list[int | None],
-               fork_tokens: dict[int, list[int]] | None = None) -> list[Sequence]:
-        """Record computed tokens and sampled ones; return the sequences that got a new token, and the
+               fork_tokens: dict[int, list[int]] | None = None, accepted: dict[int, list[int]] | None = None,
+               proposals: dict[int, list[int]] | None = None) -> list[Sequence]:
+        """Record computed tokens and sampled ones; return the sequences that got new tokens, and the
         embedding requests whose prompt this step completed (finished here).
-        fork_tokens maps a scheduled position to the first tokens of the choices forking from it."""
+        By scheduled position: fork_tokens, the first tokens of the choices forking there; accepted,
+        the proposed tokens the target kept (before its own sampled token); proposals, tokens proposed
+        for the sequence's next step."""
         advanced: list[Sequence] = []
         for pos, (item, token) in enumerate(zip(out.scheduled, sampled, strict=True)):
             seq = item.seq
             if seq.is_finished:  # aborted while the step ran
                 continue
-            seq.num_computed_tokens += item.num_tokens
-            self.block_manager.commit(seq)
+            kept = (accepted or {}).get(pos, [])
+            seq.num_computed_tokens += item.num_tokens - len(item.draft) + len(kept)
+            if item.draft:
+                self.block_manager.trim(seq)  # the rejected proposals' slots
+            else:
+                self.block_manager.commit(seq)
             if token is None:
                 if seq.pooling is not None and not seq.num_uncomputed_tokens:
                     # an embedding request: its prompt is complete and pooled, nothing to generate
@@ -223,22 +258,28 @@ class Scheduler:
                 child.num_prompt_logprob_positions = seq.num_prompt_logprob_positions
                 child.status = SeqStatus.RUNNING
                 self.running.append(child)
-                self._advance(child, child_token, advanced)
-            self._advance(seq, token, advanced)
+                self._advance(child, [child_token], advanced)
+            self._advance(seq, [*kept, token], advanced)
+            if item.draft and not seq.is_finished:
+                self.block_manager.commit(seq)  # now that the accepted tokens are in token_ids
+            if pos in (proposals or {}) and not seq.is_finished:
+                self.drafts[seq] = (proposals or {})[pos]
         return advanced
 
-    def _advance(self, seq: Sequence, token: int, advanced: list[Sequence]) -> None:
+    def _advance(self, seq: Sequence, tokens: list[int], advanced: list[Sequence]) -> None:
+        """Append tokens one by one, up to the first that stops the sequence (a grammar's end included)."""
+        advanced.append(seq)
         if seq.params.max_tokens == 0:  # prompt logprobs only: the sampled token is not wanted
-            advanced.append(seq)
             self.finish(seq, "length")
             return
-        seq.token_ids.append(token)
-        advanced.append(seq)
-        reason = self.stop_reason(seq, token)
-        if seq.grammar is not None and not reason and (not seq.grammar.accept(token) or seq.grammar.terminated):
-            reason = "stop"  # the grammar is complete (its stop token came, though EOS was ignored)
-        if reason:
-            self.finish(seq, reason)
+        for token in tokens:
+            seq.token_ids.append(token)
+            reason = self.stop_reason(seq, token)
+            if seq.grammar is not None and not reason and (not seq.grammar.accept(token) or seq.grammar.terminated):
+                reason = "stop"  # the grammar is complete (its stop token came, though EOS was ignored)
+            if reason:
+                self.finish(seq, reason)
+                return
 
     def stop_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
@@ -259,11 +300,13 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free_seq(seq)
+        self.drafts.pop(seq, None)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free_seq(seq)
+        self.drafts.pop(seq, None)
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
