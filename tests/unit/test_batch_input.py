@@ -60,6 +60,10 @@ def test_concurrency_grows_while_online_is_healthy_and_halves_when_online_waits(
     assert aimd.update(queued) == 2  # a queue that persists: halve
     # attainment in the last period (5 good of 10 finished) below the target: halve again
     assert aimd.update({"r": ReplicaSignals(online_total=20, online_good=15, seen=True)}) == 1
+    # a limit nobody uses does not grow: the next batch starts where the last one left off
+    idle = {"r": ReplicaSignals(online_total=30, online_good=30, seen=True)}
+    assert [aimd.update(idle, in_flight=0) for _ in range(3)] == [1, 1, 1]
+    assert aimd.update(idle, in_flight=1) == 2
 
 
 def test_replica_signals_read_online_series_and_fall_back_to_the_whole_queue():

@@ -51,7 +51,7 @@ def test_no_budget_goes_to_a_batch_prefill_while_an_online_request_waits():
     s = make(max_num_seqs=2, budget=16)
     batch = request("batch", 40, priority=1)
     s.add(batch)
-    assert planned(step(s)) == {"batch": 4}  # a quarter of the budget
+    assert planned(step(s)) == {"batch": 2}  # an eighth of the budget
     s.add(request("online-a", 4, max_tokens=50))
     step(s)
     s.add(request("online-b", 4))
@@ -70,8 +70,8 @@ def test_a_step_that_admits_an_online_request_runs_no_batch_decode():
     assert planned(step(s)) == {"batch": 1, "online": 1}  # both decode once nobody waits
 
 
-def test_batch_prefills_get_at_most_a_quarter_of_the_step_budget():
-    s = make(budget=32)
+def test_batch_prefills_get_at_most_an_eighth_of_the_step_budget():
+    s = make(budget=64)
     s.add(request("batch-a", 20, priority=1))
     s.add(request("batch-b", 20, priority=1))
     assert planned(step(s)) == {"batch-a": 8}
@@ -98,7 +98,7 @@ def test_when_blocks_run_out_a_batch_request_is_preempted_not_an_online_one():
 
 
 def test_an_online_request_takes_the_blocks_of_a_running_batch_request():
-    s = make(num_blocks=4, block_size=4, budget=64)
+    s = make(num_blocks=4, block_size=4, budget=128)
     batch = request("batch", 12, priority=1, max_tokens=20)
     s.add(batch)
     step(s)  # batch holds 3 of the 4 blocks

@@ -62,8 +62,10 @@ class AIMD:
     last: dict[str, ReplicaSignals] = field(default_factory=dict)
     queued: bool = False  # online requests waited at the previous read
 
-    def update(self, current: dict[str, ReplicaSignals]) -> float:
-        """Adjust the limit from the replicas' latest signals (url -> signals); return it."""
+    def update(self, current: dict[str, ReplicaSignals], in_flight: int | None = None) -> float:
+        """Adjust the limit from the replicas' latest signals (url -> signals); return it. The limit
+        grows only while it binds (`in_flight` lines reach it; None: assume so): an idle service's
+        limit does not climb to the cap and let the next batch in all at once."""
         waiting = sum(s.online_waiting for s in current.values())
         total = good = 0.0
         for url, now in current.items():
@@ -77,7 +79,7 @@ class AIMD:
         persistent_queue, self.queued = waiting > 0 and self.queued, waiting > 0
         if persistent_queue or (attainment is not None and attainment < self.target_attainment):
             self.limit = max(1.0, self.limit * self.decrease)
-        else:
+        elif in_flight is None or in_flight >= int(self.limit):
             self.limit = min(float(cap), self.limit + self.increase)
         self.limit = min(self.limit, float(cap))
         return self.limit

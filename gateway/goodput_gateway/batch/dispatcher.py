@@ -243,7 +243,7 @@ class Dispatcher:
             signals = await asyncio.gather(*(self._signals(u) for u in ready))
             current = {u: s for u, s in zip(ready, signals, strict=True) if s is not None}
             if current:
-                self.metrics.limit.labels(*key).set(control.update(current))
+                self.metrics.limit.labels(*key).set(control.update(current, self.in_flight[key]))
 
     async def _signals(self, url: str) -> ReplicaSignals | None:
         try:

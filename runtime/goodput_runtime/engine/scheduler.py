@@ -14,8 +14,9 @@ Priority (vLLM's convention: lower first, 0 by default; above 0 is batch work): 
 request admitted next is the first of the lowest priority, so batch requests are admitted only
 while no online one waits; a step that admits an online request runs no batch work at all (no
 batch prefill, no batch decode), and a batch request is preempted to make room (blocks or a
-seat) for it. Batch prefills get at most a quarter of a step's token budget. Running requests are served in priority
-order, so when blocks run out the victim is the most recently admitted of the lowest priority.
+seat) for it. Batch prefills get at most an eighth of a step's token budget. Running requests
+are served in priority order, so when blocks run out the victim is the most recently admitted
+of the lowest priority.
 
 With speculative decoding a decode carries the tokens proposed for it (``drafts``, set at the end
 of the previous step) when the switch allows it this step: its KV slots are allocated with the
@@ -35,7 +36,7 @@ from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.sequence import SeqStatus, Sequence
 from goodput_runtime.spec_decode.switch import SpeculationSwitch
 
-BATCH_PREFILL_SHARE = 4  # batch prefills take at most 1/4 of a step's token budget: a step an online
+BATCH_PREFILL_SHARE = 8  # batch prefills take at most 1/8 of a step's token budget: a step an online
 # request arrives during stays short, so its wait for the next step does too
 
 
