@@ -183,6 +183,7 @@ def test_quantization_methods_agree_across_crd_runtime_and_contract():
 
 AUTOSCALER_PREFIX = metric_names.PREFIX + "autoscaler_"
 GATEWAY_PREFIX = metric_names.PREFIX + "gateway_"
+PIPELINE_PREFIXES = (metric_names.PREFIX + "pipeline_", metric_names.PREFIX + "guard_")  # the gateway's pipelines
 
 
 def test_the_runtime_exports_every_series_the_contract_names():
@@ -192,7 +193,8 @@ def test_the_runtime_exports_every_series_the_contract_names():
     exported = {sample.name for family in metrics.registry.collect() for sample in family.samples}
     runtime_series = {value for name, value in vars(metric_names).items()
                       if name.isupper() and isinstance(value, str) and value.startswith(metric_names.PREFIX)
-                      and value != metric_names.PREFIX and not value.startswith((AUTOSCALER_PREFIX, GATEWAY_PREFIX))}
+                      and value != metric_names.PREFIX
+                      and not value.startswith((AUTOSCALER_PREFIX, GATEWAY_PREFIX, *PIPELINE_PREFIXES))}
     histograms = {metric_names.TTFT, metric_names.TPOT, metric_names.E2E_LATENCY, metric_names.QUEUE_TIME}
     for name in runtime_series:
         assert (name + "_count" if name in histograms else name) in exported, name
