@@ -1,7 +1,7 @@
 """The operator against a real Kubernetes API server.
 
 The session starts its own control plane with hack/cluster.sh (etcd, kube-apiserver
-and kube-controller-manager on free ports), installs the CRD, and tears it all down
+and kube-controller-manager on free ports), installs the CRDs, and tears it all down
 after. Each test module runs its own operator process (`python -m goodput_operator`),
 so a module can restart it or run it under another identity.
 """
@@ -40,9 +40,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         kubeconfig, bin_dir = _start_cluster(workdir)
         api = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
         cluster = Cluster(workdir, kubeconfig, bin_dir, api)
-        cluster.kubectl("apply", "-f", str(CRD))
+        cluster.kubectl("apply", "-f", str(CRD), "-f", str(CRD.with_name(f"{GROUP}_inferencepipelines.yaml")))
         cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                        f"crd/{PLURAL}.{GROUP}")
+                        f"crd/{PLURAL}.{GROUP}", f"crd/inferencepipelines.{GROUP}")
         # kubectl's discovery cache predates the CRD; the OpenAPI document lags it by seconds
         shutil.rmtree(workdir / "kubectl-cache", ignore_errors=True)
         wait_for(lambda: cluster.kubectl("explain", "inferenceservice", check=False).returncode == 0,

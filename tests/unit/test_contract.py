@@ -220,27 +220,6 @@ def test_the_gateway_exports_every_gateway_series_the_contract_names():
         assert (name + "_count" if name in histograms else name) in exported, name
 
 
-def test_the_gateway_exports_every_pipeline_series_the_contract_names():
-    from prometheus_client import CollectorRegistry
-
-    from goodput_gateway.pipelines.metrics import PipelineMetrics
-
-    registry = CollectorRegistry()
-    metrics = PipelineMetrics(registry)
-    metrics.seen("ns", "guarded")
-    metrics.ttft.labels("ns", "guarded").observe(0.1)
-    metrics.step.labels("ns", "guarded", "screen", "guard").observe(0.001)
-    metrics.blocks.labels("ns", "guarded", "pii-email").inc()
-    metrics.redactions.labels("ns", "guarded", "pii-email").inc()
-    exported = {sample.name for family in registry.collect() for sample in family.samples}
-    pipeline_series = {value for name, value in vars(metric_names).items()
-                       if name.isupper() and isinstance(value, str) and value.startswith(PIPELINE_PREFIXES)}
-    assert len(pipeline_series) == 6
-    histograms = {metric_names.PIPELINE_TTFT, metric_names.PIPELINE_STEP_DURATION}
-    for name in pipeline_series:
-        assert (name + "_count" if name in histograms else name) in exported, name
-
-
 def test_the_operator_exports_every_autoscaler_series_the_contract_names():
     from prometheus_client import REGISTRY
 
