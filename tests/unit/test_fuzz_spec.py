@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from crd_specs import NAMES, schema_at, specs
 import pytest
 import yaml
+from crd_specs import NAMES, schema_at, specs
 from hypothesis import HealthCheck, example, given, settings
 
 from goodput_operator import builders, engines, network
