@@ -126,7 +126,7 @@ start() {
   echo "$name $!" >>"$DIR/pids"
 }
 
-wait_ready() {
+wait_apiserver() {
   local kubectl="$1" deadline=$((SECONDS + READY_TIMEOUT))
   until "$kubectl" --kubeconfig "$DIR/admin.kubeconfig" get --raw /readyz >/dev/null 2>&1; do
     if ((SECONDS > deadline)); then
@@ -136,6 +136,11 @@ wait_ready() {
     running || { tail -n 30 "$DIR"/logs/*.log >&2; die "a component exited (logs in $DIR/logs)"; }
     sleep 0.5
   done
+}
+
+wait_ready() {
+  local kubectl="$1" deadline
+  wait_apiserver "$kubectl"
   [[ -x "$(cat "$DIR/bin")/kube-controller-manager" ]] || return 0
   deadline=$((SECONDS + READY_TIMEOUT))
   until "$kubectl" --kubeconfig "$DIR/admin.kubeconfig" -n default get serviceaccount default >/dev/null 2>&1; do
@@ -440,6 +445,9 @@ up() {
     system:kube-controller-manager "$(cat "$pki/controller-manager.token")"
 
   if [[ -x "$bin/kube-controller-manager" ]]; then
+    # only once the API server is ready (its RBAC roles made): the controller manager gives up
+    # after 20 s of refused health checks, which a loaded machine can take
+    wait_apiserver "$kubectl"
     start kube-controller-manager "$bin/kube-controller-manager" \
       --kubeconfig "$DIR/controller-manager.kubeconfig" \
       --authentication-kubeconfig "$DIR/controller-manager.kubeconfig" \

@@ -36,7 +36,7 @@ def writable(pod: dict[str, Any], path: str) -> bool:
     return False
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=specs())
 def test_runtime_pods_of_every_spec_are_restricted_with_writable_caches(spec: dict[str, Any]) -> None:
     try:
