@@ -31,7 +31,8 @@ CITIES = ["Paris", "Tokyo", "Rome", "Madrid"]
 
 @pytest.fixture(scope="module")
 def smollm2_json_server(smollm2_dir: Path):
-    running = ServerThread(smollm2_dir, max_model_len=512, kv_cache_memory=96 << 20, max_num_seqs=64).start(wait_ready=False)
+    running = ServerThread(smollm2_dir, max_model_len=512, kv_cache_memory=96 << 20, max_num_seqs=64)
+    running.start(wait_ready=False)
     # loading and warming a real model on a busy shared CPU may take longer than the usual minute
     wait_for(lambda: running.get("/health")[0] == 200, 300, "the server to become ready", every=0.2)
     yield running
