@@ -23,6 +23,7 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 GRAMMAR_COMPILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PREFIX = names.PREFIX
+STRUCTURED_TYPES = ("json_object", "json_schema", "regex", "choice", "grammar", "tool_call")
 
 
 def with_boundary(buckets: tuple[float, ...], *extra: float | None) -> tuple[float, ...]:
@@ -88,6 +89,8 @@ class RuntimeMetrics:
             g = gauge(name, "Configured SLO target in seconds (absent when no target is set).")
             if value is not None:
                 g.set(value)
+        for kind in STRUCTURED_TYPES:
+            self.structured.labels(model, kind)
         for outcome in ("success", "abort", "error"):
             self.requests.labels(model, outcome)
         for slo in ("ttft", "tpot"):
