@@ -25,6 +25,7 @@ GRAMMAR_COMPILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 PREFIX = names.PREFIX
 # 429 error codes, and the reason label each is counted under
 REJECT_REASONS = {"slo_unattainable": "ttft_slo", "rate_limit_exceeded": "queue_full"}
+STRUCTURED_TYPES = ("json_object", "json_schema", "regex", "choice", "grammar", "tool_call")
 
 
 def with_boundary(buckets: tuple[float, ...], *extra: float | None) -> tuple[float, ...]:
@@ -123,6 +124,8 @@ class RuntimeMetrics:
             g = gauge(name, "Configured SLO target in seconds (absent when no target is set).")
             if value is not None:
                 g.set(value)
+        for kind in STRUCTURED_TYPES:
+            self.structured.labels(model, kind)
         for outcome in ("success", "abort", "error"):
             self.requests.labels(model, outcome)
         for slo in ("ttft", "tpot"):

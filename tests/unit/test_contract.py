@@ -197,7 +197,8 @@ def test_the_runtime_exports_every_series_the_contract_names():
                       if name.isupper() and isinstance(value, str) and value.startswith(metric_names.PREFIX)
                       and value != metric_names.PREFIX
                       and not value.startswith((AUTOSCALER_PREFIX, GATEWAY_PREFIX, BATCH_PREFIX, *PIPELINE_PREFIXES))}
-    histograms = {metric_names.TTFT, metric_names.TPOT, metric_names.E2E_LATENCY, metric_names.QUEUE_TIME}
+    histograms = {metric_names.TTFT, metric_names.TPOT, metric_names.E2E_LATENCY, metric_names.QUEUE_TIME,
+                  metric_names.GRAMMAR_COMPILE_TIME}
     for name in runtime_series:
         assert (name + "_count" if name in histograms else name) in exported, name
 

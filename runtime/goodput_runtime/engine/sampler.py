@@ -9,8 +9,9 @@ a tensor operation over the whole batch (the penalties count each row's tokens w
 rows are all greedy with nothing to change takes the plain argmax, exactly as before.
 
 Reported logprobs are `log_softmax` of the logits at the point the token is chosen: after the
-grammar mask (a token it rules out reports the floor), the bias, minimum-length mask, penalties and temperature (a greedy request's temperature 0 divides
-nothing), before min-p, top-k and top-p drop tokens. Prompt logprobs are the model's own distribution.
+grammar mask (a token it rules out reports the floor), the bias, minimum-length mask, penalties
+and temperature (a greedy request's temperature 0 divides nothing), before min-p, top-k and top-p
+drop tokens. Prompt logprobs are the model's own distribution.
 
 Draws use exponential noise: the argmax of probs / E with E ~ Exp(1) per token is a draw from
 probs. Rows with a seed take their noise from their own generator, so their tokens do not

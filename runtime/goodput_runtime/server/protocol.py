@@ -456,7 +456,7 @@ def tool_list(value: Any) -> tuple[Tool, ...]:
         return ()
     if not isinstance(value, list):
         raise wrong_type("tools", "a list of tool objects")
-    tools = []
+    tools: list[Tool] = []
     for i, item in enumerate(value):
         where = f"tools[{i}]"
         if not isinstance(item, dict):
