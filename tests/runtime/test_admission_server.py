@@ -10,6 +10,7 @@ import aiohttp
 import openai
 import pytest
 from conftest import MODEL_NAME, ServerThread, get
+from helpers import wait_for
 
 from goodput_runtime.server.admission import AdmissionSettings
 from goodput_runtime.server.lifecycle import serve
@@ -20,11 +21,14 @@ FLOOD = 40
 
 
 class AdmittingServer(ServerThread):
-    """The test server, started as ``--slo-ttft T --admission on`` would start it."""
+    """The test server, started as ``--slo-ttft 0.5 --admission on`` (or ``off``) would start it."""
 
-    def __init__(self, *args: Any, admission: AdmissionSettings, **kwargs: Any) -> None:
-        super().__init__(*args, slo_ttft=admission.ttft_target, **kwargs)
+    def __init__(self, *args: Any, admission: AdmissionSettings | None, **kwargs: Any) -> None:
+        super().__init__(*args, slo_ttft=0.5, **kwargs)
         self.admission = admission
+
+    def wait_ready(self) -> None:
+        wait_for(lambda: get(f"{self.url}/health")[0] == 200, 300, "the server to become ready", every=0.05)
 
     async def main(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -54,10 +58,20 @@ async def flood(url: str, count: int) -> list[tuple[int, dict[str, str], float]]
         return await asyncio.gather(*(one() for _ in range(count)))
 
 
+def start(model_dir: Any, admission: AdmissionSettings | None) -> AdmittingServer:
+    return AdmittingServer(model_dir, admission=admission, max_num_seqs=2, max_model_len=256).start()
+
+
 @pytest.fixture
 def admitting(tiny_model_dir) -> Any:
-    running = AdmittingServer(tiny_model_dir, admission=AdmissionSettings(ttft_target=0.5, margin=0.0),
-                              max_num_seqs=2, max_model_len=256).start()
+    running = start(tiny_model_dir, AdmissionSettings(ttft_target=0.5, margin=0.0))
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def queueing(tiny_model_dir) -> Any:
+    running = start(tiny_model_dir, None)
     yield running
     running.stop()
 
@@ -93,7 +107,10 @@ def test_the_openai_sdk_sees_a_rate_limit_error_and_the_server_recovers(admittin
 
     async def flood_and_probe() -> None:
         background = asyncio.create_task(flood(admitting.url, FLOOD))
-        await asyncio.sleep(0.3)  # the flood is queued by now
+        for _ in range(600):  # until the flood is queued behind the 2 seats
+            if admitting.engine.num_waiting >= 10:
+                break
+            await asyncio.sleep(0.05)
         with pytest.raises(openai.RateLimitError) as refused:
             await asyncio.to_thread(client.completions.create, model=MODEL_NAME, prompt="hello", max_tokens=4)
         assert refused.value.response.headers["Retry-After"].isdigit()
@@ -107,9 +124,8 @@ def test_the_openai_sdk_sees_a_rate_limit_error_and_the_server_recovers(admittin
     assert get(f"{admitting.url}/health")[0] == 200
 
 
-def test_without_admission_the_same_flood_is_queued_and_served(make_server):
-    running = make_server(slo_ttft=0.5, max_num_seqs=2, max_model_len=256)
-    warm(running)
-    answers = asyncio.run(flood(running.url, FLOOD))
+def test_without_admission_the_same_flood_is_queued_and_served(queueing):
+    warm(queueing)
+    answers = asyncio.run(flood(queueing.url, FLOOD))
     assert [status for status, _, _ in answers] == [200] * FLOOD
-    assert running.metric("goodput_requests_rejected_total", reason="ttft_slo") == 0
+    assert queueing.metric("goodput_requests_rejected_total", reason="ttft_slo") == 0
