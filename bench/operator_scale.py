@@ -70,14 +70,14 @@ def free_port() -> int:
 class ControlPlane:
     def __init__(self, workdir: Path) -> None:
         self.dir = workdir
-        for attempt in range(3):  # on a busy machine the controller-manager may give up waiting for RBAC
+        for attempt in range(5):  # on a busy machine the controller-manager may give up waiting for RBAC
             out = subprocess.run([str(ROOT / "hack" / "cluster.sh"), "up", "--dir", str(workdir)],
                                  capture_output=True, text=True, timeout=1800,
                                  env={**os.environ, "GOODPUT_SERVICE_CIDR": SERVICE_CIDR})
             if out.returncode == 0:
                 break
             self.down()
-            if attempt == 2:
+            if attempt == 4:
                 raise SystemExit(f"hack/cluster.sh up failed:\n{out.stdout}\n{out.stderr[-3000:]}")
         match = re.search(r"export KUBECONFIG=(\S+)", out.stdout)
         assert match, out.stdout

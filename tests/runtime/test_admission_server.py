@@ -10,6 +10,7 @@ import aiohttp
 import openai
 import pytest
 from conftest import MODEL_NAME, ServerThread, get
+from helpers import wait_for
 
 from goodput_runtime.server.admission import AdmissionSettings
 from goodput_runtime.server.lifecycle import serve
@@ -20,11 +21,14 @@ FLOOD = 40
 
 
 class AdmittingServer(ServerThread):
-    """The test server, started as ``--slo-ttft T --admission on`` would start it."""
+    """The test server, started as ``--slo-ttft 0.5 --admission on`` (or ``off``) would start it."""
 
-    def __init__(self, *args: Any, admission: AdmissionSettings, **kwargs: Any) -> None:
-        super().__init__(*args, slo_ttft=admission.ttft_target, **kwargs)
+    def __init__(self, *args: Any, admission: AdmissionSettings | None, **kwargs: Any) -> None:
+        super().__init__(*args, slo_ttft=0.5, **kwargs)
         self.admission = admission
+
+    def wait_ready(self) -> None:
+        wait_for(lambda: get(f"{self.url}/health")[0] == 200, 300, "the server to become ready", every=0.05)
 
     async def main(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -54,10 +58,20 @@ async def flood(url: str, count: int) -> list[tuple[int, dict[str, str], float]]
         return await asyncio.gather(*(one() for _ in range(count)))
 
 
+def start(model_dir: Any, admission: AdmissionSettings | None) -> AdmittingServer:
+    return AdmittingServer(model_dir, admission=admission, max_num_seqs=2, max_model_len=256).start()
+
+
 @pytest.fixture
 def admitting(tiny_model_dir) -> Any:
-    running = AdmittingServer(tiny_model_dir, admission=AdmissionSettings(ttft_target=0.5, margin=0.0),
-                              max_num_seqs=2, max_model_len=256).start()
+    running = start(tiny_model_dir, AdmissionSettings(ttft_target=0.5, margin=0.0))
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def queueing(tiny_model_dir) -> Any:
+    running = start(tiny_model_dir, None)
     yield running
     running.stop()
 
@@ -91,25 +105,29 @@ def test_the_openai_sdk_sees_a_rate_limit_error_and_the_server_recovers(admittin
     warm(admitting)
     client = openai.OpenAI(base_url=f"{admitting.url}/v1", api_key="unused", max_retries=0, timeout=60)
 
-    async def flood_and_probe() -> None:
+    async def flood_and_probe() -> openai.RateLimitError | None:
         background = asyncio.create_task(flood(admitting.url, FLOOD))
-        await asyncio.sleep(0.3)  # the flood is queued by now
-        with pytest.raises(openai.RateLimitError) as refused:
-            await asyncio.to_thread(client.completions.create, model=MODEL_NAME, prompt="hello", max_tokens=4)
-        assert refused.value.response.headers["Retry-After"].isdigit()
-        assert "predicted time to first token" in refused.value.message
+        refused = None
+        while refused is None and not background.done():  # probe while the flood holds the server at its limit
+            try:
+                await asyncio.to_thread(client.completions.create, model=MODEL_NAME, prompt="hello", max_tokens=4)
+            except openai.RateLimitError as err:
+                refused = err
         await background
+        return refused
 
-    asyncio.run(flood_and_probe())
+    refused = asyncio.run(flood_and_probe())
+    assert refused is not None, "no probe was refused while 40 requests queued behind 2 seats"
+    assert refused.response.headers["Retry-After"].isdigit()
+    assert "predicted time to first token" in refused.message
     admitting.wait_idle()
     answer = client.completions.create(model=MODEL_NAME, prompt="hello", max_tokens=4)
     assert answer.choices[0].text is not None
     assert get(f"{admitting.url}/health")[0] == 200
 
 
-def test_without_admission_the_same_flood_is_queued_and_served(make_server):
-    running = make_server(slo_ttft=0.5, max_num_seqs=2, max_model_len=256)
-    warm(running)
-    answers = asyncio.run(flood(running.url, FLOOD))
+def test_without_admission_the_same_flood_is_queued_and_served(queueing):
+    warm(queueing)
+    answers = asyncio.run(flood(queueing.url, FLOOD))
     assert [status for status, _, _ in answers] == [200] * FLOOD
-    assert running.metric("goodput_requests_rejected_total", reason="ttft_slo") == 0
+    assert queueing.metric("goodput_requests_rejected_total", reason="ttft_slo") == 0
