@@ -61,4 +61,4 @@ def test_a_resync_of_unchanged_services_writes_nothing(cluster, counted_operator
     # a new service still gets its Deployment
     cluster.create_service(namespace, "late", {"model": {"source": "file:///models/late"},
                                                "resources": {"gpu": 0, "memory": "1Gi"}})
-    cluster.wait_deployment(namespace, "late-runtime")
+    cluster.wait_deployment(namespace, "late")
