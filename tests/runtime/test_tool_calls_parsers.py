@@ -89,3 +89,10 @@ def test_a_named_function_streams_its_arguments_as_they_are_generated():
 def test_a_streamed_answer_without_a_call_is_all_content_including_a_held_back_tail():
     deltas = stream("hermes", ["It is sunny <", "tool"])
     assert "".join(d["content"] for d in deltas) == "It is sunny <tool"
+
+
+def test_the_tool_call_parser_flag_reaches_the_config():
+    from goodput_runtime.__main__ import engine_config, parse_args
+
+    assert engine_config(parse_args(["--model", "m", "--tool-call-parser", "mistral"])).tool_call_parser == "mistral"
+    assert engine_config(parse_args(["--model", "m"])).tool_call_parser is None  # the chat template's format
