@@ -25,8 +25,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,7 +32,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.server_process import REPO, free_port, healthy, start_server
+from bench.server_process import REPO, gateway_process, start_server
 
 WORDS = ("river", "market", "engine", "garden", "winter", "signal", "planet", "library", "thunder", "canvas",
          "harbor", "circuit", "meadow", "lantern", "glacier", "orchard", "compass", "velvet", "falcon", "quartz")
@@ -50,25 +48,11 @@ def chat_body(text: str, max_tokens: int, stream: bool) -> dict:
 
 
 @contextmanager
-def gateway_process(static: str, database: str, log_dir: Path, cap: int) -> Iterator[str]:
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("gateway", "operator", "contract"))}
-    log = (log_dir / f"gateway-batch-{time.strftime('%H%M%S')}.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "goodput_gateway", "--host", "127.0.0.1", "--port", str(port),
-                             "--static-model", static, "--database", database, "--batch-max-per-replica", str(cap),
-                             "--shutdown-delay", "0", "--shutdown-grace", "2"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while not healthy(f"http://127.0.0.1:{port}/health"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the gateway did not start; see {log.name}")
-            time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(20)
-        log.close()
+def batch_gateway(static: str, database: str, log_dir: Path, cap: int) -> Iterator[str]:
+    with gateway_process(static, log_dir, "batch", "--database", database, "--batch-max-per-replica", str(cap),
+                         "--shutdown-delay", "0", "--shutdown-grace", "2", ready_seconds=60,
+                         stop_seconds=20) as (url, _pid):
+        yield url
 
 
 def first_text(raw: bytes) -> bool:
@@ -251,7 +235,7 @@ def main() -> int:
     with start_server(model, "smollm2", os.cpu_count() or 1,
                       ["--slo-ttft", str(args.slo_ttft), "--max-model-len", "1024", "--max-num-seqs", "32"],
                       log_dir) as server, \
-            gateway_process(f"smollm2={server.base_url}", f"sqlite:///{database}", log_dir,
+            batch_gateway(f"smollm2={server.base_url}", f"sqlite:///{database}", log_dir,
                             args.max_per_replica) as url:
         cap = asyncio.run(capacity(url, args.max_tokens, args.capacity_seconds, args.capacity_concurrency,
                                    args.warmup))

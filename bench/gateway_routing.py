@@ -29,13 +29,12 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 
 import aiohttp
 
-from bench.server_process import REPO, free_port, healthy, start_server
+from bench.server_process import REPO, free_port, gateway_process, start_server
 
 WORDS = [
     "account", "billing", "customer", "invoice", "payment", "refund", "order", "shipment", "policy", "warranty",
@@ -49,31 +48,14 @@ QUESTIONS = ["What is my balance?", "Where is my order?", "Can I get a refund?",
              "How long does delivery take?", "Can you escalate this?", "What is the return policy?"]
 
 
+def policy_gateway(static: str, log_dir: Path, policy: str) -> AbstractContextManager[tuple[str, int]]:
+    return gateway_process(static, log_dir, policy, "--static-policy", policy, "--log-level", "warning")
+
+
 def system_prompt(rng: random.Random, index: int) -> str:
     """About 1,000 SmolLM2 tokens of instructions; each prompt differs from its first word."""
     words = [rng.choice(WORDS) for _ in range(1000)]
     return f"Assistant profile {index}-{rng.randrange(10**9)}. Rules: " + " ".join(words)
-
-
-@contextmanager
-def gateway_process(static: str, policy: str, log_dir: Path) -> Iterator[tuple[str, int]]:
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("gateway", "operator", "contract"))}
-    log = (log_dir / f"gateway-{policy}-{time.strftime('%H%M%S')}.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "goodput_gateway", "--host", "127.0.0.1", "--port", str(port),
-                             "--static-model", static, "--static-policy", policy, "--log-level", "warning"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while not healthy(f"http://127.0.0.1:{port}/health"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the gateway did not start; see {log.name}")
-            time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}", proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
 
 
 async def counters(session: aiohttp.ClientSession, urls: list[str]) -> tuple[float, float]:
@@ -252,14 +234,14 @@ def main() -> int:
         for r in range(args.rounds):
             for policy in ("prefix", "random"):
                 prompts = [system_prompt(rng, i) for i in range(8)]
-                with gateway_process(static, policy, log_dir) as (url, _pid):
+                with policy_gateway(static, log_dir, policy) as (url, _pid):
                     result = asyncio.run(run_round(url, replicas, prompts, args, seed=r))
                 result.update(policy=policy, round=r)
                 report["rounds"].append(result)
                 print(f"  round {r} {policy:>6}: hit rate {result['hit_rate']:.2f}, TTFT p50 "
                       f"{result['ttft_p50_s']:.3f} s p90 {result['ttft_p90_s']:.3f} s, goodput "
                       f"{result['goodput_rps']:.2f} req/s", flush=True)
-        with gateway_process(static, "prefix", log_dir) as (url, _pid):
+        with policy_gateway(static, log_dir, "prefix") as (url, _pid):
             report["added_latency"] = asyncio.run(added_latency(url, replicas[0], 300))
     upstream_port = free_port()
     upstream = subprocess.Popen([sys.executable, "-m", "bench.gateway_routing", "--trivial-upstream",
@@ -267,7 +249,7 @@ def main() -> int:
     try:
         while not _listening(upstream_port):
             time.sleep(0.1)
-        with gateway_process(f"trivial=http://127.0.0.1:{upstream_port}", "random", log_dir) as (url, pid):
+        with policy_gateway(f"trivial=http://127.0.0.1:{upstream_port}", log_dir, "random") as (url, pid):
             report["concurrent_streams"] = asyncio.run(concurrent_streams(url, pid, args.streams))
     finally:
         upstream.terminate()

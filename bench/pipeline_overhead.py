@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import urllib.error
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.server_process import REPO, free_port, healthy, start_server
+from bench.server_process import REPO, gateway_process, start_server
 
 PROMPT = ("How do I bake bread at home? I have flour, water, yeast and salt, a small oven and one afternoon. "
           "Give me a simple recipe with the steps in order and the baking time.")
@@ -65,23 +64,9 @@ def pipelines_yaml(path: Path) -> None:
 
 @contextmanager
 def gateway(static: str, pipelines: Path, log_dir: Path) -> Iterator[str]:
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("gateway", "operator", "contract"))}
-    log = (log_dir / f"gateway-pipelines-{time.strftime('%H%M%S')}.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "goodput_gateway", "--host", "127.0.0.1", "--port", str(port),
-                             "--static-model", static, "--static-pipeline", str(pipelines), "--log-level", "warning"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while not healthy(f"http://127.0.0.1:{port}/health"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the gateway did not start; see {log.name}")
-            time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
+    with gateway_process(static, log_dir, "pipelines", "--static-pipeline", str(pipelines),
+                         "--log-level", "warning") as (url, _pid):
+        yield url
 
 
 def ttft(url: str, model: str, max_tokens: int) -> float:

@@ -121,3 +121,26 @@ def start_server(
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+
+
+@contextmanager
+def gateway_process(static: str, log_dir: Path, name: str, *args: str, ready_seconds: float = 30,
+                    stop_seconds: float = 10) -> Iterator[tuple[str, int]]:
+    """A gateway process serving --static-model `static` (plus `args`) on a loopback port: its URL and pid,
+    once /health answers; its log goes to `log_dir`/gateway-`name`-HHMMSS.log."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("gateway", "operator", "contract"))}
+    log = (log_dir / f"gateway-{name}-{time.strftime('%H%M%S')}.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "goodput_gateway", "--host", "127.0.0.1", "--port", str(port),
+                             "--static-model", static, *args], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + ready_seconds
+        while not healthy(f"http://127.0.0.1:{port}/health"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the gateway did not start; see {log.name}")
+            time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}", proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(stop_seconds)
+        log.close()
