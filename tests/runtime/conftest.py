@@ -74,7 +74,12 @@ class ServerThread:
             self.listening.set()
 
         self.exit_code = await serve(self.config, self.metrics, "127.0.0.1", 0, self.shutdown_grace,
-                                     self.stop_event, engine_factory=self.make_engine, on_listening=on_listening)
+                                     self.stop_event, engine_factory=self.make_engine, on_listening=on_listening,
+                                     **self.serve_options())
+
+    def serve_options(self) -> dict[str, Any]:
+        """More of serve()'s keyword arguments, for a subclass to add."""
+        return {}
 
     def start(self, wait_ready: bool = True) -> ServerThread:
         self.thread.start()

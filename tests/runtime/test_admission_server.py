@@ -13,7 +13,6 @@ from conftest import MODEL_NAME, ServerThread, get
 from helpers import wait_for
 
 from goodput_runtime.server.admission import AdmissionSettings
-from goodput_runtime.server.lifecycle import serve
 
 pytestmark = pytest.mark.runtime
 
@@ -30,17 +29,8 @@ class AdmittingServer(ServerThread):
     def wait_ready(self) -> None:
         wait_for(lambda: get(f"{self.url}/health")[0] == 200, 300, "the server to become ready", every=0.05)
 
-    async def main(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.stop_event = asyncio.Event()
-
-        def on_listening(port: int) -> None:
-            self.port = port
-            self.listening.set()
-
-        self.exit_code = await serve(self.config, self.metrics, "127.0.0.1", 0, self.shutdown_grace,
-                                     self.stop_event, engine_factory=self.make_engine, on_listening=on_listening,
-                                     admission=self.admission)
+    def serve_options(self) -> dict[str, Any]:
+        return {"admission": self.admission}
 
 
 async def flood(url: str, count: int) -> list[tuple[int, dict[str, str], float]]:
