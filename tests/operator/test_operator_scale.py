@@ -49,15 +49,25 @@ def test_a_resync_of_unchanged_services_writes_nothing(cluster, counted_operator
         return all((i.get("status") or {}).get("observedGeneration") for i in items)
 
     wait_for(settled, 240, "every service to have a status")
-    # two full resyncs after the last write: the second one starts from a settled state
+    # two full resyncs after the last write: the second one starts from a settled state. The controller
+    # manager may still move a Deployment's status now and then (and the operator rightly follows it), so
+    # look for a window of two resyncs that wrote nothing; a resync that writes unchanged services never
+    # gives one.
     start = metric(port, "goodput_operator_resyncs_total")
     wait_for(lambda: metric(port, "goodput_operator_resyncs_total") >= start + 2, 120, "two resyncs")
-    writes = metric(port, "goodput_operator_api_writes_total")
-    reconciles = metric(port, "goodput_operator_reconciles_total")
-    mark = metric(port, "goodput_operator_resyncs_total")
-    wait_for(lambda: metric(port, "goodput_operator_resyncs_total") >= mark + 2, 120, "two more resyncs")
-    assert metric(port, "goodput_operator_reconciles_total") - reconciles >= COUNT  # each service was visited
-    assert metric(port, "goodput_operator_api_writes_total") == writes  # ... and nothing was written
+    windows = []
+    for _ in range(5):
+        writes = metric(port, "goodput_operator_api_writes_total")
+        reconciles = metric(port, "goodput_operator_reconciles_total")
+        mark = metric(port, "goodput_operator_resyncs_total")
+        wait_for(lambda mark=mark: metric(port, "goodput_operator_resyncs_total") >= mark + 2, 120, "two more resyncs")
+        windows.append((metric(port, "goodput_operator_reconciles_total") - reconciles,
+                        metric(port, "goodput_operator_api_writes_total") - writes))
+        if windows[-1][1] == 0:
+            break
+    visited, written = windows[-1]
+    assert visited >= COUNT, windows  # each service was visited
+    assert written == 0, windows  # ... and nothing was written
     # a new service still gets its Deployment
     cluster.create_service(namespace, "late", {"model": {"source": "file:///models/late"},
                                                "resources": {"gpu": 0, "memory": "1Gi"}})
