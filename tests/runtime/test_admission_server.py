@@ -67,10 +67,12 @@ def queueing(tiny_model_dir) -> Any:
 
 
 def warm(running: ServerThread) -> None:
-    """A few requests one at a time, so the engine measures its prefill and decode rates."""
+    """A few requests one at a time, shaped as the flood's, so the engine measures its prefill and decode
+    rates and the typical output length (what a queued request is expected to hold its seat for)."""
     client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0, timeout=60)
     for _ in range(3):
-        client.completions.create(model=MODEL_NAME, prompt="warm up", max_tokens=8)
+        client.completions.create(model=MODEL_NAME, prompt="a b c d e f g h", max_tokens=64,
+                                  extra_body={"ignore_eos": True})
 
 
 def test_a_flood_past_the_ttft_target_is_refused_at_once_with_retry_after(admitting):
