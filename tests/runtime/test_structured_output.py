@@ -44,8 +44,13 @@ def test_guided_regex_and_choice_hold_in_completions_and_a_cut_output_says_lengt
                                               extra_body={"guided_choice": ["alpha", "beta", "gamma"]})
     assert {c.text for c in choice.choices} <= {"alpha", "beta", "gamma"}
     cut = openai_client.chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=3,
-                                                response_format={"type": "json_object"})
+                                                response_format=JSON_SCHEMA)
     assert cut.choices[0].finish_reason == "length" and cut.choices[0].message.content.startswith("{")
+    # JSON mode answers with an object, as OpenAI's does, never another JSON value
+    for seed in range(4):
+        mode = openai_client.chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=3, seed=seed,
+                                                     temperature=1.0, response_format={"type": "json_object"})
+        assert mode.choices[0].message.content.startswith("{"), mode.choices[0].message.content
 
 
 def test_a_grammar_in_ebnf_or_lark_is_followed(openai_client, server):

@@ -133,7 +133,9 @@ class GrammarCompiler:
     def _compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         try:
             if spec.kind == "json_object":
-                return self.compiler.compile_builtin_json_grammar()
+                # OpenAI's JSON mode answers with an object (the builtin JSON grammar admits any value)
+                return self.compiler.compile_json_schema('{"type": "object"}', any_whitespace=False,
+                                                         strict_mode=False)
             if spec.kind == "json_schema":
                 return self.compiler.compile_json_schema(spec.source, any_whitespace=False, strict_mode=True)
             if spec.kind == "regex":
