@@ -8,6 +8,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +85,19 @@ class Prometheus:
     @staticmethod
     def now() -> float:
         return time.time()
+
+
+def dashboard_queries(values: dict[str, str], keep: Callable[[str], bool]) -> list[tuple[str, str]]:
+    """The dashboard's panel queries that `keep` selects, as (panel / legend, PromQL) with the template
+    variables in `values` filled in."""
+    board = json.loads((ROOT / "manifests" / "monitoring" / "goodput-autoscaling.json").read_text())
+    out = []
+    for panel in board["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            if not keep(expr):
+                continue
+            for name, value in values.items():
+                expr = expr.replace(name, value)
+            out.append((f"{panel['title']} / {target['legendFormat']}", expr))
+    return out

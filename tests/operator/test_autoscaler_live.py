@@ -25,7 +25,7 @@ import yaml
 from autoscaling_helpers import free_port
 from harness import ROOT, OperatorProcess, wait_for
 from live_pods import Actuator, Load
-from prometheus_process import PROMETHEUS, Prometheus
+from prometheus_process import PROMETHEUS, Prometheus, dashboard_queries
 
 from goodput_operator.autoscaling.signals import History, parse_pod_metrics
 from goodput_operator.autoscaling.sources import Endpoints, PrometheusSource
@@ -148,17 +148,10 @@ GATEWAY_SERIES = ("goodput_gateway_", "goodput_batch_", "goodput_pipeline_", "go
 
 
 def _dashboard_queries(namespace: str) -> list[tuple[str, str]]:
-    board = json.loads((ROOT / "manifests" / "monitoring" / "goodput-autoscaling.json").read_text())
     values = {"$namespace": namespace, "$model": "tiny", "$service": SERVICE, "$__rate_interval": "10s"}
-    out = []
-    for panel in board["panels"]:
-        for target in panel["targets"]:
-            expr = target["expr"]
-            if any(series in expr for series in GATEWAY_SERIES):
-                continue  # no gateway in this run; the gateway, batch and pipeline tests ask those panels
-            for name, value in values.items():
-                expr = expr.replace(name, value)
-            out.append((f"{panel['title']} / {target['legendFormat']}", expr))
+    # no gateway in this run; the gateway, batch and pipeline tests ask those panels
+    out = dashboard_queries(values, lambda expr: not any(series in expr for series in GATEWAY_SERIES))
+    board = json.loads((ROOT / "manifests" / "monitoring" / "goodput-autoscaling.json").read_text())
     for annotation in board["annotations"]["list"]:
         out.append((f"annotation {annotation['name']}", annotation["expr"]))
     return out

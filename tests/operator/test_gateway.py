@@ -19,8 +19,8 @@ import openai
 import pytest
 from autoscaling_helpers import free_port
 from gateway_helpers import GatewayProcess, metric, publish, start_replica, tiny_spec, unpublish, wait_ready
-from harness import ROOT, wait_for
-from prometheus_process import PROMETHEUS, Prometheus
+from harness import wait_for
+from prometheus_process import PROMETHEUS, Prometheus, dashboard_queries
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.gateway]
 
@@ -246,16 +246,8 @@ def test_past_the_hold_bound_and_the_wait_limit_clients_get_429_and_503_with_ret
 
 @pytest.mark.skipif(PROMETHEUS is None, reason="prometheus missing (make prometheus)")
 def test_every_gateway_panel_of_the_dashboard_returns_data(env):
-    board = json.loads((ROOT / "manifests" / "monitoring" / "goodput-autoscaling.json").read_text())
     values = {"$namespace": "gw-.*", "$service": "tiny", "$__rate_interval": "10s"}
-    queries = []
-    for panel in board["panels"]:
-        for target in panel["targets"]:
-            if "goodput_gateway_" in target["expr"]:
-                expr = target["expr"]
-                for name, value in values.items():
-                    expr = expr.replace(name, value)
-                queries.append((f"{panel['title']} / {target['legendFormat']}", expr))
+    queries = dashboard_queries(values, lambda expr: "goodput_gateway_" in expr)
     assert len(queries) >= 4
     time.sleep(3)  # a last scrape after the previous tests
     empty = [name for name, expr in queries if not env.prometheus.query_range(expr, env.started, time.time())]

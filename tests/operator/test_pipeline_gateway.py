@@ -18,9 +18,9 @@ import urllib.request
 import openai
 import pytest
 from gateway_helpers import GatewayProcess, publish, start_replica, wait_ready
-from harness import ROOT, wait_for
+from harness import wait_for
 from pipeline_helpers import create_pipeline, install_pipeline_crd
-from prometheus_process import PROMETHEUS, Prometheus
+from prometheus_process import PROMETHEUS, Prometheus, dashboard_queries
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.gateway]
 
@@ -227,16 +227,8 @@ def test_the_pipelines_goodput_metrics_count_every_outcome_end_to_end(env):
 @pytest.mark.skipif(PROMETHEUS is None, reason="prometheus missing (make prometheus)")
 def test_every_pipeline_panel_of_the_dashboard_returns_data(env):
     assert env.prometheus is not None
-    board = json.loads((ROOT / "manifests" / "monitoring" / "goodput-autoscaling.json").read_text())
     values = {"$namespace": env.namespace, "$pipeline": ".*", "$__rate_interval": "10s"}
-    queries = []
-    for panel in board["panels"]:
-        for target in panel["targets"]:
-            if "goodput_pipeline_" in target["expr"] or "goodput_guard_" in target["expr"]:
-                expr = target["expr"]
-                for name, value in values.items():
-                    expr = expr.replace(name, value)
-                queries.append((f"{panel['title']} / {target['legendFormat']}", expr))
+    queries = dashboard_queries(values, lambda expr: "goodput_pipeline_" in expr or "goodput_guard_" in expr)
     assert len(queries) >= 6
     time.sleep(3)  # a last scrape after the previous tests
     empty = [name for name, expr in queries if not env.prometheus.query_range(expr, env.started, time.time())]
