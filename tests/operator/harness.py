@@ -139,6 +139,10 @@ class Cluster:
     def wait_deployment(self, namespace: str, name: str, timeout: float = WAIT_SECONDS) -> Any:
         return wait_for(lambda: self.deployment(namespace, name), timeout, f"Deployment {name}-runtime")
 
+    def wait_kube_service(self, namespace: str, name: str, timeout: float = WAIT_SECONDS) -> Any:
+        """The Kubernetes Service the operator makes beside the Deployment (it may land a moment later)."""
+        return wait_for(lambda: self.core.read_namespaced_service(name, namespace), timeout, f"Service {name}")
+
     def wait_settled(self, namespace: str, name: str, timeout: float = WAIT_SECONDS) -> None:
         """Until the Deployment controller has caught up and the service's status shows it."""
         if not self.has_controllers:

@@ -34,7 +34,7 @@ def test_a_vllm_service_gets_a_deployment_running_vllm(cluster, operator, namesp
     assert container.startup_probe.period_seconds * container.startup_probe.failure_threshold >= 1800
     assert [(p.name, p.container_port) for p in container.ports] == [("http", 8000)]
     assert container.lifecycle.pre_stop._exec.command == ["sleep", "5"]
-    service = cluster.core.read_namespaced_service("chat", namespace)
+    service = cluster.wait_kube_service(namespace, "chat")
     assert {p.name: p.port for p in service.spec.ports} == {"http": 80, "metrics": 8000}
     cluster.wait_condition(namespace, "chat", "Valid", "True")
 

@@ -35,7 +35,7 @@ def test_service_becomes_deployment_and_service(cluster, operator, namespace):
     owner = deployment.metadata.owner_references[0]
     assert (owner.kind, owner.name, owner.controller) == ("InferenceService", "chat", True)
 
-    service = cluster.core.read_namespaced_service("chat", namespace)
+    service = cluster.wait_kube_service(namespace, "chat")
     assert {p.name: p.port for p in service.spec.ports} == {"http": 80, "metrics": 8000}
     assert service.spec.selector == {"serving.goodput.dev/service": "chat"}
 

@@ -187,10 +187,14 @@ async def stream_events(request: web.Request, shape: Shape, outputs: AsyncIterat
     await response.prepare(request)
     finished = False
     streams: dict[int, ToolStream] = {}
+    opened = False
     try:
-        for chunk in shape.first_chunks():
-            await response.write(event(chunk))
         async for out in outputs:
+            if not opened:  # the role chunks wait for the first output: a replica lost while the request
+                # queues or prefills has sent no body byte yet, so the gateway may still send it elsewhere
+                for chunk in shape.first_chunks():
+                    await response.write(event(chunk))
+                opened = True
             text, entries = pieces.take(out)
             reason = out.finish_reason
             if tools is not None:
