@@ -32,8 +32,11 @@ class Discovered:
     scaled_objects: bool = False
 
 
-# Who asked for a reconcile, most urgent first: a user's change, a side trigger, start-up, the resync.
-CHANGE, SIDE, RESUME, RESYNC = range(4)
+# Who asked for a reconcile, most urgent first: a user's change, start-up, a side trigger, the resync.
+# Start-up goes before side triggers: a service's first pass writes its children and status, while a
+# side trigger only refreshes a status, and the refreshes of a start-up's burst fold into one when
+# they wait until the backlog is done.
+CHANGE, RESUME, SIDE, RESYNC = range(4)
 RECONCILE_SLOTS = 6  # reconciles talking to the API server at once (the default executor has cpus + 4 threads)
 
 
@@ -120,6 +123,10 @@ class Context:
     side: SideQueue = field(default_factory=SideQueue)
     slots: Slots = field(default_factory=lambda: Slots(RECONCILE_SLOTS))
     started_at: float = field(default_factory=time.time)  # wall clock, as creationTimestamps are
+    # pipelines by (namespace, name) -> the services they call, from the pipeline watch
+    pipeline_calls: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    # (namespace, service) -> (Ready, why not) as the pipelines last saw it, from the service watch
+    service_states: dict[tuple[str, str], tuple[bool, str]] = field(default_factory=dict)
     _discovered: Discovered | None = None
     _discovered_at: float = 0.0
 

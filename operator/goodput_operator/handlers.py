@@ -124,6 +124,21 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
         backlog = reason == kopf.Reason.RESUME or (reason == kopf.Reason.CREATE and _created_before(plain, memo.ctx))
         await reconcile(memo.ctx, plain, RESUME if backlog else CHANGE)
 
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="service-watch", registry=registry)
+    async def service_watched(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        ctx = getattr(memo, "ctx", None)
+        if ctx is None:
+            return
+        obj: dict[str, Any] = dict(event["object"])
+        ctx.observed.service_event(event.get("type"), obj)
+        try:
+            await pipelines.service_event(ctx, event.get("type"), obj)
+        except ApiError as err:
+            if err.status != 404 and not err.namespace_going:  # 404: the pipeline CRD is not installed
+                meta = obj.get("metadata") or {}
+                logger.warning("Updating the pipelines that call %s/%s failed: %s", meta.get("namespace"),
+                               meta.get("name"), err)
+
     for resource in CHILD_RESOURCES:
         @kopf.on.event(**resource, id="child", labels=OWNED, registry=registry)  # type: ignore[arg-type]
         async def child_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:

@@ -169,9 +169,12 @@ class Kube:
             metrics.API_WRITES.labels(verb=method).inc()
         return await asyncio.to_thread(self._call, method, path, **kwargs)
 
-    async def get(self, path: str) -> dict[str, Any] | None:
+    async def get(self, path: str, any_version: bool = False) -> dict[str, Any] | None:
+        """The object, or None when absent. `any_version`: as the API server's watch cache holds it
+        (resourceVersion=0: no etcd read, possibly a moment old)."""
         try:
-            result: dict[str, Any] = await self.request("GET", path)
+            result: dict[str, Any] = await self.request("GET", path,
+                                                        query={"resourceVersion": "0"} if any_version else None)
         except ApiError as err:
             if err.status == 404:
                 return None
@@ -209,8 +212,9 @@ class Kube:
             raise
         return True
 
-    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        await self.request(
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """The object as the server holds it after the patch."""
+        return await self.request(
             "PATCH", owner_path(namespace, name) + "/status", body={"status": status},
             content_type="application/merge-patch+json",
         )

@@ -6,7 +6,9 @@ reconcile of an unchanged service then costs no call at all, so the periodic res
 thousands of services does not crowd out new work.
 
 A child the cache has not seen is read from the API server (it may predate the watch); a pod
-it has not seen counts as absent (its own event triggers a reconcile when it arrives).
+it has not seen counts as absent (its own event triggers a reconcile when it arrives). The
+services themselves are kept too, from their watch and from the answers to our own status
+writes, whichever is newer: a reconcile a side trigger starts reads the service from here.
 Stored objects leave out ``metadata.managedFields``, the bulk of most objects; pods keep only
 what `pods.failure` reads.
 """
@@ -39,8 +41,27 @@ class Observed:
         # operator creates them, and it forgets the path when it does
         self._absent: set[str] = set()
 
+        self._services: dict[tuple[str, str], dict[str, Any]] = {}
+
     def __len__(self) -> int:
-        return len(self._children) + sum(len(p) for p in self._pods.values())
+        return len(self._children) + sum(len(p) for p in self._pods.values()) + len(self._services)
+
+    def service_event(self, event_type: str | None, obj: dict[str, Any]) -> None:
+        """A service as its watch delivered it, or as the server answered a write (`event_type` None).
+        An older copy never replaces a newer one: the watch may lag behind our own writes."""
+        meta = obj.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED":
+            self._services.pop(key, None)
+            return
+        held = self._services.get(key)
+        if held is not None and held["metadata"].get("uid") == meta.get("uid") and \
+                _version(held) > _version(obj):
+            return
+        self._services[key] = trimmed(obj)
+
+    def service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._services.get((namespace, name))
 
     def child_event(self, event_type: str | None, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -83,3 +104,12 @@ class Observed:
 
     def pods(self, namespace: str, service: str) -> list[dict[str, Any]]:
         return list((self._pods.get((namespace, service)) or {}).values())
+
+
+def _version(obj: dict[str, Any]) -> int:
+    """resourceVersion as a number, to order two copies of one object (-1 when it is not one; opaque by
+    contract, etcd's revision in every server this operator supports)."""
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or -1)
+    except ValueError:
+        return -1

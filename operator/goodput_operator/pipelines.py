@@ -2,7 +2,8 @@
 
 The operator creates nothing for a pipeline (the gateway serves it); it only keeps the
 status current: on the pipeline's own changes, and whenever an InferenceService in its
-namespace changes, since a service appearing, going or turning Ready flips Ready.
+namespace changes readiness (appears, goes, turns Ready or not). Which services each pipeline
+calls is kept from the pipeline watch, so every other service event costs no API call.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import kopf
 from goodput_operator import conditions
 from goodput_operator.conditions import FALSE, READY, TRUE, VALID, Condition
 from goodput_operator.context import Context
-from goodput_operator.k8s import ApiError, now_timestamp, owner_path
+from goodput_operator.k8s import now_timestamp, owner_path
 from goodput_operator.pipeline_spec import PipelineSpec, SpecError, parse_pipeline
-from goodput_operator.settings import GROUP, PLURAL, VERSION
+from goodput_operator.settings import GROUP, VERSION
 
 logger = logging.getLogger(__name__)
 PIPELINES = "inferencepipelines"
@@ -91,16 +92,38 @@ async def reconcile_pipeline(ctx: Context, body: dict[str, Any]) -> None:
     logger.info("InferencePipeline %s/%s: Ready=%s (%s)", namespace, name, ready.get("status"), ready.get("message"))
 
 
-async def reconcile_namespace(ctx: Context, namespace: str, service: str) -> None:
-    """Every pipeline in the namespace that calls `service`."""
-    listing = await ctx.kube.request("GET", pipeline_path(namespace))
-    for item in (listing or {}).get("items") or ():
-        try:
-            spec = parse_pipeline(item["metadata"]["name"], namespace, item.get("spec") or {})
-        except SpecError:
-            continue
-        if service in spec.services:
-            await reconcile_pipeline(ctx, item)
+def pipeline_event(ctx: Context, event_type: str | None, body: dict[str, Any]) -> None:
+    """Keep which services each pipeline calls, as its watch delivers it."""
+    meta = body.get("metadata") or {}
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    if event_type == "DELETED":
+        ctx.pipeline_calls.pop(key, None)
+        return
+    try:
+        ctx.pipeline_calls[key] = frozenset(parse_pipeline(key[1], key[0], body.get("spec") or {}).services)
+    except SpecError:
+        ctx.pipeline_calls[key] = frozenset()
+
+
+def callers(ctx: Context, namespace: str, service: str) -> list[str]:
+    return sorted(name for (ns, name), calls in ctx.pipeline_calls.items() if ns == namespace and service in calls)
+
+
+async def service_event(ctx: Context, event_type: str | None, body: dict[str, Any]) -> None:
+    """A service's event: the pipelines that call it are checked again when its readiness changed, with
+    no API call for any other event (thousands of services, each with a burst of status writes)."""
+    meta = body.get("metadata") or {}
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    state = service_ready(None if event_type == "DELETED" else body)
+    if event_type == "DELETED":
+        changed = ctx.service_states.pop(key, None) != state
+    else:
+        changed, ctx.service_states[key] = ctx.service_states.get(key) != state, state
+    names = callers(ctx, *key) if changed else []
+    for name in names:
+        pipeline = await ctx.kube.get(pipeline_path(key[0], name))
+        if pipeline is not None:
+            await reconcile_pipeline(ctx, pipeline)
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
@@ -111,13 +134,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
         await reconcile_pipeline(memo.ctx, {"metadata": dict(body.metadata), "spec": dict(body.spec),
                                             "status": dict(body.status)})
 
-    @kopf.on.event(GROUP, VERSION, PLURAL, id="pipelines-of-service", registry=registry)
-    async def service_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        namespace, name = body.metadata.namespace, body.metadata.name
-        if not namespace or not name or getattr(memo, "ctx", None) is None:
-            return
-        try:
-            await reconcile_namespace(memo.ctx, namespace, name)
-        except ApiError as err:
-            if err.status != 404 and not err.namespace_going:  # 404: the CRD is not installed
-                logger.warning("Updating pipelines that call %s/%s failed: %s", namespace, name, err)
+    @kopf.on.event(GROUP, VERSION, PIPELINES, id="pipeline-calls", registry=registry)
+    async def pipeline_watched(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        if getattr(memo, "ctx", None) is not None:
+            pipeline_event(memo.ctx, event.get("type"), dict(event["object"]))

@@ -36,9 +36,12 @@ class Fit:
 
 
 async def reconcile_by_name(ctx: Context, namespace: str, name: str, priority: int = SIDE) -> None:
-    """Reconcile the service as the server holds it now (after a child or a fetch changed)."""
-    async with ctx.slots.hold(priority):
-        body = await ctx.kube.get(owner_path(namespace, name))
+    """Reconcile the service as its watch last delivered it (after a child or a fetch changed); read from
+    the server only when the watch has not delivered it yet."""
+    body = ctx.observed.service(namespace, name)
+    if body is None:
+        async with ctx.slots.hold(priority):
+            body = await ctx.kube.get(owner_path(namespace, name))
     if body is not None and not body["metadata"].get("deletionTimestamp"):
         await reconcile(ctx, body, priority)
 
@@ -264,9 +267,9 @@ async def _apply_children(ctx: Context, body: dict[str, Any], desired: list[dict
     for manifest in desired:
         meta = manifest["metadata"]
         live = ctx.observed.child(manifest["kind"], svc.namespace, meta["name"])
-        if live is None:
+        if live is None:  # the watches hold every child of ours they have seen, so this is mostly a new one
             live = await ctx.kube.get(resource_path(manifest["apiVersion"], manifest["kind"], svc.namespace,
-                                                    meta["name"]))
+                                                    meta["name"]), any_version=True)
         if live is not None and not _owned_by(live, owner["uid"]):
             raise ChildConflict(
                 f"{manifest['kind']} {meta['name']} already exists and is not owned by this service; "
@@ -347,4 +350,6 @@ async def _write_status(ctx: Context, body: dict[str, Any], before: dict[str, An
     if all(before.get(key) == value for key, value in status.items()):
         return
     meta = body["metadata"]
-    await ctx.kube.patch_status(meta["namespace"], meta["name"], status)
+    current = await ctx.kube.patch_status(meta["namespace"], meta["name"], status)
+    if current:
+        ctx.observed.service_event(None, current)

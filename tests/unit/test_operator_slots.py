@@ -6,7 +6,7 @@ from goodput_operator.context import CHANGE, RESUME, RESYNC, SIDE, SideQueue, Sl
 from goodput_operator.observed import Observed
 
 
-def test_slots_admit_a_user_change_before_backlog_that_waited_longer():
+def test_slots_admit_a_user_change_then_the_backlog_before_side_triggers_that_waited_longer():
     async def scenario() -> list[str]:
         slots, order = Slots(1), []
         gate = asyncio.Event()
@@ -26,7 +26,7 @@ def test_slots_admit_a_user_change_before_backlog_that_waited_longer():
         await asyncio.gather(first, *waiting)
         return order
 
-    assert asyncio.run(scenario()) == ["first", "apply", "side", "backlog", "resync"]
+    assert asyncio.run(scenario()) == ["first", "apply", "backlog", "side", "resync"]
 
 
 def test_a_cancelled_waiter_gives_its_turn_to_the_next():
