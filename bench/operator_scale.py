@@ -11,7 +11,8 @@ no nodes, so pods stay Pending) the script measures, against one operator proces
    started; the time until every one has its Deployment and a status;
 3. probes again with every service present, spread over the resync cycle;
 4. the writes one resync of unchanged services makes, from the API server's own request counters
-   (apiserver_request_total, every client), between two resyncs the operator reports finished;
+   (apiserver_request_total, every client), between two resyncs the operator reports finished,
+   in the first such window in which the controller-manager wrote nothing (it has caught up);
 5. the operator's RSS (VmRSS), sampled every second; the peak is reported.
 """
 
@@ -44,6 +45,7 @@ CRD = ROOT / "crds" / "serving.goodput.dev_inferenceservices.yaml"
 GROUP, VERSION, PLURAL = "serving.goodput.dev", "v1alpha1", "inferenceservices"
 RESULTS = ROOT / "bench" / "results"
 SERVICE_CIDR = "10.0.0.0/16"  # a ClusterIP for every service (the default /24 holds 254)
+CONTROLLER_KINDS = {"deployments", "replicasets", "pods", "endpointslices", "endpoints"}  # the controller-manager's
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "CREATE", "UPDATE", "APPLY"}
 
 
@@ -54,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--empty-probes", type=int, default=5, help="new services applied on the empty cluster")
     p.add_argument("--probe-gap", type=float, default=1.5, help="seconds between probes")
     p.add_argument("--resync-seconds", type=float, default=30.0)
+    p.add_argument("--settle-windows", type=int, default=8,
+                   help="resync windows to wait through at most for the controller-manager to catch up")
     p.add_argument("--deadline", type=float, default=900.0, help="seconds to wait for the initial reconcile")
     p.add_argument("--cluster-dir", type=Path, default=None, help="default: a fresh temporary directory")
     p.add_argument("--keep-cluster", action="store_true")
@@ -232,7 +236,14 @@ def main(argv: list[str] | None = None) -> dict:
                               "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
         plane.kubectl("apply", "-f", str(CRD))
-        plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{PLURAL}.{GROUP}")
+        for attempt in range(10):  # kubectl wait fails outright while the new CRD has no conditions yet
+            try:
+                plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{PLURAL}.{GROUP}")
+                break
+            except RuntimeError:
+                if attempt == 9:
+                    raise
+                time.sleep(1.0)
         for ns in ("scale", "probe"):
             plane.core.create_namespace({"metadata": {"name": ns}})
         shutil.rmtree(workdir / "kcache", ignore_errors=True)
@@ -278,16 +289,27 @@ def main(argv: list[str] | None = None) -> dict:
 
         print("writes of one resync of unchanged services:", flush=True)
         first = operator.metric("goodput_operator_resyncs_total")
-        deadline = time.monotonic() + 4 * args.resync_seconds + 300
+        deadline = time.monotonic() + (args.settle_windows + 2) * args.resync_seconds + 300
         while operator.metric("goodput_operator_resyncs_total") < first + 1 and time.monotonic() < deadline:
             time.sleep(0.5)
-        before = plane.write_counts()
-        mark = operator.metric("goodput_operator_resyncs_total")
-        while operator.metric("goodput_operator_resyncs_total") < mark + 1 and time.monotonic() < deadline:
-            time.sleep(0.5)
-        after = plane.write_counts()
+        # one window between two resyncs after another, until the controller-manager has caught up (a
+        # window in which it wrote no Deployment, ReplicaSet, Pod or EndpointSlice): what the operator
+        # writes then is what a resync of unchanged services costs
+        windows: list[dict[str, float]] = []
+        for _ in range(args.settle_windows):
+            before = plane.write_counts()
+            mark = operator.metric("goodput_operator_resyncs_total")
+            while operator.metric("goodput_operator_resyncs_total") < mark + 1 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            after = plane.write_counts()
+            windows.append({k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)})
+            print(f"  window {len(windows)}: {windows[-1] or 'no writes'}", flush=True)
+            if not any(k.split("/")[0] in CONTROLLER_KINDS for k in windows[-1]) or time.monotonic() > deadline:
+                break
         result["resync_seconds_last"] = operator.metric("goodput_operator_resync_duration_seconds")
-        result["resync_writes"] = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
+        result["resync_windows"] = windows
+        result["resync_writes"] = windows[-1]
+        result["resync_settled"] = not any(k.split("/")[0] in CONTROLLER_KINDS for k in windows[-1])
         result["resync_write_total"] = sum(result["resync_writes"].values())
         result["operator_writes_total"] = operator.metric("goodput_operator_api_writes_total")
         result["rss_peak_mib"] = operator.rss_peak / 2**20

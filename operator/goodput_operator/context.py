@@ -37,7 +37,7 @@ class Discovered:
 # side trigger only refreshes a status, and the refreshes of a start-up's burst fold into one when
 # they wait until the backlog is done.
 CHANGE, RESUME, SIDE, RESYNC = range(4)
-RECONCILE_SLOTS = 6  # reconciles talking to the API server at once (the default executor has cpus + 4 threads)
+RECONCILE_SLOTS = 8  # reconciles talking to the API server at once (k8s.API_THREADS calls between them)
 
 
 class Slots:
@@ -123,6 +123,8 @@ class Context:
     side: SideQueue = field(default_factory=SideQueue)
     slots: Slots = field(default_factory=lambda: Slots(RECONCILE_SLOTS))
     started_at: float = field(default_factory=time.time)  # wall clock, as creationTimestamps are
+    # (namespace, name) -> the generation the last completed pass reconciled
+    handled: dict[tuple[str, str], int] = field(default_factory=dict)
     # pipelines by (namespace, name) -> the services they call, from the pipeline watch
     pipeline_calls: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
     # (namespace, service) -> (Ready, why not) as the pipelines last saw it, from the service watch

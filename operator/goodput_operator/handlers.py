@@ -38,7 +38,8 @@ SIDE_WORKERS = 4
 
 
 def operator_settings() -> kopf.OperatorSettings:
-    """Kopf keeps its bookkeeping in our own annotations and posts no events of its own."""
+    """Kopf keeps its bookkeeping (for pipelines; services are level-based) in our own annotations and
+    posts no events of its own."""
     settings = kopf.OperatorSettings()
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
@@ -113,31 +114,30 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
             task.cancel()
         if getattr(memo, "ctx", None) is not None:
             await memo.ctx.fetcher.close()
+            memo.ctx.kube.close()
 
-    @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", backoff=RETRY_BACKOFF_SECONDS, registry=registry)
-    @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", backoff=RETRY_BACKOFF_SECONDS, registry=registry)
-    @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", backoff=RETRY_BACKOFF_SECONDS, registry=registry)
-    async def service_changed(body: kopf.Body, memo: kopf.Memo, reason: str, **_: Any) -> None:
-        plain = _plain(body)
-        # services found at start-up (resumed, or created while the operator was down) are backlog:
-        # a service created or changed since goes ahead of them
-        backlog = reason == kopf.Reason.RESUME or (reason == kopf.Reason.CREATE and _created_before(plain, memo.ctx))
-        await reconcile(memo.ctx, plain, RESUME if backlog else CHANGE)
-
+    # Level-based on the watch alone: a service gets a pass when this process first sees it and whenever
+    # its generation (its spec) moves past the last one a pass completed. No kopf change handler, so
+    # kopf keeps no diff base or progress on the services: no annotation write per service, and no
+    # deep copy of every service on every event.
     @kopf.on.event(GROUP, VERSION, PLURAL, id="service-watch", registry=registry)
     async def service_watched(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         ctx = getattr(memo, "ctx", None)
         if ctx is None:
             return
+        type_ = event.get("type")
         obj: dict[str, Any] = dict(event["object"])
-        ctx.observed.service_event(event.get("type"), obj)
+        ctx.observed.service_event(type_, obj)
         try:
-            await pipelines.service_event(ctx, event.get("type"), obj)
+            await pipelines.service_event(ctx, type_, obj)
         except ApiError as err:
             if err.status != 404 and not err.namespace_going:  # 404: the pipeline CRD is not installed
                 meta = obj.get("metadata") or {}
                 logger.warning("Updating the pipelines that call %s/%s failed: %s", meta.get("namespace"),
                                meta.get("name"), err)
+        priority = pass_needed(ctx, type_, obj)
+        if priority is not None:
+            await reconcile_or_retry(ctx, obj, priority, background)
 
     for resource in CHILD_RESOURCES:
         @kopf.on.event(**resource, id="child", labels=OWNED, registry=registry)  # type: ignore[arg-type]
@@ -158,6 +158,43 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
             memo.ctx.side.add(body.metadata.namespace, service)
 
     pipelines.register(registry)
+
+
+def pass_needed(ctx: Context, event_type: str | None, obj: dict[str, Any]) -> int | None:
+    """The priority of the pass a service's event calls for, or None (a status write, a pass already made).
+
+    Seen for the first time since start-up: a pass, as backlog when the service predates the start
+    (a service created or changed since goes ahead of them). Then a pass each time the generation
+    moves past the last one a pass completed."""
+    meta = obj.get("metadata") or {}
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    if event_type == "DELETED" or meta.get("deletionTimestamp"):
+        ctx.handled.pop(key, None)
+        return None
+    if key not in ctx.handled:
+        return RESUME if _created_before(obj, ctx) else CHANGE
+    return CHANGE if ctx.handled[key] != meta.get("generation", 1) else None
+
+
+async def reconcile_or_retry(ctx: Context, obj: dict[str, Any], priority: int, tasks: set[asyncio.Task[None]]) -> None:
+    """A pass; a failed one is logged and queued again after RETRY_BACKOFF_SECONDS (the resync also retries)."""
+    meta = obj["metadata"]
+    try:
+        await reconcile(ctx, obj, priority)
+        if priority == RESUME:
+            logger.info("Resumed %s/%s: its children and status checked", meta["namespace"], meta["name"])
+    except Exception as err:
+        if isinstance(err, ApiError) and err.namespace_going:
+            return
+        logger.warning("Reconciling %s/%s failed, retrying in %.0f s: %s", meta["namespace"], meta["name"],
+                       RETRY_BACKOFF_SECONDS, err)
+
+        async def later() -> None:
+            await asyncio.sleep(RETRY_BACKOFF_SECONDS)
+            ctx.side.add(meta["namespace"], meta["name"])
+        task = asyncio.create_task(later())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
 
 async def side_reconciles(ctx: Context) -> None:
@@ -210,8 +247,3 @@ def _created_before(body: dict[str, Any], ctx: Context) -> bool:
         return False
     created = datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
     return created < ctx.started_at - 1.0
-
-
-def _plain(body: kopf.Body) -> dict[str, Any]:
-    return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-            "metadata": dict(body.metadata), "spec": dict(body.spec), "status": dict(body.status)}

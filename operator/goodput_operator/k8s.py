@@ -12,7 +12,9 @@ import asyncio
 import base64
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
+from functools import partial
 from typing import Any
 
 import kubernetes
@@ -21,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from goodput_operator import metrics
 from goodput_operator.settings import GROUP, PLURAL, VERSION
 
+API_THREADS = 16  # API calls the operator has out at once, at most
 PLURALS = {
     "Deployment": "deployments",
     "Service": "services",
@@ -59,7 +62,9 @@ def load_config() -> kubernetes.client.ApiClient:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
-    api = kubernetes.client.ApiClient()
+    config = kubernetes.client.Configuration.get_default_copy()
+    config.connection_pool_maxsize = API_THREADS  # a kept connection for each thread that may call at once
+    api = kubernetes.client.ApiClient(config)
     api.user_agent = "goodput-operator"
     return api
 
@@ -145,6 +150,12 @@ class Kube:
     def __init__(self, api: kubernetes.client.ApiClient, field_manager: str) -> None:
         self._api = api
         self.field_manager = field_manager
+        # blocking client calls run here, not in the loop's default executor (cpus + 4 threads): each
+        # reconcile slot may have several calls out at once
+        self._pool = ThreadPoolExecutor(API_THREADS, thread_name_prefix="kube")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
               content_type: str = "application/json") -> Any:
@@ -167,7 +178,8 @@ class Kube:
     async def request(self, method: str, path: str, **kwargs: Any) -> Any:
         if method != "GET":
             metrics.API_WRITES.labels(verb=method).inc()
-        return await asyncio.to_thread(self._call, method, path, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, partial(self._call, method, path,
+                                                                                    **kwargs))
 
     async def get(self, path: str, any_version: bool = False) -> dict[str, Any] | None:
         """The object, or None when absent. `any_version`: as the API server's watch cache holds it

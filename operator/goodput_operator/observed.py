@@ -56,7 +56,7 @@ class Observed:
             return
         held = self._services.get(key)
         if held is not None and held["metadata"].get("uid") == meta.get("uid") and \
-                _version(held) > _version(obj):
+                version(held) > version(obj):
             return
         self._services[key] = trimmed(obj)
 
@@ -106,7 +106,7 @@ class Observed:
         return list((self._pods.get((namespace, service)) or {}).values())
 
 
-def _version(obj: dict[str, Any]) -> int:
+def version(obj: dict[str, Any]) -> int:
     """resourceVersion as a number, to order two copies of one object (-1 when it is not one; opaque by
     contract, etcd's revision in every server this operator supports)."""
     try:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from goodput_operator import builders, capacity, engines, metrics, network, pods
+from goodput_operator import builders, capacity, engines, metrics, network, observed, pods
 from goodput_operator.autoscaling import external
 from goodput_operator.conditions import (
     AVAILABLE,
@@ -51,6 +52,10 @@ async def reconcile(ctx: Context, body: dict[str, Any], priority: int = CHANGE) 
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     async with ctx.lock(namespace, name), ctx.slots.hold(priority):
+        newer = ctx.observed.service(namespace, name)  # the watch delivered a later copy while this pass waited
+        if newer is not None and newer["metadata"].get("uid") == meta.get("uid") and \
+                observed.version(newer) > observed.version(body):
+            body, meta = newer, newer["metadata"]
         started = time.monotonic()
         try:
             result = await _reconcile(ctx, body)
@@ -64,6 +69,7 @@ async def reconcile(ctx: Context, body: dict[str, Any], priority: int = CHANGE) 
         finally:
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
         metrics.RECONCILES.labels(result=result).inc()
+        ctx.handled[(namespace, name)] = meta.get("generation", 1)
 
 
 async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
@@ -263,25 +269,29 @@ async def _apply_children(ctx: Context, body: dict[str, Any], desired: list[dict
     """Apply every desired child; remove the ones no longer wanted; return the live Deployment."""
     # Look before writing anything: a name held by someone else's object stops the whole pass.
     # The watches' copy when they delivered one; else the server's (absent or predating the watch).
-    lives = []
-    for manifest in desired:
+    # The reads, and then the writes, go out together: a pass waits for one round trip of each, not one per child.
+    async def look(manifest: dict[str, Any]) -> dict[str, Any] | None:
         meta = manifest["metadata"]
         live = ctx.observed.child(manifest["kind"], svc.namespace, meta["name"])
         if live is None:  # the watches hold every child of ours they have seen, so this is mostly a new one
             live = await ctx.kube.get(resource_path(manifest["apiVersion"], manifest["kind"], svc.namespace,
                                                     meta["name"]), any_version=True)
+        return live
+
+    lives = await asyncio.gather(*(look(manifest) for manifest in desired))
+    for manifest, live in zip(desired, lives, strict=True):
         if live is not None and not _owned_by(live, owner["uid"]):
             raise ChildConflict(
-                f"{manifest['kind']} {meta['name']} already exists and is not owned by this service; "
-                "delete it or rename the service"
+                f"{manifest['kind']} {manifest['metadata']['name']} already exists and is not owned by this "
+                "service; delete it or rename the service"
             )
-        lives.append(live)
 
     deployment: dict[str, Any] = {}
     written: dict[str, list[str]] = {}  # verb -> "Kind name" of each child written, one Event per verb
-    for manifest, live in zip(desired, lives, strict=True):
+    applied = await asyncio.gather(*(ctx.kube.apply(manifest, live) for manifest, live in zip(desired, lives,
+                                                                                               strict=True)))
+    for manifest, (action, current) in zip(desired, applied, strict=True):
         meta = manifest["metadata"]
-        action, current = await ctx.kube.apply(manifest, live)
         if action != "unchanged":
             ctx.observed.remember(current)
             ctx.observed.mark_absent(resource_path(manifest["apiVersion"], manifest["kind"], svc.namespace,

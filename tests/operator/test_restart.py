@@ -36,7 +36,7 @@ def test_restart_creates_no_duplicates_and_writes_nothing(cluster, operator, nam
     operator.start()
     def resumed():
         lines = operator.log()[offset:].splitlines()
-        return sum(f"[{namespace}/" in line and "Resuming is processed" in line for line in lines)
+        return sum(f"Resumed {namespace}/" in line for line in lines)
 
     wait_for(lambda: resumed() >= len(NAMES), 60, "the restarted operator to resume every service")
     time.sleep(3)
