@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     kopf.configure(verbose=args.verbose, log_prefix=True)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    if not args.verbose:  # kopf's line per handler call ("Handler 'child' succeeded") for every event, at scale
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     registry = kopf.OperatorRegistry()
     register(registry, settings)
     kopf.run(

@@ -298,7 +298,6 @@ async def _apply_children(ctx: Context, body: dict[str, Any], desired: list[dict
                                                    meta["name"]), absent=False)
             metrics.CHILD_WRITES.labels(kind=manifest["kind"], action=action).inc()
             verb = action.capitalize()
-            logger.info("%s %s %s/%s", verb, manifest["kind"], svc.namespace, meta["name"])
             written.setdefault(verb, []).append(f"{manifest['kind']} {meta['name']}")
         if manifest["kind"] == "Deployment":
             deployment = current
@@ -316,9 +315,9 @@ async def _apply_children(ctx: Context, body: dict[str, Any], desired: list[dict
             kind, child = live["kind"], live["metadata"]["name"]
             ctx.observed.forget(kind, svc.namespace, child)
             ctx.observed.mark_absent(path)
-            logger.info("Deleted %s %s/%s", kind, svc.namespace, child)
             written.setdefault("Deleted", []).append(f"{kind} {child}")
-    for verb, children in written.items():
+    for verb, children in written.items():  # one log line and one Event per verb, however many children
+        logger.info("%s/%s: %s %s", svc.namespace, svc.name, verb, ", ".join(children))
         await ctx.event(body, "Normal", verb, f"{verb} {', '.join(children)}")
     return deployment
 
