@@ -61,6 +61,7 @@ AUTOSCALER_WRITE_ERRORS = PREFIX + "autoscaler_write_errors_total"
 AUTOSCALER_REPLICAS = PREFIX + "autoscaler_replicas"
 AUTOSCALER_CAPACITY_PER_REPLICA = PREFIX + "autoscaler_capacity_per_replica"
 AUTOSCALER_STARTUP_SECONDS = PREFIX + "autoscaler_startup_seconds"
+AUTOSCALER_ARRIVAL_RATE = PREFIX + "autoscaler_arrival_rate"
 
 
 

@@ -157,6 +157,14 @@ def dashboard() -> dict[str, Any]:
             q(f"{total} / sum(goodput:replicas_reporting:count{{{RUNTIME}}})", "load per replica"),
             q(f"goodput_autoscaler_capacity_per_replica{{{OPERATOR}}}", "capacity per replica (learnt)"),
         ], "reqps", 12, 16),
+        panel("Arrival rate: forecast vs actual", [
+            q(f'goodput_autoscaler_arrival_rate{{{OPERATOR}, kind="observed"}}', "actual (1-minute window)"),
+            q(f'goodput_autoscaler_arrival_rate{{{OPERATOR}, kind="smoothed"}}', "smoothed (Holt level)"),
+            q(f'goodput_autoscaler_arrival_rate{{{OPERATOR}, kind="forecast"}}', "forecast at start-up horizon"),
+        ], "reqps", 0, 40, description=(
+            "The rate the autoscaler plans for when a replica asked for now would be ready "
+            "(goodput_autoscaler_startup_seconds ahead), against the rate that came: a right forecast leads the "
+            "actual line by that horizon.")),
         panel("Queue depth", [
             q(f"sum(goodput:requests_waiting:sum{{{RUNTIME}}})", "waiting"),
             q(f"sum(goodput:requests_running:sum{{{RUNTIME}}})", "running"),
@@ -178,9 +186,9 @@ def dashboard() -> dict[str, Any]:
             q(f"goodput:slo_errors:ratio_rate6h{{{RUNTIME}}} / 0.05", "6h"),
         ], "short", 16, 32, w=8, threshold=None,
             description="1 spends the budget (0.05 for a 0.95 target) exactly over the SLO period; 14.4 pages."),
-        *gateway_panels(40),
-        *batch_panels(48),
-        *pipeline_panels(56),
+        *gateway_panels(48),
+        *batch_panels(56),
+        *pipeline_panels(64),
     ]
     return {
         "uid": UID, "title": "Goodput / Autoscaling", "tags": ["goodput", "slo", "autoscaling"],

@@ -58,6 +58,12 @@ AUTOSCALER_CAPACITY = Gauge(
     names.AUTOSCALER_CAPACITY_PER_REPLICA, "Requests per second one replica serves within the SLO, as learnt.",
     ["namespace", "name"],
 )
+AUTOSCALER_ARRIVAL = Gauge(
+    names.AUTOSCALER_ARRIVAL_RATE,
+    "Arrival rate (requests/s) as the autoscaler sees it: observed over the short window, smoothed (Holt's "
+    "level), and forecast (the rate planned for when a replica asked for now would be ready).",
+    ["namespace", "name", "kind"],
+)
 AUTOSCALER_STARTUP = Gauge(
     names.AUTOSCALER_STARTUP_SECONDS, "Seconds from a replica asked for to it ready, averaged: the forecast horizon.",
     ["namespace", "name"],

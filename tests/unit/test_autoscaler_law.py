@@ -15,6 +15,7 @@ from goodput_operator.autoscaling.law import (
     Signals,
     capacity_term,
     decide,
+    forecast,
     learn_capacity,
     planned_load,
 )
@@ -224,6 +225,17 @@ def test_a_significant_trend_scales_ahead_by_the_start_up_time():
     assert "rising" in rising.reason
     flat = decide(POLICY, Observation(1000.0, 4, 4, met(10.15)), replace(memory, trend=0.01))
     assert (flat.desired, flat.cause) == (4, "steady"), flat.reason  # within the noise: no forecast
+
+
+def test_the_exported_forecast_is_the_rate_the_law_sized_for():
+    memory = Memory(capacity_per_replica=4.0, level=10.0, trend=0.05, seen_at=985.0)
+    rising = decide(POLICY, Observation(1000.0, 4, 4, met(10.75)), memory)
+    ahead = forecast(rising.memory, POLICY, 15.0)
+    assert ahead is not None and ahead > rising.memory.level  # the dashboard's forecast leads the actual
+    assert f"{ahead:.2f} req/s" in rising.reason  # the very rate the decision names
+    assert forecast(Memory(), POLICY, 15.0) is None  # before any signal: no series, not zero
+    steady = decide(POLICY, Observation(1000.0, 4, 4, met(10.15)), replace(memory, trend=0.01))
+    assert forecast(steady.memory, POLICY, 15.0) == steady.memory.level  # a trend inside the noise is ignored
 
 
 def test_the_rate_is_smoothed_but_a_change_beyond_the_noise_is_taken_at_once():

@@ -224,6 +224,14 @@ def _noise(rate: float, window: float) -> float:
     return math.sqrt(max(rate, 1e-9) / max(window, 1e-9))
 
 
+def forecast(memory: Memory, policy: Policy, period: float) -> float | None:
+    """The arrival rate the law plans for when a replica asked for now would be ready, as `decide` does
+    (None before the first signal): for the dashboard's forecast against the rate that then came."""
+    if memory.level is None:
+        return None
+    return _ahead(memory, policy.startup_seconds + period + policy.window_seconds / 2, policy.window_seconds)
+
+
 def _ahead(memory: Memory, horizon: float, window: float) -> float:
     """The rate expected `horizon` seconds on: the level plus the trend, the trend only where it is
     significant (beyond TREND_SIGMAS Poisson deviations of a windowed rate) and only upwards."""

@@ -18,7 +18,16 @@ from typing import Any
 from goodput_contract.metrics import AUTOSCALER_DESIRED_REPLICAS as DESIRED_METRIC
 from goodput_operator import metrics
 from goodput_operator.autoscaling.gateway import GatewayReader, GatewayView
-from goodput_operator.autoscaling.law import SCALE_CAUSES, UP, Decision, Memory, Observation, Policy, decide
+from goodput_operator.autoscaling.law import (
+    SCALE_CAUSES,
+    UP,
+    Decision,
+    Memory,
+    Observation,
+    Policy,
+    decide,
+    forecast,
+)
 from goodput_operator.autoscaling.sources import (
     DirectSource,
     PrometheusSource,
@@ -181,6 +190,11 @@ class Autoscaler:
                 decision.memory.capacity_per_replica)
         if reading.signals is not None and reading.signals.attainment is not None:
             metrics.AUTOSCALER_ATTAINMENT.labels(namespace=namespace, name=name).set(reading.signals.attainment)
+        ahead = forecast(decision.memory, policy, self.period)
+        for kind, rate in (("observed", reading.signals.arrival_rate if reading.signals else None),
+                           ("smoothed", decision.memory.level), ("forecast", ahead)):
+            if rate is not None:
+                metrics.AUTOSCALER_ARRIVAL.labels(namespace=namespace, name=name, kind=kind).set(rate)
         return decision
 
     async def _write_replicas(self, body: dict[str, Any], svc: ServiceSpec, current: int, decision: Decision) -> None:
@@ -255,8 +269,10 @@ def _forget_series(namespace: str, name: str) -> None:
             gauge.remove(namespace, name)
         except KeyError:
             pass
-    for kind in ("current", "ready", "starting", "min", "max"):
-        try:
-            metrics.AUTOSCALER_REPLICAS.remove(namespace, name, kind)
-        except KeyError:
-            pass
+    for gauge, kinds in ((metrics.AUTOSCALER_REPLICAS, ("current", "ready", "starting", "min", "max")),
+                         (metrics.AUTOSCALER_ARRIVAL, ("observed", "smoothed", "forecast"))):
+        for kind in kinds:
+            try:
+                gauge.remove(namespace, name, kind)
+            except KeyError:
+                pass
