@@ -83,13 +83,14 @@ class EngineMetrics:
     kv_usage: tuple[str, ...]  # a 0..1 ratio
     ttft: tuple[str, ...]  # histograms, seconds
     tpot: tuple[str, ...]  # per request where the engine has it, else per token
+    rejected: tuple[str, ...] = ()  # counters of requests refused before they were queued (429): demand too
 
 
 ENGINE_METRICS: dict[str, EngineMetrics] = {
     "goodput": EngineMetrics(
         "goodput", "model", requests=(REQUESTS,), good=REQUESTS_GOOD, failed=((REQUESTS, "outcome", ("error",)),),
         running=(REQUESTS_RUNNING,), waiting=(REQUESTS_WAITING,), kv_usage=(KV_CACHE_USAGE,), ttft=(TTFT,),
-        tpot=(TPOT,)),
+        tpot=(TPOT,), rejected=(REQUESTS_REJECTED,)),
     # vLLM 0.32.0 checked by scraping it; older names kept so an upgrade or downgrade breaks nothing
     "vllm": EngineMetrics(
         "vllm", "model_name", requests=("vllm:request_success_total",), good=None,

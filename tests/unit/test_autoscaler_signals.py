@@ -41,6 +41,20 @@ def test_attainment_rate_and_queue_over_a_window():
     assert 0.5 < s.ttft_p90 <= 1.0
 
 
+def test_requests_refused_with_429_are_arrivals_but_not_served_requests():
+    a = pod()
+    history = History(keep_seconds=600)
+    history.add(0.0, {"a": scrape(a)})
+    for _ in range(10):
+        finished(a, ttft=0.1)
+    for _ in range(30):  # admission refused three times what the pod served: the demand is four times it
+        a.record_rejected("slo_ttft_exceeded")
+    history.add(10.0, {"a": scrape(a)})
+    s = history.signals(10.0, window=60, long_window=300)
+    assert s.arrival_rate == pytest.approx(40 / 10)
+    assert s.attainment == pytest.approx(1.0)  # of the requests served, every one met the SLO
+
+
 def test_one_scrape_is_no_signal_and_no_requests_is_no_attainment():
     a = pod()
     history = History(keep_seconds=600)

@@ -33,6 +33,7 @@ class PodSample:
     engine: str = "goodput"  # whose names the text used
     failed: float = 0.0  # finished without success (aborted, errors)
     counts_good: bool = True  # False: the engine has no good counter; it is estimated against the SLO
+    rejected: float = 0.0  # refused before being queued (admission's 429s): arrivals the pod never served
 
 
 def _detect(names: set[str]) -> EngineMetrics:
@@ -81,6 +82,7 @@ def parse_pod_metrics(text: str) -> PodSample:
         running=gauge(m.running), waiting=gauge(m.waiting), kv_usage=gauge(m.kv_usage, average=True),
         ttft_buckets=buckets(m.ttft), tpot_buckets=buckets(m.tpot),
         engine=m.engine, failed=failed, counts_good=m.good is not None,
+        rejected=sum(total(name) for name in m.rejected),
     )
 
 
@@ -184,12 +186,15 @@ class History:
         return min(1.0, good / total) if total > 0 else None
 
     def _arrival_rate(self, base: tuple[float, dict[str, PodSample]]) -> float:
-        """Finished requests plus the growth of those running and waiting, per second since `base`."""
+        """Finished and refused requests plus the growth of those running and waiting, per second since
+        `base`: a request admission refused with 429 was demand all the same, and the count that would
+        have served it is what the autoscaler must find."""
         then, old = base
         latest = self.scrapes[-1][1]
         pods = latest.keys() & old.keys()
         elapsed = max(self.scrapes[-1][0] - then, 1e-9)
-        finished = sum(_delta(latest[p].requests, old[p].requests) for p in pods)
+        finished = sum(_delta(latest[p].requests, old[p].requests) + _delta(latest[p].rejected, old[p].rejected)
+                       for p in pods)
         in_flight = sum(latest[p].running + latest[p].waiting - old[p].running - old[p].waiting for p in pods)
         return max(0.0, (finished + in_flight) / elapsed)
 

@@ -188,7 +188,8 @@ class PrometheusSource:
         def attainment(window: str) -> str:
             return f"sum(rate({m.good}{{{sel}}}[{window}])) / sum(rate({m.requests[0]}{{{sel}}}[{window}]))"
 
-        scalars = [f"sum(rate({m.requests[0]}{{{sel}}}[{w}]))", rate(m.requests, w), rate(m.requests, lw),
+        arrivals = m.requests + m.rejected  # refused requests (429) were demand too
+        scalars = [f"sum(rate({m.requests[0]}{{{sel}}}[{w}]))", rate(arrivals, w), rate(m.requests, lw),
                    failed(w), failed(lw),
                    first(m.waiting, lambda n: f"sum({n}{{{sel}}})"), first(m.running, lambda n: f"sum({n}{{{sel}}})"),
                    first(m.kv_usage, lambda n: f"avg({n}{{{sel}}})"),
