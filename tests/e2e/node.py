@@ -160,7 +160,7 @@ class Node:
         """What to print when a wait fails: pods, events and the operator's log tail."""
         parts = []
         ns = ["-n", namespace] if namespace else []
-        for args in (["get", "pods,deploy,gsvc", *ns, "-o", "wide"],
+        for args in (["get", "pods,rs,deploy,gsvc", *ns, "-o", "wide"],
                      ["get", "events", *ns, "--sort-by=.lastTimestamp"],
                      ["logs", "-n", OPERATOR_NAMESPACE, "deploy/goodput-operator", "--tail=40"]):
             result = self.kubectl(*args, check=False)

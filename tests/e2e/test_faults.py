@@ -160,7 +160,7 @@ def test_the_kubelet_restarting_leaves_the_pods_serving(faulty: Any) -> None:
     assert not direct.failed, [o.error for o in direct.failed]
     after = {p["metadata"]["uid"]: [c["restartCount"] for c in p["status"]["containerStatuses"]]
              for p in ready_pods(node)}
-    assert after == before, "the kubelet's restart replaced or restarted runtime containers"
+    assert after == before, f"the kubelet's restart replaced or restarted runtime containers\n{node.describe()}"
     for o in load.failed:
         # a connection refused while the gateway's Service has no ready endpoint; or, an open bug seen in
         # about one run in three, a 404 with an empty body through the gateway inside the same window
