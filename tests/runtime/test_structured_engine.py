@@ -150,3 +150,23 @@ def test_the_engine_ignores_the_keywords_refused_before_it(tiny_model_dir: Path)
         {"type": "string", "contentEncoding": "base64"})).matcher()
     ids = core.tokenizer('"!!"', add_special_tokens=False).input_ids
     assert all(matcher.accept(t) for t in ids)
+
+
+def test_the_mask_rules_out_exactly_the_unset_bits_of_the_listed_rows():
+    import torch
+
+    from goodput_runtime.structured.grammar import allocate_bitmask, apply_bitmask
+
+    vocab = 100
+    bitmask = allocate_bitmask(3, vocab)  # every token allowed
+    bitmask[0, :] = 0
+    bitmask[0, 1] = 1 << 5  # row 0: only token 37
+    bitmask[2, 0] = ~(1 << 3)  # row 2: all but token 3 (and nothing past the mask's 96 + 32 bits is cut)
+    logits = torch.zeros(3, vocab)
+    apply_bitmask(logits, bitmask, [0, 2])
+    assert (logits[0] == 0).nonzero().flatten().tolist() == [37]
+    assert torch.equal(logits[1], torch.zeros(vocab))  # not listed: untouched
+    assert (logits[2] != 0).nonzero().flatten().tolist() == [3]
+    wide = torch.zeros(1, 40)
+    apply_bitmask(wide, allocate_bitmask(1, 32), [0])  # tokens past the mask are never allowed
+    assert torch.isinf(wide[0, 32:]).all() and (wide[0, :32] == 0).all()

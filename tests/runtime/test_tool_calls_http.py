@@ -12,9 +12,9 @@ pytestmark = pytest.mark.runtime
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6},
                                          "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
         "required": ["city", "unit"]}
+ZONE = {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": CITY}},
-         {"type": "function", "function": {"name": "get_time", "parameters": {
-             "type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"]}}}]
+         {"type": "function", "function": {"name": "get_time", "parameters": ZONE}}]
 MESSAGES = [{"role": "user", "content": "Weather?"}]
 
 

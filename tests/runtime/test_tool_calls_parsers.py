@@ -123,7 +123,7 @@ def test_a_required_output_cut_before_any_call_is_content():
 ])
 def test_text_after_an_auto_call_streams_as_the_whole_answer_has_it(pieces):
     deltas = stream("hermes", pieces)
-    whole, calls = parse("".join(pieces), "hermes", NAMES)
+    whole, _ = parse("".join(pieces), "hermes", NAMES)
     assert "".join(d.get("content", "") for d in deltas) == whole
     assert [json.loads(d["tool_calls"][0]["function"]["arguments"]) for d in deltas
             if "tool_calls" in d and d["tool_calls"][0]["function"]["arguments"]] == [PARIS]

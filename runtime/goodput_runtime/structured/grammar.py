@@ -295,22 +295,42 @@ def fill_bitmasks(rows: list[tuple[Grammar, int]], bitmask: torch.Tensor) -> Non
     llguidance.torch.fill_next_token_bitmask_par(_executor, [(g.matcher, row) for g, row in rows], bitmask)
 
 
-BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
+BIAS_TABLES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _bias_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """[256, 8]: for each byte of a mask, what to add to its 8 tokens' logits (0 allowed, -inf not)."""
+    table = BIAS_TABLES.get((device, dtype))
+    if table is None:
+        bits = (torch.arange(256)[:, None] >> torch.arange(8)) & 1
+        table = torch.where(bits.bool(), 0.0, float("-inf")).to(device=device, dtype=dtype)
+        BIAS_TABLES[(device, dtype)] = table
+    return table
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
     """Masked-out tokens of the listed rows become -inf, in place, on the logits' device.
-    bitmask: [len(logits), ceil(V / 32)] int32, one bit per token, 1 where the token is allowed."""
+    bitmask: [len(logits), ceil(V / 32)] int32, one bit per token, 1 where the token is allowed.
+
+    Branch-free: each mask byte looks up its 8 tokens' additive bias (0 or -inf) and the biases are
+    added to the logits. A masked_fill with a bool mask costs about 5x more on CPU (its per-element
+    branch mispredicts on a mask's irregular pattern); bench/structured_output.py measures this
+    against xgrammar's kernel."""
     if not rows:
         return
     device = logits.device
-    shifts = BIT_SHIFTS.get(device)
-    if shifts is None:
-        shifts = BIT_SHIFTS.setdefault(device, torch.arange(32, dtype=torch.int32, device=device))
-    index = torch.tensor(rows, device=device)
-    words = bitmask.to(device, non_blocking=True)[index]
-    allowed = ((words.unsqueeze(-1) >> shifts) & 1).reshape(len(rows), -1).bool()
+    words = bitmask.to(device, non_blocking=True)
+    everyone = rows == list(range(logits.shape[0]))
+    index = None if everyone else torch.tensor(rows, device=device)
+    if index is not None:
+        words = words.index_select(0, index)
+    table = _bias_table(device, logits.dtype)
+    bias = table.index_select(0, words.contiguous().view(torch.uint8).reshape(-1).long()).reshape(len(rows), -1)
     vocab = logits.shape[-1]
-    if allowed.shape[1] < vocab:  # tokens past the mask are never allowed
-        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
-    logits[index] = logits[index].masked_fill(~allowed[:, :vocab], float("-inf"))
+    if bias.shape[1] < vocab:  # tokens past the mask are never allowed
+        bias = torch.nn.functional.pad(bias, (0, vocab - bias.shape[1]), value=float("-inf"))
+    bias = bias[:, :vocab]
+    if index is None:
+        logits.add_(bias)
+    else:
+        logits.index_add_(0, index, bias)
