@@ -22,19 +22,22 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
 import llguidance.torch
 import torch
 
+if TYPE_CHECKING:  # a type in the stub only
+    from llguidance._lib import JsonCompileOptions
+
 CACHE_SIZE = 256  # compiled grammars kept; a pristine matcher is tens of KiB for a JSON Schema
 KINDS = ("json_object", "json_schema", "regex", "choice", "grammar", "structural")
 # JSON as json.dumps writes it (", " and ": ", no other whitespace); strict: a keyword the converter
 # does not implement is an error, never ignored, and oneOf is not loosened to anyOf. These are
 # overrides: a schema's own "x-guidance" settings cannot change them.
-JSON_OPTIONS: llguidance.JsonCompileOptions = {
+JSON_OPTIONS: JsonCompileOptions = {
     "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
     "lenient": False, "coerce_one_of": False}
 SOURCE_LINE = re.compile(r"^\s*[0-9]+ \| ")
@@ -79,17 +82,26 @@ def _clean(message: str, keep_position: bool = False) -> str:
 class Grammar:
     """One choice's matcher: which tokens may come next, advanced with each accepted token."""
 
-    __slots__ = ("matcher",)
+    __slots__ = ("matcher", "words")
 
-    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, words: int) -> None:
         self.matcher = matcher
+        self.words = words  # int32 words of this tokenizer's mask: ceil(vocab / 32)
 
     def accept(self, token: int) -> bool:
         """Advance by one accepted token; False when the grammar refuses it (the choice then ends)."""
         return bool(self.matcher.consume_token(token))
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
-        llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, row)
+        if bitmask.shape[1] == self.words:
+            llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, row)
+            return
+        # logits wider (or narrower) than the tokenizer's vocabulary: tokens it lacks are never allowed
+        own = allocate_bitmask(1, self.words * 32)
+        llguidance.torch.fill_next_token_bitmask(self.matcher, own, 0)
+        width = min(self.words, bitmask.shape[1])
+        bitmask[row, :width] = own[0, :width]
+        bitmask[row, width:] = 0
 
     def rollback(self, num_tokens: int) -> None:
         self.matcher.rollback(num_tokens)
@@ -100,21 +112,23 @@ class Grammar:
         return bool(self.matcher.is_stopped())
 
     def fork(self) -> Grammar:
-        return Grammar(self.matcher.deep_copy())
+        return Grammar(self.matcher.deep_copy(), self.words)
 
 
 class CompiledGrammar:
     """A compiled spec, shared by every request that asks for it; makes one matcher per choice."""
 
-    __slots__ = ("pristine", "spec", "stop_token_ids")
+    __slots__ = ("pristine", "spec", "stop_token_ids", "words")
 
-    def __init__(self, pristine: llguidance.LLMatcher, spec: GrammarSpec, stop_token_ids: list[int]) -> None:
+    def __init__(self, pristine: llguidance.LLMatcher, spec: GrammarSpec, stop_token_ids: list[int],
+                 words: int) -> None:
         self.pristine = pristine  # never advanced: each choice's matcher is a copy of it
         self.spec = spec
         self.stop_token_ids = stop_token_ids
+        self.words = words
 
     def matcher(self) -> Grammar:
-        return Grammar(self.pristine.deep_copy())
+        return Grammar(self.pristine.deep_copy(), self.words)
 
 
 class GrammarCompiler:
@@ -142,7 +156,7 @@ class GrammarCompiler:
                 self.cache.move_to_end(spec)
                 return found
             start = time.perf_counter()
-            compiled = CompiledGrammar(self._compile(spec), spec, self.stop_token_ids)
+            compiled = CompiledGrammar(self._compile(spec), spec, self.stop_token_ids, (self.vocab_size + 31) // 32)
             if self.observe is not None:
                 self.observe(time.perf_counter() - start)
             self.num_compiled += 1
@@ -159,7 +173,7 @@ class GrammarCompiler:
             raise GrammarError(_clean(matcher.get_error(), keep))
         # the lexer is built lazily: the first mask finishes compiling (and may still find an error)
         bitmask = allocate_bitmask(1, self.vocab_size)
-        Grammar(matcher).fill(bitmask, 0)
+        Grammar(matcher, bitmask.shape[1]).fill(bitmask, 0)
         if matcher.is_error():
             raise GrammarError(_clean(matcher.get_error(), keep))
         return matcher
@@ -285,7 +299,7 @@ def fill_bitmasks(rows: list[tuple[Grammar, int]], bitmask: torch.Tensor) -> Non
     """Each (grammar, row)'s mask into its row of bitmask: one call per row for a few rows, else one
     call that fills them all on llguidance's thread pool (the GIL released throughout)."""
     global _executor
-    if len(rows) < PARALLEL_FILL_ROWS:
+    if len(rows) < PARALLEL_FILL_ROWS or any(g.words != bitmask.shape[1] for g, _ in rows):
         for grammar, row in rows:
             grammar.fill(bitmask, row)
         return
