@@ -127,8 +127,9 @@ def llguidance_figures(tokenizer, vocab: int, schemas: list[dict], ids: list[int
 
 
 def apply_figures(vocab: int, rows: int = 16, repeats: int = 50) -> dict:
-    """CPU µs to apply a [rows, ceil(V / 32)] bitmask to [rows, V] float32 logits: the runtime's
-    tensor operations, and xgrammar's kernel when installed."""
+    """Wall µs (median) to apply a [rows, ceil(V / 32)] bitmask to [rows, V] float32 logits: the
+    runtime's tensor operations, and xgrammar's kernel when installed; on one torch thread and on the
+    default number (CPU time would count the pool's idle spinning)."""
     import torch
 
     from goodput_runtime.structured.grammar import apply_bitmask
@@ -136,17 +137,29 @@ def apply_figures(vocab: int, rows: int = 16, repeats: int = 50) -> dict:
     bitmask = torch.randint(-(2**31), 2**31 - 1, (rows, (vocab + 31) // 32), dtype=torch.int32)
     logits = torch.randn(rows, vocab)
     every = list(range(rows))
-    figures = {"rows": rows, "llguidance_runtime_us": statistics.median(
-        timed(lambda: apply_bitmask(logits.clone(), bitmask, every)) for _ in range(repeats)) * 1e6}
+
+    def wall(fn) -> float:
+        times = []
+        for _ in range(repeats):
+            target = logits.clone()
+            start = time.perf_counter()
+            fn(target)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e6
+
     try:
         import xgrammar as xgr
-
-        figures["xgrammar_us"] = statistics.median(
-            timed(lambda: xgr.apply_token_bitmask_inplace(logits.clone(), bitmask, indices=every))
-            for _ in range(repeats)) * 1e6
     except ImportError:
-        figures["xgrammar_us"] = None
-    figures["clone_us"] = statistics.median(timed(lambda: logits.clone()) for _ in range(repeats)) * 1e6
+        xgr = None
+    figures: dict = {"rows": rows}
+    default_threads = torch.get_num_threads()
+    for threads in sorted({1, default_threads}):
+        torch.set_num_threads(threads)
+        figures[f"threads_{threads}"] = {
+            "runtime_us": wall(lambda t: apply_bitmask(t, bitmask, every)),
+            "xgrammar_us": wall(lambda t: xgr.apply_token_bitmask_inplace(t, bitmask, indices=every))
+            if xgr is not None else None}
+    torch.set_num_threads(default_threads)
     return figures
 
 
@@ -225,10 +238,11 @@ def engines_table(results: dict) -> str:
             if f:
                 lines.append(f"| {schema} | {name} | {f['tokenizer_setup_ms']:.0f} | {f['compile_first_ms']:.1f} | "
                              f"{f['compile_median_ms']:.1f} | {f['mask_mean_us']:.1f} | {f['mask_p99_us']:.1f} |")
-    apply = results["apply_16_rows"]
-    xgr = f"{apply['xgrammar_us']:.0f}" if apply["xgrammar_us"] is not None else "not installed"
-    lines.append(f"\napply a 16-row mask (µs, clone of the logits included, clone alone "
-                 f"{apply['clone_us']:.0f}): runtime {apply['llguidance_runtime_us']:.0f}, xgrammar {xgr}")
+    lines += ["", "| apply a 16-row mask, wall µs | runtime (llguidance masks) | xgrammar's kernel |", "|---|---|---|"]
+    for key, f in results["apply_16_rows"].items():
+        if key.startswith("threads_"):
+            xgr = f"{f['xgrammar_us']:.0f}" if f["xgrammar_us"] is not None else "not installed"
+            lines.append(f"| {key.removeprefix('threads_')} torch thread(s) | {f['runtime_us']:.0f} | {xgr} |")
     return "\n".join(lines)
 
 
