@@ -94,18 +94,22 @@ def step_figures(tokenizer, vocab: int) -> dict:
     compiled = compiler.compile(GrammarSpec.json_schema(LONG_SCHEMA))
     ids = tokenizer(json.dumps(SAMPLE)[:-1], add_special_tokens=False).input_ids
     figures: dict = {"replayed_tokens": len(ids)}
-    for rows in (1, 16):
-        sample_rows = [SampleRow(SamplingParams(max_tokens=1000), ("r", i), [], 0, compiled.matcher())
-                       for i in range(rows)]
-        logits = torch.randn(rows, vocab)
-        times = []
-        for token in ids:
-            start = time.perf_counter()
-            Sampler.mask(logits, sample_rows)
-            for row in sample_rows:
-                assert row.grammar is not None and row.grammar.accept(token)
-            times.append(time.perf_counter() - start)
-        figures[f"rows_{rows}_us"] = statistics.median(times) * 1e6
+    default_threads = torch.get_num_threads()
+    for threads in sorted({1, default_threads}):
+        torch.set_num_threads(threads)
+        for rows in (1, 16):
+            sample_rows = [SampleRow(SamplingParams(max_tokens=1000), ("r", i), [], 0, compiled.matcher())
+                           for i in range(rows)]
+            logits = torch.randn(rows, vocab)
+            times = []
+            for token in ids:
+                start = time.perf_counter()
+                Sampler.mask(logits, sample_rows)
+                for row in sample_rows:
+                    assert row.grammar is not None and row.grammar.accept(token)
+                times.append(time.perf_counter() - start)
+            figures[f"threads_{threads}_rows_{rows}_us"] = statistics.median(times) * 1e6
+    torch.set_num_threads(default_threads)
     return figures
 
 
@@ -273,9 +277,11 @@ def engines_table(results: dict) -> str:
         if key.startswith("threads_"):
             xgr = f"{f['xgrammar_us']:.0f}" if f["xgrammar_us"] is not None else "not installed"
             lines.append(f"| {key.removeprefix('threads_')} torch thread(s) | {f['runtime_us']:.0f} | {xgr} |")
-    step = results["sampler_step"]
-    lines.append(f"\ngrammar cost of a decode step (Sampler.mask and the matchers advanced, wall µs, median): "
-                 f"1 row {step['rows_1_us']:.0f}, 16 rows {step['rows_16_us']:.0f}")
+    lines.append("\ngrammar cost of a decode step (Sampler.mask and the matchers advanced, wall µs, median):")
+    for key, value in results["sampler_step"].items():
+        if key.startswith("threads_"):
+            threads, _, rows = key.removeprefix("threads_").removesuffix("_us").partition("_rows_")
+            lines.append(f"  {threads} torch thread(s), {rows} row(s): {value:.0f}")
     return "\n".join(lines)
 
 
