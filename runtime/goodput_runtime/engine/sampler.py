@@ -80,7 +80,9 @@ class Sampler:
     def mask(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         """Tokens each row's grammar rules out set to -inf: one bitmask for the batch, filled on the CPU,
         applied on the logits' device. Rows without a grammar are untouched."""
-        logits = logits.float().clone()
+        logits = logits.float()
+        # a copy on the calling thread on CPU: torch's parallel copy waits on its slowest thread
+        logits = torch.from_numpy(logits.detach().numpy().copy()) if logits.device.type == "cpu" else logits.clone()
         at = [i for i, r in enumerate(rows) if r.grammar is not None]
         bitmask = allocate_bitmask(len(rows), logits.shape[-1])
         fill_bitmasks([(grammar, i) for i, r in enumerate(rows) if (grammar := r.grammar) is not None], bitmask)
