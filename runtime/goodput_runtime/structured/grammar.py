@@ -3,7 +3,7 @@
 The engine is llguidance (JSON Schema, regex, Lark and GBNF grammars, an Earley parser over a lazily
 built lexer). bench/structured_output.py measures it against xgrammar, the engine before it, on
 SmolLM2's 49,152-token vocabulary: llguidance compiles our schemas in 1-2 ms where xgrammar takes
-0.1-0.35 s (its bounded repetitions, `maxLength` and `minItems`, are expensive to precompute), a
+0.2-0.4 s (its bounded repetitions, `maxLength` and `minItems`, are expensive to precompute), a
 latency every request with a new schema would pay before its first token; both fill a step's mask
 in tens of microseconds. This module is the only one that touches the engine. Compiled grammars are
 cached by spec in a bounded LRU (a compiled grammar is a pristine matcher); each choice of a
