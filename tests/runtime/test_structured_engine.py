@@ -171,3 +171,21 @@ def test_the_mask_rules_out_exactly_the_unset_bits_of_the_listed_rows(dtype):
     wide = torch.zeros(2, 40, dtype=getattr(torch, dtype))
     apply_bitmask(wide, allocate_bitmask(2, 32), [0])  # tokens past the mask are never allowed
     assert torch.isinf(wide[0, 32:]).all() and (wide[0, :32] == 0).all() and (wide[1] == 0).all()
+
+
+def test_objects_that_list_their_properties_admit_no_others_unless_the_schema_says_so(tiny_model_dir: Path):
+    core = build_core(config(tiny_model_dir))
+    compiler = compiler_for(core)
+
+    def admits(schema: dict, value: object) -> bool:
+        matcher = compiler.compile(GrammarSpec.json_schema(schema)).matcher()
+        ids = core.tokenizer(json.dumps(value), add_special_tokens=False).input_ids
+        return all(matcher.accept(t) for t in ids) and matcher.matcher.is_accepting()
+
+    listed = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert admits(listed, {"a": 1}) and not admits(listed, {"a": 1, "b": 2})
+    assert admits({**listed, "additionalProperties": {"type": "integer"}}, {"a": 1, "b": 2})
+    assert admits({"type": "object"}, {"b": 2})  # lists none: any object
+    # merged objects stay open: closing one part would rule out the other's properties
+    merged = {"allOf": [listed, {"type": "object", "properties": {"b": {"type": "integer"}}}]}
+    assert admits(merged, {"a": 1, "b": 2})
