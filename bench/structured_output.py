@@ -3,9 +3,11 @@ JSON Schema on the real model at concurrency 1 and 16.
 
 Two parts, both written to one JSON file under bench/results/ and printed as tables:
 
-1. engines: xgrammar and llguidance (when installed) on the model's tokenizer: CPU time to compile
-   fresh JSON Schemas (each distinct, so nothing is cached), and CPU time to fill one token mask
-   per step while replaying a valid JSON output token by token.
+1. engines: llguidance as the runtime drives it (structured/grammar.py's GrammarCompiler, its JSON
+   settings) and xgrammar (when installed: `pip install -e .[bench]`; skipped otherwise) on the
+   model's tokenizer: CPU time to compile fresh JSON Schemas (each distinct, so nothing is cached),
+   CPU time to fill one token mask per step while replaying a valid output token by token, and
+   CPU time to apply a 16-row mask to the logits.
 2. serving: our server (a child process) answers chat requests at concurrency 1 and 16, plain and
    with response_format json_schema, in alternating rounds (plain, schema, plain, schema, ...).
    The schema is an array of at least 100 nested objects (strings, enums, numbers, booleans), so
@@ -36,12 +38,24 @@ ITEM = {"type": "object", "properties": {
                  "required": ["lat", "lon"]}},
     "required": ["city", "country", "population_millions", "coastal", "location"]}
 LONG_SCHEMA = {"type": "array", "items": ITEM, "minItems": 100}
-# llguidance's rigid JSON with the separators xgrammar (and json.dumps) use
-LLG_FORMAT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"]}
 SAMPLE = [{"city": "Paris", "country": "France", "population_millions": 2.1, "coastal": False,
            "location": {"lat": 48.85, "lon": 2.35}},
           {"city": "Tokyo", "country": "Japan", "population_millions": 14.0, "coastal": True,
            "location": {"lat": 35.68, "lon": 139.69}}]
+
+
+def schemas_under_test() -> list[tuple[str, dict, str]]:
+    """(name, schema, a valid output's text) for each schema measured: a nested object, the serving
+    part's array of at least 100 of them (two replayed, not closed), and tool_choice required's call."""
+    from goodput_runtime.server.protocol import Tool, tool_call_spec
+
+    call = json.loads(tool_call_spec((Tool("get_weather", None, WEATHER, {}),), "required", True).source)
+    return [("object", ITEM, json.dumps(SAMPLE[0])), ("array_min100", LONG_SCHEMA, json.dumps(SAMPLE)[:-1]),
+            ("tool_call", call, json.dumps([{"name": "get_weather",
+                                              "parameters": {"city": "Paris", "unit": "celsius"}}]))]
 
 
 def engines(model: str, num_schemas: int) -> dict:
@@ -50,20 +64,53 @@ def engines(model: str, num_schemas: int) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model)
     vocab = AutoConfig.from_pretrained(model).vocab_size
     results: dict = {"schemas": num_schemas}
-    # a typical nested object schema (each distinct, so nothing is cached), replaying one object; and the
-    # serving part's array of at least 100 objects, replaying two of them
-    for name, base, sample in (("object", ITEM, SAMPLE[0]), ("array_min100", LONG_SCHEMA, SAMPLE)):
-        schemas = [json.dumps({**base, "title": f"s-{i}"}) for i in range(num_schemas)]
-        ids = tokenizer(json.dumps(sample), add_special_tokens=False).input_ids
-        if name == "array_min100":
-            ids = ids[:-1]  # not "]": the array needs 100 items at least
-        figures: dict = {"replayed_tokens": len(ids), "xgrammar": xgrammar_figures(tokenizer, vocab, schemas, ids)}
+    for name, base, sample in schemas_under_test():
+        # each distinct (a title of its own), so nothing is cached
+        schemas = [{**base, "title": f"s-{i}"} for i in range(num_schemas)]
+        ids = tokenizer(sample, add_special_tokens=False).input_ids
+        figures: dict = {"replayed_tokens": len(ids),
+                         "llguidance": llguidance_figures(tokenizer, vocab, schemas, ids)}
         try:
-            figures["llguidance"] = llguidance_figures(tokenizer, vocab, schemas, ids)
+            figures["xgrammar"] = xgrammar_figures(tokenizer, vocab, schemas, ids)
         except ImportError:
-            figures["llguidance"] = None
+            figures["xgrammar"] = None  # not installed: pip install -e .[bench]
         results[name] = figures
+    results["apply_16_rows"] = apply_figures(vocab)
+    results["sampler_step"] = step_figures(tokenizer, vocab)
     return results
+
+
+def step_figures(tokenizer, vocab: int) -> dict:
+    """What a decode step pays for grammars in the runtime: Sampler.mask (every row's mask filled,
+    moved, applied) and each row's matcher advanced, for 1 and 16 rows replaying a valid output of
+    the serving part's schema; wall µs per step, median over the steps."""
+    import torch
+
+    from goodput_runtime.engine.sampler import Sampler, SampleRow
+    from goodput_runtime.sampling import SamplingParams
+    from goodput_runtime.structured.grammar import GrammarCompiler, GrammarSpec
+
+    compiler = GrammarCompiler(tokenizer, vocab, [tokenizer.eos_token_id])
+    compiled = compiler.compile(GrammarSpec.json_schema(LONG_SCHEMA))
+    ids = tokenizer(json.dumps(SAMPLE)[:-1], add_special_tokens=False).input_ids
+    figures: dict = {"replayed_tokens": len(ids)}
+    default_threads = torch.get_num_threads()
+    for threads in sorted({1, default_threads}):
+        torch.set_num_threads(threads)
+        for rows in (1, 16):
+            sample_rows = [SampleRow(SamplingParams(max_tokens=1000), ("r", i), [], 0, compiled.matcher())
+                           for i in range(rows)]
+            logits = torch.randn(rows, vocab)
+            times = []
+            for token in ids:
+                start = time.perf_counter()
+                Sampler.mask(logits, sample_rows)
+                for row in sample_rows:
+                    assert row.grammar is not None and row.grammar.accept(token)
+                times.append(time.perf_counter() - start)
+            figures[f"threads_{threads}_rows_{rows}_us"] = statistics.median(times) * 1e6
+    torch.set_num_threads(default_threads)
+    return figures
 
 
 def timed(fn) -> float:
@@ -74,7 +121,7 @@ def timed(fn) -> float:
     return time.process_time() - start
 
 
-def xgrammar_figures(tokenizer, vocab: int, schemas: list[str], ids: list[int]) -> dict:
+def xgrammar_figures(tokenizer, vocab: int, schemas: list[dict], ids: list[int]) -> dict:
     import xgrammar as xgr
 
     setup = time.perf_counter()
@@ -82,8 +129,9 @@ def xgrammar_figures(tokenizer, vocab: int, schemas: list[str], ids: list[int]) 
                                    cache_enabled=False)
     setup = time.perf_counter() - setup
     compiled = []
-    compile_s = [timed(lambda s=s: compiled.append(compiler.compile_json_schema(s, any_whitespace=False)))
-                 for s in schemas]
+    # strict_mode: objects closed, as the runtime has them with llguidance
+    compile_s = [timed(lambda s=s: compiled.append(compiler.compile_json_schema(
+        json.dumps(s), any_whitespace=False, strict_mode=True))) for s in schemas]
     matcher = xgr.GrammarMatcher(compiled[-1])
     bitmask = xgr.allocate_token_bitmask(1, vocab)
     mask_s = []
@@ -93,32 +141,60 @@ def xgrammar_figures(tokenizer, vocab: int, schemas: list[str], ids: list[int]) 
     return summary(setup, compile_s, mask_s)
 
 
-def llguidance_figures(tokenizer, vocab: int, schemas: list[str], ids: list[int]) -> dict:
-    import llguidance
-    import llguidance.hf
-    import llguidance.torch
+def llguidance_figures(tokenizer, vocab: int, schemas: list[dict], ids: list[int]) -> dict:
+    """As the runtime pays it: GrammarCompiler.compile (the matcher and its first mask: llguidance
+    builds its lexer lazily) and Grammar.fill."""
+    from goodput_runtime.structured.grammar import GrammarCompiler, GrammarSpec, allocate_bitmask
 
     setup = time.perf_counter()
-    info = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab)
+    compiler = GrammarCompiler(tokenizer, vocab, [tokenizer.eos_token_id])
     setup = time.perf_counter() - setup
-    matchers = []
-
-    def build(schema: str) -> None:
-        # llguidance compiles lazily: the first mask is part of making a usable grammar
-        m = llguidance.LLMatcher(info, llguidance.LLMatcher.grammar_from_json_schema(
-            schema, defaults=LLG_FORMAT))
-        llguidance.torch.fill_next_token_bitmask(m, llguidance.torch.allocate_token_bitmask(1, vocab), 0)
-        matchers.append(m)
-
-    compile_s = [timed(lambda s=s: build(s)) for s in schemas]
-    matcher = llguidance.LLMatcher(info, llguidance.LLMatcher.grammar_from_json_schema(
-        schemas[-1], defaults=LLG_FORMAT))
-    bitmask = llguidance.torch.allocate_token_bitmask(1, vocab)
+    compiled = []
+    compile_s = [timed(lambda s=s: compiled.append(compiler.compile(GrammarSpec.json_schema(s)))) for s in schemas]
+    matcher = compiled[-1].matcher()
+    bitmask = allocate_bitmask(1, vocab)
     mask_s = []
     for token in ids:
-        mask_s.append(timed(lambda: llguidance.torch.fill_next_token_bitmask(matcher, bitmask, 0)))
-        assert matcher.consume_token(token), matcher.get_error()
+        mask_s.append(timed(lambda: matcher.fill(bitmask, 0)))
+        assert matcher.accept(token), matcher.matcher.get_error()
     return summary(setup, compile_s, mask_s)
+
+
+def apply_figures(vocab: int, rows: int = 16, repeats: int = 50) -> dict:
+    """Wall µs (median) to apply a [rows, ceil(V / 32)] bitmask to [rows, V] float32 logits: the
+    runtime's tensor operations, and xgrammar's kernel when installed; on one torch thread and on the
+    default number (CPU time would count the pool's idle spinning)."""
+    import torch
+
+    from goodput_runtime.structured.grammar import apply_bitmask
+
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (rows, (vocab + 31) // 32), dtype=torch.int32)
+    logits = torch.randn(rows, vocab)
+    every = list(range(rows))
+
+    def wall(fn) -> float:
+        times = []
+        for _ in range(repeats):
+            target = logits.clone()
+            start = time.perf_counter()
+            fn(target)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e6
+
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        xgr = None
+    figures: dict = {"rows": rows}
+    default_threads = torch.get_num_threads()
+    for threads in sorted({1, default_threads}):
+        torch.set_num_threads(threads)
+        figures[f"threads_{threads}"] = {
+            "runtime_us": wall(lambda t: apply_bitmask(t, bitmask, every)),
+            "xgrammar_us": wall(lambda t: xgr.apply_token_bitmask_inplace(t, bitmask, indices=every))
+            if xgr is not None else None}
+    torch.set_num_threads(default_threads)
+    return figures
 
 
 def summary(setup: float, compile_s: list[float], mask_s: list[float]) -> dict:
@@ -190,12 +266,22 @@ def serving_table(records: list[dict]) -> tuple[str, list[dict]]:
 def engines_table(results: dict) -> str:
     lines = ["| schema | engine | tokenizer setup ms | first compile ms | median compile ms | mask mean µs | "
              "mask p99 µs |", "|---|---|---|---|---|---|---|"]
-    for schema in ("object", "array_min100"):
+    for schema in ("object", "array_min100", "tool_call"):
         for name in ("xgrammar", "llguidance"):
             f = results[schema].get(name)
             if f:
                 lines.append(f"| {schema} | {name} | {f['tokenizer_setup_ms']:.0f} | {f['compile_first_ms']:.1f} | "
                              f"{f['compile_median_ms']:.1f} | {f['mask_mean_us']:.1f} | {f['mask_p99_us']:.1f} |")
+    lines += ["", "| apply a 16-row mask, wall µs | runtime (llguidance masks) | xgrammar's kernel |", "|---|---|---|"]
+    for key, f in results["apply_16_rows"].items():
+        if key.startswith("threads_"):
+            xgr = f"{f['xgrammar_us']:.0f}" if f["xgrammar_us"] is not None else "not installed"
+            lines.append(f"| {key.removeprefix('threads_')} torch thread(s) | {f['runtime_us']:.0f} | {xgr} |")
+    lines.append("\ngrammar cost of a decode step (Sampler.mask and the matchers advanced, wall µs, median):")
+    for key, value in results["sampler_step"].items():
+        if key.startswith("threads_"):
+            threads, _, rows = key.removeprefix("threads_").removesuffix("_us").partition("_rows_")
+            lines.append(f"  {threads} torch thread(s), {rows} row(s): {value:.0f}")
     return "\n".join(lines)
 
 
@@ -203,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=".cache/smollm2/0.1.2/hf")
     parser.add_argument("--schemas", type=int, default=10, help="distinct schemas compiled per engine")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating plain/json_schema rounds per concurrency")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating plain/json_schema rounds per concurrency")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2)

@@ -63,8 +63,12 @@ def test_a_grammar_in_ebnf_or_lark_is_followed(openai_client, server):
 @pytest.mark.parametrize(("extra", "param", "words"), [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"a": {"type": "string", "not": {"const": "b"}}}}}}},
-     "response_format.json_schema.schema", "'not' at '#/properties/a'"),
-    ({"guided_regex": "(?<=a)b"}, "guided_regex", "Lookbehind"),
+     "response_format.json_schema.schema", 'Unimplemented keys: ["not"]'),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "string", "contentEncoding": "base64"}}}}}},
+     "response_format.json_schema.schema", "'contentEncoding' at '#/properties/a'"),
+    ({"guided_json": {"type": "string", "format": "uri-reference"}}, "guided_json", "Unknown format: uri-reference"),
+    ({"guided_regex": "(?<=a)b"}, "guided_regex", "look-behind"),
     ({"guided_grammar": "root ::= missing_rule"}, "guided_grammar", "missing_rule"),
     ({"response_format": {"type": "xml"}}, "response_format.type", "json_schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
@@ -73,8 +77,14 @@ def test_a_grammar_in_ebnf_or_lark_is_followed(openai_client, server):
     ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function",
       "function": {"name": "g"}}}, "tool_choice.function.name", "'g'"),
     ({"tool_choice": "required"}, "tool_choice", "needs 'tools'"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array",
-      "uniqueItems": True}}}]}, "tools[0].function.parameters", "uniqueItems"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+      "a": {"type": "array", "uniqueItems": True}}}}}], "tool_choice": "required"}, "tools", "uniqueItems"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+      "a": {"type": "string", "contentMediaType": "text/html"}}}}}]}, "tools[0].function.parameters",
+     "'contentMediaType' at '#/properties/a'"),
+    ({"guided_regex": "[a-z]+", "min_tokens": 4}, "min_tokens", "guided_regex"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required", "min_tokens": 2},
+     "min_tokens", "'tools'"),
 ])
 def test_what_cannot_be_enforced_gets_a_400_naming_the_field(openai_client, server, extra, param, words):
     with pytest.raises(openai.BadRequestError) as caught:

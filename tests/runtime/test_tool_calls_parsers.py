@@ -96,3 +96,34 @@ def test_the_tool_call_parser_flag_reaches_the_config():
 
     assert engine_config(parse_args(["--model", "m", "--tool-call-parser", "mistral"])).tool_call_parser == "mistral"
     assert engine_config(parse_args(["--model", "m"])).tool_call_parser is None  # the chat template's format
+
+
+def test_a_required_call_streams_id_and_name_then_its_arguments_as_they_are_generated():
+    text = ('[{"name": "get_weather", "parameters": {"city": "Pa\\"ris}", "days": [1, {"a": 2}]}}, '
+            '{"name": "get_time", "parameters": {}}]')
+    pieces = [text[i:i + 3] for i in range(0, len(text), 3)]
+    deltas = stream("hermes", pieces, forced=True)
+    calls = [d["tool_calls"][0] for d in deltas]
+    assert [(c["index"], c["function"]["name"]) for c in calls if "id" in c] == [(0, "get_weather"), (1, "get_time")]
+    first = [c["function"]["arguments"] for c in calls if c["index"] == 0 and "id" not in c]
+    assert len(first) > 5  # in pieces, not one delta at the end
+    assert json.loads("".join(first)) == {"city": 'Pa"ris}', "days": [1, {"a": 2}]}  # a brace in a string is text
+    assert json.loads("".join(c["function"]["arguments"] for c in calls if c["index"] == 1 and "id" not in c)) == {}
+
+
+def test_a_required_output_cut_before_any_call_is_content():
+    assert stream("hermes", ['[{"name": "get_w'], forced=True) == [{"content": '[{"name": "get_w'}]
+
+
+@pytest.mark.parametrize("pieces", [
+    ["Sure. ", "<tool_call>", '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}',
+     "</tool_call>", " Done."],
+    ["<tool_call>", '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}</tool_call>',
+     "\nDone."],
+])
+def test_text_after_an_auto_call_streams_as_the_whole_answer_has_it(pieces):
+    deltas = stream("hermes", pieces)
+    whole, _ = parse("".join(pieces), "hermes", NAMES)
+    assert "".join(d.get("content", "") for d in deltas) == whole
+    assert [json.loads(d["tool_calls"][0]["function"]["arguments"]) for d in deltas
+            if "tool_calls" in d and d["tool_calls"][0]["function"]["arguments"]] == [PARIS]

@@ -27,7 +27,7 @@ import torch
 
 from goodput_runtime.engine.outputs import TokenLogprob
 from goodput_runtime.sampling import SamplingParams
-from goodput_runtime.structured.grammar import Grammar, allocate_bitmask, apply_bitmask
+from goodput_runtime.structured.grammar import Grammar, allocate_bitmask, apply_bitmask, fill_bitmasks
 
 LOGIT_BIAS_LIMIT = 100.0
 
@@ -79,14 +79,13 @@ class Sampler:
     @staticmethod
     def mask(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         """Tokens each row's grammar rules out set to -inf: one bitmask for the batch, filled on the CPU,
-        applied on the logits' device in one call. Rows without a grammar are untouched."""
-        logits = logits.float().clone()
+        applied on the logits' device. Rows without a grammar are untouched."""
+        logits = logits.float()
+        # a copy on the calling thread on CPU: torch's parallel copy waits on its slowest thread
+        logits = torch.from_numpy(logits.detach().numpy().copy()) if logits.device.type == "cpu" else logits.clone()
         at = [i for i, r in enumerate(rows) if r.grammar is not None]
         bitmask = allocate_bitmask(len(rows), logits.shape[-1])
-        for i in at:
-            grammar = rows[i].grammar
-            assert grammar is not None
-            grammar.fill(bitmask, i)
+        fill_bitmasks([(grammar, i) for i, r in enumerate(rows) if (grammar := r.grammar) is not None], bitmask)
         apply_bitmask(logits, bitmask, at)
         return logits
 

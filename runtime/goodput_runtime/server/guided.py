@@ -44,6 +44,10 @@ class Grammars:
         """params with the request's compiled grammar; a 400 naming the field when it cannot compile."""
         if guide is None:
             return params
+        if params.min_tokens > 0:
+            # a grammar may complete before min_tokens, and then nothing but the end may follow
+            raise invalid(f"'min_tokens' cannot be combined with '{guide.param}': the output ends when its grammar "
+                          "completes, which may be before min_tokens", "min_tokens", "unsupported_parameter")
         loop = asyncio.get_running_loop()
         try:
             compiled = await loop.run_in_executor(self.executor, self._compile, engine, guide)

@@ -106,6 +106,16 @@ def parse(text: str, fmt: str, names: frozenset[str]) -> tuple[str | None, list[
     return (content or None) if calls else text, calls
 
 
+def content_around_calls(text: str, fmt: str) -> str:
+    """The text of an output with calls that is not a call, before stripping: what `parse` gives as
+    content (hermes: the text around the call blocks; mistral: before the marker; llama3_json: none)."""
+    if fmt == "hermes":
+        return HERMES.sub("", text)
+    if fmt == "mistral":
+        return text.partition("[TOOL_CALLS]")[0]
+    return ""
+
+
 def _mistral(body: str, names: frozenset[str]) -> list[ToolCall]:
     body = body.strip()
     if body.startswith("["):
@@ -140,6 +150,50 @@ def parse_forced(text: str, named: str | None, names: frozenset[str]) -> list[To
 
 
 START_MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3_json": "<|python_tag|>"}
+# the head of a forced call in the array the grammar makes: `[{"name": "f", "parameters": ` or, after
+# a call, `}, {"name": "g", "parameters": ` (the schema fixes the property order)
+FORCED_HEAD = re.compile(r'\s*\}?\s*[\[,]\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"parameters"\s*:\s*')
+
+
+class ArgumentScan:
+    """Where a JSON value that streams in ends: depth of brackets outside strings, character by character."""
+
+    __slots__ = ("depth", "escaped", "in_string", "started")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+        self.started = False
+
+    def end(self, text: str, at: int) -> int | None:
+        """Scan text from at; the index just past the value when it ends there, else None (all scanned)."""
+        for i in range(at, len(text)):
+            c = text[i]
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
+                    if self.depth == 0:
+                        return i + 1
+                continue
+            if c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                if self.depth == 0:
+                    return i  # a scalar ended by its container
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+            elif c == '"':
+                self.in_string = True
+            elif c == "," and self.depth == 0 and self.started:
+                return i
+            self.started = True
+        return None
 
 
 class ToolStream:
@@ -157,6 +211,8 @@ class ToolStream:
         self.in_call = forced
         self.num_calls = 0
         self.named_id = ToolCall(named or "", "{}").id if named else ""
+        self.scanned = 0  # forced array: characters of self.text read so far
+        self.arguments: ArgumentScan | None = None  # forced array: the arguments being streamed
 
     @property
     def made_calls(self) -> bool:
@@ -174,6 +230,8 @@ class ToolStream:
             if text:
                 deltas.append(self._tool_delta(0, {"function": {"arguments": text}}))
             return deltas
+        if self.forced:
+            return self._forced()
         if self.in_call:
             return []
         marker = START_MARKERS[self.fmt]
@@ -191,20 +249,56 @@ class ToolStream:
             hold = len(self.text)
         return self._content(len(self.text) - hold)
 
+    def _forced(self) -> list[dict]:
+        """The forced array's calls as they are generated: a call's id and name once its name is
+        complete, then its arguments in the pieces they arrive in."""
+        deltas: list[dict] = []
+        while True:
+            if self.arguments is None:
+                head = FORCED_HEAD.match(self.text, self.scanned)
+                if head is None:
+                    return deltas  # the head is not complete yet (or the array has ended)
+                name = json.loads(head.group(1))
+                if name not in self.names or (self.num_calls and not self.parallel):
+                    return deltas  # not a call of an offered tool: the grammar rules this out
+                deltas.append(self._tool_delta(self.num_calls, {
+                    "id": ToolCall(name, "{}").id, "type": "function", "function": {"name": name, "arguments": ""}}))
+                self.num_calls += 1
+                self.scanned = head.end()
+                self.arguments = ArgumentScan()
+            start = self.scanned
+            if not self.arguments.started:  # the value's leading whitespace is no part of it
+                while start < len(self.text) and self.text[start].isspace():
+                    start += 1
+            end = self.arguments.end(self.text, start)
+            self.scanned = len(self.text) if end is None else end
+            if self.scanned > start:
+                deltas.append(self._tool_delta(self.num_calls - 1,
+                                               {"function": {"arguments": self.text[start:self.scanned]}}))
+            if end is None:
+                return deltas
+            self.arguments = None
+
     def finish(self) -> list[dict]:
         """The deltas once the choice has ended: its calls, or the text held back as content."""
         if self.named is not None:
             return []
-        if self.forced:
-            calls = parse_forced(self.text, None, self.names)
-            content = None if calls else self.text
-        else:
-            content, calls = parse(self.text, self.fmt, self.names)
+        if self.forced:  # the calls have streamed as they were generated; text that made none is content
+            return [] if self.num_calls else self._content(len(self.text))
+        content, calls = parse(self.text, self.fmt, self.names)
         if not calls:
             return self._content(len(self.text))
         deltas = []
-        if content and self.sent_content == 0 and not self.forced:
-            deltas.append({"content": content})
+        # the content is what the whole answer's would be: the text before the call (sent already as
+        # it came) and the text after it
+        around = content_around_calls(self.text, self.fmt)
+        sent = self.text[: self.sent_content]
+        if content and around.startswith(sent):
+            rest = around[len(sent):].rstrip()
+            if not sent.strip():
+                rest = rest.lstrip()
+            if rest:
+                deltas.append({"content": rest})
         for call in calls if self.parallel else calls[:1]:
             deltas.append(self._tool_delta(self.num_calls, {"id": call.id, "type": "function",
                                                             "function": {"name": call.name, "arguments": ""}}))
