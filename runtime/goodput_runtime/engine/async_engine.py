@@ -181,6 +181,7 @@ class AsyncEngine:
         finally:
             self.stepping = False
         seconds = time.monotonic() - started
+        core.scheduler.observe_step(out, seconds)
         try:
             for output in core.update(out, sampled):
                 self._deliver(output)
