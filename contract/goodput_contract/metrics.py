@@ -39,6 +39,7 @@ REQUESTS_WAITING_BY_PRIORITY = PREFIX + "requests_waiting_by_priority"  # label 
 BATCH_RUNNING_CAP = PREFIX + "batch_running_cap"
 BATCH_RUNNING = PREFIX + "batch_running"  # batch sequences in the last step
 BATCH_PAUSED = PREFIX + "batch_paused"  # running batch sequences the cap kept out of the last step
+BATCH_PAUSES = PREFIX + "batch_pauses_total"  # steps a batch sequence sat out for the cap, summed over sequences
 
 # the gateway's batch API
 BATCH_REQUESTS = PREFIX + "batch_requests_total"  # label state: completed | failed | retried

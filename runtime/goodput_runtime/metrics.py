@@ -127,6 +127,8 @@ class RuntimeMetrics:
         self.batch_running = gauge(names.BATCH_RUNNING, "Batch sequences in the last step.")
         self.batch_paused = gauge(names.BATCH_PAUSED,
                                   "Running batch sequences the cap kept out of the last step (their blocks kept).")
+        self.batch_pauses = counter(names.BATCH_PAUSES,
+                                    "Steps batch sequences sat out for the cap beside online work, summed over them.")
         for name, value in ((names.SLO_TTFT, slo_ttft), (names.SLO_TPOT, slo_tpot)):
             g = gauge(name, "Configured SLO target in seconds (absent when no target is set).")
             if value is not None:
@@ -212,6 +214,8 @@ class RuntimeMetrics:
         self.batch_running_cap.set(cap)
         self.batch_running.set(running)
         self.batch_paused.set(paused)
+        if paused:
+            self.batch_pauses.inc(paused)
 
     def record_speculation(self, speculated: bool, verified: list[tuple[int, int]]) -> None:
         """One step's switch decision and its verifications, each (tokens proposed, tokens accepted)."""

@@ -270,3 +270,6 @@ def test_the_cap_is_exported_as_gauges():
     assert value("goodput_batch_running_cap", {"model": "m"}) == 3
     assert value("goodput_batch_running", {"model": "m"}) == 3
     assert value("goodput_batch_paused", {"model": "m"}) == 5
+    m.record_batch_cap(2, 2, 6)
+    assert value("goodput_batch_paused", {"model": "m"}) == 6
+    assert value("goodput_batch_pauses_total", {"model": "m"}) == 11  # summed over steps
