@@ -239,8 +239,10 @@ def plot(report: dict, path: Path, window: float) -> None:
     bottom.set_ylabel(f"batch lines/s ({window:g} s windows)")
     bottom.set_xlabel("seconds into the round")
     bottom.legend(fontsize=7)
-    fig.suptitle(f"online load {report['summary']['online_rate_rps']:.2f} req/s "
-                 f"({report['args']['load']:.0%} of capacity {report['summary']['capacity_rps']:.2f} req/s)")
+    summary = report["summary"]
+    share = summary["online_rate_rps"] / max(1e-9, summary["capacity_rps"])
+    fig.suptitle(f"online load {summary['online_rate_rps']:.2f} req/s ({share:.0%} "
+                 f"of capacity {summary['capacity_rps']:.2f} req/s)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -252,6 +254,9 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=60.0, help="seconds of online load per round")
     p.add_argument("--rounds", type=int, default=2, help="pairs of rounds (A: online alone, B: with the batch)")
     p.add_argument("--load", type=float, default=0.6, help="online rate as a share of the measured capacity")
+    p.add_argument("--rate", type=float,
+                   help="online rate in requests/s instead of --load × capacity: the same load in runs compared "
+                        "on a machine whose capacity moves with other work")
     p.add_argument("--batch-lines", type=int, default=2000)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--slo-ttft", type=float, default=3.0, help="seconds")
@@ -285,7 +290,7 @@ def main() -> int:
                             args.max_per_replica) as url:
         cap = asyncio.run(capacity(url, args.max_tokens, args.capacity_seconds, args.capacity_concurrency,
                                    args.warmup))
-        rate = args.load * cap
+        rate = args.rate or args.load * cap
         print(f"  capacity {cap:.2f} req/s; online load {rate:.2f} req/s", flush=True)
         for r in range(args.rounds):
             for with_batch in (False, True):
@@ -317,7 +322,7 @@ def main() -> int:
     png = args.out.with_suffix(".png")
     plot(report, png, window=max(5.0, args.duration / 12))
     a, b = summary["alone"], summary["with_batch"]
-    print(f"\ncapacity {cap:.2f} req/s, online {rate:.2f} req/s ({args.load:.0%}), idle {idle:.2f} req/s; "
+    print(f"\ncapacity {cap:.2f} req/s, online {rate:.2f} req/s ({rate / max(cap, 1e-9):.0%}), idle {idle:.2f} req/s; "
           f"SLO TTFT {args.slo_ttft:g} s, TPOT {args.slo_tpot:g} s; runtime flags {args.runtime_arg or 'default'}; "
           f"{args.rounds} rounds of {args.duration:g} s each")
     print("\n| round | run | attainment (TTFT+TPOT) | TTFT only | TTFT p90 (s) | TPOT p50 (s) | TPOT p90 (s) "

@@ -193,6 +193,19 @@ def test_the_cap_is_the_most_batch_sequences_whose_step_stays_within_the_budget(
     assert BatchCap(0.1).sequences(online=2) is None  # nothing measured yet: nothing to cap from
 
 
+def test_the_online_steps_overhead_beyond_their_decodes_comes_off_the_cap():
+    cap = timed_cap(0.06)
+    assert cap.sequences(online=2) == 3
+    for _ in range(200):  # steps decoding 2 online sequences beside an online prefill: 0.03 s beyond decoding
+        cap.observe(2, 30, 0.06, online_decodes=2)
+    assert cap.overhead == pytest.approx(0.03, rel=1e-3)
+    assert cap.sequences(online=1) == 1  # 0.06 − 0.03 − 0.02 leaves one sequence's 0.01 s
+    assert cap.sequences(online=2) == 0
+    for _ in range(200):  # steps without online decodes teach nothing about the online requests' overhead
+        cap.observe(4, 0, 0.2)
+    assert cap.overhead == pytest.approx(0.03, rel=1e-3)
+
+
 def test_no_more_batch_sequences_than_the_cap_step_beside_online_ones():
     s = capped(timed_cap(0.06))  # 0.01 + 0.01 · n ≤ 0.06: 5 sequences a step
     batch = decoding(s, "batch", 8, priority=1)

@@ -12,11 +12,14 @@ the online requests' time per output token. The cap keeps it under the runtime's
   line is fitted through them; the cost per prompt token is what a step with prompt tokens took over
   the decode step of its size.
 - ``BatchCap`` turns the model into the scheduler's limits for one step: with ``m`` online sequences
-  running, the largest ``k`` with ``t(m + k, 0)`` within the budget (the target less a safety
-  margin), and the prompt tokens of batch prefills that still fit. With no online sequence running
-  batch decodes are not capped; batch prefills still keep a step within the budget (at least
-  ``MIN_IDLE_PREFILL`` tokens, so the batch progresses), because an online request that arrives
-  during a step waits for it to end.
+  running, the largest ``k`` with ``t(m + k, 0) + overhead`` within the budget (the target less a
+  safety margin), and the prompt tokens of batch prefills that still fit. ``overhead`` is what the
+  steps carrying online decodes took beyond the decode step of their size, on average: the prefills
+  of newly admitted online requests those decodes wait through (such a step runs no batch work) and
+  whatever the model misses. The online requests' TPOT is the mean of those steps, so the decode
+  steps get the budget less the overhead. With no online sequence running batch decodes are not
+  capped; batch prefills still keep a step within the budget (at least ``MIN_IDLE_PREFILL`` tokens,
+  so the batch progresses), because an online request that arrives during a step waits for it to end.
 
 Until a decode step is timed nothing is capped; with one batch size timed only, the whole step time is
 taken as per-sequence cost (``fixed`` 0), which over-predicts larger batches: the cap errs on the safe
@@ -29,6 +32,7 @@ import math
 from dataclasses import dataclass
 
 EWMA_WEIGHT = 0.2  # share of the newest measurement in a batch size's running average
+OVERHEAD_WEIGHT = 0.05  # the same for the overhead: a slower average, over the steps of several requests
 FADE = 0.995  # each decode step multiplies every batch size's weight by this: old sizes fade out
 MAX_WEIGHT = 20.0  # a batch size's weight grows by one per step up to this
 MIN_PREFILL_SAMPLE = 16  # prompt tokens a step needs to teach the cost per prompt token
@@ -120,6 +124,7 @@ class BatchCap:
         self.tpot_target = tpot_target
         self.margin = margin
         self.model = StepTimeModel()
+        self.overhead = 0.0  # seconds the steps with online decodes took beyond their decode step, on average
 
     @property
     def budget(self) -> float:
@@ -132,7 +137,7 @@ class BatchCap:
         online sequence runs or no step is timed yet, else the most whose step stays within budget."""
         if online == 0 or not self.model.measured:
             return None
-        room = self.budget - self.model.decode_seconds(online)
+        room = self.budget - self.model.decode_seconds(online) - max(self.overhead, 0.0)
         if room < 0:
             return 0
         return math.floor(room / self.model.per_seq + 1e-9)
@@ -146,7 +151,7 @@ class BatchCap:
             return None
         if self.model.per_token is None:
             return None if not online else 0
-        room = self.budget - self.model.decode_seconds(decodes)
+        room = self.budget - self.model.decode_seconds(decodes) - (max(self.overhead, 0.0) if online else 0.0)
         return max(floor, math.floor(max(room, 0.0) / self.model.per_token))
 
     def limits(self, online: int, batch: int) -> StepLimits:
@@ -155,5 +160,10 @@ class BatchCap:
         decodes = online + (batch if cap is None else min(cap, batch))
         return StepLimits(cap, self.prefill_tokens(online, decodes))
 
-    def observe(self, decodes: int, prompt_tokens: int, seconds: float) -> None:
+    def observe(self, decodes: int, prompt_tokens: int, seconds: float, online_decodes: int = 0) -> None:
+        """A step ran: `decodes` sequences decoding (`online_decodes` of them online), `prompt_tokens`
+        other tokens, in `seconds`."""
+        if online_decodes and self.model.measured:
+            extra = seconds - self.model.decode_seconds(decodes)
+            self.overhead = (1 - OVERHEAD_WEIGHT) * self.overhead + OVERHEAD_WEIGHT * extra
         self.model.observe(decodes, prompt_tokens, seconds)

@@ -83,6 +83,7 @@ class SchedulerOutput:
     batch_cap: int | None = None  # batch sequences allowed beside the online ones this step; None: not capped
     batch_paused: int = 0  # running batch sequences the cap kept out of this step
     num_decodes: int = 0  # sequences decoding one token (with or without proposals), counted at scheduling
+    num_online_decodes: int = 0  # those of online requests
     num_prompt_tokens: int = 0  # every other token computed: prefills, recomputation, proposals verified
 
     @property
@@ -206,6 +207,7 @@ class Scheduler:
         for item in out.scheduled:
             if item.num_tokens - len(item.draft) == 1 and item.seq.num_uncomputed_tokens == 1:
                 out.num_decodes += 1
+                out.num_online_decodes += not is_batch(item.seq)
                 out.num_prompt_tokens += len(item.draft)
             else:
                 out.num_prompt_tokens += item.num_tokens
@@ -214,7 +216,7 @@ class Scheduler:
     def observe_step(self, out: SchedulerOutput, seconds: float) -> None:
         """The forward pass of `out` took `seconds`: what the batch cap's step-time model learns from."""
         if self.batch_cap is not None:
-            self.batch_cap.observe(out.num_decodes, out.num_prompt_tokens, seconds)
+            self.batch_cap.observe(out.num_decodes, out.num_prompt_tokens, seconds, out.num_online_decodes)
 
     def _next_waiting(self) -> Sequence:
         """The first waiting request of the lowest priority (preempted ones are at the front)."""
