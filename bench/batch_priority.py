@@ -6,7 +6,9 @@ online request shape). Then, in alternating rounds:
 
 - A: an online Poisson load at --load × C alone, for --duration seconds;
 - B: the same load (same seed) while a --batch-lines batch of the same request shape runs through
-  the gateway's batch API; the batch is cancelled at the end of the round.
+  the gateway's batch API; the batch is cancelled at the end of the round;
+- C (with --compare-uncapped): as B, on a second runtime (its own gateway) started with
+  ``--batch-cap off``, idle in the other rounds.
 
 Online attainment is the share of online requests that met both targets: TTFT within --slo-ttft and
 TPOT (time per output token after the first, as the runtime counts it) within --slo-tpot; the
@@ -17,7 +19,7 @@ is its throughput over (C − online rate). Writes JSON and a PNG (online TTFT p
 throughput over time, both runs) under bench/results/.
 
     python -m bench.batch_priority --duration 60 --rounds 2
-    python -m bench.batch_priority --runtime-arg=--batch-cap=off   # the runtime without the cap, to compare
+    python -m bench.batch_priority --compare-uncapped --rate 0.4   # B and C against the same A rounds
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import random
 import statistics
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import aiohttp
@@ -53,8 +55,8 @@ def chat_body(text: str, max_tokens: int, stream: bool) -> dict:
 
 
 @contextmanager
-def batch_gateway(static: str, database: str, log_dir: Path, cap: int) -> Iterator[str]:
-    with gateway_process(static, log_dir, "batch", "--database", database, "--batch-max-per-replica", str(cap),
+def batch_gateway(static: str, database: str, log_dir: Path, cap: int, name: str = "batch") -> Iterator[str]:
+    with gateway_process(static, log_dir, name, "--database", database, "--batch-max-per-replica", str(cap),
                          "--shutdown-delay", "0", "--shutdown-grace", "2", ready_seconds=60,
                          stop_seconds=20) as (url, _pid):
         yield url
@@ -201,6 +203,7 @@ async def run_round(url: str, runtime_url: str, args: argparse.Namespace, rate: 
             "online": online, "batch_timeline": batch_timeline}
 
 
+LABELS = {"alone": "A online alone", "batch": "B online + batch", "batch-uncapped": "C online + batch, no cap"}
 KEYS = ("attainment", "ttft_attainment", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
 
 
@@ -216,7 +219,7 @@ def plot(report: dict, path: Path, window: float) -> None:
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     for r in report["rounds"]:
-        label = f"round {r['round']} {'with batch' if r['with_batch'] else 'online alone'}"
+        label = f"round {r['round']} {LABELS[r.get('variant', 'batch' if r['with_batch'] else 'alone')]}"
         style = "-" if r["with_batch"] else "--"
         xs, ys = [], []
         t = 0.0
@@ -268,6 +271,9 @@ def main() -> int:
     p.add_argument("--warmup", type=float, default=5.0,
                    help="seconds of load before counting: the capacity loop's, and the batch's before a B round")
     p.add_argument("--max-per-replica", type=int, default=16, help="the gateway's batch concurrency cap")
+    p.add_argument("--compare-uncapped", action="store_true",
+                   help="also run each round's batch on a second runtime started with --batch-cap off (C), "
+                        "beside the first, so both are measured against the same online-alone round")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "batch_priority.json")
     args = p.parse_args()
     if args.model:
@@ -279,67 +285,91 @@ def main() -> int:
         model = str(smollm2.prepare(smollm2.fetch(cache), smollm2.prepared_dir(cache)))
     log_dir = REPO / "bench" / "results" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    database = log_dir / f"batch-{time.strftime('%H%M%S')}.db"
     report: dict = {"machine": f"{os.cpu_count()} CPUs, shared", "model": model,
                     "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "rounds": []}
-    with start_server(model, "smollm2", os.cpu_count() or 1,
-                      ["--slo-ttft", str(args.slo_ttft), "--slo-tpot", str(args.slo_tpot), "--max-model-len", "1024",
-                       "--max-num-seqs", "32", *args.runtime_arg],
-                      log_dir) as server, \
-            batch_gateway(f"smollm2={server.base_url}", f"sqlite:///{database}", log_dir,
-                            args.max_per_replica) as url:
-        cap = asyncio.run(capacity(url, args.max_tokens, args.capacity_seconds, args.capacity_concurrency,
-                                   args.warmup))
+    flags = ["--slo-ttft", str(args.slo_ttft), "--slo-tpot", str(args.slo_tpot), "--max-model-len", "1024",
+             "--max-num-seqs", "32"]
+    with ExitStack() as stack:
+        def replica(name: str, extra: list[str]) -> tuple[str, str]:
+            """(gateway URL, runtime URL) of one runtime behind one gateway with its own batch store."""
+            server = stack.enter_context(start_server(model, "smollm2", os.cpu_count() or 1, [*flags, *extra],
+                                                      log_dir))
+            database = log_dir / f"{name}-{time.strftime('%H%M%S')}.db"
+            return stack.enter_context(batch_gateway(f"smollm2={server.base_url}", f"sqlite:///{database}", log_dir,
+                                                     args.max_per_replica, name)), server.base_url
+
+        urls = {"batch": replica("batch", args.runtime_arg)}
+        if args.compare_uncapped:
+            urls["batch-uncapped"] = replica("batch-uncapped", [*args.runtime_arg, "--batch-cap", "off"])
+        cap = asyncio.run(capacity(urls["batch"][0], args.max_tokens, args.capacity_seconds,
+                                   args.capacity_concurrency, args.warmup))
         rate = args.rate or args.load * cap
         print(f"  capacity {cap:.2f} req/s; online load {rate:.2f} req/s", flush=True)
+        variants = ["alone", *(["batch-uncapped"] if args.compare_uncapped else []), "batch"]
         for r in range(args.rounds):
-            for with_batch in (False, True):
-                result = asyncio.run(run_round(url, server.base_url, args, rate, with_batch, seed=r))
-                result["round"] = r
+            for variant in variants:
+                url, runtime_url = urls["batch" if variant == "alone" else variant]
+                result = asyncio.run(run_round(url, runtime_url, args, rate, variant != "alone", seed=r))
+                result["round"], result["variant"] = r, variant
+                if variant == "batch-uncapped":
+                    result["batch_cap_mean"] = None  # the gauge stays at 0 on a runtime without the cap
                 report["rounds"].append(result)
-                print(f"  round {r} {'B with batch ' if with_batch else 'A online only'}: attainment "
-                      f"{result['attainment']:.3f} (TTFT alone {result['ttft_attainment']:.3f}), TTFT p90 "
-                      f"{fmt(result['ttft_p90_s'])} s, TPOT p90 {fmt(result['tpot_p90_s'])} s, batch "
-                      f"{result['batch_rps']:.2f} lines/s", flush=True)
+                print(f"  round {r} {LABELS[variant]}: attainment {result['attainment']:.3f} (TTFT alone "
+                      f"{result['ttft_attainment']:.3f}), TTFT p90 {fmt(result['ttft_p90_s'])} s, TPOT p90 "
+                      f"{fmt(result['tpot_p90_s'])} s, batch {result['batch_rps']:.2f} lines/s", flush=True)
 
-    def mean(with_batch: bool, key: str) -> float:
-        values = [x[key] for x in report["rounds"] if x["with_batch"] is with_batch and x[key] is not None]
+    def mean(variant: str, key: str) -> float:
+        values = [x[key] for x in report["rounds"] if x["variant"] == variant and x[key] is not None]
         return statistics.fmean(values) if values else float("nan")
 
-    pairs = [(a, b) for a, b in itertools.pairwise(report["rounds"]) if not a["with_batch"] and b["with_batch"]]
-    ratios = [b["attainment"] / max(1e-9, a["attainment"]) for a, b in pairs]
+    def round_ratios(variant: str) -> list[float]:
+        """Per round: the variant's attainment over the online-alone round just before it."""
+        alone = {x["round"]: x["attainment"] for x in report["rounds"] if x["variant"] == "alone"}
+        return [x["attainment"] / max(1e-9, alone[x["round"]]) for x in report["rounds"] if x["variant"] == variant]
 
     idle = cap - rate
-    summary = {"capacity_rps": cap, "online_rate_rps": rate, "idle_capacity_rps": idle,
-               "alone": {k: mean(False, k) for k in KEYS},
-               "with_batch": {k: mean(True, k) for k in (*KEYS, "batch_rps")}, "round_ratios": ratios,
-               "round_ratio_median": statistics.median(ratios)}
-    summary["attainment_ratio"] = summary["with_batch"]["attainment"] / max(1e-9, summary["alone"]["attainment"])
-    summary["idle_capacity_used"] = summary["with_batch"]["batch_rps"] / max(1e-9, idle)
+    summary: dict = {"capacity_rps": cap, "online_rate_rps": rate, "idle_capacity_rps": idle,
+                     "alone": {k: mean("alone", k) for k in KEYS}}
+    for variant in variants[1:]:
+        ratios = round_ratios(variant)
+        part = {k: mean(variant, k) for k in (*KEYS, "batch_rps")}
+        part.update(round_ratios=ratios, round_ratio_median=statistics.median(ratios),
+                    attainment_ratio=part["attainment"] / max(1e-9, summary["alone"]["attainment"]),
+                    idle_capacity_used=part["batch_rps"] / max(1e-9, idle))
+        summary[variant] = part
+    summary["with_batch"] = summary["batch"]
+    summary["attainment_ratio"] = summary["batch"]["attainment_ratio"]
+    summary["idle_capacity_used"] = summary["batch"]["idle_capacity_used"]
     report["summary"] = summary
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     png = args.out.with_suffix(".png")
     plot(report, png, window=max(5.0, args.duration / 12))
-    a, b = summary["alone"], summary["with_batch"]
     print(f"\ncapacity {cap:.2f} req/s, online {rate:.2f} req/s ({rate / max(cap, 1e-9):.0%}), idle {idle:.2f} req/s; "
           f"SLO TTFT {args.slo_ttft:g} s, TPOT {args.slo_tpot:g} s; runtime flags {args.runtime_arg or 'default'}; "
           f"{args.rounds} rounds of {args.duration:g} s each")
     print("\n| round | run | attainment (TTFT+TPOT) | TTFT only | TTFT p90 (s) | TPOT p50 (s) | TPOT p90 (s) "
-          "| batch lines/s | batch cap (mean) | B/A |\n|---|---|---|---|---|---|---|---|---|---|")
+          "| batch lines/s | batch cap (mean) | ÷ alone |\n|---|---|---|---|---|---|---|---|---|---|")
     for x in report["rounds"]:
-        ratio = next((f"{q:.3f}" for (_, pb), q in zip(pairs, ratios, strict=True) if pb is x), "")
-        print(f"| {x['round']} | {'online + batch' if x['with_batch'] else 'online alone'} | {x['attainment']:.3f} | "
+        ratio = "" if x["variant"] == "alone" else f"{x['attainment'] / max(1e-9, alone_of(report, x)):.3f}"
+        print(f"| {x['round']} | {LABELS[x['variant']]} | {x['attainment']:.3f} | "
               f"{x['ttft_attainment']:.3f} | {fmt(x['ttft_p90_s'])} | {fmt(x['tpot_p50_s'])} | "
               f"{fmt(x['tpot_p90_s'])} | {x['batch_rps']:.2f} | {fmt(x['batch_cap_mean'], 1)} | {ratio} |")
-    print("\n| run | online attainment | TTFT p90 (s) | TPOT p90 (s) | batch lines/s |\n|---|---|---|---|---|")
-    print(f"| online alone | {a['attainment']:.3f} | {fmt(a['ttft_p90_s'])} | {fmt(a['tpot_p90_s'])} | – |")
-    print(f"| online + batch | {b['attainment']:.3f} | {fmt(b['ttft_p90_s'])} | {fmt(b['tpot_p90_s'])} | "
-          f"{b['batch_rps']:.2f} |")
-    print(f"| ratio / share | {summary['attainment_ratio']:.3f} (median of rounds {summary['round_ratio_median']:.3f}; "
-          f"target ≥ 0.98) | | | {summary['idle_capacity_used']:.0%} of idle capacity |")
+    print("\n| run | online attainment | TTFT p90 (s) | TPOT p90 (s) | batch lines/s | ÷ alone (median of rounds) "
+          "| share of idle capacity |\n|---|---|---|---|---|---|---|")
+    a = summary["alone"]
+    print(f"| {LABELS['alone']} | {a['attainment']:.3f} | {fmt(a['ttft_p90_s'])} | {fmt(a['tpot_p90_s'])} | – | | |")
+    for variant in variants[1:]:
+        b = summary[variant]
+        print(f"| {LABELS[variant]} | {b['attainment']:.3f} | {fmt(b['ttft_p90_s'])} | {fmt(b['tpot_p90_s'])} | "
+              f"{b['batch_rps']:.2f} | {b['attainment_ratio']:.3f} ({b['round_ratio_median']:.3f}; target ≥ 0.98) | "
+              f"{b['idle_capacity_used']:.0%} |")
     print(f"wrote {args.out} and {png}")
     return 0
+
+
+def alone_of(report: dict, x: dict) -> float:
+    return next(y["attainment"] for y in report["rounds"] if y["variant"] == "alone" and y["round"] == x["round"])
 
 
 if __name__ == "__main__":
