@@ -1,6 +1,8 @@
 """Batch work (priority above 0) yields to online requests: admission, budget, preemption, and the cap on
 batch sequences beside online ones from the measured step time."""
 
+import time
+
 import pytest
 
 from goodput_runtime.engine.batch_cap import BatchCap
@@ -204,6 +206,30 @@ def test_the_online_steps_overhead_beyond_their_decodes_comes_off_the_cap():
     for _ in range(200):  # steps without online decodes teach nothing about the online requests' overhead
         cap.observe(4, 0, 0.2)
     assert cap.overhead == pytest.approx(0.03, rel=1e-3)
+
+
+def test_an_online_request_behind_its_target_tightens_the_cap_while_it_can_still_make_it():
+    cap = timed_cap(0.1)  # budget 0.1 s; 2 online decodes take 0.03 s, so 7 batch sequences fit
+    # 5 tokens out, 0.5 s since the first: 4 steps of 0.125 s, behind; 5 tokens left at 0.08 s bring it to 0.1 s
+    allowance = cap.allowance(0.5, 5, 10)
+    assert allowance == pytest.approx(0.08)
+    assert cap.sequences(2) == 7
+    assert cap.sequences(2, [allowance]) == 5  # 0.03 + 0.01 · 5 ≤ 0.08
+    assert cap.sequences(2, [0.15]) == 7  # ahead of its target: the budget as it is
+    assert cap.sequences(2, [0.02]) == 7  # lost whatever the batch does: no reason to stop it
+    assert cap.allowance(0.5, 10, 10) is None  # nothing left to generate
+
+
+def test_the_scheduler_reads_each_online_requests_pace_since_its_first_token():
+    s = capped(timed_cap(0.1))
+    decoding(s, "batch", 8, priority=1)
+    online = decoding(s, "online", 2, priority=0)
+    assert len(batch_in(step(s))) == 7
+    assert [seq.num_output_tokens for seq in online] == [2, 2]
+    for seq in online:  # as the engine sets it when the first token is sampled: 1 s ago, for 1 token since
+        seq.times.first_token = time.monotonic() - 1.0
+    # far behind 0.1 s: its 38 tokens left must average (0.1 · 39 − 1) / 38 = 0.076 s, 4 batch sequences' worth
+    assert len(batch_in(step(s))) == 4
 
 
 def test_no_more_batch_sequences_than_the_cap_step_beside_online_ones():

@@ -17,7 +17,12 @@ the online requests' time per output token. The cap keeps it under the runtime's
   steps carrying online decodes took beyond the decode step of their size, on average: the prefills
   of newly admitted online requests those decodes wait through (such a step runs no batch work) and
   whatever the model misses. The online requests' TPOT is the mean of those steps, so the decode
-  steps get the budget less the overhead. With no online sequence running batch decodes are not
+  steps get the budget less the overhead. An online request already behind its target (its steps
+  since its first token averaged more than the target, say after it waited through other requests'
+  prefills) needs its remaining steps shorter still: its *allowance*, the mean step time that would
+  just bring its TPOT back to the target over the tokens it has left, replaces the target where it is
+  lower, as long as the request can still make it (a request that cannot is no reason to stop the
+  batch). With no online sequence running batch decodes are not
   capped; batch prefills still keep a step within the budget (at least ``MIN_IDLE_PREFILL`` tokens,
   so the batch progresses), because an online request that arrives during a step waits for it to end.
 
@@ -29,6 +34,7 @@ side until a second size is seen.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 EWMA_WEIGHT = 0.2  # share of the newest measurement in a batch size's running average
@@ -132,17 +138,29 @@ class BatchCap:
         request run longer, and count into the same TPOT)."""
         return self.tpot_target * (1.0 - self.margin)
 
-    def sequences(self, online: int) -> int | None:
+    def step_budget(self, online: int, allowances: Sequence[float] = ()) -> float:
+        """Seconds this step's decodes may take: the budget, or less for an online request behind its
+        target (its allowance less the margin) that can still make it, less the overhead."""
+        overhead = max(self.overhead, 0.0)
+        budget = self.budget
+        least = self.model.decode_seconds(online) + overhead  # the step with no batch work at all
+        for allowance in allowances:
+            if least <= allowance * (1.0 - self.margin) < budget:
+                budget = allowance * (1.0 - self.margin)
+        return budget - overhead
+
+    def sequences(self, online: int, allowances: Sequence[float] = ()) -> int | None:
         """Batch sequences that may decode beside `online` online sequences: None (not capped) when no
-        online sequence runs or no step is timed yet, else the most whose step stays within budget."""
+        online sequence runs or no step is timed yet, else the most whose step stays within budget.
+        `allowances`: the online requests' mean step times that keep their TPOT within the target."""
         if online == 0 or not self.model.measured:
             return None
-        room = self.budget - self.model.decode_seconds(online) - max(self.overhead, 0.0)
+        room = self.step_budget(online, allowances) - self.model.decode_seconds(online)
         if room < 0:
             return 0
         return math.floor(room / self.model.per_seq + 1e-9)
 
-    def prefill_tokens(self, online: int, decodes: int) -> int | None:
+    def prefill_tokens(self, online: int, decodes: int, allowances: Sequence[float] = ()) -> int | None:
         """Prompt tokens batch prefills may add to a step that decodes `decodes` sequences (online and
         batch) while `online` online sequences run. Beside online work, none until their cost is timed;
         with none running, at least MIN_IDLE_PREFILL."""
@@ -151,14 +169,23 @@ class BatchCap:
             return None
         if self.model.per_token is None:
             return None if not online else 0
-        room = self.budget - self.model.decode_seconds(decodes) - (max(self.overhead, 0.0) if online else 0.0)
+        budget = self.step_budget(online, allowances) if online else self.budget
+        room = budget - self.model.decode_seconds(decodes)
         return max(floor, math.floor(max(room, 0.0) / self.model.per_token))
 
-    def limits(self, online: int, batch: int) -> StepLimits:
+    def limits(self, online: int, batch: int, allowances: Sequence[float] = ()) -> StepLimits:
         """This step's limits with `online` online and `batch` batch sequences running."""
-        cap = self.sequences(online)
+        cap = self.sequences(online, allowances)
         decodes = online + (batch if cap is None else min(cap, batch))
-        return StepLimits(cap, self.prefill_tokens(online, decodes))
+        return StepLimits(cap, self.prefill_tokens(online, decodes, allowances))
+
+    def allowance(self, since_first_token: float, num_output_tokens: int, max_tokens: int) -> float | None:
+        """The mean step time over an online request's remaining tokens (up to max_tokens) that brings
+        its TPOT, (e2e − TTFT) / (tokens − 1), to exactly the target; None when no token is left."""
+        left = max_tokens - num_output_tokens
+        if left <= 0 or num_output_tokens < 1:
+            return None
+        return (self.tpot_target * (num_output_tokens - 1 + left) - since_first_token) / left
 
     def observe(self, decodes: int, prompt_tokens: int, seconds: float, online_decodes: int = 0) -> None:
         """A step ran: `decodes` sequences decoding (`online_decodes` of them online), `prompt_tokens`

@@ -128,7 +128,7 @@ class Scheduler:
         batch_seats: int | None = None  # batch sequences this step may still carry; None: any number
         if self.batch_cap is not None:
             online = sum(1 for s in self.running if not is_batch(s))
-            limits = self.batch_cap.limits(online, len(self.running) - online)
+            limits = self.batch_cap.limits(online, len(self.running) - online, self._allowances())
             batch_seats = out.batch_cap = limits.sequences
             if limits.prefill_tokens is not None:
                 batch_prefill = min(batch_prefill, limits.prefill_tokens)
@@ -212,6 +212,19 @@ class Scheduler:
             else:
                 out.num_prompt_tokens += item.num_tokens
         return out
+
+    def _allowances(self) -> list[float]:
+        """Each online sequence's mean step time left that keeps its TPOT within the target (batch_cap.py)."""
+        assert self.batch_cap is not None
+        now = time.monotonic()
+        allowances = []
+        for seq in self.running:
+            if not is_batch(seq) and seq.times.first_token is not None:
+                allowance = self.batch_cap.allowance(now - seq.times.first_token, seq.num_output_tokens,
+                                                     seq.params.max_tokens)
+                if allowance is not None:
+                    allowances.append(allowance)
+        return allowances
 
     def observe_step(self, out: SchedulerOutput, seconds: float) -> None:
         """The forward pass of `out` took `seconds`: what the batch cap's step-time model learns from."""
