@@ -5,7 +5,9 @@ step slower, for every sequence in it. Batch work that shares steps with online 
 the online requests' time per output token. The cap keeps it under the runtime's TPOT target
 (``--slo-tpot``):
 
-- ``StepTimeModel`` learns a step's time from the steps the engine runs: a fixed part, a cost per
+- ``StepTimeModel`` learns a step's time from the steps the engine runs (each step's whole cycle,
+  from its scheduling to the next step's: the forward pass, the update, the detokenizing and the
+  handlers between steps, which is the time between an online request's tokens): a fixed part, a cost per
   sequence decoding and a cost per prompt token (prefill, recomputation, speculative proposals),
   ``t(n, p) = fixed + per_seq · n + per_token · p``. Decode-only steps are averaged per batch size
   (running averages whose weight fades, so a machine that slows down or speeds up is followed) and a
