@@ -128,7 +128,7 @@ class StepLimits:
 class BatchCap:
     """The scheduler's per-step limits on batch work, from the step-time model and the TPOT target."""
 
-    def __init__(self, tpot_target: float, margin: float = 0.2) -> None:
+    def __init__(self, tpot_target: float, margin: float = 0.35) -> None:
         self.tpot_target = tpot_target
         self.margin = margin
         self.model = StepTimeModel()
