@@ -34,6 +34,12 @@ REQUESTS_REJECTED = PREFIX + "requests_rejected_total"  # label reason: ttft_slo
 REQUESTS_BY_PRIORITY = PREFIX + "requests_by_priority_total"  # labels priority, outcome
 REQUESTS_GOOD_BY_PRIORITY = PREFIX + "requests_good_by_priority_total"  # label priority
 REQUESTS_WAITING_BY_PRIORITY = PREFIX + "requests_waiting_by_priority"  # label priority
+# the runtime's cap on batch sequences stepping beside online ones (from --slo-tpot and the measured
+# step time; --max-num-seqs while no online sequence runs), and the batch sequences of the last step
+BATCH_RUNNING_CAP = PREFIX + "batch_running_cap"
+BATCH_RUNNING = PREFIX + "batch_running"  # batch sequences in the last step
+BATCH_PAUSED = PREFIX + "batch_paused"  # running batch sequences the cap kept out of the last step
+BATCH_PAUSES = PREFIX + "batch_pauses_total"  # steps a batch sequence sat out for the cap, summed over sequences
 
 # the gateway's batch API
 BATCH_REQUESTS = PREFIX + "batch_requests_total"  # label state: completed | failed | retried

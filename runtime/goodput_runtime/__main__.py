@@ -225,6 +225,13 @@ def build_parser() -> ReasonedArgumentParser:
     serving.add_argument("--port", type=port_number, default=8000, help="0 picks a free port")
     serving.add_argument("--slo-ttft", type=positive_seconds, help="time-to-first-token target, seconds")
     serving.add_argument("--slo-tpot", type=positive_seconds, help="time-per-output-token target, seconds")
+    serving.add_argument("--batch-cap", choices=["auto", "off"], default=default("batch_cap"),
+                         help="cap the batch (priority above 0) sequences that step beside online ones so a step, "
+                              "timed as it runs, stays within --slo-tpot × (1 − --batch-cap-margin); the others "
+                              "pause until the online ones leave; auto: on when --slo-tpot is set")
+    serving.add_argument("--batch-cap-margin", type=margin_fraction, default=default("batch_cap_margin"),
+                         help="share of --slo-tpot the batch cap keeps free (steps that admit an online request "
+                              "run longer)")
     serving.add_argument("--admission", choices=["auto", "on", "off"], default="auto",
                          help="refuse with 429 and Retry-After, at once, a request whose predicted time to first "
                               "token (from the measured prefill and decode rates, the queue ahead and the free KV "

@@ -120,6 +120,15 @@ class RuntimeMetrics:
         self.spec_active = gauge(names.SPEC_DECODE_ACTIVE, "1 while speculative decoding is on for the running batch.")
         self.spec_max_batch = gauge(names.SPEC_DECODE_MAX_BATCH,
                                     "The running batch up to which speculative decoding is on (absent when off).")
+        self.batch_running_cap = gauge(names.BATCH_RUNNING_CAP,
+                                       "Batch sequences allowed to step beside the online ones in the last step, "
+                                       "from the TPOT target and the measured step time (--max-num-seqs while no "
+                                       "online sequence runs).")
+        self.batch_running = gauge(names.BATCH_RUNNING, "Batch sequences in the last step.")
+        self.batch_paused = gauge(names.BATCH_PAUSED,
+                                  "Running batch sequences the cap kept out of the last step (their blocks kept).")
+        self.batch_pauses = counter(names.BATCH_PAUSES,
+                                    "Steps batch sequences sat out for the cap beside online work, summed over them.")
         for name, value in ((names.SLO_TTFT, slo_ttft), (names.SLO_TPOT, slo_tpot)):
             g = gauge(name, "Configured SLO target in seconds (absent when no target is set).")
             if value is not None:
@@ -198,6 +207,15 @@ class RuntimeMetrics:
             self.generation_tokens.inc(generation_tokens)
         if preemptions:
             self.preemptions.inc(preemptions)
+
+    def record_batch_cap(self, cap: int, running: int, paused: int) -> None:
+        """The last step's cap on batch sequences beside online ones, the batch sequences in it and those
+        the cap paused."""
+        self.batch_running_cap.set(cap)
+        self.batch_running.set(running)
+        self.batch_paused.set(paused)
+        if paused:
+            self.batch_pauses.inc(paused)
 
     def record_speculation(self, speculated: bool, verified: list[tuple[int, int]]) -> None:
         """One step's switch decision and its verifications, each (tokens proposed, tokens accepted)."""

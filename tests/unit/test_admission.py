@@ -58,6 +58,19 @@ def test_prompts_waiting_ahead_add_their_prefill():
     assert p.prefill == pytest.approx(1100 * PREFILL_TOKEN_S + 18 * DECODE_STEP_S)
 
 
+def test_a_batch_prefill_under_way_is_not_ahead_of_an_online_request():
+    s = make(max_num_seqs=64, budget=64)
+    batch = Sequence.new("batch", [10 + i % 50 for i in range(1000)],
+                         SamplingParams(max_tokens=5, temperature=0.0, priority=1), 0.0)
+    s.add(batch)
+    run_step(s)  # admitted, its prefill under way
+    assert batch.num_uncomputed_tokens > 900
+    online = predict(s, rates(), 100, 1)
+    assert online is not None and online.prefill == pytest.approx(100 * PREFILL_TOKEN_S + 2 * DECODE_STEP_S)
+    behind = predict(s, rates(), 100, 1, priority=1)  # another batch request waits behind it
+    assert behind is not None and behind.prefill > 1000 * PREFILL_TOKEN_S
+
+
 def test_a_full_batch_waits_for_the_running_request_nearest_its_end():
     s = make(max_num_seqs=2)
     s.add(request("long", 8, max_tokens=40))

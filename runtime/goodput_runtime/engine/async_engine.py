@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.core import EngineCore
 from goodput_runtime.engine.outputs import EngineStoppedError, QueueFullError, RequestOutput
+from goodput_runtime.engine.scheduler import SchedulerOutput
 from goodput_runtime.engine.sequence import PoolingParams
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
@@ -62,6 +63,9 @@ class AsyncEngine:
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine-step")
         # called after each step with its scheduled sequences and the forward pass's seconds
         self.step_observers: list[Callable[[list, float], None]] = []
+        # the last step and when it was scheduled: the scheduler learns each step's whole cycle (forward
+        # pass, update, the handlers that run before the next step), the time between a request's tokens
+        self.last_step: tuple[SchedulerOutput, float] | None = None
 
     @classmethod
     def from_config(cls, config: EngineConfig, metrics: RuntimeMetrics | None = None) -> AsyncEngine:
@@ -153,6 +157,7 @@ class AsyncEngine:
     async def _run(self) -> None:
         while True:
             if not self.core.has_unfinished():
+                self.last_step = None  # the next step starts from idle: no cycle to time
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
@@ -162,6 +167,7 @@ class AsyncEngine:
                 # a bug, not a bad request: fail what is in flight, keep serving the rest
                 log.exception("Engine step failed; failing %d requests", len(self.streams))
                 self.stepping = False
+                self.last_step = None
                 self.pending_aborts.clear()  # every stream is failed below, those included
                 for request_id in list(self.streams):
                     self._abort_now(request_id, outcome="error")
@@ -170,10 +176,16 @@ class AsyncEngine:
     async def _step(self) -> None:
         """EngineCore's three phases, with the forward pass on the step thread."""
         core = self.core
+        scheduled_at = time.monotonic()
+        if self.last_step is not None:
+            last, last_at = self.last_step
+            core.scheduler.observe_step(last, scheduled_at - last_at)
+            self.last_step = None
         out = core.schedule()
         if not out.scheduled:
             await asyncio.sleep(0.001)  # nothing fits this instant: let aborts and arrivals in
             return
+        self.last_step = (out, scheduled_at)
         self.stepping = True
         started = time.monotonic()
         try:

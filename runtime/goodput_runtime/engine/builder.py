@@ -16,6 +16,7 @@ from goodput_runtime import models
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.cpu import pick_threads
 from goodput_runtime.engine import attention, parallel
+from goodput_runtime.engine.batch_cap import BatchCap
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.core import EngineCore
 from goodput_runtime.engine.model_runner import KVLayout, ModelRunner
@@ -241,6 +242,10 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
     block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
     scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
                           frozenset(eos))
+    if config.slo_tpot is not None and config.batch_cap != "off":
+        scheduler.batch_cap = BatchCap(config.slo_tpot, config.batch_cap_margin)
+        log.info("Batch work beside online requests is capped so a step stays within %.3fs (TPOT target %gs "
+                 "less %g%%)", scheduler.batch_cap.budget, config.slo_tpot, 100 * config.batch_cap_margin)
     runner = ModelRunner(model, num_blocks, config.block_size, config.seed, world)
     if config.compile:
         compile_layers(runner, device)

@@ -125,7 +125,10 @@ class EngineCore:
         out = self.schedule()
         if not out.scheduled:
             return []
-        return self.update(out, self.execute(out))
+        started = time.monotonic()
+        result = self.execute(out)
+        self.scheduler.observe_step(out, time.monotonic() - started)
+        return self.update(out, result)
 
     def schedule(self) -> SchedulerOutput:
         """Phase 1: which sequences run this step, and how many tokens each."""
@@ -178,6 +181,9 @@ class EngineCore:
                                      result.num_sampled, out.num_preempted, self.scheduler.num_waiting_batch)
             if self.scheduler.switch is not None:
                 self.metrics.record_speculation(out.speculative, result.verified)
+            if self.scheduler.batch_cap is not None:
+                cap = self.scheduler.max_num_seqs if out.batch_cap is None else out.batch_cap
+                self.metrics.record_batch_cap(cap, out.num_batch, out.batch_paused)
             if out.prefix_queried_tokens:
                 self.metrics.record_prefix_lookup(out.prefix_queried_tokens, out.prefix_hit_tokens)
         return outputs

@@ -18,6 +18,14 @@ seat) for it. Batch prefills get at most an eighth of a step's token budget. Run
 are served in priority order, so when blocks run out the victim is the most recently admitted
 of the lowest priority.
 
+With a TPOT target (``batch_cap``, see batch_cap.py) batch work also keeps the online decodes'
+steps short: while online sequences run, at most the cap's number of batch sequences step beside
+them (the earliest admitted; the others are paused: they keep their blocks and seat and skip the
+step, so their output is the one they would have had alone), and batch prefills take only the
+prompt tokens that still fit the step's time budget. With no online sequence running the batch
+fills the seats freely; the paused sequences resume as soon as the online ones leave or the cap
+rises. A paused sequence that holds blocks an online request needs is preempted like any other.
+
 With speculative decoding a decode carries the tokens proposed for it (``drafts``, set at the end
 of the previous step) when the switch allows it this step: its KV slots are allocated with the
 decode's and the target verifies them in the same forward pass. ``update`` keeps the accepted
@@ -32,6 +40,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from goodput_runtime.engine.batch_cap import BatchCap
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.sequence import SeqStatus, Sequence
 from goodput_runtime.spec_decode.switch import SpeculationSwitch
@@ -71,10 +80,19 @@ class SchedulerOutput:
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
     speculative: bool = False  # the switch allowed speculation this step (and proposals for the next)
+    batch_cap: int | None = None  # batch sequences allowed beside the online ones this step; None: not capped
+    batch_paused: int = 0  # running batch sequences the cap kept out of this step
+    num_decodes: int = 0  # sequences decoding one token (with or without proposals), counted at scheduling
+    num_online_decodes: int = 0  # those of online requests
+    num_prompt_tokens: int = 0  # every other token computed: prefills, recomputation, proposals verified
 
     @property
     def num_tokens(self) -> int:
         return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def num_batch(self) -> int:
+        return sum(1 for s in self.scheduled if is_batch(s.seq))
 
 
 class Scheduler:
@@ -89,6 +107,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.switch: SpeculationSwitch | None = None  # set when speculative decoding is configured
         self.drafts: dict[Sequence, list[int]] = {}  # proposals for each sequence's next step
+        self.batch_cap: BatchCap | None = None  # set when a TPOT target caps batch work beside online work
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -106,6 +125,13 @@ class Scheduler:
         self.running.sort(key=lambda s: s.params.priority)  # stable: admission order within a priority
         online_waiting = any(not is_batch(s) for s in self.waiting)
         batch_prefill = max(1, self.max_num_batched_tokens // BATCH_PREFILL_SHARE)
+        batch_seats: int | None = None  # batch sequences this step may still carry; None: any number
+        if self.batch_cap is not None:
+            online = sum(1 for s in self.running if not is_batch(s))
+            limits = self.batch_cap.limits(online, len(self.running) - online, self._allowances())
+            batch_seats = out.batch_cap = limits.sequences
+            if limits.prefill_tokens is not None:
+                batch_prefill = min(batch_prefill, limits.prefill_tokens)
         drafts, self.drafts = self.drafts, {}
         out.speculative = self.switch is not None and self.switch.decide(len(self.running))
         i = 0
@@ -115,6 +141,12 @@ class Scheduler:
             if is_batch(seq) and (online_waiting or (prefill and batch_prefill <= 0)):
                 i += 1  # batch work pauses for a step that admits an online request
                 continue
+            if is_batch(seq) and batch_seats is not None:
+                if batch_seats <= 0:
+                    out.batch_paused += 1  # beyond the cap: it sits this step out, keeping its blocks
+                    i += 1
+                    continue
+                batch_seats -= 1
             draft = self._fit_draft(seq, drafts.get(seq), budget) if out.speculative else []
             if draft and self.block_manager.allocate(seq, 1 + len(draft)):
                 out.scheduled.append(self._scheduled(seq, 1 + len(draft), draft))
@@ -150,7 +182,7 @@ class Scheduler:
             num_tokens = min(seq.num_tokens - cached, budget)
             if is_batch(seq):  # only batch requests wait now (the lowest priority comes first)
                 num_tokens = min(num_tokens, batch_prefill)
-                if num_tokens <= 0 or online_waiting:
+                if num_tokens <= 0 or online_waiting or (batch_seats is not None and batch_seats <= 0):
                     break
             if not self.block_manager.allocate(seq, num_tokens, hits):
                 freed = self._evict_batch_for(seq, out)
@@ -170,7 +202,34 @@ class Scheduler:
             budget -= num_tokens
             if is_batch(seq):
                 batch_prefill -= num_tokens
+                if batch_seats is not None:
+                    batch_seats -= 1
+        for item in out.scheduled:
+            if item.num_tokens - len(item.draft) == 1 and item.seq.num_uncomputed_tokens == 1:
+                out.num_decodes += 1
+                out.num_online_decodes += not is_batch(item.seq)
+                out.num_prompt_tokens += len(item.draft)
+            else:
+                out.num_prompt_tokens += item.num_tokens
         return out
+
+    def _allowances(self) -> list[float]:
+        """Each online sequence's mean step time left that keeps its TPOT within the target (batch_cap.py)."""
+        assert self.batch_cap is not None
+        now = time.monotonic()
+        allowances = []
+        for seq in self.running:
+            if not is_batch(seq) and seq.times.first_token is not None:
+                allowance = self.batch_cap.allowance(now - seq.times.first_token, seq.num_output_tokens,
+                                                     seq.params.max_tokens)
+                if allowance is not None:
+                    allowances.append(allowance)
+        return allowances
+
+    def observe_step(self, out: SchedulerOutput, seconds: float) -> None:
+        """The forward pass of `out` took `seconds`: what the batch cap's step-time model learns from."""
+        if self.batch_cap is not None:
+            self.batch_cap.observe(out.num_decodes, out.num_prompt_tokens, seconds, out.num_online_decodes)
 
     def _next_waiting(self) -> Sequence:
         """The first waiting request of the lowest priority (preempted ones are at the front)."""

@@ -123,7 +123,9 @@ def predict(scheduler: Any, rates: StepRates, num_prompt_tokens: int, n: int, pr
     block_manager = scheduler.block_manager
     # prefill ahead of the request, and its own, sharing each step with the running decodes
     in_prefill = [s for s in running if s.num_computed_tokens < s.num_prompt_tokens]
-    ahead = sum(s.num_uncomputed_tokens for s in waiting) + sum(s.num_uncomputed_tokens for s in in_prefill)
+    # a batch prefill under way is not ahead of an online request either: it pauses for it
+    ahead = sum(s.num_uncomputed_tokens for s in waiting) + sum(
+        s.num_uncomputed_tokens for s in in_prefill if s.params.priority <= priority)
     tokens = ahead + num_prompt_tokens
     decoding = len(running) - len(in_prefill)
     budget = max(1, scheduler.max_num_batched_tokens - decoding)
