@@ -37,6 +37,7 @@ class Discovered:
 # side trigger only refreshes a status, and the refreshes of a start-up's burst fold into one when
 # they wait until the backlog is done.
 CHANGE, RESUME, SIDE, RESYNC = range(4)
+TRIGGERS = ("change", "resume", "side", "resync")  # by priority: the label of the writes a pass sends
 RECONCILE_SLOTS = 8  # reconciles talking to the API server at once (k8s.API_THREADS calls between them)
 
 

@@ -177,7 +177,7 @@ class Kube:
 
     async def request(self, method: str, path: str, **kwargs: Any) -> Any:
         if method != "GET":
-            metrics.API_WRITES.labels(verb=method).inc()
+            metrics.API_WRITES.labels(verb=method, trigger=metrics.TRIGGER.get()).inc()
         return await asyncio.get_running_loop().run_in_executor(self._pool, partial(self._call, method, path,
                                                                                     **kwargs))
 

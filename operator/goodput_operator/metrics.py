@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextvars
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from goodput_contract import metrics as names
@@ -21,8 +23,13 @@ RECONCILE_ERRORS = Counter(
     "goodput_operator_reconcile_errors_total", "Reconcile passes that failed and will be retried.", ["reason"]
 )
 API_WRITES = Counter(
-    "goodput_operator_api_writes_total", "Writes the operator sent to the API server, by verb.", ["verb"]
+    "goodput_operator_api_writes_total",
+    "Writes the operator sent to the API server, by verb and by what started the pass that sent them: change (a "
+    "user's create or update), resume (start-up), side (a child, pod or config fetch), resync, other (the "
+    "autoscaler, pipelines, events outside a pass).", ["verb", "trigger"]
 )
+# what started the pass now running in this task (the label above); set by reconcile.reconcile
+TRIGGER: contextvars.ContextVar[str] = contextvars.ContextVar("trigger", default="other")
 RESYNCS = Counter("goodput_operator_resyncs_total", "Resyncs of every service finished.")
 RESYNC_SECONDS = Gauge("goodput_operator_resync_duration_seconds", "Time the last resync of every service took.")
 RUNTIME_FAILURES = Counter(

@@ -22,7 +22,7 @@ from goodput_operator.conditions import (
     find,
     merge,
 )
-from goodput_operator.context import CHANGE, SIDE, Context
+from goodput_operator.context import CHANGE, SIDE, TRIGGERS, Context
 from goodput_operator.k8s import ApiError, now_timestamp, owner_path, resource_path
 from goodput_operator.spec import ServiceSpec, SpecError, parse
 
@@ -57,6 +57,7 @@ async def reconcile(ctx: Context, body: dict[str, Any], priority: int = CHANGE) 
                 observed.version(newer) > observed.version(body):
             body, meta = newer, newer["metadata"]
         started = time.monotonic()
+        trigger = metrics.TRIGGER.set(TRIGGERS[priority])
         try:
             result = await _reconcile(ctx, body)
         except Exception as err:
@@ -67,6 +68,7 @@ async def reconcile(ctx: Context, body: dict[str, Any], priority: int = CHANGE) 
             logger.debug("Skipped %s/%s: its namespace is being deleted", namespace, name)
             result = "skipped"
         finally:
+            metrics.TRIGGER.reset(trigger)
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
         metrics.RECONCILES.labels(result=result).inc()
         ctx.handled[(namespace, name)] = meta.get("generation", 1)
