@@ -226,7 +226,7 @@ def count_reconciled(plane: ControlPlane, namespace: str, expected: int) -> tupl
                                         query_params=[("resourceVersion", "0")],
                                         header_params={"Accept": METADATA_ONLY}, auth_settings=["BearerToken"])
     deployments = plane.api.call_api(*request, _request_timeout=60)
-    n_deploy = len(json.loads(deployments.read())["items"])
+    n_deploy = len(json.loads(deployments.read()).get("items") or ())  # an empty list comes as null
     if n_deploy < expected:
         return n_deploy, 0
     services = plane.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
