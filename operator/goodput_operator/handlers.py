@@ -125,7 +125,6 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
             task.cancel()
         if getattr(memo, "ctx", None) is not None:
             await memo.ctx.fetcher.close()
-            memo.ctx.kube.close()
 
     # Level-based on the watch alone: a service gets a pass when this process first sees it and whenever
     # its generation (its spec) moves past the last one a pass completed. No kopf change handler, so

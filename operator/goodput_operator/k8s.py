@@ -154,9 +154,6 @@ class Kube:
         # reconcile slot may have several calls out at once
         self._pool = ThreadPoolExecutor(API_THREADS, thread_name_prefix="kube")
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
     def _call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
               content_type: str = "application/json") -> Any:
         request = self._api.param_serialize(
