@@ -29,10 +29,12 @@ def metric(port: int, name: str, having: str = "") -> float:
 
 
 @pytest.fixture
-def counted_operator(cluster, hub, tmp_path):
+def counted_operator(cluster, hub, tmp_path, namespace):
+    """An operator of the test's namespace alone: services other tests left behind in the shared cluster
+    (their namespaces still being deleted) are neither visited nor counted."""
     port = free_port()
     process = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", hub.endpoint,
-                              "--metrics-port", str(port), "--resync-seconds", "3").start()
+                              "--metrics-port", str(port), "--resync-seconds", "3", "--namespace", namespace).start()
     yield process, port
     process.stop()
 
