@@ -46,7 +46,7 @@ def weight_bytes_per_step(core: EngineCore) -> int:
 
 def sync() -> None:
     if torch.cuda.is_available():
-        sync()
+        torch.cuda.synchronize()
 
 
 def decode_round(core: EngineCore, batch: int, prompt_len: int, steps: int, seed: int) -> dict:
@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=128, help="decode steps timed per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kv-cache-memory", type=int, default=4 << 30, help="bytes of KV cache per engine")
+    parser.add_argument("--quantization", default="none", help="none, int8, int8-w8a8 or fp8 weights")
     parser.add_argument("--peak-bandwidth", type=float, help="bytes/s (default: the card's datasheet figure)")
     parser.add_argument("--out", default="bench/results/gpu_decode.json")
     args = parser.parse_args(argv)
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         engines[mode] = build_core(EngineConfig(
             model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.prompt_len + args.steps + 64,
             max_num_seqs=max(batches), max_num_batched_tokens=max(2048, args.prompt_len * max(batches)),
-            kv_cache_memory=args.kv_cache_memory, enforce_eager=mode == "eager"))
+            kv_cache_memory=args.kv_cache_memory, enforce_eager=mode == "eager", quantization=args.quantization))
         load_s[mode] = time.monotonic() - started
     if args.device == "cpu":
         engines["graphs"].runner.enable_decode_graphs(max(batches), args.prompt_len + args.steps + 64, capture=False)
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
 
     report = {"device": name, "peak_bandwidth": peak, "weight_bytes": weights, "dtype": args.dtype,
+              "quantization": args.quantization,
               "model": args.model, "prompt_len": args.prompt_len, "steps": args.steps, "rounds": args.rounds,
               "graphs_captured": len(graphs.graphs), "capture_s": graphs.capture_seconds,
               "capture_mib": graphs.capture_bytes / 2**20, "load_s": load_s,
@@ -144,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{name}; {weights / 1e9:.2f} GB of weights read per step ({args.dtype}); peak "
           f"{peak / 1e12 if peak else float('nan'):.2f} TB/s; {len(graphs.graphs)} graphs captured in "
           f"{graphs.capture_seconds:.1f} s ({graphs.capture_bytes / 2**20:.0f} MiB); "
+          f"weights {args.dtype if args.quantization == 'none' else args.quantization}; "
           f"greedy tokens equal: {same_tokens}")
     print("| batch | graphs step ms | eager step ms | graphs tok/s | eager tok/s | graphs MBU | eager MBU | speedup |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")

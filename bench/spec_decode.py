@@ -48,12 +48,12 @@ PROMPTS = [
 ]
 
 
-def build(model_dir: str, settings: dict, threads: int):
+def build(model_dir: str, settings: dict, threads: int, device: str = "cpu", dtype: str = "float32"):
     from goodput_runtime.config import EngineConfig
     from goodput_runtime.engine.builder import build_core
     from goodput_runtime.metrics import RuntimeMetrics
 
-    config = EngineConfig(model=model_dir, device="cpu", dtype="float32", max_model_len=1024,
+    config = EngineConfig(model=model_dir, device=device, dtype=dtype, max_model_len=1024,
                           kv_cache_memory=512 << 20, max_num_seqs=32, num_threads=threads, **settings)
     metrics = RuntimeMetrics("bench", None, None)
     started = time.monotonic()
@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (decode CUDA graphs on, as served)")
+    p.add_argument("--dtype", default="float32")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--draft-layers", type=int, default=4, help="layers of the truncated draft model (0: none)")
     p.add_argument("--configs", default="baseline,ngram-k3,ngram-k5,draft-k3")
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         truncated_copy(Path(args.model), draft_dir, args.draft_layers)
     engines = {}
     for name in names:
-        core, metrics, startup = build(args.model, settings[name], args.threads)
+        core, metrics, startup = build(args.model, settings[name], args.threads, args.device, args.dtype)
         switch = core.scheduler.switch
         engines[name] = (core, metrics, {"startup_s": round(startup, 1),
                                          "max_batch": switch.max_batch if switch else None})
@@ -176,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
             row["cpu_speedup"] = round(row["tokens_per_cpu_s"] / base_cpu, 2)
             table.append(row)
     report = {"model": args.model, "rounds": args.rounds, "max_tokens": args.max_tokens,
-              "concurrency": args.concurrency, "threads": args.threads, "draft_layers": args.draft_layers,
+              "concurrency": args.concurrency, "threads": args.threads, "device": args.device, "dtype": args.dtype, "draft_layers": args.draft_layers,
               "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
               "engines": {n: e[2] for n, e in engines.items()}, "table": table}
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The checks and figures that need a CUDA GPU, in one run (CI has no GPU; run this where one is):
+#   hack/gpu-checks.sh [STEP...]      steps: env tests decode fp8 serve spec (default: all, in that order)
+# Each step has its own time limit and writes its log (and JSON) under $OUT (default _output/gpu);
+# a failed step is reported and the next one still runs. Python packages the machine lacks may be
+# put as wheels in .whl/ (installed into /tmp/site first).
+set -u
+OUT=${OUT:-_output/gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || echo "wheel install failed"
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$ROOT/runtime:$ROOT/operator:$ROOT/contract:$ROOT/gateway:$ROOT:${PYTHONPATH:-}
+MODEL=${GPU_MODEL:-/tmp/llama-1b}
+STEPS=${*:-env tests decode fp8 serve spec}
+declare -A RESULT
+
+step() {  # step NAME LIMIT_S COMMAND...
+  local name=$1 limit=$2; shift 2
+  local started=$SECONDS
+  echo "=== $name (limit ${limit}s)"
+  timeout --kill-after=10 "$limit" bash -c '"$@"' _ "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  RESULT[$name]="rc=$rc $((SECONDS - started))s"
+  tail -n 25 "$OUT/$name.log"
+  echo "=== $name: ${RESULT[$name]}"
+}
+
+need_model() {
+  [ -f "$MODEL/model.safetensors" ] || [ -f "$MODEL/model.safetensors.index.json" ] \
+    || python3 -m goodput_runtime.tools.make_model --out "$MODEL" --shape 1b --dtype bfloat16
+}
+
+env_report() {
+  nvidia-smi
+  python3 - <<'EOF'
+import torch, transformers
+print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)
+p = torch.cuda.get_device_properties(0)
+print(p.name, f"{p.total_memory / 2**30:.1f} GiB", p.multi_processor_count, "SMs", "capability", p.major, p.minor)
+# the copy ceiling: bytes read plus written by one large device-to-device copy, median of 20
+x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+times = []
+for _ in range(20):
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record(); y.copy_(x); b.record(); b.synchronize(); times.append(a.elapsed_time(b) / 1e3)
+times.sort()
+print(f"device-to-device copy: {2 * x.numel() / times[10] / 1e12:.2f} TB/s (read + written)")
+EOF
+}
+
+serve_smoke() {
+  python3 -m goodput_runtime --model "$MODEL" --served-model-name llama-1b --device "${GPU_DEVICE:-cuda}" --dtype "${GPU_DTYPE:-bfloat16}" \
+    --max-model-len 1024 --port 18080 >"$OUT/serve-server.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 180); do curl -sf localhost:18080/health >/dev/null && break; sleep 1; done
+  curl -sf localhost:18080/v1/models || { kill $pid; return 1; }
+  echo
+  curl -sS -N localhost:18080/v1/chat/completions -H 'content-type: application/json' \
+    -d '{"model":"llama-1b","messages":[{"role":"user","content":"Hello there"}],"max_tokens":8,"stream":true,"temperature":0}'
+  echo
+  # 32 concurrent streams of 64 tokens: every one must finish with a length stop
+  python3 - <<'EOF'
+import concurrent.futures, json, time, urllib.request
+def one(i):
+    body = json.dumps({"model": "llama-1b", "prompt": f"request {i} " * 20, "max_tokens": 64,
+                       "temperature": 0, "ignore_eos": True}).encode()
+    req = urllib.request.Request("http://localhost:18080/v1/completions", body, {"content-type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=120))
+started = time.time()
+with concurrent.futures.ThreadPoolExecutor(32) as pool:
+    results = list(pool.map(one, range(32)))
+elapsed = time.time() - started
+tokens = sum(r["usage"]["completion_tokens"] for r in results)
+print(f"32 concurrent completions: {tokens} tokens in {elapsed:.2f} s = {tokens / elapsed:.0f} tok/s; "
+      f"finish reasons {sorted({c['finish_reason'] for r in results for c in r['choices']})}")
+assert tokens == 32 * 64
+EOF
+  local rc=$?
+  curl -sf localhost:18080/metrics | grep -E "^goodput_" | grep -v _bucket | head -30
+  kill $pid; wait $pid
+  tail -n 30 "$OUT/serve-server.log"
+  return $rc
+}
+
+export -f need_model env_report serve_smoke
+export MODEL OUT
+for s in $STEPS; do
+  case $s in decode|fp8|serve|spec) [ -n "${RESULT[model]:-}" ] || step model 300 need_model ;; esac
+  case $s in
+    env) step env 120 env_report ;;
+    tests) step tests 300 python3 -m pytest -m gpu tests/runtime -q -p no:cacheprovider -rA ;;
+    decode) step decode 420 python3 -m bench.gpu_decode --model "$MODEL" --out "$OUT/gpu_decode.json" ;;
+    fp8) step fp8 300 python3 -m bench.gpu_decode --model "$MODEL" --quantization fp8 --rounds 2 \
+      --out "$OUT/gpu_decode_fp8.json" ;;
+    serve) step serve 300 serve_smoke ;;
+    spec) step spec 300 python3 -m bench.spec_decode --device cuda --dtype bfloat16 --model "$MODEL" --rounds 2 \
+      --output "$OUT/spec_decode_gpu.json" ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
+echo "=== summary"
+for s in $STEPS; do echo "$s: ${RESULT[$s]:-not run}"; done
