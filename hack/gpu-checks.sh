@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The checks and figures that need a CUDA GPU, in one run (CI has no GPU; run this where one is):
-#   hack/gpu-checks.sh [STEP...]      steps: env tests decode fp8 serve spec (default: all, in that order)
+#   hack/gpu-checks.sh [STEP...]      (default: every step, in the order below)
+# (steps: env tests decode profile exact fp8 serve spec spec32)
 # Each step has its own time limit and writes its log (and JSON) under $OUT (default _output/gpu);
 # a failed step is reported and the next one still runs. Python packages the machine lacks may be
 # put as wheels in .whl/ (installed into /tmp/site first).
@@ -17,7 +18,7 @@ if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
 fi
 export PYTHONPATH=$ROOT/runtime:$ROOT/operator:$ROOT/contract:$ROOT/gateway:$ROOT:${PYTHONPATH:-}
 MODEL=${GPU_MODEL:-/tmp/llama-1b}
-STEPS=${*:-env tests decode fp8 serve spec}
+STEPS=${*:-env tests decode profile exact fp8 serve spec spec32}
 declare -A RESULT
 
 step() {  # step NAME LIMIT_S COMMAND...
@@ -92,16 +93,21 @@ EOF
 export -f need_model env_report serve_smoke
 export MODEL OUT
 for s in $STEPS; do
-  case $s in decode|fp8|serve|spec) [ -n "${RESULT[model]:-}" ] || step model 300 need_model ;; esac
+  case $s in decode|profile|exact|fp8|serve|spec|spec32) [ -n "${RESULT[model]:-}" ] || step model 300 need_model ;; esac
   case $s in
     env) step env 120 env_report ;;
-    tests) step tests 300 python3 -m pytest -m gpu tests/runtime -q -p no:cacheprovider -rA ;;
+    tests) step tests 300 python3 -m pytest -m gpu tests/runtime/test_decode_graphs.py tests/runtime/test_spec_decode.py -q -p no:cacheprovider -rA ;;
     decode) step decode 420 python3 -m bench.gpu_decode --model "$MODEL" --out "$OUT/gpu_decode.json" ;;
+    profile) step profile 360 python3 -m bench.gpu_profile --model "$MODEL" --out "$OUT/gpu_profile.json" ;;
+    exact) step exact 240 python3 -m bench.gpu_decode --model "$MODEL" --dtype float32 --batch-sizes 1,16 \
+      --rounds 1 --steps 64 --out "$OUT/gpu_decode_fp32.json" ;;
     fp8) step fp8 300 python3 -m bench.gpu_decode --model "$MODEL" --quantization fp8 --rounds 2 \
       --out "$OUT/gpu_decode_fp8.json" ;;
     serve) step serve 300 serve_smoke ;;
     spec) step spec 300 python3 -m bench.spec_decode --device cuda --dtype bfloat16 --model "$MODEL" --rounds 2 \
       --output "$OUT/spec_decode_gpu.json" ;;
+    spec32) step spec32 300 python3 -m bench.spec_decode --device cuda --dtype float32 --model "$MODEL" --rounds 1 \
+      --configs baseline,ngram-k3 --output "$OUT/spec_decode_gpu_fp32.json" ;;
     *) echo "unknown step $s" ;;
   esac
 done

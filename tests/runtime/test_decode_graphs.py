@@ -13,6 +13,7 @@ import torch
 from test_engine_greedy import BYTES_PER_TOKEN, reference, run_all, small_config, workload
 
 from goodput_runtime.config import EngineConfig
+from goodput_runtime.engine import attention
 from goodput_runtime.engine.builder import build_core
 from goodput_runtime.engine.decode_graphs import batch_buckets, width_buckets
 from goodput_runtime.metrics import RuntimeMetrics
@@ -49,6 +50,27 @@ def test_static_decode_path_matches_transformers_under_preemption(tiny_model_dir
     assert core.block_manager.num_free_blocks == core.block_manager.num_blocks
 
 
+def test_grouped_decode_kernel_equals_sdpa_on_grouped_query_heads():
+    torch.manual_seed(3)
+    for batch, heads, kv_heads, width in [(3, 8, 2, 48), (1, 4, 4, 32), (5, 6, 1, 16)]:
+        q = torch.randn(batch, heads, 16)
+        k, v = torch.randn(batch, kv_heads, width, 16), torch.randn(batch, kv_heads, width, 16)
+        lens = torch.randint(1, width + 1, (batch,))
+        mask = (torch.arange(width)[None, :] < lens[:, None])[:, None, None, :]
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            q.unsqueeze(2), k, v, attn_mask=mask, enable_gqa=heads != kv_heads).squeeze(2)
+        torch.testing.assert_close(attention.grouped_decode(q, k, v, mask, None), expected)
+
+
+def test_static_decode_path_with_the_grouped_kernel_matches_transformers(tiny_model_dir: Path, monkeypatch):
+    monkeypatch.setattr(attention, "DECODE_KERNEL", "grouped")  # what CUDA runs; the tiny model has 4 heads on 2
+    cases = workload(seed=7, n=8)
+    core = build_core(small_config(tiny_model_dir))
+    core.runner.enable_decode_graphs(8, 128, capture=False, min_width=16)
+    assert run_all(core, cases) == reference(tiny_model_dir, cases)
+    assert core.runner.graphs is not None and core.runner.graphs.replays > 5
+
+
 def test_static_decode_path_is_skipped_for_shapes_past_the_cache(tiny_model_dir: Path):
     # batch x width beyond what the cache holds would only pad: such steps run eagerly
     core = build_core(small_config(tiny_model_dir, blocks=40))
@@ -80,6 +102,16 @@ def test_cuda_graphs_are_captured_and_replayed_with_the_eager_tokens(tiny_model_
     eager = build_core(gpu_config(tiny_model_dir, enforce_eager=True))
     assert eager.runner.graphs is None
     assert with_graphs == run_all(eager, cases)
+
+
+@pytest.mark.gpu
+def test_compiled_layers_replayed_from_cuda_graphs_give_the_eager_tokens(tiny_model_dir: Path):
+    cases = workload(seed=9, n=10)
+    compiled = build_core(gpu_config(tiny_model_dir, compile=True))
+    assert compiled.runner.model.model.layers[0].compiled is not None  # inductor's kernels, under the graphs
+    assert compiled.runner.graphs is not None and compiled.runner.graphs.graphs
+    eager = build_core(gpu_config(tiny_model_dir, enforce_eager=True))
+    assert run_all(compiled, cases) == run_all(eager, cases)
 
 
 @pytest.mark.gpu

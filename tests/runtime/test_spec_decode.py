@@ -10,6 +10,7 @@ holds when the draft's own KV cache and its rollbacks are exact.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from pathlib import Path
 
@@ -208,3 +209,21 @@ def test_a_server_with_speculation_answers_as_one_without_and_exports_its_decisi
     assert steps > 0
     status, text = spec_server.get("/metrics")
     assert status == 200 and "goodput_spec_decode_num_accepted_tokens_total" in str(text)
+
+
+@pytest.mark.gpu
+def test_greedy_output_with_speculation_equals_without_on_a_gpu_beside_the_decode_graphs(tiny_model_dir):
+    # float32 on CUDA: plain decode steps replay CUDA graphs, verification steps run eagerly beside them
+    cases = workload(seed=4)
+
+    def gpu(**spec) -> EngineConfig:
+        return dataclasses.replace(config(tiny_model_dir, **spec), device="cuda")
+
+    plain_core = build_core(gpu())
+    assert plain_core.runner.graphs is not None and plain_core.runner.graphs.graphs
+    expected = run(plain_core, cases)
+    metrics = RuntimeMetrics("tiny", None, None)
+    spec = run(build_core(gpu(speculative_method="ngram", num_speculative_tokens=3, speculative_max_batch=8),
+                          metrics), cases)
+    assert spec == expected
+    assert value(metrics, "goodput_spec_decode_num_accepted_tokens_total") > 0

@@ -110,6 +110,38 @@ def gather_blocks(cache: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
     return rows.view(b, group.width, kv_heads, head_dim).transpose(1, 2)
 
 
+# how a decode group is attended: "sdpa" (torch's scaled_dot_product_attention), or "grouped"
+# (two batched matrix products over the query heads of each KV head, no key or value repeated for
+# grouped-query attention); "auto" is grouped on CUDA, sdpa elsewhere
+DECODE_KERNEL = "auto"
+
+
+def grouped_decode(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                   scaling: float | None) -> torch.Tensor:
+    """query [B, H, D]; keys, values [B, KVH, L, D]; mask [B, 1, 1, L] (true: visible) -> [B, H, D].
+    The H query heads are viewed as KVH groups of H / KVH against their shared key and value head."""
+    b, h, d = query.shape
+    kv_heads = keys.shape[1]
+    scale = d**-0.5 if scaling is None else scaling
+    q = query.view(b, kv_heads, h // kv_heads, d)
+    scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale  # [B, KVH, G, L]
+    scores = torch.where(mask, scores, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(values.dtype)
+    return torch.matmul(probs, values).view(b, h, d)
+
+
+def attend_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
+                  mask: torch.Tensor, scaling: float | None, gqa: bool) -> torch.Tensor:
+    """query [B, H, D] of one decode group -> [B, H, D]."""
+    keys, values = gather_blocks(k_cache, group), gather_blocks(v_cache, group)
+    kernel = DECODE_KERNEL if DECODE_KERNEL != "auto" else "grouped" if query.is_cuda else "sdpa"
+    if kernel == "grouped":
+        return grouped_decode(query, keys, values, mask, scaling)
+    o = F.scaled_dot_product_attention(query.unsqueeze(2), keys, values, attn_mask=mask, scale=scaling,
+                                       enable_gqa=gqa)
+    return o.squeeze(2)
+
+
 def attend(batch: PagedBatch, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
            scaling: float | None = None, sliding_window: int | None = None) -> torch.Tensor:
     """One layer's attention for the step: query [T, H, D], key and value [T, KVH, D] of the step's
@@ -120,19 +152,12 @@ def attend(batch: PagedBatch, layer: int, query: torch.Tensor, key: torch.Tensor
     gqa = query.shape[1] != key.shape[1]
     if len(batch.decodes) == 1 and not batch.prefills:
         # a decode-only step in one batch: no output buffer to copy into
-        group = batch.decodes[0]
-        o = F.scaled_dot_product_attention(query.unsqueeze(2), gather_blocks(k_cache, group),
-                                           gather_blocks(v_cache, group),
-                                           attn_mask=batch.decode_mask(0, sliding_window), scale=scaling,
-                                           enable_gqa=gqa)
-        return o.squeeze(2)
+        return attend_decode(query, k_cache, v_cache, batch.decodes[0], batch.decode_mask(0, sliding_window),
+                             scaling, gqa)
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     for i, group in enumerate(batch.decodes):
-        q = query[group.rows].unsqueeze(2)  # [B, H, 1, D]
-        o = F.scaled_dot_product_attention(q, gather_blocks(k_cache, group), gather_blocks(v_cache, group),
-                                           attn_mask=batch.decode_mask(i, sliding_window), scale=scaling,
-                                           enable_gqa=gqa)
-        out[group.rows] = o.squeeze(2)
+        out[group.rows] = attend_decode(query[group.rows], k_cache, v_cache, group,
+                                        batch.decode_mask(i, sliding_window), scaling, gqa)
     for i, chunk in enumerate(batch.prefills):
         q = query[chunk.rows].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         if chunk.slots is None:

@@ -162,8 +162,8 @@ def compile_layers(runner: ModelRunner, device: torch.device) -> None:
     """torch.compile the compact modules' layers and compile them now, with a one-token and a
     two-token step, so no request waits for it."""
     model = runner.model
-    reason = "the model runs on transformers' modules" if not hasattr(model, "compile_layers") else (
-        "only on CPU" if device.type != "cpu" else model.compile_layers())
+    reason = ("the model runs on transformers' modules" if not hasattr(model, "compile_layers")
+              else model.compile_layers())
     if reason is not None:
         log.info("--compile left off: %s", reason)
         return

@@ -148,6 +148,8 @@ class DecodeGraphs:
         if not self.capture_enabled:
             return
         started = time.monotonic()
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()  # free what the allocator caches, so the difference is the graphs' pool
         free_before = torch.cuda.mem_get_info(self.device)[0]
         for width in reversed(self.widths):
             for batch in reversed(self.batches):
@@ -166,6 +168,7 @@ class DecodeGraphs:
                 self.pool = graph.pool()
                 self.graphs[(batch, width)] = (graph, logits)
         torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
         self.capture_bytes = free_before - torch.cuda.mem_get_info(self.device)[0]
         self.capture_seconds = time.monotonic() - started
         log.info("captured %d decode CUDA graphs (batch sizes %s, context widths %s) in %.1f s, %.0f MiB",

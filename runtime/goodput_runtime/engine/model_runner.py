@@ -125,6 +125,7 @@ class ModelRunner:
         self.proposer: Proposer | None = None  # speculative decoding's: proposes after each step
 
     @torch.inference_mode()
+    @torch.inference_mode()
     def enable_decode_graphs(self, max_batch: int, max_len: int, capture: bool, min_width: int = MIN_WIDTH) -> None:
         """Run decode-only steps over static buffers; with `capture`, replay them as CUDA graphs."""
         self.graphs = DecodeGraphs(self._decode_forward, self.cache, self.block_size, self.scratch_block,
@@ -231,8 +232,11 @@ class ModelRunner:
         """One forward pass of `batch` sequences of `tokens` new tokens each, sampling every row, into
         the scratch block (no sequence's cache is touched): what speculative decoding's switch times."""
         table = [self.scratch_block] * (2 + tokens // self.block_size)
-        logits = self.execute([StepItem([0] * tokens, self.block_size, table, True, num_draft=tokens - 1)
-                               for _ in range(batch)])
+        items = [StepItem([0] * tokens, self.block_size, table, True, num_draft=tokens - 1) for _ in range(batch)]
+        # a plain decode step is timed as it runs when not speculating: replayed from its CUDA graph
+        logits = (self._decode_static(items) if tokens == 1 else None)
+        if logits is None:
+            logits = self.execute(items)
         logits.argmax(dim=-1).tolist()  # waits for the device
 
     def _pool(self, out: SchedulerOutput, order: list[int], items: list[StepItem], pooled: dict[int, torch.Tensor],

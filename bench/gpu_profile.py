@@ -1,0 +1,97 @@
+"""Where a GPU decode step's time goes: kernels per step and their device time, per variant.
+
+    python -m bench.gpu_profile --model .cache/models/llama-1b
+
+Variants cross the decode attention kernel (`sdpa`: torch's scaled_dot_product_attention;
+`grouped`: two batched matrix products per KV head group) with `--compile` (the compact modules'
+norms, rotary embedding and MLP activation fused by inductor). For each: the replayed CUDA-graph
+step time at each batch size, its MBU, and one step run eagerly over the same static buffers under
+torch.profiler, counting its kernels and summing their device time. The step time less the kernel
+time is what the graph still loses between kernels; the kernel time over the bytes is what the
+kernels themselves lose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from bench.gpu_decode import decode_round, peak_bandwidth, weight_bytes_per_step
+from goodput_runtime.config import EngineConfig
+from goodput_runtime.engine import attention
+from goodput_runtime.engine.builder import build_core
+
+
+def kernel_profile(core, batch: int, context: int) -> tuple[int, float, str]:
+    """Kernels of one static-buffer decode step run eagerly: count, device ms, the top of the table."""
+    graphs = core.runner.graphs
+    shape = graphs.shape_for(batch, context)
+    with torch.inference_mode():
+        graphs._run(shape)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            graphs._run(shape)
+            torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total_us = sum(e.device_time for e in kernels)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=12)
+    return len(kernels), total_us / 1e3, table
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--variants", default="sdpa,grouped,sdpa+compile,grouped+compile")
+    p.add_argument("--batch-sizes", default="1,64")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", default="bench/results/gpu_profile.json")
+    args = p.parse_args(argv)
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    name = torch.cuda.get_device_name()
+    peak = peak_bandwidth(name)
+    rows, tables = [], {}
+    for variant in args.variants.split(","):
+        kernel, _, compiled = variant.partition("+")
+        attention.DECODE_KERNEL = kernel  # captured into this engine's graphs
+        core = build_core(EngineConfig(
+            model=args.model, device="cuda", dtype=args.dtype, max_model_len=args.prompt_len + args.steps + 64,
+            max_num_seqs=max(batches), max_num_batched_tokens=max(2048, args.prompt_len * max(batches)),
+            kv_cache_memory=2 << 30, compile=bool(compiled)))
+        weights = weight_bytes_per_step(core)
+        layout = core.runner.layout
+        for batch in batches:
+            steps = [decode_round(core, batch, args.prompt_len, args.steps, seed=r)["step_s"]
+                     for r in range(args.rounds)]
+            step = statistics.median(steps)
+            count, kernel_ms, table = kernel_profile(core, batch, args.prompt_len + args.steps)
+            kv = batch * (args.prompt_len + args.steps / 2) * layout.bytes_per_token()
+            rows.append({"variant": variant, "batch": batch, "step_ms": step * 1e3, "tokens_per_s": batch / step,
+                         "mbu": (weights + kv) / step / peak if peak else None, "kernels": count,
+                         "kernel_ms": kernel_ms, "floor_ms": (weights + kv) / peak * 1e3 if peak else None})
+            tables[f"{variant}-{batch}"] = table
+        del core
+        torch.cuda.empty_cache()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"device": name, "model": args.model, "dtype": args.dtype, "rows": rows,
+                                          "tables": tables}, indent=2))
+    for key, table in tables.items():
+        print(f"--- {key}\n{table}")
+    print(f"{name}, {args.dtype}, prompt {args.prompt_len}, {args.steps} decode steps")
+    print("| variant | batch | graph step ms | floor ms | MBU | tok/s | kernels/step | kernel ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        mbu = f"{r['mbu'] * 100:.0f} %" if r["mbu"] is not None else "n/a"
+        print(f"| {r['variant']} | {r['batch']} | {r['step_ms']:.2f} | {r['floor_ms']:.2f} | {mbu} | "
+              f"{r['tokens_per_s']:.0f} | {r['kernels']} | {r['kernel_ms']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
