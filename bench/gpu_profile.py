@@ -2,13 +2,13 @@
 
     python -m bench.gpu_profile --model .cache/models/llama-1b
 
-Variants cross the decode attention kernel (`sdpa`: torch's scaled_dot_product_attention;
-`grouped`: two batched matrix products per KV head group) with `--compile` (the compact modules'
-norms, rotary embedding and MLP activation fused by inductor). For each: the replayed CUDA-graph
-step time at each batch size, its MBU, and one step run eagerly over the same static buffers under
-torch.profiler, counting its kernels and summing their device time. The step time less the kernel
-time is what the graph still loses between kernels; the kernel time over the bytes is what the
-kernels themselves lose.
+A variant names, joined by `+`, how decode reads the paged cache's blocks (`index_select`, or
+`index`: advanced indexing over 8-byte words, the CUDA default), `compile` (`--compile`: the
+compact modules' norms, rotary embedding and MLP activation fused by inductor) and `fp8` (fp8
+weights). For each: the replayed CUDA-graph step time at each batch size, its MBU, and one step
+run eagerly over the same static buffers under torch.profiler, counting its kernels and summing
+their device time. The step time less the kernel time is what the graph still loses between
+kernels; the kernel time over the bytes is what the kernels themselves lose.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--variants", default="sdpa,grouped,sdpa+compile,grouped+compile")
+    p.add_argument("--variants", default="index_select,index,index_select+compile,index+compile,index+fp8")
     p.add_argument("--batch-sizes", default="1,64")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=64)
@@ -59,12 +59,12 @@ def main(argv: list[str] | None = None) -> None:
     peak = peak_bandwidth(name)
     rows, tables = [], {}
     for variant in args.variants.split(","):
-        kernel, _, compiled = variant.partition("+")
-        attention.DECODE_KERNEL = kernel  # captured into this engine's graphs
+        parts = variant.split("+")
+        attention.GATHER = parts[0]  # captured into this engine's graphs
         core = build_core(EngineConfig(
             model=args.model, device="cuda", dtype=args.dtype, max_model_len=args.prompt_len + args.steps + 64,
             max_num_seqs=max(batches), max_num_batched_tokens=max(2048, args.prompt_len * max(batches)),
-            kv_cache_memory=2 << 30, compile=bool(compiled)))
+            kv_cache_memory=2 << 30, compile="compile" in parts, quantization="fp8" if "fp8" in parts else "none"))
         weights = weight_bytes_per_step(core)
         layout = core.runner.layout
         for batch in batches:

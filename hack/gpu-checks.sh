@@ -2,7 +2,7 @@
 # The checks and figures that need a CUDA GPU, in one run (CI has no GPU; run this where one is):
 #   hack/gpu-checks.sh [STEP...]      (default: every step, in the order below)
 # (steps: env tests decode profile exact fp8 serve spec spec32)
-# Each step has its own time limit and writes its log (and JSON) under $OUT (default _output/gpu);
+# Each step has its own time limit; every step's log goes into $OUT/steps.log (default _output/gpu), its JSON beside;
 # a failed step is reported and the next one still runs. Python packages the machine lacks may be
 # put as wheels in .whl/ (installed into /tmp/site first).
 set -u
@@ -25,10 +25,12 @@ step() {  # step NAME LIMIT_S COMMAND...
   local name=$1 limit=$2; shift 2
   local started=$SECONDS
   echo "=== $name (limit ${limit}s)"
-  timeout --kill-after=10 "$limit" bash -c '"$@"' _ "$@" >"$OUT/$name.log" 2>&1
+  mkdir -p /tmp/gpu-logs
+  timeout --kill-after=10 "$limit" bash -c '"$@"' _ "$@" >"/tmp/gpu-logs/$name.log" 2>&1
   local rc=$?
   RESULT[$name]="rc=$rc $((SECONDS - started))s"
-  tail -n 25 "$OUT/$name.log"
+  { echo "=== $name: ${RESULT[$name]}"; cat "/tmp/gpu-logs/$name.log"; } >>"$OUT/steps.log"  # one file: few come back
+  tail -n 25 "/tmp/gpu-logs/$name.log"
   echo "=== $name: ${RESULT[$name]}"
 }
 
@@ -58,7 +60,7 @@ EOF
 
 serve_smoke() {
   python3 -m goodput_runtime --model "$MODEL" --served-model-name llama-1b --device "${GPU_DEVICE:-cuda}" --dtype "${GPU_DTYPE:-bfloat16}" \
-    --max-model-len 1024 --port 18080 >"$OUT/serve-server.log" 2>&1 &
+    --max-model-len 1024 --port 18080 >/tmp/gpu-logs/serve-server.log 2>&1 &
   local pid=$!
   for _ in $(seq 180); do curl -sf localhost:18080/health >/dev/null && break; sleep 1; done
   curl -sf localhost:18080/v1/models || { kill $pid; return 1; }
@@ -86,7 +88,7 @@ EOF
   local rc=$?
   curl -sf localhost:18080/metrics | grep -E "^goodput_" | grep -v _bucket | head -30
   kill $pid; wait $pid
-  tail -n 30 "$OUT/serve-server.log"
+  tail -n 30 /tmp/gpu-logs/serve-server.log
   return $rc
 }
 
@@ -96,7 +98,7 @@ for s in $STEPS; do
   case $s in decode|profile|exact|fp8|serve|spec|spec32) [ -n "${RESULT[model]:-}" ] || step model 300 need_model ;; esac
   case $s in
     env) step env 120 env_report ;;
-    tests) step tests 300 python3 -m pytest -m gpu tests/runtime/test_decode_graphs.py tests/runtime/test_spec_decode.py -q -p no:cacheprovider -rA ;;
+    tests) step tests 300 python3 -m pytest -m gpu tests/runtime/test_decode_graphs.py tests/runtime/test_spec_decode.py -q -p no:cacheprovider -p no:logging --tb=short -rA ;;
     decode) step decode 420 python3 -m bench.gpu_decode --model "$MODEL" --out "$OUT/gpu_decode.json" ;;
     profile) step profile 360 python3 -m bench.gpu_profile --model "$MODEL" --out "$OUT/gpu_profile.json" ;;
     exact) step exact 240 python3 -m bench.gpu_decode --model "$MODEL" --dtype float32 --batch-sizes 1,16 \

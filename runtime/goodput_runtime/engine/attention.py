@@ -101,44 +101,32 @@ def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return torch.index_select(cache, 0, slots)
 
 
+# how a decode group's blocks are read: "index_select", or "index" (advanced indexing over the
+# blocks seen as 8-byte words: on CUDA, index_select's kernel for few indices walks each block
+# element by element, about 10 us a layer for 16 blocks on an H100 against 2 us for the copy);
+# "auto" is index on CUDA, index_select elsewhere
+GATHER = "auto"
+
+
 def gather_blocks(cache: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
     """[B, KVH, L, D]: each row's context, read from the cache a block at a time."""
     b = group.blocks.shape[0]
     kv_heads, head_dim = cache.shape[1], cache.shape[2]
-    blocks = cache.view(-1, group.block_size * kv_heads * head_dim)
-    rows = torch.index_select(blocks, 0, group.blocks.reshape(-1))
+    row = group.block_size * kv_heads * head_dim
+    blocks = cache.view(-1, row)
+    how = GATHER if GATHER != "auto" else "index" if cache.is_cuda else "index_select"
+    if how == "index" and row * cache.element_size() % 8 == 0:
+        rows = blocks.view(torch.int64)[group.blocks.reshape(-1)].view(cache.dtype)
+    else:
+        rows = torch.index_select(blocks, 0, group.blocks.reshape(-1))
     return rows.view(b, group.width, kv_heads, head_dim).transpose(1, 2)
-
-
-# how a decode group is attended: "sdpa" (torch's scaled_dot_product_attention), or "grouped"
-# (two batched matrix products over the query heads of each KV head, no key or value repeated for
-# grouped-query attention); "auto" is grouped on CUDA, sdpa elsewhere
-DECODE_KERNEL = "auto"
-
-
-def grouped_decode(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                   scaling: float | None) -> torch.Tensor:
-    """query [B, H, D]; keys, values [B, KVH, L, D]; mask [B, 1, 1, L] (true: visible) -> [B, H, D].
-    The H query heads are viewed as KVH groups of H / KVH against their shared key and value head."""
-    b, h, d = query.shape
-    kv_heads = keys.shape[1]
-    scale = d**-0.5 if scaling is None else scaling
-    q = query.view(b, kv_heads, h // kv_heads, d)
-    scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale  # [B, KVH, G, L]
-    scores = torch.where(mask, scores, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(values.dtype)
-    return torch.matmul(probs, values).view(b, h, d)
 
 
 def attend_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
                   mask: torch.Tensor, scaling: float | None, gqa: bool) -> torch.Tensor:
     """query [B, H, D] of one decode group -> [B, H, D]."""
-    keys, values = gather_blocks(k_cache, group), gather_blocks(v_cache, group)
-    kernel = DECODE_KERNEL if DECODE_KERNEL != "auto" else "grouped" if query.is_cuda else "sdpa"
-    if kernel == "grouped":
-        return grouped_decode(query, keys, values, mask, scaling)
-    o = F.scaled_dot_product_attention(query.unsqueeze(2), keys, values, attn_mask=mask, scale=scaling,
-                                       enable_gqa=gqa)
+    o = F.scaled_dot_product_attention(query.unsqueeze(2), gather_blocks(k_cache, group),
+                                       gather_blocks(v_cache, group), attn_mask=mask, scale=scaling, enable_gqa=gqa)
     return o.squeeze(2)
 
 
