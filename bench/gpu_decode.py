@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kv-cache-memory", type=int, default=4 << 30, help="bytes of KV cache per engine")
     parser.add_argument("--quantization", default="none", help="none, int8, int8-w8a8 or fp8 weights")
+    parser.add_argument("--compile", action="store_true", help="--compile for both engines")
     parser.add_argument("--peak-bandwidth", type=float, help="bytes/s (default: the card's datasheet figure)")
     parser.add_argument("--out", default="bench/results/gpu_decode.json")
     args = parser.parse_args(argv)
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> None:
         engines[mode] = build_core(EngineConfig(
             model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.prompt_len + args.steps + 64,
             max_num_seqs=max(batches), max_num_batched_tokens=max(2048, args.prompt_len * max(batches)),
-            kv_cache_memory=args.kv_cache_memory, enforce_eager=mode == "eager", quantization=args.quantization))
+            kv_cache_memory=args.kv_cache_memory, enforce_eager=mode == "eager", quantization=args.quantization,
+            compile=args.compile))
         load_s[mode] = time.monotonic() - started
     if args.device == "cpu":
         engines["graphs"].runner.enable_decode_graphs(max(batches), args.prompt_len + args.steps + 64, capture=False)
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
 
     report = {"device": name, "peak_bandwidth": peak, "weight_bytes": weights, "dtype": args.dtype,
-              "quantization": args.quantization,
+              "quantization": args.quantization, "compile": args.compile,
               "model": args.model, "prompt_len": args.prompt_len, "steps": args.steps, "rounds": args.rounds,
               "graphs_captured": len(graphs.graphs), "capture_s": graphs.capture_seconds,
               "capture_mib": graphs.capture_bytes / 2**20, "load_s": load_s,
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{name}; {weights / 1e9:.2f} GB of weights read per step ({args.dtype}); peak "
           f"{peak / 1e12 if peak else float('nan'):.2f} TB/s; {len(graphs.graphs)} graphs captured in "
           f"{graphs.capture_seconds:.1f} s ({graphs.capture_bytes / 2**20:.0f} MiB); "
-          f"weights {args.dtype if args.quantization == 'none' else args.quantization}; "
+          f"weights {args.dtype if args.quantization == 'none' else args.quantization}; compile {args.compile}; "
           f"greedy tokens equal: {same_tokens}")
     print("| batch | graphs step ms | eager step ms | graphs tok/s | eager tok/s | graphs MBU | eager MBU | speedup |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
