@@ -124,7 +124,6 @@ class ModelRunner:
         self.pool_sums: dict[tuple[str, int], torch.Tensor] = {}
         self.proposer: Proposer | None = None  # speculative decoding's: proposes after each step
 
-    @torch.inference_mode()
     def enable_decode_graphs(self, max_batch: int, max_len: int, capture: bool, min_width: int = MIN_WIDTH) -> None:
         """Run decode-only steps over static buffers; with `capture`, replay them as CUDA graphs."""
         self.graphs = DecodeGraphs(self._decode_forward, self.cache, self.block_size, self.scratch_block,
