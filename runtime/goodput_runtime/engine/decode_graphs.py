@@ -144,7 +144,6 @@ class DecodeGraphs:
         return logits[:rows]
 
     @torch.inference_mode()  # no autograd records; the static buffers stay ordinary tensors
-    @torch.inference_mode()  # no autograd records; the static buffers stay ordinary tensors
     def capture(self) -> None:
         """Capture every (batch, width) pair, largest first so later graphs reuse its memory pool."""
         if not self.capture_enabled:
