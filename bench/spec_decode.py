@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> None:
             row["cpu_speedup"] = round(row["tokens_per_cpu_s"] / base_cpu, 2)
             table.append(row)
     report = {"model": args.model, "rounds": args.rounds, "max_tokens": args.max_tokens,
-              "concurrency": args.concurrency, "threads": args.threads, "device": args.device, "dtype": args.dtype, "draft_layers": args.draft_layers,
+              "concurrency": args.concurrency, "threads": args.threads, "device": args.device, "dtype": args.dtype,
+              "draft_layers": args.draft_layers,
               "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
               "engines": {n: e[2] for n, e in engines.items()}, "table": table}
     args.output.parent.mkdir(parents=True, exist_ok=True)
