@@ -44,6 +44,8 @@ BATCH_PAUSES = PREFIX + "batch_pauses_total"  # steps a batch sequence sat out f
 # the gateway's batch API
 BATCH_REQUESTS = PREFIX + "batch_requests_total"  # label state: completed | failed | retried
 BATCH_LINES_PENDING = PREFIX + "batch_lines_pending"
+# the same per service ({namespace, service}): what spec.batch.maxReplicas scales on
+BATCH_SERVICE_LINES_PENDING = PREFIX + "batch_service_lines_pending"
 BATCH_CONCURRENCY = PREFIX + "batch_concurrency_limit"  # labels namespace, service
 STRUCTURED_OUTPUT_REQUESTS = PREFIX + "structured_output_requests_total"  # label type
 TOOL_CALLS = PREFIX + "tool_calls_total"

@@ -121,6 +121,11 @@ class Autoscaling:
 
 
 @dataclass(frozen=True)
+class Batch:
+    max_replicas: int = 0  # replicas kept while batch lines are pending (0: batch work adds none)
+
+
+@dataclass(frozen=True)
 class Routing:
     policy: str = "prefix"  # prefix | least-load | random: how the gateway picks a replica
 
@@ -165,6 +170,7 @@ class ServiceSpec:
     image: str | None
     template: PodTemplate
     routing: Routing = Routing()
+    batch: Batch = Batch()
     auth: Auth = Auth()
     network_policy: bool = True
 
@@ -312,6 +318,19 @@ def _autoscaling(raw: dict[str, Any]) -> Autoscaling:
     )
 
 
+def _batch(raw: dict[str, Any], autoscaling: Autoscaling) -> Batch:
+    value = raw.get("maxReplicas", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SpecError("batch.maxReplicas", f"is {value!r}, not a whole number of replicas")
+    if value and autoscaling.mode == "none":
+        raise SpecError("batch.maxReplicas", "needs an autoscaling.mode that decides replicas (goodput, hpa or keda)",
+                        reason="BatchReplicasWithoutAutoscaling")
+    if value > autoscaling.max_replicas:
+        raise SpecError("batch.maxReplicas", f"is {value}, above autoscaling.maxReplicas={autoscaling.max_replicas}",
+                        reason="BatchReplicasAboveMax")
+    return Batch(max_replicas=value)
+
+
 def _routing(raw: dict[str, Any]) -> Routing:
     policy = raw.get("policy") or "prefix"
     if policy not in ROUTING_POLICIES:
@@ -446,11 +465,12 @@ def parse(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         tensor_parallel=tensor,
         resources=_resources(spec.get("resources") or {}, tensor),
         slo=_slo(spec.get("slo") or {}),
-        autoscaling=_autoscaling(spec.get("autoscaling") or {}),
+        autoscaling=(autoscaling := _autoscaling(spec.get("autoscaling") or {})),
         replicas=int(replicas) if replicas is not None else None,
         image=spec.get("image"),
         template=_template(spec.get("template") or {}),
         routing=_routing(spec.get("routing") or {}),
+        batch=_batch(spec.get("batch") or {}, autoscaling),
         auth=_auth(spec.get("auth") or {}),
         network_policy=bool(spec.get("networkPolicy", True)),
     )

@@ -125,6 +125,7 @@ def test_the_sdk_flow_end_to_end(env):
     assert metric(env.replica_url, "goodput_requests_by_priority_total", priority="batch") >= batch_lines_before + 19
     assert g.metric("goodput_batch_requests_total", state="completed") == 19
     assert g.metric("goodput_batch_lines_pending") == 0
+    assert g.metric("goodput_batch_service_lines_pending") == 0
     listed = client.batches.list(limit=5)
     assert done.id in [b.id for b in listed.data]
     assert {x.id for x in client.files.list().data} >= {f.id, done.output_file_id, done.error_file_id}
@@ -208,6 +209,7 @@ def test_a_gateway_killed_mid_batch_loses_and_duplicates_nothing(env):
     n = 80
     _, batch = run_batch(client, lines(n, max_tokens=24, prefix="k"))
     wait_for(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 10, 60, "ten lines done")
+    assert g.metric("goodput_batch_service_lines_pending") > 0  # what spec.batch.maxReplicas scales on
     g.process.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
     g.process.wait()  # type: ignore[union-attr]
     done_at_kill = None

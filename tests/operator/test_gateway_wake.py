@@ -10,11 +10,13 @@ for the idle period, the gateway's last-request time lets the autoscaler take it
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
 import urllib.request
 
+import openai
 import pytest
 from autoscaling_helpers import host_address, put_endpoint
 from gateway_helpers import GatewayProcess, tiny_spec
@@ -78,6 +80,56 @@ def test_a_held_request_wakes_a_service_at_zero_and_idleness_returns_it_there(cl
         assert counts(actuator) in ([1, 0], [0, 1, 0])
         reasons = [e.reason for e in cluster.events(namespace, "sleepy")]
         assert "ScaledUp" in reasons and "ScaledDown" in reasons
+    finally:
+        actuator.stop()
+        operator.stop()
+        gateway.stop()
+        cluster.get_or_none(cluster.raw, "DELETE", "/apis/discovery.k8s.io/v1beta1/namespaces/goodput-system/"
+                            "endpointslices/goodput-gateway-gw-0")
+
+
+def test_pending_batch_lines_wake_a_service_to_its_batch_replicas_and_it_returns_to_zero(cluster, hub, namespace,
+                                                                                          tiny_model_dir, tmp_path):
+    # spec.batch.maxReplicas 2: a batch submitted to a service at zero wakes it to two replicas (none of
+    # which online traffic asked for), they run the batch, and idleness takes the service back to zero
+    try:
+        cluster.core.create_namespace({"metadata": {"name": "goodput-system"}})
+    except ApiException as err:
+        if err.status != 409:
+            raise
+    gateway = GatewayProcess(cluster.kubeconfig, tmp_path / "gateway.log", "--database",
+                             f"sqlite:///{tmp_path}/batch.db").start()
+    gateway_port = int(gateway.url.rsplit(":", 1)[1])
+    put_endpoint(cluster, "goodput-system", "goodput-gateway", "gw-0", host_address(), gateway_port, True)
+    operator = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", hub.endpoint,
+                               "--autoscaler-period-seconds", "1", "--autoscaler-window-seconds", "3").start()
+    actuator = Actuator(cluster, namespace, "nightly", tiny_model_dir, tmp_path, ())
+    try:
+        cluster.create_service(namespace, "nightly", tiny_spec(
+            autoscaling={"mode": "goodput", "minReplicas": 0, "maxReplicas": 3, "idlePeriod": f"{IDLE_SECONDS}s",
+                         "scaleDownWindow": "3s"},
+            batch={"maxReplicas": 2}))
+        actuator.start()
+        wait_for(lambda: any(m["service"] == "nightly" for m in gateway.models()), 20, "the gateway to see it")
+        time.sleep(2)
+        assert 1 not in counts(actuator) and 2 not in counts(actuator)
+        client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        lines = "".join(json.dumps({"custom_id": f"n-{i}", "method": "POST", "url": "/v1/completions",
+                                    "body": {"model": f"{namespace}/tiny", "prompt": f"line {i}", "max_tokens": 6}})
+                        + "\n" for i in range(40))
+        batch_file = client.files.create(file=("in.jsonl", io.BytesIO(lines.encode())), purpose="batch")
+        batch = client.batches.create(input_file_id=batch_file.id, endpoint="/v1/completions",
+                                      completion_window="24h")
+        wait_for(lambda: 2 in counts(actuator), 20, "the autoscaler to give the batch its two replicas")
+        status = cluster.get_service(namespace, "nightly")["status"]["autoscaler"]
+        assert status["lastDecision"]["from"] == 0 and status["lastDecision"]["to"] == 2
+        assert "batch lines pending" in status["lastDecision"]["reason"]
+        wait_for(lambda: client.batches.retrieve(batch.id).status == "completed", 120, "the batch to complete")
+        done = client.batches.retrieve(batch.id)
+        assert done.request_counts.completed == 40, gateway.log()[-3000:]
+        assert max(counts(actuator)) == 2  # batch work got what spec.batch.maxReplicas allows, no more
+        wait_for(lambda: counts(actuator)[-1:] == [0], IDLE_SECONDS + 40, "the autoscaler to return it to zero")
+        assert counts(actuator)[-3:] == [2, 1, 0]  # one replica at a time, the last by idleness
     finally:
         actuator.stop()
         operator.stop()

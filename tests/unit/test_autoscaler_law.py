@@ -255,3 +255,37 @@ def test_one_idle_replica_goes_to_zero_though_the_smoothed_rate_still_remembers_
     memory = Memory(level=0.4, seen_at=90.0, idle_since=50.0, high_since=0.0)
     decision = decide(zero, Observation(100.0, 1, 1, idle, last_request_age=650.0), memory)
     assert (decision.desired, decision.cause) == (0, "idle"), decision.reason
+
+
+def test_pending_batch_lines_keep_the_replicas_spec_batch_max_replicas_allows_and_no_more():
+    batchy = Policy(min_replicas=0, max_replicas=4, scale_down_window=0, idle_period=60, batch_max_replicas=2)
+    memory = Memory(capacity_per_replica=4.0)
+    woken = decide(batchy, Observation(10.0, 0, 0, None, "no ready pods", held=0, batch_pending=500), memory)
+    assert (woken.desired, woken.direction, woken.cause) == (2, UP, "batch")
+    assert "500 batch lines pending" in woken.reason and "spec.batch.maxReplicas 2" in woken.reason
+    idle = Signals(0.0, attainment=None)
+    kept = decide(batchy, Observation(100.0, 2, 2, idle, last_request_age=None, batch_pending=120), woken.memory)
+    assert (kept.desired, kept.direction, kept.cause) == (2, HOLD, "batch")  # idle online traffic takes none away
+    busy = decide(batchy, Observation(110.0, 2, 2, met(14.0), batch_pending=100), kept.memory)
+    assert (busy.desired, busy.direction) == (4, UP) and busy.cause != "batch"  # online load still scales past it
+    # the batch done: with no online request ever seen (no capacity learnt) idle replicas go one by one,
+    # after the scale-down window, and idleness takes the last
+    unlearnt = replace(kept.memory, capacity_per_replica=None)
+    drained = decide(batchy, Observation(200.0, 2, 2, idle, batch_pending=0), unlearnt)
+    assert (drained.desired, drained.direction, drained.cause) == (1, DOWN, "scale_down")
+    assert "no requests" in drained.reason
+    last = decide(batchy, Observation(300.0, 1, 1, idle, last_request_age=500.0, batch_pending=0), drained.memory)
+    assert (last.desired, last.cause) == (0, "idle")
+    slow = replace(batchy, scale_down_window=300)
+    assert decide(slow, Observation(200.0, 2, 2, idle, batch_pending=0), unlearnt).desired == 2  # stabilising
+    # without spec.batch.maxReplicas, batch work adds nothing: a service at zero stays there
+    plain = replace(batchy, batch_max_replicas=0)
+    assert decide(plain, Observation(10.0, 0, 0, None, "no ready pods", held=0, batch_pending=500),
+                  memory).desired == 0
+
+
+def test_batch_replicas_stay_within_max_replicas():
+    capped = Policy(min_replicas=1, max_replicas=3, batch_max_replicas=3)
+    decision = decide(capped, Observation(10.0, 1, 1, met(1.0), batch_pending=9), KNOWN)
+    assert (decision.desired, decision.cause) == (3, "batch")
+    assert decide(capped, Observation(10.0, 3, 3, met(1.0), batch_pending=9), KNOWN).desired == 3

@@ -35,8 +35,8 @@ def jsonl(n: int, model: str = "tiny") -> bytes:
                    for i in range(n)).encode()
 
 
-async def started_batch(store: Store, lines: int) -> str:
-    data = jsonl(lines)
+async def started_batch(store: Store, lines: int, model: str = "tiny") -> str:
+    data = jsonl(lines, model)
     f = await store.create_file("batch", "in.jsonl", data)
     batch_id = await store.create_batch("/v1/chat/completions", f["id"], "24h", {"team": "a"})
     parsed = parse_input(data)
@@ -139,5 +139,20 @@ async def test_files_and_batches_list_newest_first_by_page(database_url):
         assert [b["id"] for b in page1 + page2] == ids[::-1]
         files = await store.list_files("batch", None, 100, "asc")
         assert len(files) == 5 and files == sorted(files, key=lambda f: f["id"])
+    finally:
+        store.db.close()
+
+
+async def test_pending_lines_are_counted_by_model_until_done(database_url):
+    store = Store(Database(database_url))
+    try:
+        first = await started_batch(store, 5)
+        await started_batch(store, 3, "embedder")
+        assert await store.pending_lines() == {"tiny": 5, "embedder": 3}
+        claimed = await store.claim(first, "gw-a", 2, 30)
+        assert await store.pending_lines() == {"tiny": 5, "embedder": 3}  # claimed lines are not done yet
+        for line in claimed:
+            assert await store.finish_line(line, "gw-a", 200, "r", {"ok": line.idx}, None)
+        assert await store.pending_lines() == {"tiny": 3, "embedder": 3}
     finally:
         store.db.close()

@@ -19,6 +19,13 @@ def test_minimal_spec_gets_the_documented_defaults():
     assert svc.routing.policy == "prefix"
 
 
+def test_batch_max_replicas_is_read_and_defaults_to_none():
+    assert parse("chat", "ns", MINIMAL).batch.max_replicas == 0
+    spec = {**MINIMAL, "autoscaling": {"mode": "goodput", "minReplicas": 0, "maxReplicas": 4},
+            "batch": {"maxReplicas": 2}}
+    assert parse("chat", "ns", spec).batch.max_replicas == 2
+
+
 def test_routing_policy_is_read_and_an_unknown_one_named():
     assert parse("chat", "ns", {**MINIMAL, "routing": {"policy": "least-load"}}).routing.policy == "least-load"
     with pytest.raises(SpecError) as err:
@@ -65,6 +72,11 @@ def test_sources():
         ({"resources": {"memory": "lots"}}, "spec.resources.memory", "InvalidSpec"),
         ({"model": {"source": "pvc://w/m", "cacheClaimName": "w"}}, "spec.model.cacheClaimName",
          "CacheClaimIsSource"),
+        ({"autoscaling": {"mode": "goodput", "maxReplicas": 2}, "batch": {"maxReplicas": 3}},
+         "spec.batch.maxReplicas", "BatchReplicasAboveMax"),
+        ({"batch": {"maxReplicas": 1}}, "spec.batch.maxReplicas", "BatchReplicasWithoutAutoscaling"),
+        ({"autoscaling": {"mode": "goodput", "maxReplicas": 2}, "batch": {"maxReplicas": "2"}},
+         "spec.batch.maxReplicas", "InvalidSpec"),
     ],
 )
 def test_invalid_specs_name_the_field(spec, field, reason):

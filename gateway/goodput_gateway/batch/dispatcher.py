@@ -1,8 +1,9 @@
 """Runs batches: validates new ones, claims their lines, sends each to a replica of the model's
 service at batch priority, records the result, and writes the output files at the end.
 
-A line goes to the service's ready replicas only: a service at zero is not woken for batch
-work (the hold queue, which the autoscaler reads, never sees it). How many lines a service
+A line goes to the service's ready replicas only: batch work never wakes a service or adds a
+replica through the hold queue. The pending lines are exported per service, and the autoscaler
+keeps `spec.batch.maxReplicas` replicas while there are any (none when it is 0, the default). How many lines a service
 has in flight is the AIMD limit of control.py, driven by its replicas' online signals.
 """
 
@@ -59,6 +60,10 @@ class BatchMetrics:
             self.lines.labels(state)
         self.pending = Gauge(names.BATCH_LINES_PENDING, "Lines of running batches not yet done (all gateways)",
                              registry=registry)
+        self.service_pending = Gauge(names.BATCH_SERVICE_LINES_PENDING,
+                                     "Lines of running batches not yet done, by the service their model resolves to "
+                                     "(all gateways): what spec.batch.maxReplicas scales on",
+                                     ["namespace", "service"], registry=registry)
         self.limit = Gauge(names.BATCH_CONCURRENCY, "Batch lines a service may have in flight (the AIMD limit)",
                            ["namespace", "service"], registry=registry)
 
@@ -71,6 +76,7 @@ class Dispatcher:
         self.controls: dict[Key, AIMD] = {}
         self.in_flight: Counter[Key] = Counter()
         self.tasks: set[asyncio.Task[None]] = set()
+        self.reported: set[Key] = set()  # services with pending lines at the last count
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -136,7 +142,21 @@ class Dispatcher:
                 task = asyncio.create_task(self._send(line, svc, endpoint))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
-        self.metrics.pending.set(await self.store.pending_lines())
+        await self._report_pending()
+
+    async def _report_pending(self) -> None:
+        by_model = await self.store.pending_lines()
+        self.metrics.pending.set(sum(by_model.values()))
+        by_service: Counter[Key] = Counter()
+        for model, count in by_model.items():
+            svc = self._service(model)
+            if svc is not None:
+                by_service[(svc.namespace, svc.name)] += count
+        for key in self.reported - set(by_service):  # drained: back to zero
+            self.metrics.service_pending.labels(*key).set(0)
+        for key, count in by_service.items():
+            self.metrics.service_pending.labels(*key).set(count)
+        self.reported = set(by_service)
 
     def _service(self, model: str) -> Service | None:
         found = self.gateway.registry.resolve(model)

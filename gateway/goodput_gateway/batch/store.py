@@ -281,11 +281,12 @@ class Store:
 
         await self.db.run(work)
 
-    async def pending_lines(self) -> int:
-        row = await self.db.run(lambda db: _one(
-            db, "SELECT COUNT(*) FROM batch_lines l JOIN batches b ON b.id = l.batch_id "
-                "WHERE l.state <> 'done' AND b.status IN ('in_progress', 'cancelling')", ()))
-        return int(row[0]) if row else 0
+    async def pending_lines(self) -> dict[str, int]:
+        """Lines of running batches not yet done, by the batches' model."""
+        rows = await self.db.run(lambda db: _all(
+            db, "SELECT b.model, COUNT(*) FROM batch_lines l JOIN batches b ON b.id = l.batch_id "
+                "WHERE l.state <> 'done' AND b.status IN ('in_progress', 'cancelling') GROUP BY b.model", ()))
+        return {model: int(count) for model, count in rows}
 
     async def to_finalize(self) -> list[tuple[str, str]]:
         """(batch id, final status) of batches with nothing left to run: all lines done (completed), past

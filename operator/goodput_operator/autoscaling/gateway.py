@@ -1,8 +1,10 @@
-"""What the gateway pods know of each service: requests held while it is at zero, and its last request.
+"""What the gateway pods know of each service: requests held while it is at zero, its last request,
+and the Batch API lines still to run for it.
 
 The gateway pods are the ready endpoints of the `goodput-gateway` Service in the operator's
 namespace (or the URLs in GATEWAY_URL). Held requests are summed over them and the last
-request time is the latest any of them saw. A gateway whose /metrics cannot be read is left
+request time is the latest any of them saw; pending batch lines come from the store the gateways
+share, so each reports the same count and the largest is taken. A gateway whose /metrics cannot be read is left
 out; with none readable the reading is None, and nothing wakes or idles on it.
 """
 
@@ -10,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from goodput_contract.metrics import GATEWAY_LAST_REQUEST, GATEWAY_REQUESTS_WAITING
+from goodput_contract.metrics import BATCH_SERVICE_LINES_PENDING, GATEWAY_LAST_REQUEST, GATEWAY_REQUESTS_WAITING
 from goodput_operator.autoscaling.sources import SCRAPE_TIMEOUT_SECONDS, endpoint_slice_version, service_endpoints
 from goodput_operator.k8s import Kube
 
@@ -29,20 +31,23 @@ Key = tuple[str, str]
 class GatewayView:
     held: int = 0
     last_request: float | None = None  # unix seconds
+    batch_pending: int = 0
 
 
 def parse_gateway_metrics(text: str) -> dict[Key, GatewayView]:
     views: dict[Key, GatewayView] = {}
     for family in text_string_to_metric_families(text):
-        if family.name not in (GATEWAY_REQUESTS_WAITING, GATEWAY_LAST_REQUEST):
+        if family.name not in (GATEWAY_REQUESTS_WAITING, GATEWAY_LAST_REQUEST, BATCH_SERVICE_LINES_PENDING):
             continue
         for sample in family.samples:
             key = (sample.labels.get("namespace", ""), sample.labels.get("service", ""))
             view = views.get(key, GatewayView())
             if family.name == GATEWAY_REQUESTS_WAITING:
-                view = GatewayView(view.held + round(sample.value), view.last_request)
+                view = replace(view, held=view.held + round(sample.value))
+            elif family.name == GATEWAY_LAST_REQUEST:
+                view = replace(view, last_request=sample.value)
             else:
-                view = GatewayView(view.held, sample.value)
+                view = replace(view, batch_pending=round(sample.value))
             views[key] = view
     return views
 
@@ -53,7 +58,8 @@ def merge(readings: list[dict[Key, GatewayView]]) -> dict[Key, GatewayView]:
         for key, view in reading.items():
             old = merged.get(key, GatewayView())
             times = [t for t in (old.last_request, view.last_request) if t is not None]
-            merged[key] = GatewayView(old.held + view.held, max(times) if times else None)
+            merged[key] = GatewayView(old.held + view.held, max(times) if times else None,
+                                      max(old.batch_pending, view.batch_pending))
     return merged
 
 

@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 UP, DOWN, HOLD = "up", "down", "hold"
 # every (direction, cause) a replica change can carry; the operator exports each at zero from the start,
 # so the first change of a kind is an increase Prometheus can see, not a series that appears at 1
-SCALE_CAUSES = {UP: ("slo_guard", "capacity", "forecast", "bounds", "wake"), DOWN: ("scale_down", "idle", "bounds")}
+SCALE_CAUSES = {UP: ("slo_guard", "capacity", "forecast", "bounds", "wake", "batch"),
+                DOWN: ("scale_down", "idle", "bounds", "batch")}
 MARGIN = 0.01  # the capacity estimate aims attainment this far above the target
 LEARNING_RATE = 0.3  # a load met above the plan moves the plan this share of the way towards it
 EVIDENCE_Z = 1.5  # the estimate moves when attainment differs from the aim by this many standard deviations
@@ -52,6 +53,7 @@ class Policy:
     idle_period: float | None = None  # seconds without requests before 1 → 0; needed for minReplicas 0
     startup_seconds: float = 60.0  # pod created → ready: how far ahead the forecast looks
     window_seconds: float = 60.0  # the short metrics window
+    batch_max_replicas: int = 0  # spec.batch.maxReplicas: replicas kept while batch lines are pending
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class Observation:
     missing: str = ""  # why signals are None
     held: int | None = None  # requests the gateway holds for the service (None: no gateway read)
     last_request_age: float | None = None  # seconds since the gateway last saw a request for it (None: never)
+    batch_pending: int | None = None  # Batch API lines the gateway has yet to run for it (None: no gateway read)
 
 
 @dataclass(frozen=True)
@@ -241,6 +244,23 @@ def _ahead(memory: Memory, horizon: float, window: float) -> float:
 
 
 def decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
+    """The replicas for the next period: the goodput law's, never below what pending batch lines may ask for."""
+    current = obs.current
+    floor = min(policy.batch_max_replicas, policy.max_replicas) if obs.batch_pending else 0
+    if floor > current and _clamp(current, policy) == current:
+        return Decision(floor, UP, "batch", f"{obs.batch_pending} batch lines pending: spec.batch.maxReplicas "
+                        f"{policy.batch_max_replicas} lets batch work have {floor} replicas",
+                        replace(memory, high_since=obs.now, changed_at=obs.now, idle_since=None))
+    decision = _decide(policy, obs, memory)
+    if decision.desired < floor:  # the law would take away replicas the batch is still using
+        return Decision(floor, HOLD if floor == current else DOWN, "batch",
+                        f"{obs.batch_pending} batch lines pending keep {floor} replicas "
+                        f"(spec.batch.maxReplicas); online: {decision.reason}",
+                        replace(decision.memory, high_since=obs.now, idle_since=None))
+    return decision
+
+
+def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
     current = obs.current
     bounded = _clamp(current, policy)
     if bounded != current:
@@ -317,6 +337,8 @@ def decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
     fewer = current - 1
     if current == 1:  # one replica: only idleness (its own, or the gateway's) takes it to zero
         return _scale_down(policy, obs, s, memory, 0.0)
+    if mu is None and idle:  # nothing to learn a capacity from, and nothing to serve (a batch just done)
+        return _scale_down(policy, obs, s, memory, 0.0)
     if mu is None or max(level, ahead) > fewer * planned_load(mu, fewer, util) * (1 - TOLERANCE):
         return Decision(current, HOLD, "steady", f"{current} replicas fit "
                         f"arrival {level:.2f} req/s", replace(memory, high_since=obs.now))
@@ -355,9 +377,12 @@ def _scale_down(policy: Policy, obs: Observation, s: Signals, memory: Memory, pl
     if s.waiting > 0:
         return Decision(current, HOLD, "steady", f"{s.waiting} requests queued", memory)
     level = memory.level or 0.0
-    load = level / ((current - 1) * planned)  # planned: the load planned at current − 1
     fewer = f"{current - 1} replica{'s' if current - 1 != 1 else ''}"
-    reason = (f"arrival {level:.2f} req/s: {fewer} would run at {load:.0%} of the planned "
-              f"{planned:.2f} req/s each; {current} not needed for {held:.0f} s")
+    if planned <= 0:  # no capacity learnt, and no request running or arriving
+        reason = f"no requests: {fewer} would do; {current} not needed for {held:.0f} s"
+    else:
+        load = level / ((current - 1) * planned)  # planned: the load planned at current − 1
+        reason = (f"arrival {level:.2f} req/s: {fewer} would run at {load:.0%} of the planned "
+                  f"{planned:.2f} req/s each; {current} not needed for {held:.0f} s")
     # the window has passed: further steps may follow period by period while N−1 stays under the plan
     return Decision(current - 1, DOWN, "scale_down", reason, replace(memory, changed_at=now))

@@ -58,6 +58,7 @@ def policy_for(svc: ServiceSpec) -> tuple[Policy, float | None]:
         target_utilization=a.target_utilization,
         scale_down_window=a.scale_down_window_seconds,
         idle_period=a.idle_period_seconds,
+        batch_max_replicas=svc.batch.max_replicas,
     )
     return policy, a.capacity_per_replica
 
@@ -114,7 +115,7 @@ class Autoscaler:
             return
         seen = set()
         views = None
-        if self.gateway is not None and any(_may_sleep(b) for b in listing.get("items") or ()):
+        if self.gateway is not None and any(_reads_gateway(b) for b in listing.get("items") or ()):
             views = await self.gateway.read()
         for body in listing.get("items") or ():
             meta = body["metadata"]
@@ -163,12 +164,12 @@ class Autoscaler:
         if startup is not None:  # the forecast looks ahead by the start-up measured for this service
             policy = replace(policy, startup_seconds=startup)
             metrics.AUTOSCALER_STARTUP.labels(namespace=namespace, name=name).set(startup)
-        held = age = None
+        held = age = batch = None
         if gateway is not None:
-            held = gateway.held
+            held, batch = gateway.held, gateway.batch_pending
             age = None if gateway.last_request is None else max(0.0, time.time() - gateway.last_request)
         decision = decide(policy, Observation(now, current, reading.ready, reading.signals, reading.missing,
-                                              held=held, last_request_age=age), memory)
+                                              held=held, last_request_age=age, batch_pending=batch), memory)
         self.memories[key] = decision.memory
         if decision.desired != current and svc.autoscaling.mode == "goodput":
             try:
@@ -255,10 +256,12 @@ class Autoscaler:
         await self.kube.patch_status(meta["namespace"], meta["name"], status)
 
 
-def _may_sleep(body: dict[str, Any]) -> bool:
-    """A service that may go to zero: the gateway's view wakes it and tells when it is idle."""
-    autoscaling = (body.get("spec") or {}).get("autoscaling") or {}
-    return autoscaling.get("minReplicas") == 0
+def _reads_gateway(body: dict[str, Any]) -> bool:
+    """A service that may go to zero (the gateway's view wakes it and tells when it is idle), or that
+    batch work may scale (the gateway counts its pending batch lines)."""
+    spec = body.get("spec") or {}
+    sleeps = (spec.get("autoscaling") or {}).get("minReplicas") == 0
+    return sleeps or bool((spec.get("batch") or {}).get("maxReplicas"))
 
 
 def _forget_series(namespace: str, name: str) -> None:
