@@ -29,22 +29,36 @@ pytestmark = [pytest.mark.apiserver, pytest.mark.gateway, pytest.mark.slow]
 IDLE_SECONDS = 6
 
 
+def start_gateway_and_operator(cluster, hub, tmp_path, *gateway_args: str) -> tuple[GatewayProcess, OperatorProcess]:
+    """A gateway published as the ready endpoint of goodput-system/goodput-gateway, and an operator
+    whose autoscaler reads it every second."""
+    try:
+        cluster.core.create_namespace({"metadata": {"name": "goodput-system"}})
+    except ApiException as err:
+        if err.status != 409:
+            raise
+    gateway = GatewayProcess(cluster.kubeconfig, tmp_path / "gateway.log", *gateway_args).start()
+    gateway_port = int(gateway.url.rsplit(":", 1)[1])
+    put_endpoint(cluster, "goodput-system", "goodput-gateway", "gw-0", host_address(), gateway_port, True)
+    operator = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", hub.endpoint,
+                               "--autoscaler-period-seconds", "1", "--autoscaler-window-seconds", "3").start()
+    return gateway, operator
+
+
+def stop_gateway_and_operator(cluster, gateway: GatewayProcess, operator: OperatorProcess) -> None:
+    operator.stop()
+    gateway.stop()
+    cluster.get_or_none(cluster.raw, "DELETE", "/apis/discovery.k8s.io/v1beta1/namespaces/goodput-system/"
+                        "endpointslices/goodput-gateway-gw-0")
+
+
 def counts(actuator: Actuator) -> list[int]:
     return [n for _, n in list(actuator.history)]
 
 
 def test_a_held_request_wakes_a_service_at_zero_and_idleness_returns_it_there(cluster, hub, namespace,
                                                                                tiny_model_dir, tmp_path):
-    try:
-        cluster.core.create_namespace({"metadata": {"name": "goodput-system"}})
-    except ApiException as err:
-        if err.status != 409:
-            raise
-    gateway = GatewayProcess(cluster.kubeconfig, tmp_path / "gateway.log").start()
-    gateway_port = int(gateway.url.rsplit(":", 1)[1])
-    put_endpoint(cluster, "goodput-system", "goodput-gateway", "gw-0", host_address(), gateway_port, True)
-    operator = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", hub.endpoint,
-                               "--autoscaler-period-seconds", "1", "--autoscaler-window-seconds", "3").start()
+    gateway, operator = start_gateway_and_operator(cluster, hub, tmp_path)
     actuator = Actuator(cluster, namespace, "sleepy", tiny_model_dir, tmp_path, ())
     try:
         cluster.create_service(namespace, "sleepy", tiny_spec(autoscaling={
@@ -82,27 +96,14 @@ def test_a_held_request_wakes_a_service_at_zero_and_idleness_returns_it_there(cl
         assert "ScaledUp" in reasons and "ScaledDown" in reasons
     finally:
         actuator.stop()
-        operator.stop()
-        gateway.stop()
-        cluster.get_or_none(cluster.raw, "DELETE", "/apis/discovery.k8s.io/v1beta1/namespaces/goodput-system/"
-                            "endpointslices/goodput-gateway-gw-0")
+        stop_gateway_and_operator(cluster, gateway, operator)
 
 
 def test_pending_batch_lines_wake_a_service_to_its_batch_replicas_and_it_returns_to_zero(cluster, hub, namespace,
                                                                                           tiny_model_dir, tmp_path):
     # spec.batch.maxReplicas 2: a batch submitted to a service at zero wakes it to two replicas (none of
     # which online traffic asked for), they run the batch, and idleness takes the service back to zero
-    try:
-        cluster.core.create_namespace({"metadata": {"name": "goodput-system"}})
-    except ApiException as err:
-        if err.status != 409:
-            raise
-    gateway = GatewayProcess(cluster.kubeconfig, tmp_path / "gateway.log", "--database",
-                             f"sqlite:///{tmp_path}/batch.db").start()
-    gateway_port = int(gateway.url.rsplit(":", 1)[1])
-    put_endpoint(cluster, "goodput-system", "goodput-gateway", "gw-0", host_address(), gateway_port, True)
-    operator = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", hub.endpoint,
-                               "--autoscaler-period-seconds", "1", "--autoscaler-window-seconds", "3").start()
+    gateway, operator = start_gateway_and_operator(cluster, hub, tmp_path, "--database", f"sqlite:///{tmp_path}/batch.db")
     actuator = Actuator(cluster, namespace, "nightly", tiny_model_dir, tmp_path, ())
     try:
         cluster.create_service(namespace, "nightly", tiny_spec(
@@ -132,7 +133,4 @@ def test_pending_batch_lines_wake_a_service_to_its_batch_replicas_and_it_returns
         assert counts(actuator)[-3:] == [2, 1, 0]  # one replica at a time, the last by idleness
     finally:
         actuator.stop()
-        operator.stop()
-        gateway.stop()
-        cluster.get_or_none(cluster.raw, "DELETE", "/apis/discovery.k8s.io/v1beta1/namespaces/goodput-system/"
-                            "endpointslices/goodput-gateway-gw-0")
+        stop_gateway_and_operator(cluster, gateway, operator)
