@@ -3,8 +3,9 @@ service at batch priority, records the result, and writes the output files at th
 
 A line goes to the service's ready replicas only: batch work never wakes a service or adds a
 replica through the hold queue. The pending lines are exported per service, and the autoscaler
-keeps `spec.batch.maxReplicas` replicas while there are any (none when it is 0, the default). How many lines a service
-has in flight is the AIMD limit of control.py, driven by its replicas' online signals.
+keeps `spec.batch.maxReplicas` replicas while there are any (none when it is 0, the default).
+How many lines a service has in flight is the AIMD limit of control.py, driven by its replicas'
+online signals.
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ def size_kv_cache(config: EngineConfig, device: torch.device, model_config, dtyp
     return num_blocks
 
 
-def compile_layers(runner: ModelRunner, device: torch.device) -> None:
+def compile_layers(runner: ModelRunner) -> None:
     """torch.compile the compact modules' layers and compile them now, with a one-token and a
     two-token step, so no request waits for it."""
     model = runner.model
@@ -248,7 +248,7 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
                  "less %g%%)", scheduler.batch_cap.budget, config.slo_tpot, 100 * config.batch_cap_margin)
     runner = ModelRunner(model, num_blocks, config.block_size, config.seed, world)
     if config.compile:
-        compile_layers(runner, device)
+        compile_layers(runner)
     if followers is not None:
         parallel.broadcast(num_blocks)
         runner.broadcast = parallel.broadcast

@@ -232,7 +232,7 @@ class ModelRunner:
         table = [self.scratch_block] * (2 + tokens // self.block_size)
         items = [StepItem([0] * tokens, self.block_size, table, True, num_draft=tokens - 1) for _ in range(batch)]
         # a plain decode step is timed as it runs when not speculating: replayed from its CUDA graph
-        logits = (self._decode_static(items) if tokens == 1 else None)
+        logits = self._decode_static(items) if tokens == 1 else None
         if logits is None:
             logits = self.execute(items)
         logits.argmax(dim=-1).tolist()  # waits for the device
