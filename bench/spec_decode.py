@@ -3,8 +3,8 @@
     python -m bench.spec_decode --rounds 3
 
 One process, one engine per configuration: no speculation (the baseline), prompt lookup (ngram)
-with k = 3 and k = 5, and a draft model (the first --draft-layers layers of the same model, made
-with goodput_runtime.tools.truncate_model). Every speculating engine keeps the switch its start-up
+with k = 3 and k = 5 (any k with ngram-k<K>), and a draft model (the first --draft-layers layers of
+the same model, made with goodput_runtime.tools.truncate_model). Every speculating engine keeps the switch its start-up
 timing learned. Workloads, greedy: `rewrite` asks for a passage and a code snippet back with small
 edits, one request at a time (batch 1); `concurrent` sends 16 such requests at once. Configurations
 take turns, the order flipping each round; reported per configuration and workload: median over
@@ -150,7 +150,9 @@ def main(argv: list[str] | None = None) -> None:
         core, metrics, startup = build(args.model, settings[name], args.threads, args.device, args.dtype)
         switch = core.scheduler.switch
         engines[name] = (core, metrics, {"startup_s": round(startup, 1),
-                                         "max_batch": switch.max_batch if switch else None})
+                                         "max_batch": switch.max_batch if switch else None,
+                                         # prompt lookup's timed cost of a step of 1..k+1 tokens (a decode: 1)
+                                         "step_costs": getattr(core.runner.proposer, "step_costs", None)})
     load_before = [round(x, 2) for x in os.getloadavg()]
     results: dict[str, dict[str, list[dict]]] = {n: {"batch1": [], "concurrent": []} for n in names}
     for r in range(args.rounds):

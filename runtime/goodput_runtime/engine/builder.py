@@ -34,7 +34,7 @@ from goodput_runtime.quantization import check_method, quantize_model
 from goodput_runtime.sampling import generation_defaults
 from goodput_runtime.spec_decode.draft import DraftProposer
 from goodput_runtime.spec_decode.ngram import NgramProposer
-from goodput_runtime.spec_decode.switch import SpeculationSwitch, measure_max_batch, timer
+from goodput_runtime.spec_decode.switch import SpeculationSwitch, measure_max_batch, step_costs, timer
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,13 @@ def configure_speculation(config: EngineConfig, runner: ModelRunner, scheduler: 
         runner.proposer = DraftProposer(draft, BlockManager(num_blocks, config.block_size, False), k)
         log.info("Loaded the draft model %s (%d layers)", config.speculative_model, draft_config.num_hidden_layers)
     else:
-        runner.proposer = NgramProposer(k, config.ngram_min, config.ngram_max)
+        # timed at start-up like the switch: the proposal length is chosen per proposal from what steps of
+        # 1..k + 1 tokens cost; with --speculative-max-batch nothing is timed and every match proposes k
+        costs = step_costs(timer(runner.time_step), k) if config.speculative_max_batch is None else None
+        runner.proposer = NgramProposer(k, config.ngram_min, config.ngram_max, costs)
+        if costs is not None:
+            log.info("Prompt lookup: a step of 1..%d tokens for one sequence costs %s times one of 1 token",
+                     k + 1, ", ".join(map(str, costs)))
     max_batch = config.speculative_max_batch
     if max_batch is None:
         def step(batch: int, tokens: int) -> None:
