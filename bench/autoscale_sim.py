@@ -1,13 +1,16 @@
-"""Trace-driven simulation of a Goodput service under four scaling policies.
+"""Trace-driven simulation of a Goodput service under five scaling policies.
 
     python -m bench.autoscale_sim [--plots] [--startup 60] [--duration 3600]
+    python -m bench.autoscale_sim --grid [--seeds 1-5]   # the law without a hint vs the concurrency HPA
+    python -m bench.autoscale_sim --surface              # attainment of static counts against load
 
 Replicas follow the capacity curve measured from our runtime (bench/autoscale_capacity.json:
 throughput, TTFT and TPOT against concurrency) and become ready `--startup` seconds after
-they are asked for. Arrivals are Poisson on four traces (steady, ramp, spike, diurnal),
-seeded. The same traces go to:
+they are asked for. Arrivals are Poisson on six traces (steady, ramp, spike, diurnal, bursty,
+flash), seeded. The same traces go to:
 
 - goodput: the operator's own law (goodput_operator.autoscaling.law.decide), every 15 s;
+  goodput-no-hint: the same with no capacity per replica given;
 - queue-hpa: a Kubernetes HPA on requests waiting per replica, target 2 (the queue-length
   signal KServe/KubeAI-style setups scale on), with the same HPA behaviour as below;
 - concurrency-hpa: what KServe and KubeAI do, a Kubernetes HPA on requests in flight per
@@ -212,6 +215,43 @@ def grid(seeds: list[int], startups: list[float], duration: float = 3600.0, targ
     return rows
 
 
+def static_attainment(curve: Curve, replicas: int, load: float, seed: int, duration: float = 3600.0,
+                      target: float = 0.95, max_num_seqs: int = 8, warmup: float = 300.0) -> float:
+    """SLO attainment of a fixed `replicas` at a steady Poisson load of `load` × the measured capacity per
+    replica each, requests finished after `warmup`: the surface any sizing rule has to fit."""
+    base = curve.capacity_point(target)[0]
+    times = arrivals(lambda t: load * replicas * base, duration, seed)
+    svc, rng, i, now = Service(curve, replicas, 0.0, max_num_seqs), random.Random(seed + 1), 0, 0.0
+    while now < duration or any(r.load() for r in svc.replicas):
+        while i < len(times) and times[i] <= now:
+            svc.route(Request(times[i], rng.uniform(0.5, 1.5), rng.gauss(0, 1), rng.gauss(0, 1)), now)
+            i += 1
+        svc.step(now)
+        now += DT
+    done = [f[1] for f in svc.finished if f[0] > warmup]
+    return sum(done) / max(1, len(done))
+
+
+def surface_table(replicas: list[int], loads: list[float], seeds: list[int], max_num_seqs: int = 8) -> str:
+    """Attainment (mean over seeds) of N static replicas against the load per replica, in units of the
+    measured capacity: where each N meets the target, to compare with the law's planned(N)."""
+    curve = Curve.load()
+    lines = ["replicas " + " ".join(f"{x:>6.2f}" for x in loads)]
+    for n in replicas:
+        cells = [sum(static_attainment(curve, n, x, s, max_num_seqs=max_num_seqs) for s in seeds) / len(seeds)
+                 for x in loads]
+        lines.append(f"{n:>8d} " + " ".join(f"{a:>6.3f}" for a in cells))
+    return "\n".join(lines)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`1-5` or `1,3,8`."""
+    if "-" in text:
+        first, last = text.split("-", 1)
+        return list(range(int(first), int(last) + 1))
+    return [int(x) for x in text.split(",") if x]
+
+
 def grid_table(rows: list[dict]) -> str:
     lines = ["| trace | start-up | goodput attainment (min / mean) | HPA attainment (min / mean) "
              "| replica-s vs HPA (mean / max) |", "|---|---:|---:|---:|---:|"]
@@ -275,14 +315,23 @@ def main() -> None:
     parser.add_argument("--plots", action="store_true", help="PNG per trace (needs matplotlib)")
     parser.add_argument("--grid", action="store_true",
                         help="every trace at start-ups 60 and 180 s, seeds 1-5: the law against the concurrency HPA")
+    parser.add_argument("--seeds", default="1-5", type=parse_seeds,
+                        help="the grid's seeds, `1-20` or `1,3,8`; only the default 1-5 writes autoscale-grid.json")
+    parser.add_argument("--surface", action="store_true",
+                        help="attainment of static replica counts against the load per replica (seeds 1-3)")
     parser.add_argument("--replay", type=Path,
                         help="CSV of timestamp,prompt_tokens,output_tokens: run every policy on that log")
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     if args.grid:
-        rows = grid([1, 2, 3, 4, 5], [60.0, 180.0], args.duration, max_num_seqs=args.max_num_seqs)
+        rows = grid(args.seeds, [60.0, 180.0], args.duration, max_num_seqs=args.max_num_seqs)
         print(grid_table(rows))
-        (RESULTS / "autoscale-grid.json").write_text(json.dumps(rows, indent=2))
+        if args.seeds == [1, 2, 3, 4, 5]:
+            (RESULTS / "autoscale-grid.json").write_text(json.dumps(rows, indent=2))
+        return
+    if args.surface:
+        print(surface_table([1, 2, 3, 4, 6, 9, 12, 16], [0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1], [1, 2, 3],
+                            args.max_num_seqs))
         return
     if args.replay:
         curve = Curve.load()

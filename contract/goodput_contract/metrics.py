@@ -131,6 +131,10 @@ GATEWAY_ROUTING_DECISION_KINDS = ("affinity", "overflow", "least_load", "random"
 # a replica failing before the client got a byte, the request sent on to another: label reason
 GATEWAY_RETRIES = PREFIX + "gateway_retries_total"
 GATEWAY_RETRY_REASONS = ("connect", "reset", "unavailable")  # refused; reset before the body's first byte; 503
+# requests the gateway itself turned away, unserved: demand the pods never saw, which the autoscaler counts
+GATEWAY_REQUESTS_REFUSED = PREFIX + "gateway_requests_refused_total"  # label reason
+# held queue full (429); held past the hold limit (503); no replica answered after every attempt (503)
+GATEWAY_REFUSAL_REASONS = ("queue_full", "hold_timeout", "upstream_unavailable")
 
 # the gateway's InferencePipeline series (labels namespace, pipeline)
 PIPELINE_REQUESTS = PREFIX + "pipeline_requests_total"  # label outcome

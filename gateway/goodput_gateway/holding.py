@@ -29,6 +29,7 @@ class Holds:
             return ready
         retry_after = max(1, min(30, round(self.seconds / 10)))
         if self.held[key] >= self.limit:
+            self.metrics.refused.labels(*key, "queue_full").inc()
             raise too_many(f"The model '{model}' has no ready replica and {self.held[key]} requests are already "
                            "waiting for one; retry later", retry_after)
         self.held[key] += 1
@@ -42,6 +43,7 @@ class Holds:
                     raise model_not_found(model)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    self.metrics.refused.labels(*key, "hold_timeout").inc()
                     raise unavailable(f"The model '{model}' had no ready replica within {self.seconds:g} s; "
                                       "retry later", "no_ready_replica", retry_after)
                 try:

@@ -28,6 +28,11 @@ class GatewayMetrics:
                                "Requests sent on to another replica after one failed before the client got a byte: "
                                "connect (refused), reset (dropped before the body's first byte), unavailable (503)",
                                [*SERVICE, "reason"], registry=r)
+        self.refused = Counter(names.GATEWAY_REQUESTS_REFUSED,
+                               "Requests the gateway turned away unserved: queue_full (429, the held queue is "
+                               "full), hold_timeout (503, no replica became ready in time), upstream_unavailable "
+                               "(503, no replica answered after every attempt); demand the autoscaler counts",
+                               [*SERVICE, "reason"], registry=r)
         self.waiting = Gauge(names.GATEWAY_REQUESTS_WAITING,
                              "Requests held because the service has no ready replica (at zero, or starting)",
                              SERVICE, registry=r)
@@ -48,3 +53,5 @@ class GatewayMetrics:
             self.decisions.labels(namespace, service, decision)
         for reason in names.GATEWAY_RETRY_REASONS:
             self.retries.labels(namespace, service, reason)
+        for reason in names.GATEWAY_REFUSAL_REASONS:
+            self.refused.labels(namespace, service, reason)

@@ -152,6 +152,7 @@ class Proxy:
                 self.outstanding[url] -= 1
                 response.close()  # a no-op after a full read (the connection went back to the pool)
             return
+        self.metrics.refused.labels(*key, "upstream_unavailable").inc()
         raise unavailable(f"No replica of '{model}' answered after {self.settings.attempts} attempts ({failure})",
                           "upstream_unavailable")
 

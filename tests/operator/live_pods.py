@@ -10,13 +10,16 @@ endpoint (not ready while it boots, ready once /health answers 200).
 from __future__ import annotations
 
 import json
+import random
 import re
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,8 +29,10 @@ from helpers import stop_process
 
 
 class Pod:
-    def __init__(self, name: str, model_dir: Path, log: Path, flags: tuple[str, ...]) -> None:
+    def __init__(self, name: str, model_dir: Path, log: Path, flags: tuple[str, ...],
+                 boot_seconds: float = 0.0) -> None:
         self.name, self.log_path = name, log
+        self.ready_after = time.monotonic() + boot_seconds  # scheduling, image pull: before the process itself
         self._log = log.open("wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "goodput_runtime", "--model", str(model_dir), "--served-model-name", "tiny",
@@ -39,6 +44,8 @@ class Pod:
         self.published = False  # an EndpointSlice endpoint exists for it
 
     def poll_ready(self) -> bool:
+        if time.monotonic() < self.ready_after:
+            return False
         if not self.port:
             match = re.search(r"Listening on http://[^:]+:(\d+)", self.log_path.read_text(errors="replace"))
             if not match:
@@ -65,6 +72,7 @@ class Actuator:
     log_dir: Path
     flags: tuple[str, ...]
     on_targets: Callable[[list[tuple[str, int]]], None] | None = None  # told the ready (name, port)s on change
+    boot_seconds: float = 0.0  # a new pod is ready no sooner than this: a GPU pod's scheduling and image pull
     pods: list[Pod] = field(default_factory=list)
     history: list[tuple[float, int]] = field(default_factory=list)  # (time, replicas asked for)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -89,7 +97,8 @@ class Actuator:
             while len(self.pods) < wanted:
                 self._count += 1
                 name = f"pod-{self._count}"
-                self.pods.append(Pod(name, self.model_dir, self.log_dir / f"{name}.log", self.flags))
+                self.pods.append(Pod(name, self.model_dir, self.log_dir / f"{name}.log", self.flags,
+                                     self.boot_seconds))
             while len(self.pods) > wanted:
                 pod = self.pods.pop()
                 delete_endpoint(self.cluster, self.namespace, self.service, pod.name)
@@ -152,3 +161,65 @@ class Load:
                 urllib.request.urlopen(request, timeout=30).read()
             except OSError:
                 time.sleep(0.1)
+
+
+@dataclass
+class Sent:
+    at: float  # monotonic, when sent
+    latency: float
+    status: int  # HTTP status; 0: no answer
+
+
+class OpenLoad:
+    """Open-loop arrivals: a Poisson process whose rate `rate(t)` (t: seconds since start) the test sets,
+    each request sent at its time whatever the answers before it, to the ready pods in turn, as users
+    arrive regardless of how the service is doing."""
+
+    def __init__(self, actuator: Actuator, rate: Callable[[float], float], body: dict[str, object],
+                 seed: int = 7) -> None:
+        self.actuator, self.rate, self.body = actuator, rate, json.dumps(body).encode()
+        self.sent: list[Sent] = []
+        self._rng = random.Random(seed)
+        self._stop = threading.Event()
+        self._turn = 0
+        self._pool = ThreadPoolExecutor(64, thread_name_prefix="open-load")
+        self.started = 0.0
+
+    def start(self) -> OpenLoad:
+        self.started = time.monotonic()
+        self._thread = threading.Thread(target=self._arrivals, daemon=True, name="open-load")
+        self._thread.start()
+        return self
+
+    def _arrivals(self) -> None:
+        due = time.monotonic()
+        while not self._stop.is_set():
+            rate = self.rate(due - self.started)
+            due += self._rng.expovariate(rate) if rate > 0 else 0.1
+            if rate <= 0:
+                self._stop.wait(max(0.0, due - time.monotonic()))
+                continue
+            self._stop.wait(max(0.0, due - time.monotonic()))
+            self._pool.submit(self._send, due)
+
+    def _send(self, at: float) -> None:
+        ports = self.actuator.ready_ports()
+        status = 0
+        if ports:
+            self._turn += 1
+            request = urllib.request.Request(f"http://127.0.0.1:{ports[self._turn % len(ports)]}/v1/completions",
+                                             data=self.body, headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    response.read()
+                    status = response.status
+            except urllib.error.HTTPError as err:
+                status = err.code
+            except OSError:
+                status = 0
+        self.sent.append(Sent(at, time.monotonic() - at, status))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._pool.shutdown(wait=True, cancel_futures=True)

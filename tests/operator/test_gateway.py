@@ -232,6 +232,9 @@ def test_past_the_hold_bound_and_the_wait_limit_clients_get_429_and_503_with_ret
     wait_for(lambda: next(m for m in env.gateway.models() if m["id"] == env.model("zero"))["ready_replicas"] == 0,
              10, "the replica to go")
     body = {"model": env.model("zero"), "prompt": "anyone?", "max_tokens": 2}
+    series = "goodput_gateway_requests_refused_total"
+    before = {reason: env.gateway.metric(series, namespace=env.ns["zero"], reason=reason)
+              for reason in ("queue_full", "hold_timeout")}
     with ThreadPoolExecutor(MAX_HELD + 1) as pool:
         held = [pool.submit(env.post, "/v1/completions", body) for _ in range(MAX_HELD)]
         wait_for(lambda: env.gateway.metric("goodput_gateway_requests_waiting", namespace=env.ns["zero"]) == MAX_HELD,
@@ -242,6 +245,10 @@ def test_past_the_hold_bound_and_the_wait_limit_clients_get_429_and_503_with_ret
         outcomes = [f.result() for f in held]
     assert time.monotonic() - started >= HOLD_SECONDS - 2
     assert all(s == 503 and int(h["Retry-After"]) >= 1 for s, h, _ in outcomes), outcomes
+    # every request turned away is counted, by why: demand the autoscaler adds to what the pods saw
+    assert env.gateway.metric(series, namespace=env.ns["zero"], reason="queue_full") == before["queue_full"] + 1
+    assert env.gateway.metric(series, namespace=env.ns["zero"], reason="hold_timeout") == \
+        before["hold_timeout"] + MAX_HELD
 
 
 @pytest.mark.skipif(PROMETHEUS is None, reason="prometheus missing (make prometheus)")

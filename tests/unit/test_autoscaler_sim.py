@@ -13,7 +13,17 @@ from pathlib import Path
 import pytest
 
 from bench.autoscale_model import Curve, traces
-from bench.autoscale_sim import POLICIES, grid, grid_table, load_replay, replay_rate, run, simulate
+from bench.autoscale_sim import (
+    POLICIES,
+    grid,
+    grid_table,
+    load_replay,
+    parse_seeds,
+    replay_rate,
+    run,
+    simulate,
+    static_attainment,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,3 +104,18 @@ def test_the_documented_grid_is_the_one_the_bench_wrote():
     """bench/README.md shows `python -m bench.autoscale_sim --grid`'s table for the JSON it wrote."""
     rows = json.loads((ROOT / "bench" / "results" / "autoscale-grid.json").read_text())
     assert grid_table(rows) in (ROOT / "bench" / "README.md").read_text()
+
+
+def test_the_surface_shows_pooling_and_the_cost_of_load():
+    """--surface: static replicas at a steady load per replica. More load costs attainment; at the same load
+    per replica, more replicas behind least-loaded routing meet the SLO more often (the square-root headroom)."""
+    curve = Curve.load()
+    light, heavy = (static_attainment(curve, 4, x, seed=1, duration=1200.0) for x in (0.7, 1.1))
+    assert light > heavy
+    few, many = (static_attainment(curve, n, 0.9, seed=1, duration=1200.0) for n in (2, 12))
+    assert many > few
+
+
+def test_grid_seeds_read_as_ranges_or_lists():
+    assert parse_seeds("1-5") == [1, 2, 3, 4, 5]
+    assert parse_seeds("3,8") == [3, 8]

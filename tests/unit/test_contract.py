@@ -215,7 +215,7 @@ def test_the_gateway_exports_every_gateway_series_the_contract_names():
     exported = {sample.name for family in metrics.registry.collect() for sample in family.samples}
     gateway_series = {value for name, value in vars(metric_names).items()
                       if name.isupper() and isinstance(value, str) and value.startswith(GATEWAY_PREFIX)}
-    assert len(gateway_series) == 8
+    assert len(gateway_series) == 9
     histograms = {metric_names.GATEWAY_REQUEST_DURATION, metric_names.GATEWAY_HOLD_DURATION}
     for name in gateway_series:
         assert (name + "_count" if name in histograms else name) in exported, name

@@ -32,9 +32,11 @@ LEARNING_RATE = 0.3  # a load met above the plan moves the plan this share of th
 EVIDENCE_Z = 1.5  # the estimate moves when attainment differs from the aim by this many standard deviations
 EXPLORE_Z = 1.0  # before any miss has been seen, weaker evidence raises the estimate, by the largest step
 STEP_GAIN = 8.0  # a verdict moves the estimate by exp(STEP_GAIN × (attainment − aim)) ...
-STEP_LIMITS = (0.9, 0.97, 1.03, 1.2)  # ... down between the first two factors, up between the last two
+STEP_LIMITS = (0.94, 0.98, 1.02, 1.2)  # ... down between the first two factors, up between the last two: small
+# steps, since a verdict on minutes of requests is still often wrong and each wrong one costs until undone
 PLANNED_BAND = (0.7, 1.1)  # a period is evidence when the load ran at this share of the planned load
-LEVEL_TAU, TREND_BETA = 180.0, 0.2  # Holt's linear smoothing of the arrival rate: time constant (s), trend gain
+# Holt's linear smoothing of the arrival rate: time constant in short windows (180 s for the default 60 s), trend gain
+LEVEL_WINDOWS, TREND_BETA = 3.0, 0.2
 JUMP_SIGMAS = 3.0  # a window this many Poisson deviations off the smoothed rate is a change, taken at once
 TREND_SIGMAS = 4.0  # the trend counts when it moves the forecast beyond this many Poisson deviations
 REFERENCE_REPLICAS = 4  # the replica count at which the headroom is exactly 1 − target utilisation
@@ -208,7 +210,7 @@ def slo_miss_text(policy: Policy, s: Signals) -> str:
 
 
 def smooth(memory: Memory, s: Signals, dt: float, window: float) -> Memory:
-    """Holt's linear method on the windowed arrival rate, slow (LEVEL_TAU) against Poisson noise, except
+    """Holt's linear method on the windowed arrival rate, slow (LEVEL_WINDOWS windows) against Poisson noise, except
     that a window JUMP_SIGMAS Poisson deviations away from the forecast is a change and is taken at once.
     The trend is per second and learns only from the smoothed steps."""
     if memory.level is None or dt <= 0:
@@ -216,7 +218,7 @@ def smooth(memory: Memory, s: Signals, dt: float, window: float) -> Memory:
     prior = max(0.0, memory.level + memory.trend * dt)
     if abs(s.arrival_rate - prior) > JUMP_SIGMAS * _noise(max(prior, s.arrival_rate), window):
         return replace(memory, level=s.arrival_rate)
-    alpha = min(1.0, dt / LEVEL_TAU)
+    alpha = min(1.0, dt / (LEVEL_WINDOWS * window))
     level = alpha * s.arrival_rate + (1 - alpha) * prior
     trend = TREND_BETA * (level - memory.level) / dt + (1 - TREND_BETA) * memory.trend
     return replace(memory, level=level, trend=trend)

@@ -17,7 +17,7 @@ from typing import Any
 
 from goodput_contract.metrics import AUTOSCALER_DESIRED_REPLICAS as DESIRED_METRIC
 from goodput_operator import metrics
-from goodput_operator.autoscaling.gateway import GatewayReader, GatewayView
+from goodput_operator.autoscaling.gateway import GatewayReader, GatewayView, RefusalRate, with_gateway_demand
 from goodput_operator.autoscaling.law import (
     SCALE_CAUSES,
     UP,
@@ -76,7 +76,8 @@ class Autoscaler:
     window: float
     memories: dict[tuple[str, str], Memory] = field(default_factory=dict)
     startups: dict[tuple[str, str], StartupClock] = field(default_factory=dict)
-    gateway: GatewayReader | None = None  # held requests and last request times, for services at zero
+    gateway: GatewayReader | None = None  # requests held and refused there, last request times, batch lines
+    refusals: dict[tuple[str, str], RefusalRate] = field(default_factory=dict)
     _slice_version: str | None = None
 
     @classmethod
@@ -115,7 +116,7 @@ class Autoscaler:
             return
         seen = set()
         views = None
-        if self.gateway is not None and any(_reads_gateway(b) for b in listing.get("items") or ()):
+        if self.gateway is not None and listing.get("items"):
             views = await self.gateway.read()
         for body in listing.get("items") or ():
             meta = body["metadata"]
@@ -141,6 +142,7 @@ class Autoscaler:
         for key in set(self.memories) - seen:
             self.memories.pop(key, None)
             self.startups.pop(key, None)
+            self.refusals.pop(key, None)
             self.source.forget(key)
             _forget_series(*key)
 
@@ -165,10 +167,14 @@ class Autoscaler:
             policy = replace(policy, startup_seconds=startup)
             metrics.AUTOSCALER_STARTUP.labels(namespace=namespace, name=name).set(startup)
         held = age = batch = None
+        signals = reading.signals
         if gateway is not None:
             held, batch = gateway.held, gateway.batch_pending
             age = None if gateway.last_request is None else max(0.0, time.time() - gateway.last_request)
-        decision = decide(policy, Observation(now, current, reading.ready, reading.signals, reading.missing,
+            refused = self.refusals.setdefault(key, RefusalRate()).observe(now, gateway.refused, self.window)
+            if signals is not None:  # requests waiting or turned away at the gateway are demand the pods miss
+                signals = with_gateway_demand(signals, gateway.held, refused)
+        decision = decide(policy, Observation(now, current, reading.ready, signals, reading.missing,
                                               held=held, last_request_age=age, batch_pending=batch), memory)
         self.memories[key] = decision.memory
         if decision.desired != current and svc.autoscaling.mode == "goodput":
@@ -192,7 +198,7 @@ class Autoscaler:
         if reading.signals is not None and reading.signals.attainment is not None:
             metrics.AUTOSCALER_ATTAINMENT.labels(namespace=namespace, name=name).set(reading.signals.attainment)
         ahead = forecast(decision.memory, policy, self.period)
-        for kind, rate in (("observed", reading.signals.arrival_rate if reading.signals else None),
+        for kind, rate in (("observed", signals.arrival_rate if signals else None),
                            ("smoothed", decision.memory.level), ("forecast", ahead)):
             if rate is not None:
                 metrics.AUTOSCALER_ARRIVAL.labels(namespace=namespace, name=name, kind=kind).set(rate)
@@ -254,14 +260,6 @@ class Autoscaler:
         if all(old.get(k) == v for k, v in autoscaler.items()) and status.get("slo") in (None, before.get("slo")):
             return
         await self.kube.patch_status(meta["namespace"], meta["name"], status)
-
-
-def _reads_gateway(body: dict[str, Any]) -> bool:
-    """A service that may go to zero (the gateway's view wakes it and tells when it is idle), or that
-    batch work may scale (the gateway counts its pending batch lines)."""
-    spec = body.get("spec") or {}
-    sleeps = (spec.get("autoscaling") or {}).get("minReplicas") == 0
-    return sleeps or bool((spec.get("batch") or {}).get("maxReplicas"))
 
 
 def _forget_series(namespace: str, name: str) -> None:
