@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--draft-layers", type=int, default=4, help="layers of the truncated draft model (0: none)")
     p.add_argument("--configs", default="baseline,ngram-k3,ngram-k5,draft-k3",
-                   help="also ngram-k<K>-n<MIN>: k proposed tokens, suffixes of at least MIN tokens matched")
+                   help="also ngram-k<K>-n<MIN>: k proposed tokens, suffixes of at least MIN tokens matched; "
+                        "any config with -always: speculating on every step, whatever the switch would decide")
     p.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "spec_decode.json")
     args = p.parse_args(argv)
     from transformers import AutoTokenizer
@@ -138,11 +139,14 @@ def main(argv: list[str] | None = None) -> None:
     }
     names = args.configs.split(",")
     for name in names:  # ngram-k<K>[-n<MIN>]: prompt lookup with k tokens, matching suffixes of at least MIN
-        parts = name.split("-")
-        if name not in settings and parts[0] == "ngram" and parts[1].startswith("k"):
-            settings[name] = {"speculative_method": "ngram", "num_speculative_tokens": int(parts[1][1:])}
+        base = name.removesuffix("-always")
+        parts = base.split("-")
+        if base not in settings and parts[0] == "ngram" and parts[1].startswith("k"):
+            settings[base] = {"speculative_method": "ngram", "num_speculative_tokens": int(parts[1][1:])}
             if len(parts) > 2 and parts[2].startswith("n"):
-                settings[name]["ngram_min"] = int(parts[2][1:])
+                settings[base]["ngram_min"] = int(parts[2][1:])
+        if name != base:  # <config>-always: the switch forced on (no start-up timing), for acceptance figures
+            settings[name] = {**settings[base], "speculative_max_batch": 32}  # max_num_seqs
     if any(n.startswith("draft") for n in names):
         truncated_copy(Path(args.model), draft_dir, args.draft_layers)
     engines = {}
