@@ -190,6 +190,10 @@ def build_parser() -> ReasonedArgumentParser:
     engine.add_argument("--num-threads", type=positive_int,
                         help="CPU threads per forward pass (per rank under tensor parallelism); default: the "
                              "container's CPU limit (cgroup quota), else every usable core")
+    engine.add_argument("--step-tuning", default=default("step_tuning"), choices=["auto", "off"],
+                        help="on CPU with the compact modules: time decode steps of 1 to 64 sequences at start "
+                             "(about a second per 100 ms of step) and run each size with the threads (all or one) "
+                             "and matrix-product form that ran it fastest; off: all threads, F.linear")
     engine.add_argument("--pooling", choices=["last", "mean"],
                         help="how /v1/embeddings pools the model's final hidden states: the last token's, or the "
                              "mean over every token (default: last, as for every decoder-only causal LM)")

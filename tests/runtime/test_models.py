@@ -4,8 +4,10 @@ transformers' greedy tokens and logits, keep quantization working, and step asid
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from test_engine_greedy import reference, run_all, small_config, workload
 
 from goodput_runtime.engine.builder import build_core
 from goodput_runtime.engine.model_runner import StepItem
+from goodput_runtime.engine.step_tuning import StepPlan
 from goodput_runtime.models.llama import CausalLM
 from goodput_runtime.quantization import QuantizedLinear
 
@@ -95,3 +98,32 @@ def test_compiled_layers_give_transformers_greedy_tokens(tiny_model_dir):
     assert all(layer.compiled is not None for layer in core.runner.model.model.layers)
     cases = workload(seed=7, n=8)
     assert run_all(core, cases) == reference(tiny_model_dir, cases)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: projections with a bias
+def test_every_step_as_weight_times_hidden_transposed_on_one_thread_gives_transformers_greedy_tokens(
+        arch, tiny_model_dir, tiny_qwen2_dir):
+    # the form and thread count step tuning may pick for any step size, forced on every step here
+    # (prefill chunks, mixed steps, decodes of 1-8 sequences), whatever this machine would time
+    model_dir = {"llama": tiny_model_dir, "qwen2": tiny_qwen2_dir}[arch]
+    cases = workload(seed=5, n=8)
+    config = small_config(model_dir, blocks=200)
+    config.step_tuning = "off"
+    core = build_core(config)
+    core.runner.set_plan(StepPlan.uniform(1, True, limit=4096))
+    calls: list[tuple[int, int]] = []
+    mm = torch.mm
+    with patch.object(torch, "mm", lambda a, b: calls.append((a.shape[0], b.shape[1])) or mm(a, b)):
+        produced = run_all(core, cases)
+    assert produced == reference(model_dir, cases)
+    assert any(rows == core.runner.model.config.vocab_size for rows, _ in calls)  # the LM head too
+
+
+def test_start_up_tunes_steps_up_to_the_largest_decode_and_off_leaves_the_default(tiny_model_dir, caplog):
+    config = small_config(tiny_model_dir, blocks=200)
+    with caplog.at_level(logging.INFO, logger="goodput_runtime.engine.step_tuning"):
+        tuned = build_core(config)
+    assert tuned.runner.plan.limit == config.max_num_seqs
+    assert any(r.message.startswith("Step tuning (") and "larger steps" in r.message for r in caplog.records)
+    config.step_tuning = "off"
+    assert build_core(config).runner.plan == StepPlan.default(torch.get_num_threads())

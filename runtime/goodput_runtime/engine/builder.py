@@ -263,6 +263,8 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
             runner.enable_decode_graphs(config.max_num_seqs, max_model_len, capture=True)
         else:
             log.info("decode CUDA graphs are off under tensor parallelism; decode steps run eagerly")
+    if runner.plan is not None and config.step_tuning == "auto":
+        runner.tune_steps(config.max_num_seqs)  # before speculation's timing, which then times tuned steps
     if config.speculative_method:
         configure_speculation(config, runner, scheduler, metrics, model_config, num_blocks)
     defaults = generation_defaults(getattr(model, "generation_config", None))  # for requests silent on them

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ from goodput_runtime.engine.decode_graphs import MIN_WIDTH, DecodeGraphs
 from goodput_runtime.engine.outputs import TokenLogprob
 from goodput_runtime.engine.sampler import Sampler, SampleRow, logprob_rows
 from goodput_runtime.engine.scheduler import SchedulerOutput
+from goodput_runtime.engine.step_tuning import StepPlan, tune
 from goodput_runtime.models.llama import CausalLM
 from goodput_runtime.spec_decode import Proposer, can_speculate
 from goodput_runtime.spec_decode.rejection import SpecGroup, verify
@@ -124,11 +126,36 @@ class ModelRunner:
         # mean pooling: the float32 sum of the hidden states computed so far, per embedding request
         self.pool_sums: dict[tuple[str, int], torch.Tensor] = {}
         self.proposer: Proposer | None = None  # speculative decoding's: proposes after each step
-        # the LM head's weight where a verification step computes its logits as weight @ hidden^T: the
-        # runtime's own modules on a CPU, an unquantized head without bias (see _verification_logits)
-        head = getattr(model, "lm_head", None)
-        self.verify_head = (head.weight if isinstance(model, CausalLM) and type(head) is torch.nn.Linear
-                            and head.bias is None and self.device.type == "cpu" else None)
+        # on a CPU, with the runtime's own modules: each step's threads and form of its products
+        self.plan: StepPlan | None = None
+        if isinstance(model, CausalLM) and self.device.type == "cpu" and tensor_parallel == 1:
+            self.set_plan(StepPlan.default(torch.get_num_threads()))
+
+    def set_plan(self, plan: StepPlan) -> None:
+        """Run steps as `plan` says (engine/step_tuning.py): their threads here, their products' form
+        in the model."""
+        assert isinstance(self.model, CausalLM)
+        self.plan = self.model.model.plan = plan
+
+    def tune_steps(self, max_tokens: int) -> dict[int, dict[str, float]]:
+        """Time decode steps of up to `max_tokens` sequences under each thread count and product form,
+        and keep the fastest plan (engine/step_tuning.py). The times measured, in ms."""
+        assert self.plan is not None
+
+        def step_seconds(plan: StepPlan, tokens: int) -> float:
+            self.set_plan(plan)
+            started = time.perf_counter()
+            self.time_step(tokens, 1)
+            return time.perf_counter() - started
+
+        pool = self.plan.pool
+        try:
+            plan, measured = tune(step_seconds, pool, max_tokens)
+        finally:  # torch's own count stays the pool's, for whatever else runs forward passes
+            self.set_plan(StepPlan.default(pool))
+            torch.set_num_threads(pool)
+        self.set_plan(plan)
+        return measured
 
     def enable_decode_graphs(self, max_batch: int, max_len: int, capture: bool, min_width: int = MIN_WIDTH) -> None:
         """Run decode-only steps over static buffers; with `capture`, replay them as CUDA graphs."""
@@ -298,6 +325,10 @@ class ModelRunner:
         if copy_blocks:
             self._copy_blocks(items)
         input_ids, positions, batch, sample_rows = self._prepare(items)
+        if self.plan is not None:
+            threads = self.plan.threads_for(len(input_ids))
+            if threads != torch.get_num_threads():
+                torch.set_num_threads(threads)
         kept = [r for last, item in zip(sample_rows, items, strict=True) for r in item.kept_rows(last)]
         keep = torch.tensor(kept or [0], device=self.device)
         if not logits:  # a follower rank: the leader alone samples
@@ -313,23 +344,11 @@ class ModelRunner:
                     pooled[i] = hidden[last - len(item.token_ids) + 1 : last + 1].float().sum(0)
                 elif item.pool and item.pool_ends:
                     pooled[i] = hidden[last].float()
-            return self.model.lm_head(hidden[keep]).float()
-        if self.verify_head is not None and any(item.num_draft for item in items):
-            return self._verification_logits(input_ids, positions, batch, keep)
+            head = self.model.logits if isinstance(self.model, CausalLM) else self.model.lm_head
+            return head(hidden[keep]).float()
         output = self.model(input_ids=input_ids[None], position_ids=positions[None], paged=batch,
                             logits_to_keep=keep, use_cache=False)
         return output.logits[0].float()  # [N, V]
-
-    def _verification_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: PagedBatch,
-                             keep: torch.Tensor) -> torch.Tensor:
-        """The kept rows' logits of a step verifying proposals (k + 1 rows per sequence), the LM head
-        computed as weight @ hidden^T: on a CPU, F.linear over 2 to 8 rows of SmolLM2's 49152 x 576 head
-        takes MKL's slow small-matrix path (17 ms for 4 rows, 25 ms for 2, against 10 ms for one row);
-        the transposed product takes 6 to 9 ms."""
-        assert self.verify_head is not None
-        hidden = self.model.model(input_ids=input_ids[None], position_ids=positions[None], paged=batch,
-                                  use_cache=False).last_hidden_state[0]
-        return torch.mm(self.verify_head, hidden[keep].t()).t().float()
 
     def _decode_static(self, items: list[StepItem]) -> torch.Tensor | None:
         """Logits of a decode-only step from the static path, or None where it does not apply."""

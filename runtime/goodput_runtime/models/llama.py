@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from goodput_runtime.engine.attention import PagedBatch, attend
+from goodput_runtime.engine.step_tuning import StepPlan
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
@@ -49,6 +50,16 @@ def fuse(linears: list[nn.Linear]) -> nn.Linear:
                           for lin in linears])
         fused.bias = nn.Parameter(bias, requires_grad=False)
     return fused
+
+
+def project(x: torch.Tensor, linear: nn.Module, transposed: bool) -> torch.Tensor:
+    """linear(x), or for a plain nn.Linear with `transposed` the same product as W @ x^T: on a CPU the
+    form that runs steps of a few tokens fastest (see engine/step_tuning.py). Contiguous either way."""
+    if not transposed or type(linear) is not nn.Linear:
+        return linear(x)
+    if linear.bias is None:
+        return torch.mm(linear.weight, x.t()).t().contiguous()
+    return torch.addmm(linear.bias[:, None], linear.weight, x.t()).t().contiguous()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -108,15 +119,16 @@ class Attention(nn.Module):
         self.qkv_proj = fuse([source.q_proj, source.k_proj, source.v_proj])
         self.o_proj = source.o_proj
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch,
+                transposed: bool = False) -> torch.Tensor:
         t = x.shape[0]
-        qkv = self.qkv_proj(x)
+        qkv = project(x, self.qkv_proj, transposed)
         qk_width = (self.heads + self.kv_heads) * self.head_dim
         qk = rotate(qkv[:, :qk_width].view(t, self.heads + self.kv_heads, self.head_dim), cos, sin)
         q, k = qk[:, : self.heads], qk[:, self.heads :]
         v = qkv[:, qk_width:].view(t, self.kv_heads, self.head_dim)
         out = attend(batch, self.layer_idx, q, k, v, self.scaling, self.sliding_window)
-        return self.o_proj(out.reshape(t, self.heads * self.head_dim))
+        return project(out.reshape(t, self.heads * self.head_dim), self.o_proj, transposed)
 
 
 class MLP(nn.Module):
@@ -127,9 +139,10 @@ class MLP(nn.Module):
         self.act = source.act_fn
         self.intermediate = source.gate_proj.out_features
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        return self.down_proj(self.act(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :])
+    def forward(self, x: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+        gate_up = project(x, self.gate_up_proj, transposed)
+        return project(self.act(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :], self.down_proj,
+                       transposed)
 
 
 class DecoderLayer(nn.Module):
@@ -145,10 +158,11 @@ class DecoderLayer(nn.Module):
                                                 source.post_attention_layernorm.variance_epsilon)
         self.compiled: tuple[Any, Any] | None = None  # compiled pre_attention and post_attention
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch,
+                transposed: bool = False) -> torch.Tensor:
         if self.compiled is None:
-            h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch)
-            return h + self.mlp(self.post_attention_layernorm(h))
+            h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, transposed)
+            return h + self.mlp(self.post_attention_layernorm(h), transposed)
         pre, post = self.compiled
         a, mlp = self.self_attn, self.mlp
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
@@ -167,15 +181,18 @@ class Decoder(nn.Module):
         self.rotary_emb = source.rotary_emb
         self.layers = nn.ModuleList(DecoderLayer(layer, i, config, windows[i]) for i, layer in enumerate(source.layers))
         self.norm = RMSNorm(source.norm.weight, source.norm.variance_epsilon)
+        self.plan: StepPlan | None = None  # set by the runner (engine/step_tuning.py)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, paged: PagedBatch,
                 **_: Any) -> DecoderOutput:
-        """input_ids, position_ids [1, T]: one flat step."""
+        """input_ids, position_ids [1, T]: one flat step; its projections in the form the step plan
+        gives steps of T tokens (``F.linear`` without a plan; the compiled layers always)."""
         h = self.embed_tokens(input_ids[0])
         cos, sin = self.rotary_emb(h, position_ids)  # [1, T, D]
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]
+        transposed = self.plan is not None and self.plan.layers_transposed_for(h.shape[0])
         for layer in self.layers:
-            h = layer(h, cos, sin, paged)
+            h = layer(h, cos, sin, paged, transposed)
         return DecoderOutput(self.norm(h)[None])
 
 
@@ -214,7 +231,12 @@ class CausalLM(nn.Module):
         """Logits of the rows `logits_to_keep` names: the last N for an int N (0: all), or an index tensor."""
         h = self.model(input_ids, position_ids, paged).last_hidden_state
         h = h[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else h[:, logits_to_keep]
-        return CausalLMOutput(self.lm_head(h))
+        return CausalLMOutput(self.logits(h[0])[None])
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head over hidden states [N, hidden], in the form the step plan gives N rows."""
+        plan = self.model.plan
+        return project(hidden, self.lm_head, plan is not None and plan.head_transposed_for(hidden.shape[0]))
 
 
 def sliding_windows(source: Any) -> list[int | None]:
