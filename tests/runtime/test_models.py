@@ -15,7 +15,7 @@ from test_engine_greedy import reference, run_all, small_config, workload
 
 from goodput_runtime.engine.builder import build_core
 from goodput_runtime.engine.model_runner import StepItem
-from goodput_runtime.engine.step_tuning import StepPlan
+from goodput_runtime.engine.step_tuning import ONEDNN, TRANSPOSED, StepPlan
 from goodput_runtime.models.llama import CausalLM
 from goodput_runtime.quantization import QuantizedLinear
 
@@ -100,23 +100,33 @@ def test_compiled_layers_give_transformers_greedy_tokens(tiny_model_dir):
     assert run_all(core, cases) == reference(tiny_model_dir, cases)
 
 
+@pytest.mark.parametrize("form", [TRANSPOSED, ONEDNN])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: projections with a bias
-def test_every_step_as_weight_times_hidden_transposed_on_one_thread_gives_transformers_greedy_tokens(
-        arch, tiny_model_dir, tiny_qwen2_dir):
-    # the form and thread count step tuning may pick for any step size, forced on every step here
+def test_every_step_in_each_product_form_on_one_thread_gives_transformers_greedy_tokens(
+        arch, form, tiny_model_dir, tiny_qwen2_dir):
+    # a form and thread count step tuning may pick for any step size, forced on every step here
     # (prefill chunks, mixed steps, decodes of 1-8 sequences), whatever this machine would time
     model_dir = {"llama": tiny_model_dir, "qwen2": tiny_qwen2_dir}[arch]
     cases = workload(seed=5, n=8)
     config = small_config(model_dir, blocks=200)
     config.step_tuning = "off"
     core = build_core(config)
-    core.runner.set_plan(StepPlan.uniform(1, True, limit=4096))
-    calls: list[tuple[int, int]] = []
-    mm = torch.mm
-    with patch.object(torch, "mm", lambda a, b: calls.append((a.shape[0], b.shape[1])) or mm(a, b)):
+    model = core.runner.model
+    if form == ONEDNN:
+        assert model.pack_weights() == len(model.linears())
+        model.drop_unpacked_weights()  # what a plan of oneDNN throughout does: nothing else can run now
+    core.runner.set_plan(StepPlan.uniform(1, form, limit=4096))
+    calls: list[str] = []
+    for name in ("mm", "addmm"):
+        real = getattr(torch, name)
+        torch_patch = patch.object(torch, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+        torch_patch.start()
+    try:
         produced = run_all(core, cases)
+    finally:
+        patch.stopall()
     assert produced == reference(model_dir, cases)
-    assert any(rows == core.runner.model.config.vocab_size for rows, _ in calls)  # the LM head too
+    assert bool(calls) == (form == TRANSPOSED)
 
 
 def test_start_up_tunes_steps_up_to_the_largest_decode_and_off_leaves_the_default(tiny_model_dir, caplog):
@@ -125,5 +135,9 @@ def test_start_up_tunes_steps_up_to_the_largest_decode_and_off_leaves_the_defaul
         tuned = build_core(config)
     assert tuned.runner.plan.limit == config.max_num_seqs
     assert any(r.message.startswith("Step tuning (") and "larger steps" in r.message for r in caplog.records)
+    cases = workload(seed=9, n=4)
+    assert run_all(tuned, cases) == reference(tiny_model_dir, cases)
     config.step_tuning = "off"
-    assert build_core(config).runner.plan == StepPlan.default(torch.get_num_threads())
+    untuned = build_core(config)
+    assert untuned.runner.plan == StepPlan.default(torch.get_num_threads())
+    assert not any("packed" in vars(linear) for linear in untuned.runner.model.linears())

@@ -1,77 +1,101 @@
 """Step tuning's choice: per step size, the threads and product form that timed fastest, kept only
-where they beat the default by the margin; sizes between timed counts run as the smaller one."""
+where they beat the default by the margin, oneDNN preferred where it comes close; sizes between timed
+counts run as the smaller one, prompts as the form that timed fastest on one."""
 
 from __future__ import annotations
 
 import pytest
 
-from goodput_runtime.engine.step_tuning import COUNTS, MARGIN, StepPlan, tune
+from goodput_runtime.engine.step_tuning import (
+    COUNTS,
+    LINEAR,
+    MARGIN,
+    ONEDNN,
+    PREFER,
+    PREFILL,
+    TRANSPOSED,
+    StepPlan,
+    tune,
+)
 
 
 def fake_machine(costs):
-    """step_seconds for tune(): costs(threads, transposed, tokens) in seconds, and the runs it saw."""
-    runs: list[tuple[int, bool, int]] = []
+    """step_seconds and prefill_seconds for tune(): costs(threads, form, tokens, prompt) in seconds,
+    and the runs they saw."""
+    runs: list[tuple[int, str, int]] = []
 
-    def step_seconds(plan: StepPlan, tokens: int) -> float:
-        threads, transposed = plan.threads_for(tokens), plan.layers_transposed_for(tokens)
-        assert plan.head_transposed_for(tokens) == transposed
-        runs.append((threads, transposed, tokens))
-        return costs(threads, transposed, tokens)
+    def seconds(prompt: bool):
+        def run(plan: StepPlan, tokens: int) -> float:
+            threads, form = plan.threads_for(tokens), plan.layer_form(tokens)
+            assert plan.head_form(tokens) == form
+            runs.append((threads, form, tokens))
+            return costs(threads, form, tokens, prompt)
+        return run
 
-    return step_seconds, runs
+    return seconds(False), seconds(True), runs
 
 
-def this_machine(threads: int, transposed: bool, tokens: int) -> float:
-    """Shaped like the project's 2-vCPU machine on SmolLM2: one thread wins small steps, W @ x^T wins
-    2 to 32 tokens, two threads win from 4 tokens on."""
-    linear = {1: 55, 2: 99, 3: 118, 4: 85, 6: 91, 8: 99, 16: 106, 32: 171, 64: 226}[tokens]
-    base = linear * 0.6 if transposed and 2 <= tokens <= 32 else linear
+def mkl_on_amd(threads: int, form: str, tokens: int, prompt: bool) -> float:
+    """MKL's slow path for 2-8 rows, the transposed form fast there, no oneDNN; one thread wins small
+    steps, two from 4 tokens on."""
+    linear = 400 if prompt else {1: 55, 2: 99, 3: 118, 4: 85, 6: 91, 8: 99, 16: 106, 32: 171, 64: 226}[tokens]
+    base = linear * 0.6 if form == TRANSPOSED and 2 <= tokens <= 32 else linear
     if threads == 1:
         base *= 0.9 if tokens < 4 else 1.3
     return base / 1000
 
 
-def test_each_size_runs_with_what_timed_fastest_and_larger_steps_keep_the_default():
-    step_seconds, runs = fake_machine(this_machine)
-    plan, measured = tune(step_seconds, pool=2, max_tokens=128)
-    assert sorted(measured) == list(COUNTS)
-    assert measured[2] == {"2": 99.0, "2T": 59.4, "1": 89.1, "1T": 53.46}
-    assert (plan.threads_for(1), plan.layers_transposed_for(1)) == (1, False)
-    assert (plan.threads_for(2), plan.layers_transposed_for(2)) == (1, True)
-    assert (plan.threads_for(3), plan.layers_transposed_for(3)) == (1, True)
-    assert (plan.threads_for(5), plan.layers_transposed_for(5)) == (2, True)  # between 4 and 6: as 4
-    assert (plan.threads_for(40), plan.layers_transposed_for(40)) == (2, True)  # as 32
-    assert (plan.threads_for(64), plan.layers_transposed_for(64)) == (2, False)
-    assert (plan.threads_for(65), plan.layers_transposed_for(65)) == (2, False)  # past the timed sizes
-    assert (plan.threads_for(512), plan.head_transposed_for(512)) == (2, False)  # a prefill chunk
+def test_each_size_runs_with_what_timed_fastest():
+    step, prefill, runs = fake_machine(mkl_on_amd)
+    plan, measured = tune(step, prefill, pool=2, max_tokens=128, forms=(LINEAR, TRANSPOSED))
+    assert sorted(k for k in measured if k != "prefill") == list(COUNTS)
+    assert measured[2] == {"2 linear": 99.0, "2 transposed": 59.4, "1 linear": 89.1, "1 transposed": 53.46}
+    assert (plan.threads_for(1), plan.layer_form(1)) == (1, LINEAR)
+    assert (plan.threads_for(2), plan.layer_form(2)) == (1, TRANSPOSED)
+    assert (plan.threads_for(3), plan.layer_form(3)) == (1, TRANSPOSED)
+    assert (plan.threads_for(5), plan.layer_form(5)) == (2, TRANSPOSED)  # between 4 and 6: as 4
+    assert (plan.threads_for(40), plan.layer_form(40)) == (2, TRANSPOSED)  # as 32
+    assert (plan.threads_for(64), plan.layer_form(64)) == (2, LINEAR)
+    assert (plan.threads_for(512), plan.head_form(512)) == (2, LINEAR)  # a prefill chunk
     assert plan.counts == (1, 2, 4, 64)  # equal neighbours merge
     assert "2-3: 1 thread, W@x^T" in plan.describe()
-    # every combination timed at every size, in turns: each one untimed once, then in rounds
-    assert len(runs) == len(COUNTS) * 4 * 3
-    assert runs[4:8] == [(2, False, 1), (2, True, 1), (1, False, 1), (1, True, 1)]
+    # in turns: each combination untimed once, then in rounds
+    assert runs[4:8] == [(2, LINEAR, 1), (2, TRANSPOSED, 1), (1, LINEAR, 1), (1, TRANSPOSED, 1)]
+    # a combination 1.5x slower than the fastest at one count is not timed at the next (the default is)
+    assert set(measured[3]) == {"2 linear", "2 transposed", "1 transposed"}
+    assert runs[-1] == (2, TRANSPOSED, PREFILL) and set(measured["prefill"]) == {"2 linear", "2 transposed"}
+
+
+def test_onednn_wins_where_it_comes_close_so_the_plan_can_be_onednn_throughout():
+    def close(threads: int, form: str, tokens: int, prompt: bool) -> float:
+        return {TRANSPOSED: 0.1, ONEDNN: 0.1 * (1 + PREFER / 2), LINEAR: 0.2}[form] / threads
+
+    plan, _ = tune(*fake_machine(close)[:2], pool=2, max_tokens=64)
+    assert plan.only(ONEDNN) and plan.uses(ONEDNN)
+    assert plan.threads_for(1) == 2 and plan.layer_form(1000) == ONEDNN
 
 
 def test_a_gain_inside_the_margin_keeps_the_default():
-    def nearly_equal(threads: int, transposed: bool, tokens: int) -> float:
-        return 0.1 * (1 - MARGIN / 2) if (threads, transposed) == (1, True) else 0.1
+    def nearly_equal(threads: int, form: str, tokens: int, prompt: bool) -> float:
+        return 0.1 * (1 - MARGIN / 2) if (threads, form) == (1, TRANSPOSED) else 0.1
 
-    plan, _ = tune(fake_machine(nearly_equal)[0], pool=4, max_tokens=16)
-    assert all(plan.threads_for(n) == 4 and not plan.layers_transposed_for(n) for n in range(1, 65))
-    assert plan.limit == 16
+    plan, _ = tune(*fake_machine(nearly_equal)[:2], pool=4, max_tokens=16, forms=(LINEAR, TRANSPOSED))
+    assert all(plan.threads_for(n) == 4 and plan.layer_form(n) == LINEAR for n in range(1, 65))
+    assert plan.limit == 16 and not plan.uses(ONEDNN)
 
 
-def test_one_thread_times_only_the_two_product_forms():
-    step_seconds, runs = fake_machine(lambda threads, transposed, tokens: 0.05 if transposed else 0.1)
-    plan, measured = tune(step_seconds, pool=1, max_tokens=8)
+def test_one_thread_times_only_the_forms():
+    step, prefill, runs = fake_machine(lambda threads, form, tokens, prompt: 0.05 if form == ONEDNN else 0.1)
+    plan, measured = tune(step, prefill, pool=1, max_tokens=8)
     assert {threads for threads, _, _ in runs} == {1}
-    assert set(measured[1]) == {"1", "1T"}
-    assert max(tokens for _, _, tokens in runs) == 8
-    assert plan.layers_transposed_for(8) and not plan.layers_transposed_for(9)
+    assert set(measured[1]) == {"1 linear", "1 transposed", "1 onednn"}
+    assert max(tokens for _, _, tokens in runs if tokens != PREFILL) == 8
+    assert plan.layer_form(8) == plan.layer_form(9) == ONEDNN  # larger steps: the prompt's form
 
 
-@pytest.mark.parametrize("rows, transposed", [(1, False), (2, True), (8, True), (9, False), (64, False)])
-def test_untimed_only_a_verification_steps_lm_head_is_transposed(rows, transposed):
+@pytest.mark.parametrize("rows, form", [(1, LINEAR), (2, TRANSPOSED), (8, TRANSPOSED), (9, LINEAR), (64, LINEAR)])
+def test_untimed_only_a_verification_steps_lm_head_is_transposed(rows, form):
     plan = StepPlan.default(pool=2)
-    assert plan.head_transposed_for(rows) is transposed
-    assert not plan.layers_transposed_for(rows)
+    assert plan.head_form(rows) == form
+    assert plan.layer_form(rows) == LINEAR
     assert plan.threads_for(rows) == 2

@@ -15,7 +15,7 @@ from goodput_runtime.engine.decode_graphs import MIN_WIDTH, DecodeGraphs
 from goodput_runtime.engine.outputs import TokenLogprob
 from goodput_runtime.engine.sampler import Sampler, SampleRow, logprob_rows
 from goodput_runtime.engine.scheduler import SchedulerOutput
-from goodput_runtime.engine.step_tuning import StepPlan, tune
+from goodput_runtime.engine.step_tuning import LINEAR, ONEDNN, TRANSPOSED, StepPlan, tune
 from goodput_runtime.models.llama import CausalLM
 from goodput_runtime.spec_decode import Proposer, can_speculate
 from goodput_runtime.spec_decode.rejection import SpecGroup, verify
@@ -137,23 +137,33 @@ class ModelRunner:
         assert isinstance(self.model, CausalLM)
         self.plan = self.model.model.plan = plan
 
-    def tune_steps(self, max_tokens: int) -> dict[int, dict[str, float]]:
-        """Time decode steps of up to `max_tokens` sequences under each thread count and product form,
-        and keep the fastest plan (engine/step_tuning.py). The times measured, in ms."""
-        assert self.plan is not None
+    def tune_steps(self, max_tokens: int) -> dict:
+        """Time decode steps of up to `max_tokens` sequences, and a prompt, under each thread count and
+        product form, and keep the fastest plan (engine/step_tuning.py); oneDNN's packed weights are
+        kept only when the plan uses them. The times measured, in ms."""
+        assert self.plan is not None and isinstance(self.model, CausalLM)
+        forms = (LINEAR, TRANSPOSED, ONEDNN) if self.model.pack_weights() else (LINEAR, TRANSPOSED)
 
-        def step_seconds(plan: StepPlan, tokens: int) -> float:
-            self.set_plan(plan)
-            started = time.perf_counter()
-            self.time_step(tokens, 1)
-            return time.perf_counter() - started
+        def timed(run: Callable[[int], object]) -> Callable[[StepPlan, int], float]:
+            def seconds(plan: StepPlan, tokens: int) -> float:
+                self.set_plan(plan)
+                started = time.perf_counter()
+                run(tokens)
+                return time.perf_counter() - started
+            return seconds
 
         pool = self.plan.pool
         try:
-            plan, measured = tune(step_seconds, pool, max_tokens)
+            plan, measured = tune(timed(self.time_decode), timed(self.time_prompt), pool, max_tokens, forms)
         finally:  # torch's own count stays the pool's, for whatever else runs forward passes
             self.set_plan(StepPlan.default(pool))
             torch.set_num_threads(pool)
+        if not plan.uses(ONEDNN):
+            self.model.unpack_weights()
+        elif plan.only(ONEDNN) and not any(layer.compiled for layer in self.model.model.layers):
+            freed = self.model.drop_unpacked_weights()
+            log.info("Step tuning: every step runs on oneDNN's packed weights; %.0f MiB of unpacked ones freed",
+                     freed / 2**20)
         self.set_plan(plan)
         return measured
 
@@ -257,6 +267,15 @@ class ModelRunner:
         for (pos, _), draft in zip(wanted, self.proposer.propose([w for _, w in wanted]), strict=True):
             if draft:
                 result.proposals[pos] = draft
+
+    def time_decode(self, batch: int) -> None:
+        self.time_step(batch, 1)
+
+    @torch.inference_mode()
+    def time_prompt(self, tokens: int) -> None:
+        """One forward pass of a `tokens`-token prompt into the scratch block, sampling its last row."""
+        table = [self.scratch_block] * (1 + tokens // self.block_size)
+        self.execute([StepItem([0] * tokens, 0, table, True)]).argmax(dim=-1).tolist()
 
     @torch.inference_mode()
     def time_step(self, batch: int, tokens: int) -> None:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from goodput_runtime.engine.attention import PagedBatch, attend
-from goodput_runtime.engine.step_tuning import StepPlan
+from goodput_runtime.engine.step_tuning import LINEAR, ONEDNN, StepPlan
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
@@ -52,14 +52,37 @@ def fuse(linears: list[nn.Linear]) -> nn.Linear:
     return fused
 
 
-def project(x: torch.Tensor, linear: nn.Module, transposed: bool) -> torch.Tensor:
-    """linear(x), or for a plain nn.Linear with `transposed` the same product as W @ x^T: on a CPU the
-    form that runs steps of a few tokens fastest (see engine/step_tuning.py). Contiguous either way."""
-    if not transposed or type(linear) is not nn.Linear:
+def project(x: torch.Tensor, linear: nn.Module, form: str = LINEAR) -> torch.Tensor:
+    """linear(x) [T, out] for x [T, in]; for a plain nn.Linear in the given form (engine/step_tuning.py):
+    F.linear, the same product as W @ x^T, or oneDNN's matmul over the weight packed by `pack`."""
+    if form == LINEAR or type(linear) is not nn.Linear:
+        return linear(x)
+    if form == ONEDNN:
+        packed = getattr(linear, "packed", None)
+        if packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, linear.bias, "none", [], "")
         return linear(x)
     if linear.bias is None:
         return torch.mm(linear.weight, x.t()).t().contiguous()
     return torch.addmm(linear.bias[:, None], linear.weight, x.t()).t().contiguous()
+
+
+def pack(linear: nn.Module) -> bool:
+    """Keep beside a plain nn.Linear's weight a copy in oneDNN's blocked layout (its `packed`), for
+    project's onednn form; False where oneDNN cannot take it (no oneDNN build, another dtype)."""
+    if type(linear) is not nn.Linear or linear.weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if linear.weight.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACK_ROWS)
+    except RuntimeError:
+        return False
+    linear.packed = packed  # a plain attribute: not a parameter, never in a state dict
+    return True
+
+
+PACK_ROWS = 16  # the row count oneDNN lays the packed weight out for (it serves any count)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -120,15 +143,15 @@ class Attention(nn.Module):
         self.o_proj = source.o_proj
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch,
-                transposed: bool = False) -> torch.Tensor:
+                form: str = LINEAR) -> torch.Tensor:
         t = x.shape[0]
-        qkv = project(x, self.qkv_proj, transposed)
+        qkv = project(x, self.qkv_proj, form)
         qk_width = (self.heads + self.kv_heads) * self.head_dim
         qk = rotate(qkv[:, :qk_width].view(t, self.heads + self.kv_heads, self.head_dim), cos, sin)
         q, k = qk[:, : self.heads], qk[:, self.heads :]
         v = qkv[:, qk_width:].view(t, self.kv_heads, self.head_dim)
         out = attend(batch, self.layer_idx, q, k, v, self.scaling, self.sliding_window)
-        return project(out.reshape(t, self.heads * self.head_dim), self.o_proj, transposed)
+        return project(out.reshape(t, self.heads * self.head_dim), self.o_proj, form)
 
 
 class MLP(nn.Module):
@@ -139,10 +162,10 @@ class MLP(nn.Module):
         self.act = source.act_fn
         self.intermediate = source.gate_proj.out_features
 
-    def forward(self, x: torch.Tensor, transposed: bool = False) -> torch.Tensor:
-        gate_up = project(x, self.gate_up_proj, transposed)
-        return project(self.act(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :], self.down_proj,
-                       transposed)
+    def forward(self, x: torch.Tensor, form: str = LINEAR) -> torch.Tensor:
+        gate_up = project(x, self.gate_up_proj, form)
+        act = self.act(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
+        return project(act, self.down_proj, form)
 
 
 class DecoderLayer(nn.Module):
@@ -159,10 +182,10 @@ class DecoderLayer(nn.Module):
         self.compiled: tuple[Any, Any] | None = None  # compiled pre_attention and post_attention
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch,
-                transposed: bool = False) -> torch.Tensor:
+                form: str = LINEAR) -> torch.Tensor:
         if self.compiled is None:
-            h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, transposed)
-            return h + self.mlp(self.post_attention_layernorm(h), transposed)
+            h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, form)
+            return h + self.mlp(self.post_attention_layernorm(h), form)
         pre, post = self.compiled
         a, mlp = self.self_attn, self.mlp
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
@@ -190,9 +213,9 @@ class Decoder(nn.Module):
         h = self.embed_tokens(input_ids[0])
         cos, sin = self.rotary_emb(h, position_ids)  # [1, T, D]
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]
-        transposed = self.plan is not None and self.plan.layers_transposed_for(h.shape[0])
+        form = LINEAR if self.plan is None else self.plan.layer_form(h.shape[0])
         for layer in self.layers:
-            h = layer(h, cos, sin, paged, transposed)
+            h = layer(h, cos, sin, paged, form)
         return DecoderOutput(self.norm(h)[None])
 
 
@@ -236,7 +259,38 @@ class CausalLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head over hidden states [N, hidden], in the form the step plan gives N rows."""
         plan = self.model.plan
-        return project(hidden, self.lm_head, plan is not None and plan.head_transposed_for(hidden.shape[0]))
+        return project(hidden, self.lm_head, LINEAR if plan is None else plan.head_form(hidden.shape[0]))
+
+    def linears(self) -> list[Any]:
+        """Every projection the step plan's forms apply to: the layers' four and the LM head."""
+        found: list[Any] = [self.lm_head]
+        layers: list[Any] = list(self.model.layers)
+        for layer in layers:
+            a, mlp = layer.self_attn, layer.mlp
+            found += [a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj]
+        return found
+
+    def pack_weights(self) -> int:
+        """oneDNN's packed copy of every plain projection's weight (see pack); how many got one."""
+        return sum(pack(linear) for linear in self.linears())
+
+    def drop_unpacked_weights(self) -> int:
+        """Free the weights that have a packed copy (the LM head's too unless the embeddings share it),
+        once every step runs in the onednn form; the bytes freed. F.linear and the transposed form
+        cannot run on these projections afterwards."""
+        shared = self.model.embed_tokens.weight.data_ptr()
+        freed = 0
+        for linear in self.linears():
+            weight = linear.weight
+            if "packed" in linear.__dict__ and weight.numel() and weight.data_ptr() != shared:
+                freed += weight.numel() * weight.element_size()
+                linear.weight = nn.Parameter(weight.new_empty(0), requires_grad=False)
+        return freed
+
+    def unpack_weights(self) -> None:
+        """Drop the packed copies (when the step plan never uses them)."""
+        for linear in self.linears():
+            linear.__dict__.pop("packed", None)
 
 
 def sliding_windows(source: Any) -> list[int | None]:
