@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from goodput_contract import quantization as quantization_rules
 from goodput_runtime.config import EngineConfig
-from goodput_runtime.cpu import STEP_MEMORY, default_openmp_waits, step_memory_env
+from goodput_runtime.cpu import default_openmp_waits
 from goodput_runtime.server.auth import API_KEY_ENV, split_keys
 
 if TYPE_CHECKING:
@@ -316,16 +316,9 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    memory = step_memory_env() if argv is None else {}
-    if memory:  # glibc reads these at start only: run again with them (same process id, same arguments)
-        os.environ.update(memory)
-        os.execv(sys.executable, [sys.executable, "-m", "goodput_runtime", *sys.argv[1:]])
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if all(os.environ.get(name) == value for name, value in STEP_MEMORY.items()):
-        log.info("malloc keeps what a step frees for the next (%s; set them, or LD_PRELOAD another allocator, "
-                 "to choose)", ", ".join(f"{k}={v}" for k, v in STEP_MEMORY.items()))
     waits = default_openmp_waits()  # before anything imports torch
     if waits:
         log.info("OpenMP threads wait passively (%s; set OMP_WAIT_POLICY=ACTIVE on dedicated cores)", waits)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,26 +82,3 @@ def default_openmp_waits(env: MutableMapping[str, str] = os.environ) -> str | No
         return None
     env["OMP_WAIT_POLICY"] = "PASSIVE"
     return "OMP_WAIT_POLICY=PASSIVE"
-
-
-
-MALLOC_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "LD_PRELOAD")
-STEP_MEMORY = {
-    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),  # glibc's largest: blocks up to 32 MiB from the heap, not new mappings
-    "MALLOC_TRIM_THRESHOLD_": str(512 << 20),  # up to 512 MiB freed at the heap's top kept for the next step
-}
-
-
-def step_memory_env(env: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The environment that makes glibc's malloc keep the memory a step frees for the next one; empty
-    where the environment already tunes malloc (or preloads another allocator) or this is not Linux.
-
-    A decode step allocates tens of MB of temporaries (each layer's gathered keys and values: 16 MB
-    for 64 sequences of 300 tokens on SmolLM2) and frees them. With glibc's defaults they come from
-    fresh mappings, or from a heap trimmed after each free, so every step page-faults them in again:
-    measured on the development machine, a 64-sequence decode step took 589 ms, 281 ms with these
-    settings. glibc reads them once, when the process starts (``mallopt`` later does not take for
-    blocks this size), so the command line re-executes itself with them (``__main__.py``)."""
-    if sys.platform != "linux" or any(name in env for name in MALLOC_SETTINGS):
-        return {}
-    return dict(STEP_MEMORY)

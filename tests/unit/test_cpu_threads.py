@@ -1,14 +1,13 @@
 """CPU threads follow the container's CPU limit (cgroup v1 and v2), not the node's core count, and wait
-without spinning when another process wants the cores; memory a step frees is kept for the next."""
+without spinning when another process wants the cores."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from goodput_runtime.cpu import STEP_MEMORY, cgroup_cpu_limit, default_openmp_waits, pick_threads, step_memory_env
+from goodput_runtime.cpu import cgroup_cpu_limit, default_openmp_waits, pick_threads
 
 
 def v2(root: Path, text: str) -> Path:
@@ -78,21 +77,3 @@ def test_the_command_line_sets_the_wait_policy_before_torch_is_loaded():
     script = "import sys, goodput_runtime.__main__; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-
-
-def test_a_malloc_chosen_by_the_environment_is_left_alone():
-    assert step_memory_env({}) == STEP_MEMORY
-    for name in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "LD_PRELOAD"):
-        assert step_memory_env({name: "1"}) == {}
-
-
-def test_the_command_line_runs_again_with_those_settings_and_says_so():
-    clean = {k: v for k, v in os.environ.items() if k not in STEP_MEMORY}
-    out = subprocess.run([sys.executable, "-m", "goodput_runtime", "--model", "/nonexistent", "--log-level", "info",
-                          "--port", "0"], capture_output=True, text=True, env=clean, timeout=120)
-    assert "malloc keeps what a step frees for the next (MALLOC_MMAP_THRESHOLD_=33554432" in out.stderr
-    assert "model directory /nonexistent does not exist" in out.stderr  # the same arguments, run again
-    chosen = subprocess.run([sys.executable, "-m", "goodput_runtime", "--model", "/nonexistent", "--log-level",
-                             "info", "--port", "0"], capture_output=True, text=True,
-                            env={**clean, "MALLOC_TRIM_THRESHOLD_": "0"}, timeout=120)
-    assert "malloc keeps" not in chosen.stderr and "does not exist" in chosen.stderr
