@@ -15,6 +15,8 @@ import pytest
 pytestmark = pytest.mark.runtime
 
 SHORT = {"model": "tiny", "prompt": "Still here?", "max_tokens": 2}
+# the tiny model decodes a token in about a millisecond: room for a 4000-token stream that outlasts a delay
+LONG = ("--max-model-len", "4096", "--kv-cache-memory", "4Mi")
 
 
 async def open_stream(http: aiohttp.ClientSession, url: str, max_tokens: int) -> aiohttp.ClientResponse:
@@ -32,7 +34,7 @@ async def finish_reason(response: aiohttp.ClientResponse) -> str:
 
 
 async def test_during_the_delay_new_requests_are_served_with_connection_close(runtime) -> None:
-    server = runtime("--shutdown-delay", "3", "--shutdown-grace", "120")
+    server = runtime("--shutdown-delay", "2", "--shutdown-grace", "120", *LONG)
     async with aiohttp.ClientSession() as http:
         await server.wait_health(http, 200)
         async with http.post(f"{server.url}/v1/completions", json=SHORT) as before:
@@ -42,7 +44,7 @@ async def test_during_the_delay_new_requests_are_served_with_connection_close(ru
         server.process.send_signal(signal.SIGTERM)
         await server.wait_health(http, 503)
         # admitted during the delay and still running when the drain begins, so the process stays up
-        stream = await open_stream(http, server.url, 2000)
+        stream = await open_stream(http, server.url, 4000)
         assert stream.headers["Connection"].lower() == "close"
         streamed = asyncio.ensure_future(finish_reason(stream))
         async with http.get(f"{server.url}/health") as health:
@@ -59,7 +61,7 @@ async def test_during_the_delay_new_requests_are_served_with_connection_close(ru
         async with http.get(f"{server.url}/metrics") as scrape:
             assert scrape.status == 200
             assert "goodput_requests_total" in await scrape.text()
-        assert time.monotonic() - signalled < 3, "the checks above ran past the delay; the test proves nothing"
+        assert time.monotonic() - signalled < 2, "the checks above ran past the delay; the test proves nothing"
         await asyncio.to_thread(server.wait_for_log, r"Draining")
         assert not streamed.done(), "the stream ended before the drain began; the test proves nothing"
         async with http.post(f"{server.url}/v1/completions", json=SHORT) as after:
@@ -75,10 +77,10 @@ async def test_during_the_delay_new_requests_are_served_with_connection_close(ru
 
 
 async def test_idle_keep_alive_connections_are_closed_when_the_drain_begins(runtime) -> None:
-    server = runtime("--shutdown-delay", "1", "--shutdown-grace", "60")
+    server = runtime("--shutdown-delay", "1", "--shutdown-grace", "60", *LONG)
     async with aiohttp.ClientSession() as http:
         await server.wait_health(http, 200)
-        stream = await open_stream(http, server.url, 2000)  # keeps the drain, and the process, going
+        stream = await open_stream(http, server.url, 4000)  # keeps the drain, and the process, going
         port = int(server.url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=30) as idle:
             idle.sendall(b"GET /v1/models HTTP/1.1\r\nHost: test\r\n\r\n")
@@ -96,10 +98,10 @@ async def test_idle_keep_alive_connections_are_closed_when_the_drain_begins(runt
 
 
 async def test_a_second_sigterm_during_the_delay_aborts_at_once_and_exits_0(runtime) -> None:
-    server = runtime("--shutdown-delay", "600", "--shutdown-grace", "600")
+    server = runtime("--shutdown-delay", "600", "--shutdown-grace", "600", *LONG)
     async with aiohttp.ClientSession() as http:
         await server.wait_health(http, 200)
-        stream = await open_stream(http, server.url, 2000)
+        stream = await open_stream(http, server.url, 4000)
         server.process.send_signal(signal.SIGTERM)
         await server.wait_health(http, 503)
         server.process.send_signal(signal.SIGTERM)
