@@ -21,6 +21,7 @@ from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.core import EngineCore
 from goodput_runtime.engine.model_runner import KVLayout, ModelRunner
 from goodput_runtime.engine.scheduler import Scheduler
+from goodput_runtime.engine.step_tuning import tune_runner
 from goodput_runtime.loader import (
     ModelLoadError,
     check_architecture,
@@ -264,7 +265,7 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
         else:
             log.info("decode CUDA graphs are off under tensor parallelism; decode steps run eagerly")
     if runner.plan is not None and config.step_tuning == "auto":
-        runner.tune_steps(config.max_num_seqs)  # before speculation's timing, which then times tuned steps
+        tune_runner(runner, config.max_num_seqs)  # before speculation's timing, which then times tuned steps
     if config.speculative_method:
         configure_speculation(config, runner, scheduler, metrics, model_config, num_blocks)
     defaults = generation_defaults(getattr(model, "generation_config", None))  # for requests silent on them

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +14,7 @@ from goodput_runtime.engine.decode_graphs import MIN_WIDTH, DecodeGraphs
 from goodput_runtime.engine.outputs import TokenLogprob
 from goodput_runtime.engine.sampler import Sampler, SampleRow, logprob_rows
 from goodput_runtime.engine.scheduler import SchedulerOutput
-from goodput_runtime.engine.step_tuning import LINEAR, ONEDNN, TRANSPOSED, StepPlan, tune
+from goodput_runtime.engine.step_tuning import StepPlan
 from goodput_runtime.models.llama import CausalLM
 from goodput_runtime.spec_decode import Proposer, can_speculate
 from goodput_runtime.spec_decode.rejection import SpecGroup, verify
@@ -136,36 +135,6 @@ class ModelRunner:
         in the model."""
         assert isinstance(self.model, CausalLM)
         self.plan = self.model.model.plan = plan
-
-    def tune_steps(self, max_tokens: int) -> dict:
-        """Time decode steps of up to `max_tokens` sequences, and a prompt, under each thread count and
-        product form, and keep the fastest plan (engine/step_tuning.py); oneDNN's packed weights are
-        kept only when the plan uses them. The times measured, in ms."""
-        assert self.plan is not None and isinstance(self.model, CausalLM)
-        forms = (LINEAR, TRANSPOSED, ONEDNN) if self.model.pack_weights() else (LINEAR, TRANSPOSED)
-
-        def timed(run: Callable[[int], object]) -> Callable[[StepPlan, int], float]:
-            def seconds(plan: StepPlan, tokens: int) -> float:
-                self.set_plan(plan)
-                started = time.perf_counter()
-                run(tokens)
-                return time.perf_counter() - started
-            return seconds
-
-        pool = self.plan.pool
-        try:
-            plan, measured = tune(timed(self.time_decode), timed(self.time_prompt), pool, max_tokens, forms)
-        finally:  # torch's own count stays the pool's, for whatever else runs forward passes
-            self.set_plan(StepPlan.default(pool))
-            torch.set_num_threads(pool)
-        if not plan.uses(ONEDNN):
-            self.model.unpack_weights()
-        elif plan.only(ONEDNN) and not any(layer.compiled for layer in self.model.model.layers):
-            freed = self.model.drop_unpacked_weights()
-            log.info("Step tuning: every step runs on oneDNN's packed weights; %.0f MiB of unpacked ones freed",
-                     freed / 2**20)
-        self.set_plan(plan)
-        return measured
 
     def enable_decode_graphs(self, max_batch: int, max_len: int, capture: bool, min_width: int = MIN_WIDTH) -> None:
         """Run decode-only steps over static buffers; with `capture`, replay them as CUDA graphs."""

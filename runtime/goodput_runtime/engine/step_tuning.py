@@ -33,6 +33,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 log = logging.getLogger(__name__)
 
@@ -151,3 +154,35 @@ def tune(step_seconds: Callable[[StepPlan, int], float], prefill_seconds: Callab
                     tuple(chosen[i][1] for i in keep), tuple(chosen[i][1] for i in keep), limit=limit, large=large)
     log.info("Step tuning (%.1f s): %s", clock() - started, plan.describe())
     return plan, measured
+
+
+def tune_runner(runner: Any, max_tokens: int) -> dict[int | str, dict[str, float]]:
+    """Tune a ModelRunner over the runtime's compact modules: time its decode steps of up to
+    `max_tokens` sequences, and a prompt, under each thread count and product form, and run with the
+    fastest plan; oneDNN's packed weights are kept only where the plan uses them, and replace the
+    unpacked ones where it uses nothing else. The times measured, in ms."""
+    model = runner.model
+    forms = (LINEAR, TRANSPOSED, ONEDNN) if model.pack_weights() else (LINEAR, TRANSPOSED)
+
+    def timed(run: Callable[[int], object]) -> Callable[[StepPlan, int], float]:
+        def seconds(plan: StepPlan, tokens: int) -> float:
+            runner.set_plan(plan)
+            started = time.perf_counter()
+            run(tokens)
+            return time.perf_counter() - started
+        return seconds
+
+    pool = runner.plan.pool
+    try:
+        plan, measured = tune(timed(runner.time_decode), timed(runner.time_prompt), pool, max_tokens, forms)
+    finally:  # torch's own count stays the pool's, for whatever else runs forward passes
+        runner.set_plan(StepPlan.default(pool))
+        torch.set_num_threads(pool)
+    if not plan.uses(ONEDNN):
+        model.unpack_weights()
+    elif plan.only(ONEDNN) and not any(layer.compiled for layer in model.model.layers):
+        freed = model.drop_unpacked_weights()
+        log.info("Step tuning: every step runs on oneDNN's packed weights; %.0f MiB of unpacked ones freed",
+                 freed / 2**20)
+    runner.set_plan(plan)
+    return measured
