@@ -102,6 +102,25 @@ async def test_a_line_whose_owner_stopped_renewing_goes_to_another_and_only_its_
         store.db.close()
 
 
+async def test_a_line_left_by_a_dead_owner_keeps_its_batch_open_until_another_finishes_it(database_url):
+    # a gateway killed mid-batch: its claimed line's lease lapses before anyone claims it again
+    store = Store(Database(database_url))
+    try:
+        batch_id = await started_batch(store, 2)
+        done, dead = await store.claim(batch_id, "killed", 2, lease=0.2)
+        assert await store.finish_line(done, "killed", 200, "x", {"idx": 0}, None)
+        await asyncio.sleep(0.3)
+        assert await store.to_finalize() == []  # not completed with line 1 never answered
+        again = await store.claim(batch_id, "restarted", 2, lease=60)
+        assert [line.idx for line in again] == [dead.idx]
+        assert await store.finish_line(again[0], "restarted", 200, "y", {"idx": 1}, None)
+        assert await store.to_finalize() == [(batch_id, "completed")]
+        assert await store.finalize(batch_id, "completed", lease=30)
+        assert (await store.get_batch(batch_id))["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
+    finally:
+        store.db.close()
+
+
 async def test_failed_lines_go_to_the_error_file_and_a_cancelled_batch_reports_the_rest(database_url, tmp_path):
     store = Store(Database(database_url), file_dir=tmp_path / "files")
     try:

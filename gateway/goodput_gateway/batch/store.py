@@ -290,22 +290,23 @@ class Store:
 
     async def to_finalize(self) -> list[tuple[str, str]]:
         """(batch id, final status) of batches with nothing left to run: all lines done (completed), past
-        their window (expired), or cancelled with no line in flight."""
+        their window (expired), or cancelled with no line in flight. A line claimed by a gateway that died
+        is left to run until it is done: its lapsed lease makes it claimable again, never finished."""
         now = time.time()
         sql = ("SELECT b.id, b.status, b.expires_at, "
-               "(SELECT COUNT(*) FROM batch_lines l WHERE l.batch_id = b.id AND l.state = 'pending'), "
+               "(SELECT COUNT(*) FROM batch_lines l WHERE l.batch_id = b.id AND l.state <> 'done'), "
                "(SELECT COUNT(*) FROM batch_lines l WHERE l.batch_id = b.id AND l.state = 'claimed' "
                " AND l.lease_until >= ?) FROM batches b WHERE b.status IN ('in_progress', 'finalizing', 'cancelling') "
                "AND b.lease_until < ?")
         rows = await self.db.run(lambda db: _all(db, sql, (now, now)))
         out = []
-        for batch_id, status, expires_at, pending, in_flight in rows:
+        for batch_id, status, expires_at, left, in_flight in rows:
             if status == "cancelling":
                 if not in_flight:
                     out.append((batch_id, "cancelled"))
             elif now >= expires_at:
                 out.append((batch_id, "expired"))
-            elif not pending and not in_flight:
+            elif not left:
                 out.append((batch_id, "completed"))
         return out
 
