@@ -125,10 +125,11 @@ class Actuator:
 
 
 class Load:
-    """`workers` clients, each sending one completion after another to the ready pods in turn."""
+    """`workers` clients, each sending one completion of `max_tokens` after another to the ready pods in turn."""
 
-    def __init__(self, actuator: Actuator) -> None:
+    def __init__(self, actuator: Actuator, max_tokens: int = 12) -> None:
         self.actuator = actuator
+        self.max_tokens = max_tokens
         self.workers = 0
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -147,7 +148,7 @@ class Load:
 
     def _work(self, index: int) -> None:
         body = json.dumps({"model": "tiny", "prompt": "the quick brown fox jumps over the lazy dog " * 4,
-                           "max_tokens": 12, "ignore_eos": True}).encode()
+                           "max_tokens": self.max_tokens, "ignore_eos": True}).encode()
         while index < self.workers:
             ports = self.actuator.ready_ports()
             if not ports:
