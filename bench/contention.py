@@ -27,9 +27,11 @@ from bench.workload import WorkloadSpec, make_workload, prompt_vocabulary
 
 # name -> (environment for the server, extra runtime flags)
 SETTINGS: dict[str, tuple[dict[str, str], list[str]]] = {
-    "OMP_WAIT_POLICY=ACTIVE (spin)": ({"OMP_WAIT_POLICY": "ACTIVE"}, []),
-    "GOMP_SPINCOUNT=2000 (short spin)": ({"GOMP_SPINCOUNT": "2000"}, []),
-    "runtime default (passive waits)": ({}, []),
+    "runtime default (OpenMP's short spin, contention watch)": ({}, []),
+    "short spin, --cpu-contention off": ({}, ["--cpu-contention", "off"]),
+    "OMP_WAIT_POLICY=PASSIVE, contention watch": ({"OMP_WAIT_POLICY": "PASSIVE"}, []),
+    "OMP_WAIT_POLICY=PASSIVE, --cpu-contention off": ({"OMP_WAIT_POLICY": "PASSIVE"}, ["--cpu-contention", "off"]),
+    "OMP_WAIT_POLICY=ACTIVE (spin without end)": ({"OMP_WAIT_POLICY": "ACTIVE"}, []),
     "runtime default, --num-threads 1": ({}, ["--num-threads", "1"]),
 }
 
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> None:
         chosen = [chosen[int(i) - 1] for i in args.settings.split(",")]
     for name, (env, flags) in chosen:
         print(f"== {name}", flush=True)
-        extra = ["--kv-cache-memory", str(kv), "--max-num-seqs", str(args.concurrency), *flags]
+        extra = ["--kv-cache-memory", str(kv), "--max-num-seqs", str(args.concurrency),
+                 "--max-model-len", str(high + args.output_len), *flags]
         with start_server(args.model, "bench", args.threads, extra, Path("bench/results/logs"),
                           env_overrides=env) as server:
             asyncio.run(run_load(server.base_url, "bench", items[:4], concurrency=4, warmup=2))

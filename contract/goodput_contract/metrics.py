@@ -59,6 +59,8 @@ SPEC_DECODE_EMITTED_TOKENS = PREFIX + "spec_decode_num_emitted_tokens_total"
 SPEC_DECODE_STEPS = PREFIX + "spec_decode_steps_total"  # label speculated: true | false
 SPEC_DECODE_ACTIVE = PREFIX + "spec_decode_active"  # the switch's last decision, 1 or 0
 SPEC_DECODE_MAX_BATCH = PREFIX + "spec_decode_max_batch"  # the running batch up to which it speculates
+CPU_CONTENDED = PREFIX + "cpu_contended"  # 1 while other processes take the cores and steps run on one thread
+CPU_CONTENTION_SWITCHES = PREFIX + "cpu_contention_switches_total"  # moves to one thread and back
 
 # the operator's autoscaler series, read by the dashboards (and by HPA/KEDA in those modes)
 AUTOSCALER_DESIRED_REPLICAS = PREFIX + "autoscaler_desired_replicas"

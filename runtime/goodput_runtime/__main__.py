@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, NoReturn
 
 from goodput_contract import quantization as quantization_rules
 from goodput_runtime.config import EngineConfig
-from goodput_runtime.cpu import default_openmp_waits
 from goodput_runtime.server.auth import API_KEY_ENV, split_keys
 
 if TYPE_CHECKING:
@@ -194,6 +193,10 @@ def build_parser() -> ReasonedArgumentParser:
                         help="on CPU with the compact modules: time decode steps of 1 to 64 sequences at start "
                              "(about a second per 100 ms of step) and run each size with the threads (all or one) "
                              "and matrix-product form that ran it fastest; off: all threads, F.linear")
+    engine.add_argument("--cpu-contention", default=default("cpu_contention"), choices=["auto", "off"],
+                        help="on CPU with the compact modules: run steps on one thread while other processes take "
+                             "the cores (the kernel's run delay of the compute threads over 20%% of their time), "
+                             "trying the planned threads again every 10 s; off: always the planned threads")
     engine.add_argument("--pooling", choices=["last", "mean"],
                         help="how /v1/embeddings pools the model's final hidden states: the last token's, or the "
                              "mean over every token (default: last, as for every decoder-only causal LM)")
@@ -319,9 +322,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    waits = default_openmp_waits()  # before anything imports torch
-    if waits:
-        log.info("OpenMP threads wait passively (%s; set OMP_WAIT_POLICY=ACTIVE on dedicated cores)", waits)
     try:
         return asyncio.run(run(args))
     except Exception as exc:

@@ -30,6 +30,7 @@ class EngineConfig:
     pooling: str | None = None  # embeddings: last | mean; None: the model's default (last for causal LMs)
     num_threads: int | None = None  # CPU intra-op threads per rank; None: from the container's CPU limit
     step_tuning: str = "auto"  # on CPU: time each step size's threads and product form at start | off
+    cpu_contention: str = "auto"  # on CPU: steps on one thread while other processes take the cores | off
     tool_call_parser: str | None = None  # hermes | llama3_json | mistral; None: the one the chat template implies
     speculative_method: str | None = None  # ngram | draft; None: no speculative decoding
     num_speculative_tokens: int = 3  # k: tokens proposed per step and sequence

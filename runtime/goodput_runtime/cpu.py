@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,21 +63,3 @@ def pick_threads(requested: int | None = None, ranks: int = 1, root: Path = CGRO
     if ranks > 1:
         return ThreadChoice(max(1, total // ranks), f"{why}, shared by {ranks} tensor-parallel ranks")
     return ThreadChoice(total, why)
-
-
-OPENMP_WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
-
-
-def default_openmp_waits(env: MutableMapping[str, str] = os.environ) -> str | None:
-    """Make idle OpenMP threads sleep rather than spin, unless the environment already says how they wait.
-
-    Spinning threads keep a core busy between parallel regions. When another process takes a core,
-    a spinning thread steals time from the one its team waits for, and every step stalls: measured
-    here (bench/contention.py, 2 cores, one busy process beside the server) TPOT grew 3-4x with the
-    default spin and 1.1-1.3x with passive waits, at about 20 % more TPOT on idle cores. Must run
-    before torch is imported (the OpenMP runtime reads it once). Returns what it set, or None.
-    """
-    if any(name in env for name in OPENMP_WAIT_SETTINGS):
-        return None
-    env["OMP_WAIT_POLICY"] = "PASSIVE"
-    return "OMP_WAIT_POLICY=PASSIVE"

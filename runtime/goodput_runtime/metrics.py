@@ -117,6 +117,10 @@ class RuntimeMetrics:
         self.spec_steps = Counter(counter_name(names.SPEC_DECODE_STEPS),
                                   "Engine steps by whether speculative decoding was on for them.",
                                   ["model", "speculated"], registry=r)
+        self.cpu_contended = gauge(names.CPU_CONTENDED, "1 while other processes take the runtime's cores and its "
+                                   "CPU steps run on one thread (--cpu-contention).")
+        self.cpu_contention_switches = counter(names.CPU_CONTENTION_SWITCHES,
+                                               "Moves of the CPU steps to one thread under contention, and back.")
         self.spec_active = gauge(names.SPEC_DECODE_ACTIVE, "1 while speculative decoding is on for the running batch.")
         self.spec_max_batch = gauge(names.SPEC_DECODE_MAX_BATCH,
                                     "The running batch up to which speculative decoding is on (absent when off).")
@@ -153,6 +157,10 @@ class RuntimeMetrics:
     def record_rejected(self, code: str | None) -> None:
         """A request answered 429: counted by why (the error's code names it)."""
         self.rejected.labels(self.model, REJECT_REASONS.get(code or "", "other")).inc()
+
+    def cpu_contention_changed(self, contended: bool) -> None:
+        self.cpu_contended.set(1 if contended else 0)
+        self.cpu_contention_switches.inc()
 
     def speculation_configured(self, max_batch: int, num_tokens: int) -> None:
         """Speculative decoding is configured: k positions, on up to a running batch of max_batch."""

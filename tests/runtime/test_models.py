@@ -14,6 +14,7 @@ import torch
 from test_engine_greedy import reference, run_all, small_config, workload
 
 from goodput_runtime.engine.builder import build_core
+from goodput_runtime.engine.contention import ContentionWatch
 from goodput_runtime.engine.model_runner import StepItem
 from goodput_runtime.engine.step_tuning import ONEDNN, TRANSPOSED, StepPlan
 from goodput_runtime.models.llama import CausalLM
@@ -141,3 +142,37 @@ def test_start_up_tunes_steps_up_to_the_largest_decode_and_off_leaves_the_defaul
     untuned = build_core(config)
     assert untuned.runner.plan == StepPlan.default(torch.get_num_threads())
     assert not any("packed" in vars(linear) for linear in untuned.runner.model.linears())
+
+
+def test_steps_run_on_one_thread_while_the_cores_are_contended_and_give_the_same_tokens(tiny_model_dir):
+    # the kernel's run-delay counter is given here: it reports the compute threads waiting for a CPU
+    # half the time, as when another process takes one of two cores
+    config = small_config(tiny_model_dir, blocks=200)
+    config.step_tuning = "off"
+    core = build_core(config)
+    assert core.runner.watch is not None
+    waited = [0]
+    now = [0.0]
+
+    def read() -> int:
+        waited[0] += int(0.5 * 2 * 0.05 * 1e9)  # each read after a step: 50 % of two threads' 50 ms
+        return waited[0]
+
+    def clock() -> float:
+        now[0] += 0.025  # a read before and one after each step: 50 ms a step
+        return now[0]
+
+    core.runner.watch = ContentionWatch(read=read, clock=clock, window=0.2, probe=1000.0)
+    core.runner.set_plan(StepPlan.uniform(2, TRANSPOSED, limit=4096))
+    threads: list[int] = []
+    real = core.runner._forward
+    core.runner._forward = lambda *a: threads.append(torch.get_num_threads()) or real(*a)
+    cases = workload(seed=11, n=4)
+    before = torch.get_num_threads()
+    try:
+        assert run_all(core, cases) == reference(tiny_model_dir, cases)
+    finally:
+        torch.set_num_threads(before)
+    assert core.runner.watch.contended and threads[:2] == [2, 2] and threads[-1] == 1, threads
+    config.cpu_contention = "off"
+    assert build_core(config).runner.watch is None

@@ -18,6 +18,7 @@ from goodput_runtime.cpu import pick_threads
 from goodput_runtime.engine import attention, parallel
 from goodput_runtime.engine.batch_cap import BatchCap
 from goodput_runtime.engine.block_manager import BlockManager
+from goodput_runtime.engine.contention import ContentionWatch
 from goodput_runtime.engine.core import EngineCore
 from goodput_runtime.engine.model_runner import KVLayout, ModelRunner
 from goodput_runtime.engine.scheduler import Scheduler
@@ -266,6 +267,8 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
             log.info("decode CUDA graphs are off under tensor parallelism; decode steps run eagerly")
     if runner.plan is not None and config.step_tuning == "auto":
         tune_runner(runner, config.max_num_seqs)  # before speculation's timing, which then times tuned steps
+    if runner.plan is not None and config.cpu_contention == "auto":
+        runner.watch = ContentionWatch(on_switch=metrics.cpu_contention_changed if metrics else None)
     if config.speculative_method:
         configure_speculation(config, runner, scheduler, metrics, model_config, num_blocks)
     defaults = generation_defaults(getattr(model, "generation_config", None))  # for requests silent on them

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from goodput_runtime.engine.attention import DecodeGroup, KVCache, PagedBatch, PrefillChunk
+from goodput_runtime.engine.contention import ContentionWatch
 from goodput_runtime.engine.decode_graphs import MIN_WIDTH, DecodeGraphs
 from goodput_runtime.engine.outputs import TokenLogprob
 from goodput_runtime.engine.sampler import Sampler, SampleRow, logprob_rows
@@ -127,6 +128,8 @@ class ModelRunner:
         self.proposer: Proposer | None = None  # speculative decoding's: proposes after each step
         # on a CPU, with the runtime's own modules: each step's threads and form of its products
         self.plan: StepPlan | None = None
+        # with a plan: steps move to one thread while other processes take the cores (engine/contention.py)
+        self.watch: ContentionWatch | None = None
         if isinstance(model, CausalLM) and self.device.type == "cpu" and tensor_parallel == 1:
             self.set_plan(StepPlan.default(torch.get_num_threads()))
 
@@ -315,8 +318,18 @@ class ModelRunner:
         input_ids, positions, batch, sample_rows = self._prepare(items)
         if self.plan is not None:
             threads = self.plan.threads_for(len(input_ids))
+            if self.watch is not None:
+                threads = self.watch.begin(threads)
             if threads != torch.get_num_threads():
                 torch.set_num_threads(threads)
+        try:
+            return self._forward(items, input_ids, positions, batch, sample_rows, logits, pooled)
+        finally:
+            if self.watch is not None:
+                self.watch.end()
+
+    def _forward(self, items: list[StepItem], input_ids: torch.Tensor, positions: torch.Tensor, batch: PagedBatch,
+                 sample_rows: list[int], logits: bool, pooled: dict[int, torch.Tensor] | None) -> torch.Tensor:
         kept = [r for last, item in zip(sample_rows, items, strict=True) for r in item.kept_rows(last)]
         keep = torch.tensor(kept or [0], device=self.device)
         if not logits:  # a follower rank: the leader alone samples

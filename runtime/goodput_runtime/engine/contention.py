@@ -1,0 +1,126 @@
+"""Whether other processes take the cores a CPU forward pass runs on, and one thread while they do.
+
+A step with several intra-op threads waits at every parallel region for its slowest thread. When
+another process takes one of the cores, the thread sharing that core runs a fraction of the time,
+and every step stalls on it: measured on 2 cores with one busy process beside the runtime, a decode
+step of 16 sequences went from 66 ms to 300 ms with OpenMP's spinning waits, and to 175 ms with
+passive ones, where one thread alone takes about 100 ms. Passive waits cost a quiet machine 25-40 %
+on every step instead (OpenMP wakes its sleeping threads at each of a step's hundreds of parallel
+regions), so the runtime keeps OpenMP's default short spin and watches for contention instead.
+
+The kernel keeps, per thread, the time it was runnable but waiting for a CPU
+(``/proc/self/task/<tid>/schedstat``, its second field). ContentionWatch sums it over the threads
+that run forward passes (the step thread and the native threads that are not Python's: OpenMP's
+pool) across steps: when that delay exceeds ``enter`` of the thread-seconds the steps were given
+over at least ``window`` seconds, steps run on one thread. Every ``probe`` seconds one step runs with
+its planned threads again, and once such a step waits under ``leave``, planned threads are back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+TASKS = "/proc/self/task"
+
+
+def compute_threads_delay() -> int | None:
+    """Nanoseconds the calling thread and every native non-Python thread of this process have waited
+    for a CPU since they started, or None where the kernel does not say."""
+    python_threads = {t.native_id for t in threading.enumerate()} - {threading.get_native_id()}
+    total = 0
+    try:
+        tids = os.listdir(TASKS)
+    except OSError:
+        return None
+    for tid in tids:
+        if int(tid) in python_threads:
+            continue
+        try:
+            with open(f"{TASKS}/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total
+
+
+class ContentionWatch:
+    """Decides each step's threads from the planned count and the run delay the last steps saw."""
+
+    def __init__(self, enter: float = 0.2, leave: float = 0.08, window: float = 1.0, probe: float = 10.0,
+                 read: Callable[[], int | None] = compute_threads_delay,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_switch: Callable[[bool], None] | None = None) -> None:
+        self.on_switch = on_switch  # called with the new state (True: contended) at each switch
+        self.enter, self.leave, self.window, self.probe = enter, leave, window, probe
+        self.read, self.clock = read, clock
+        self.contended = False
+        self.switches = 0  # times the watch moved steps to one thread or back
+        self.last_share: float | None = None  # the waiting share of the last window (or probe step)
+        self._since_probe = 0.0
+        self._start: tuple[float, int] | None = None  # the running step's (clock, delay) at its start
+        self._threads = 1
+        self._probing = False
+        self._delay = 0  # over the current window: ns waited, and thread-seconds given
+        self._given = 0.0
+
+    def begin(self, planned: int) -> int:
+        """The threads for the next step, planned for `planned`; call end() after it."""
+        self._start = None
+        if planned <= 1:
+            return planned
+        now = self.clock()
+        self._probing = self.contended and now - self._since_probe >= self.probe
+        if self.contended and not self._probing:
+            return 1
+        delay = self.read()
+        if delay is None:  # no kernel figures: nothing to watch
+            return planned
+        self._start = (now, delay)
+        self._threads = planned
+        return planned
+
+    def end(self) -> None:
+        if self._start is None:
+            return
+        started, before = self._start
+        self._start = None
+        after = self.read()
+        if after is None:
+            return
+        now = self.clock()
+        if self._probing:
+            self._since_probe = now
+            share = (after - before) / 1e9 / max((now - started) * self._threads, 1e-9)
+            self.last_share = share
+            if share < self.leave:
+                self._switch(False, share)
+            return
+        self._delay += after - before
+        self._given += (now - started) * self._threads
+        if self._given < self.window * self._threads:
+            return
+        share = self._delay / 1e9 / self._given
+        self.last_share = share
+        self._delay, self._given = 0, 0.0
+        if share > self.enter:
+            self._since_probe = now
+            self._switch(True, share)
+
+    def _switch(self, contended: bool, share: float) -> None:
+        self.contended = contended
+        self.switches += 1
+        if self.on_switch is not None:
+            self.on_switch(contended)
+        if contended:
+            log.warning("Other processes take this runtime's cores: its compute threads waited for a CPU %.0f%% "
+                        "of their time; steps run on one thread, and planned threads are tried every %g s",
+                        100 * share, self.probe)
+        else:
+            log.warning("The cores are free again (a step's threads waited %.0f%% of their time); steps run "
+                        "with their planned threads", 100 * share)
