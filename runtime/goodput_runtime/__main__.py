@@ -195,8 +195,9 @@ def build_parser() -> ReasonedArgumentParser:
                              "and matrix-product form that ran it fastest; off: all threads, F.linear")
     engine.add_argument("--cpu-contention", default=default("cpu_contention"), choices=["auto", "off"],
                         help="on CPU with the compact modules: run steps on one thread while other processes take "
-                             "the cores (the kernel's run delay of the compute threads over 20%% of their time), "
-                             "trying the planned threads again every 10 s; off: always the planned threads")
+                             "the cores (the kernel's run delay of the compute threads over 20%% of their time for "
+                             "3 s), trying the planned threads again after 2 s, then at doubling gaps up to 20 s; off: "
+                             "always the planned threads")
     engine.add_argument("--pooling", choices=["last", "mean"],
                         help="how /v1/embeddings pools the model's final hidden states: the last token's, or the "
                              "mean over every token (default: last, as for every decoder-only causal LM)")

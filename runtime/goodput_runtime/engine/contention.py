@@ -12,8 +12,10 @@ The kernel keeps, per thread, the time it was runnable but waiting for a CPU
 (``/proc/self/task/<tid>/schedstat``, its second field). ContentionWatch sums it over the threads
 that run forward passes (the step thread and the native threads that are not Python's: OpenMP's
 pool) across steps: when that delay exceeds ``enter`` of the thread-seconds the steps were given
-over at least ``window`` seconds, steps run on one thread. Every ``probe`` seconds one step runs with
-its planned threads again, and once such a step waits under ``leave``, planned threads are back.
+over ``confirm`` windows in a row of at least ``window`` seconds each, steps run on one thread (a
+burst of arrivals parsed beside one step is not enough). ``probe`` seconds later one step runs with
+its planned threads again, and once such a step waits under ``leave`` the planned threads are back;
+while probes still find the cores taken, the gap between them doubles up to ``probe_max``.
 """
 
 from __future__ import annotations
@@ -52,17 +54,21 @@ def compute_threads_delay() -> int | None:
 class ContentionWatch:
     """Decides each step's threads from the planned count and the run delay the last steps saw."""
 
-    def __init__(self, enter: float = 0.2, leave: float = 0.08, window: float = 1.0, probe: float = 10.0,
+    def __init__(self, enter: float = 0.2, leave: float = 0.08, window: float = 1.5, confirm: int = 2,
+                 probe: float = 2.0, probe_max: float = 20.0,
                  read: Callable[[], int | None] = compute_threads_delay,
                  clock: Callable[[], float] = time.monotonic,
                  on_switch: Callable[[bool], None] | None = None) -> None:
-        self.on_switch = on_switch  # called with the new state (True: contended) at each switch
-        self.enter, self.leave, self.window, self.probe = enter, leave, window, probe
+        self.enter, self.leave, self.window, self.confirm = enter, leave, window, confirm
+        self.probe, self.probe_max = probe, probe_max
         self.read, self.clock = read, clock
+        self.on_switch = on_switch  # called with the new state (True: contended) at each switch
         self.contended = False
         self.switches = 0  # times the watch moved steps to one thread or back
         self.last_share: float | None = None  # the waiting share of the last window (or probe step)
-        self._since_probe = 0.0
+        self._next_probe = 0.0
+        self._probe_gap = probe
+        self._over = 0  # consecutive windows over `enter`
         self._start: tuple[float, int] | None = None  # the running step's (clock, delay) at its start
         self._threads = 1
         self._probing = False
@@ -75,7 +81,7 @@ class ContentionWatch:
         if planned <= 1:
             return planned
         now = self.clock()
-        self._probing = self.contended and now - self._since_probe >= self.probe
+        self._probing = self.contended and now >= self._next_probe
         if self.contended and not self._probing:
             return 1
         delay = self.read()
@@ -95,11 +101,13 @@ class ContentionWatch:
             return
         now = self.clock()
         if self._probing:
-            self._since_probe = now
             share = (after - before) / 1e9 / max((now - started) * self._threads, 1e-9)
             self.last_share = share
             if share < self.leave:
                 self._switch(False, share)
+            else:  # still contended: the next probe waits longer, up to probe_max
+                self._probe_gap = min(self._probe_gap * 2, self.probe_max)
+                self._next_probe = now + self._probe_gap
             return
         self._delay += after - before
         self._given += (now - started) * self._threads
@@ -108,8 +116,13 @@ class ContentionWatch:
         share = self._delay / 1e9 / self._given
         self.last_share = share
         self._delay, self._given = 0, 0.0
-        if share > self.enter:
-            self._since_probe = now
+        # a burst of arrivals that the event loop parses beside a step reads as a window of waiting too:
+        # only waiting that lasts `confirm` windows moves the steps
+        self._over = self._over + 1 if share > self.enter else 0
+        if self._over >= self.confirm:
+            self._over = 0
+            self._probe_gap = self.probe
+            self._next_probe = now + self.probe
             self._switch(True, share)
 
     def _switch(self, contended: bool, share: float) -> None:
@@ -119,8 +132,8 @@ class ContentionWatch:
             self.on_switch(contended)
         if contended:
             log.warning("Other processes take this runtime's cores: its compute threads waited for a CPU %.0f%% "
-                        "of their time; steps run on one thread, and planned threads are tried every %g s",
-                        100 * share, self.probe)
+                        "of their time; steps run on one thread, and their planned threads are tried again "
+                        "after %g s, then less often", 100 * share, self.probe)
         else:
             log.warning("The cores are free again (a step's threads waited %.0f%% of their time); steps run "
                         "with their planned threads", 100 * share)
