@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     import torch
 
-    from goodput_runtime.engine.model_runner import StepItem
+    from goodput_runtime.engine.step import StepItem
 
     torch.set_num_threads(args.threads)
     if args.model is None:

@@ -117,7 +117,7 @@ def test_cuda_graph_logits_equal_eager_logits(tiny_model_dir: Path):
         core.step()  # prefills
     out = core.scheduler.schedule()
     assert all(s.num_tokens == 1 for s in out.scheduled)
-    from goodput_runtime.engine.model_runner import plan_step
+    from goodput_runtime.engine.step import plan_step
 
     _, items = plan_step(out)
     static = core.runner._decode_static(items)
@@ -137,7 +137,7 @@ def test_kv_cache_is_sized_from_the_driver_free_memory(tiny_model_dir: Path):
 
 def prefill_logits(core, prompts: list[list[int]]) -> torch.Tensor:
     """[len(prompts), V] float32: the logits after each whole prompt, prefilled into a fresh cache."""
-    from goodput_runtime.engine.model_runner import StepItem
+    from goodput_runtime.engine.step import StepItem
 
     return torch.cat([core.runner.execute([StepItem(p, 0, list(range(-(-len(p) // 16))), True)]) for p in prompts])
 

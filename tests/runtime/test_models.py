@@ -15,7 +15,7 @@ from test_engine_greedy import reference, run_all, small_config, workload
 
 from goodput_runtime.engine.builder import build_core
 from goodput_runtime.engine.contention import ContentionWatch
-from goodput_runtime.engine.model_runner import StepItem
+from goodput_runtime.engine.step import StepItem
 from goodput_runtime.engine.step_tuning import ONEDNN, TRANSPOSED, StepPlan
 from goodput_runtime.models.llama import CausalLM
 from goodput_runtime.quantization import QuantizedLinear

@@ -20,8 +20,9 @@ from goodput_runtime.engine.batch_cap import BatchCap
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.contention import ContentionWatch
 from goodput_runtime.engine.core import EngineCore
-from goodput_runtime.engine.model_runner import KVLayout, ModelRunner
+from goodput_runtime.engine.model_runner import ModelRunner
 from goodput_runtime.engine.scheduler import Scheduler
+from goodput_runtime.engine.step import KVLayout
 from goodput_runtime.engine.step_tuning import tune_runner
 from goodput_runtime.loader import (
     ModelLoadError,

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.detokenizer import IncrementalDetokenizer
-from goodput_runtime.engine.model_runner import ModelRunner, StepResult
+from goodput_runtime.engine.model_runner import ModelRunner
 from goodput_runtime.engine.outputs import InvalidPromptError, PromptTooLongError, RequestOutput, TokenLogprob
 from goodput_runtime.engine.parallel import Followers
 from goodput_runtime.engine.scheduler import Scheduler, SchedulerOutput
 from goodput_runtime.engine.sequence import PoolingParams, Sequence
+from goodput_runtime.engine.step import StepResult
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections import deque
 
 from goodput_runtime.engine.block_manager import BlockManager
-from goodput_runtime.engine.model_runner import ModelRunner, StepItem
+from goodput_runtime.engine.model_runner import ModelRunner
 from goodput_runtime.engine.sequence import Sequence
+from goodput_runtime.engine.step import StepItem
 from goodput_runtime.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
