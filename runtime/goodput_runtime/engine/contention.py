@@ -2,11 +2,12 @@
 
 A step with several intra-op threads waits at every parallel region for its slowest thread. When
 another process takes one of the cores, the thread sharing that core runs a fraction of the time,
-and every step stalls on it: measured on 2 cores with one busy process beside the runtime, a decode
-step of 16 sequences went from 66 ms to 300 ms with OpenMP's spinning waits, and to 175 ms with
-passive ones, where one thread alone takes about 100 ms. Passive waits cost a quiet machine 25-40 %
-on every step instead (OpenMP wakes its sleeping threads at each of a step's hundreds of parallel
-regions), so the runtime keeps OpenMP's default short spin and watches for contention instead.
+and every step stalls on it: measured on 2 cores with one busy process beside it, a SmolLM2 decode
+step of 16 sequences (F.linear, two threads) went from 101 ms to 311 ms with OpenMP's default spin
+and to 174 ms with passive waits, where steps tuned and run on one thread took about 100 ms.
+Passive waits cost a quiet machine 25-40 % on every tuned step instead (OpenMP wakes its sleeping
+threads at each of a step's hundreds of parallel regions), so the runtime keeps OpenMP's default
+short spin and watches for contention instead.
 
 The kernel keeps, per thread, the time it was runnable but waiting for a CPU
 (``/proc/self/task/<tid>/schedstat``, its second field). ContentionWatch sums it over the threads
