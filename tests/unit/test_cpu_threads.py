@@ -1,5 +1,4 @@
-"""CPU threads follow the container's CPU limit (cgroup v1 and v2), not the node's core count, and wait
-without spinning when another process wants the cores."""
+"""CPU threads follow the container's CPU limit (cgroup v1 and v2), not the node's core count."""
 
 import subprocess
 import sys

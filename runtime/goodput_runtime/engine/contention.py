@@ -70,8 +70,7 @@ class ContentionWatch:
         self._next_probe = 0.0
         self._probe_gap = probe
         self._over = 0  # consecutive windows over `enter`
-        self._start: tuple[float, int] | None = None  # the running step's (clock, delay) at its start
-        self._threads = 1
+        self._start: tuple[float, int, int] | None = None  # the running step's (clock, delay) at its start, threads
         self._probing = False
         self._delay = 0  # over the current window: ns waited, and thread-seconds given
         self._given = 0.0
@@ -88,21 +87,20 @@ class ContentionWatch:
         delay = self.read()
         if delay is None:  # no kernel figures: nothing to watch
             return planned
-        self._start = (now, delay)
-        self._threads = planned
+        self._start = (now, delay, planned)
         return planned
 
     def end(self) -> None:
         if self._start is None:
             return
-        started, before = self._start
+        started, before, threads = self._start
         self._start = None
         after = self.read()
         if after is None:
             return
         now = self.clock()
         if self._probing:
-            share = (after - before) / 1e9 / max((now - started) * self._threads, 1e-9)
+            share = (after - before) / 1e9 / max((now - started) * threads, 1e-9)
             self.last_share = share
             if share < self.leave:
                 self._switch(False, share)
@@ -111,8 +109,8 @@ class ContentionWatch:
                 self._next_probe = now + self._probe_gap
             return
         self._delay += after - before
-        self._given += (now - started) * self._threads
-        if self._given < self.window * self._threads:
+        self._given += (now - started) * threads
+        if self._given < self.window * threads:
             return
         share = self._delay / 1e9 / self._given
         self.last_share = share
