@@ -314,11 +314,28 @@ EOF
     --conntrack-max-per-core 0 --metrics-bind-address "127.0.0.1:$(free_port)" \
     --healthz-bind-address "127.0.0.1:$(free_port)" --v 1
 
+  reject_unrouted_services
+
   start kube-scheduler "$bin/kube-scheduler" --kubeconfig "$DIR/scheduler.kubeconfig" \
     --authentication-kubeconfig "$DIR/scheduler.kubeconfig" --authorization-kubeconfig "$DIR/scheduler.kubeconfig" \
     --leader-elect=false --port 0 --secure-port "$(free_port)" --bind-address 127.0.0.1 --v 1
 
   wait_for "node $node_name" "$READY_TIMEOUT" node_ready "$kubectl" "$node_name"
+}
+
+# A connection to the service range that kube-proxy's nat rules did not send to an endpoint is refused
+# here, as kube-proxy refuses a Service without endpoints. kube-proxy commits its filter table (where
+# that refusal lives) and its nat table (where the endpoints are) one after the other, so when a
+# Service's endpoints come back a new connection can for an instant meet neither; it would then leave
+# by the default route, and on this machine whatever answers there (an egress proxy answering any
+# address's port 80 with an empty 404) would reach the client as if the Service had answered.
+UNROUTED_COMMENT="goodput: service range, no endpoint"
+reject_unrouted_services() {
+  local chain
+  for chain in OUTPUT FORWARD; do
+    iptables -C "$chain" -d "$SERVICE_CIDR" -m comment --comment "$UNROUTED_COMMENT" -j REJECT 2>/dev/null \
+      || iptables -A "$chain" -d "$SERVICE_CIDR" -m comment --comment "$UNROUTED_COMMENT" -j REJECT
+  done
 }
 
 node_ready() {
@@ -357,7 +374,9 @@ remove_node_leftovers() {
     done
   fi
   ip link delete "$BRIDGE" 2>/dev/null || true
-  # iptables: kube-proxy's KUBE-* chains and the CNI plugins' CNI-* chains
+  # iptables: the service range's refusal above, kube-proxy's KUBE-* chains and the CNI plugins' CNI-* chains
+  { iptables -S 2>/dev/null || true; } | grep -F -- "--comment \"$UNROUTED_COMMENT\"" | sed 's/^-A/-D/' \
+    | while read -r rule; do eval "iptables $rule" 2>/dev/null || true; done
   local table chain
   for table in filter nat mangle; do
     # jumps into those chains from the built-in ones first, then the chains themselves

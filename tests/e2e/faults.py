@@ -70,7 +70,8 @@ class SteadyLoad:
                 body = err.response.read().decode(errors="replace")
             except Exception:  # a stream's body may be gone already
                 body = ""
-            return Outcome(stream, False, chunks, f"{type(err).__name__}: {err} {body}"[:400])
+            server = err.response.headers.get("server", "")  # who answered: the gateway, or what else
+            return Outcome(stream, False, chunks, f"{type(err).__name__}: {err} {body} server={server!r}"[:400])
         except Exception as err:  # every other kind of failure is what this load counts, with its message
             return Outcome(stream, False, chunks, f"{type(err).__name__}: {err}"[:300])
 

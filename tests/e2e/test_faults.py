@@ -14,6 +14,10 @@ Each test prints one `FAULT-ROW {json}` line, which bench/faults.py collects int
 
 from __future__ import annotations
 
+import ipaddress
+import json
+import os
+import socket
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -128,6 +132,20 @@ def test_a_runtime_process_killed_under_steady_load_is_retried_by_the_gateway(fa
             "errors": sorted({o.error for o in load.failed})})
 
 
+def test_a_connection_to_the_service_range_that_no_endpoint_takes_is_refused(faulty: Any) -> None:
+    """An address of the service range that kube-proxy sends nowhere is refused on the node, as a
+    Service without endpoints is: a client retries a refusal at once, while a packet let out by the
+    default route could be answered by anything there (on the development machine an egress proxy
+    answers any address's port 80 with an empty 404, which a client would read as the gateway's)."""
+    node, _ = faulty
+    services = json.loads(node.kubectl("get", "services", "--all-namespaces", "-o", "json").stdout)["items"]
+    taken = {svc["spec"].get("clusterIP") for svc in services}
+    network = ipaddress.ip_network(os.environ.get("GOODPUT_SERVICE_CIDR", "10.0.0.0/24"))
+    free = next(str(ip) for ip in reversed(list(network.hosts())) if str(ip) not in taken)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((free, 80), timeout=10).close()
+
+
 def test_the_kubelet_restarting_leaves_the_pods_serving(faulty: Any) -> None:
     """The runtime pods keep serving through the kubelet's restart: a client talking to one pod
     straight at its IP loses nothing, and no container restarts. Through the gateway's Service
@@ -173,11 +191,9 @@ def test_the_kubelet_restarting_leaves_the_pods_serving(faulty: Any) -> None:
              for p in ready_pods(node)}
     assert after == before, f"the kubelet's restart replaced or restarted runtime containers\n{node.describe()}"
     for o in load.failed:
-        # a connection refused while the gateway's Service has no ready endpoint; or, an open bug seen in
-        # about one run in three, a 404 with an empty body through the gateway inside the same window
-        # (docs/reliability.md): still before any byte, still only while the kubelet restarts
-        known = o.error.startswith("APIConnectionError") or o.error.startswith("NotFoundError: Error code: 404")
-        assert o.chunks == 0 and known, (o.chunks, o.error)
+        # a connection refused while the gateway's Service has no ready endpoint, before any byte, only
+        # while the kubelet restarts (docs/reliability.md)
+        assert o.chunks == 0 and o.error.startswith("APIConnectionError"), (o.chunks, o.error)
         assert killed <= o.at <= settled, f"a request failed outside the kubelet's restart: {o.error}"
     gap = (max(o.at for o in load.failed) - min(o.at for o in load.failed)) if load.failed else 0.0
     report({"fault": "kubelet SIGKILL, 5 s down, restarted, under steady load", "tier": "e2e",
