@@ -97,6 +97,7 @@ class Memory:
     changed_at: float | None = None  # when the replica count last changed or pods were last starting
     level: float | None = None  # Holt: the smoothed arrival rate (req/s) ...
     trend: float = 0.0  # ... and its trend (req/s per second)
+    level_age: float = math.inf  # seconds of readings behind the level (0 at the first)
     seen_at: float | None = None  # the last period's time
     good: float = 0.0  # evidence about the current estimate: requests within the SLO ...
     total: float = 0.0  # ... of this many, in periods run near the planned load
@@ -212,16 +213,32 @@ def slo_miss_text(policy: Policy, s: Signals) -> str:
 def smooth(memory: Memory, s: Signals, dt: float, window: float) -> Memory:
     """Holt's linear method on the windowed arrival rate, slow (LEVEL_WINDOWS windows) against Poisson noise, except
     that a window JUMP_SIGMAS Poisson deviations away from the forecast is a change and is taken at once.
-    The trend is per second and learns only from the smoothed steps."""
+    The trend is per second and learns only from the smoothed steps.
+
+    For the first window the level is the newest reading: until the scrapes span a window each reading is
+    the rate since the first scrape, the newest over the longest span. Smoothed from the first one, a
+    count of one period, the level would climb or sink from it for minutes, which the trend reads as a
+    rise or a fall; the trend starts once the level rests on a whole window."""
     if memory.level is None or dt <= 0:
-        return replace(memory, level=s.arrival_rate, trend=0.0)
+        return replace(memory, level=s.arrival_rate, trend=0.0, level_age=0.0)
     prior = max(0.0, memory.level + memory.trend * dt)
+    age = memory.level_age + dt
     if abs(s.arrival_rate - prior) > JUMP_SIGMAS * _noise(max(prior, s.arrival_rate), window):
-        return replace(memory, level=s.arrival_rate)
+        return replace(memory, level=s.arrival_rate, level_age=age)
+    if age < window:  # the readings so far cover less than a window: the newest covers the most
+        return replace(memory, level=s.arrival_rate, level_age=age)
     alpha = min(1.0, dt / (LEVEL_WINDOWS * window))
     level = alpha * s.arrival_rate + (1 - alpha) * prior
     trend = TREND_BETA * (level - memory.level) / dt + (1 - TREND_BETA) * memory.trend
-    return replace(memory, level=level, trend=trend)
+    return replace(memory, level=level, trend=trend, level_age=age)
+
+
+def _beyond_noise(rate: float, level: float, span: float) -> float:
+    """A rate counted over `span` seconds, less the JUMP_SIGMAS Poisson deviations around `level` that
+    noise alone reaches: a surge by the part of it noise does not explain. Over a short span (a 2 s
+    period sees a handful of requests) a burst clears the test often, and taken whole it would read
+    about twice the level every time it did; a real surge keeps nearly all of its size."""
+    return rate - JUMP_SIGMAS * _noise(level, span)
 
 
 def _noise(rate: float, window: float) -> float:
@@ -299,9 +316,8 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
     # while requests queue, the newest period's rate and the queue itself are demand too
     surge = level
     if s.waiting:
-        now_rate = s.arrival_rate_now or 0.0
         surge = max(level, s.arrival_rate if s.arrival_rate > level + _noise(level, policy.window_seconds) else 0.0,
-                    now_rate if now_rate > level + JUMP_SIGMAS * _noise(level, max(dt, 1.0)) else 0.0)
+                    _beyond_noise(s.arrival_rate_now or 0.0, level, max(dt, 1.0)))
     if s.waiting and planned:
         surge += s.waiting / policy.window_seconds  # drained within one window
     need_now = _count(surge, mu, current, util)

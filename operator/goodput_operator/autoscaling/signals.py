@@ -1,7 +1,8 @@
 """From the runtime pods' /metrics text to the law's Signals: rates, attainment and p90s over windows.
 
-Counters are differenced per pod between two scrapes a window apart (a pod seen in only
-one of them is left out; a counter that went down restarted from zero). Gauges come
+Counters are differenced per pod between two scrapes a window apart (a pod that became ready
+within the window from its first scrape; a pod gone from the newest scrape is left out; a counter
+that went down restarted from zero). Gauges come
 from the newest scrape. Names are the runtime's, vLLM's or SGLang's (goodput_contract.metrics
 ENGINE_METRICS); for the engines without a good counter, good requests are estimated from the
 TTFT and TPOT histograms against the SLO (share_within, estimated_good).
@@ -162,15 +163,32 @@ class History:
         base = older[-1] if older else self.scrapes[0]
         return None if base is self.scrapes[-1] else base
 
+    def _pairs(self, base: tuple[float, dict[str, PodSample]]) -> list[tuple[PodSample, PodSample]]:
+        """(newest, older) samples of each pod in the newest scrape: the older one from `base`, or for a pod
+        not in it from the first scrape that read it. Such a pod was not ready at `base` and served nothing
+        before, so its counters since then are its part of the window: left out instead, the rate read one
+        pod short for a window after every scale-up (half the load, after 1 → 2). A pod read only now has
+        nothing to difference yet."""
+        then, old = base
+        latest = self.scrapes[-1][1]
+        pairs = []
+        for pod, sample in latest.items():
+            if pod in old:
+                pairs.append((sample, old[pod]))
+                continue
+            first = next((pods[pod] for t, pods in list(self.scrapes)[:-1] if t > then and pod in pods), None)
+            if first is not None:
+                pairs.append((sample, first))
+        return pairs
+
     def finished(self, now: float, window: float) -> tuple[float, float]:
         """(finished, good) requests over the window."""
         base = self._base(now, window)
         if base is None:
             return 0.0, 0.0
-        latest = self.scrapes[-1][1]
-        pods = latest.keys() & base[1].keys()
-        total = sum(_delta(latest[p].requests, base[1][p].requests) for p in pods)
-        good = sum(self._good(latest[p], base[1][p]) for p in pods)
+        pairs = self._pairs(base)
+        total = sum(_delta(new.requests, old.requests) for new, old in pairs)
+        good = sum(self._good(new, old) for new, old in pairs)
         return total, good
 
     def _good(self, new: PodSample, old: PodSample) -> float:
@@ -189,25 +207,20 @@ class History:
         """Finished and refused requests plus the growth of those running and waiting, per second since
         `base`: a request admission refused with 429 was demand all the same, and the count that would
         have served it is what the autoscaler must find."""
-        then, old = base
-        latest = self.scrapes[-1][1]
-        pods = latest.keys() & old.keys()
-        elapsed = max(self.scrapes[-1][0] - then, 1e-9)
-        finished = sum(_delta(latest[p].requests, old[p].requests) + _delta(latest[p].rejected, old[p].rejected)
-                       for p in pods)
-        in_flight = sum(latest[p].running + latest[p].waiting - old[p].running - old[p].waiting for p in pods)
-        return max(0.0, (finished + in_flight) / elapsed)
+        elapsed = max(self.scrapes[-1][0] - base[0], 1e-9)
+        arrived = sum(_delta(new.requests, old.requests) + _delta(new.rejected, old.rejected)
+                      + new.running + new.waiting - old.running - old.waiting for new, old in self._pairs(base))
+        return max(0.0, arrived / elapsed)
 
     def signals(self, now: float, window: float, long_window: float) -> Signals | None:
         """None until two scrapes exist: a rate needs an interval."""
         base = self._base(now, window)
         if base is None:
             return None
-        old = base[1]
         latest = self.scrapes[-1][1]
-        pods = latest.keys() & old.keys()
-        ttft = self._bucket_delta(pods, latest, old, "ttft_buckets")
-        tpot = self._bucket_delta(pods, latest, old, "tpot_buckets")
+        pairs = self._pairs(base)
+        ttft = self._bucket_delta(pairs, "ttft_buckets")
+        tpot = self._bucket_delta(pairs, "tpot_buckets")
         return Signals(
             arrival_rate=self._arrival_rate(base),
             arrival_rate_now=self._arrival_rate(self.scrapes[-2]),
@@ -223,11 +236,10 @@ class History:
         )
 
     @staticmethod
-    def _bucket_delta(pods: set[str], latest: dict[str, PodSample], old: dict[str, PodSample],
-                      attr: str) -> list[tuple[float, float]]:
+    def _bucket_delta(pairs: list[tuple[PodSample, PodSample]], attr: str) -> list[tuple[float, float]]:
         table: dict[float, float] = {}
-        for pod in pods:
-            before = dict(getattr(old[pod], attr))
-            for le, count in getattr(latest[pod], attr):
+        for new, old in pairs:
+            before = dict(getattr(old, attr))
+            for le, count in getattr(new, attr):
                 table[le] = table.get(le, 0.0) + _delta(count, before.get(le, 0.0))
         return sorted(table.items())
