@@ -210,8 +210,9 @@ def build_parser() -> ReasonedArgumentParser:
                         help="auto: the runtime's compact modules for Llama, Mistral and Qwen2 (fused projections), "
                              "transformers' modules for the rest; transformers: transformers' modules always")
     engine.add_argument("--compile", action="store_true", default=default("compile"),
-                        help="compile the compact modules' decoder layers with torch.compile (inductor; on a GPU "
-                             "under the decode CUDA graphs) and warm them up at start")
+                        help="compile the compact modules' stack of decoder layers into one torch.compile graph "
+                             "per step of up to 256 tokens (inductor; on a GPU under the decode CUDA graphs) and warm "
+                             "it up at start")
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--speculative-method", choices=["ngram", "draft"],
                       help="propose tokens for the target model to verify: ngram (prompt lookup in the request's "

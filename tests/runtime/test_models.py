@@ -17,6 +17,7 @@ from goodput_runtime.engine.builder import build_core
 from goodput_runtime.engine.contention import ContentionWatch
 from goodput_runtime.engine.step import StepItem
 from goodput_runtime.engine.step_tuning import ONEDNN, TRANSPOSED, StepPlan
+from goodput_runtime.models import llama
 from goodput_runtime.models.llama import CausalLM
 from goodput_runtime.quantization import QuantizedLinear
 
@@ -92,13 +93,20 @@ def test_int8_quantization_applies_to_the_fused_projections(tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_compiled_layers_give_transformers_greedy_tokens(tiny_model_dir):
+def test_compiled_layers_give_transformers_greedy_tokens(tiny_model_dir, monkeypatch):
+    # steps of more than 8 tokens (the prefill chunks here) run eagerly, smaller ones through the graph
+    monkeypatch.setattr(llama, "COMPILED_MAX_TOKENS", 8)
     config = small_config(tiny_model_dir, blocks=200)
     config.compile = True
-    core = build_core(config)  # compiles and warms up here
-    assert all(layer.compiled is not None for layer in core.runner.model.model.layers)
+    core = build_core(config)  # tunes, then compiles and warms up here
+    decoder = core.runner.model.model
+    compiled = decoder.compiled
+    assert compiled is not None
+    graph_steps: list[int] = []
+    decoder.compiled = lambda layers, h, *rest: graph_steps.append(h.shape[0]) or compiled(layers, h, *rest)
     cases = workload(seed=7, n=8)
     assert run_all(core, cases) == reference(tiny_model_dir, cases)
+    assert graph_steps and max(graph_steps) <= 8
 
 
 @pytest.mark.parametrize("form", [TRANSPOSED, ONEDNN])

@@ -33,6 +33,7 @@ from goodput_runtime.loader import (
     resolve_model_path,
 )
 from goodput_runtime.metrics import RuntimeMetrics
+from goodput_runtime.models.llama import COMPILED_MAX_TOKENS
 from goodput_runtime.quantization import check_method, quantize_model
 from goodput_runtime.sampling import generation_defaults
 from goodput_runtime.spec_decode.draft import DraftProposer
@@ -162,8 +163,8 @@ def size_kv_cache(config: EngineConfig, device: torch.device, model_config, dtyp
 
 
 def compile_layers(runner: ModelRunner) -> None:
-    """torch.compile the compact modules' layers and compile them now, with a one-token and a
-    two-token step, so no request waits for it."""
+    """torch.compile the compact modules' stack of layers and compile it now, with a step of each
+    size whose projections take another form under the step plan, so no request waits for it."""
     model = runner.model
     reason = ("the model runs on transformers' modules" if not hasattr(model, "compile_layers")
               else model.compile_layers())
@@ -171,8 +172,12 @@ def compile_layers(runner: ModelRunner) -> None:
         log.info("--compile left off: %s", reason)
         return
     started = time.monotonic()
-    runner.warm_up()
-    log.info("compiled the decoder layers in %.1f s", time.monotonic() - started)
+    sizes = {1, 2}
+    if runner.plan is not None:
+        sizes |= {n for n in (*runner.plan.counts, runner.plan.limit + 1) if n <= COMPILED_MAX_TOKENS}
+    runner.warm_up(sorted(sizes))
+    log.info("compiled the decoder layers in %.1f s (steps of up to %d tokens; larger ones run eagerly)",
+             time.monotonic() - started, COMPILED_MAX_TOKENS)
 
 
 def configure_speculation(config: EngineConfig, runner: ModelRunner, scheduler: Scheduler,
@@ -256,18 +261,18 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
         log.info("Batch work beside online requests is capped so a step stays within %.3fs (TPOT target %gs "
                  "less %g%%)", scheduler.batch_cap.budget, config.slo_tpot, 100 * config.batch_cap_margin)
     runner = ModelRunner(model, num_blocks, config.block_size, config.seed, world)
-    if config.compile:
-        compile_layers(runner)
     if followers is not None:
         parallel.broadcast(num_blocks)
         runner.broadcast = parallel.broadcast
+    if runner.plan is not None and config.step_tuning == "auto":
+        tune_runner(runner, config.max_num_seqs)  # before speculation's timing, which then times tuned steps
+    if config.compile:
+        compile_layers(runner)  # after tuning (whose trial plans would each compile), before CUDA graphs
     if device.type == "cuda" and not config.enforce_eager:
         if world == 1:
             runner.enable_decode_graphs(config.max_num_seqs, max_model_len, capture=True)
         else:
             log.info("decode CUDA graphs are off under tensor parallelism; decode steps run eagerly")
-    if runner.plan is not None and config.step_tuning == "auto":
-        tune_runner(runner, config.max_num_seqs)  # before speculation's timing, which then times tuned steps
     if runner.plan is not None and config.cpu_contention == "auto":
         runner.watch = ContentionWatch(on_switch=metrics.cpu_contention_changed if metrics else None)
     if config.speculative_method:

@@ -62,11 +62,11 @@ class ModelRunner:
         self.graphs.capture()
 
     @torch.inference_mode()
-    def warm_up(self) -> None:
-        """A one-token and a two-token step into the scratch block (no sequence's cache is touched),
+    def warm_up(self, sizes: list[int] | tuple[int, ...] = (1, 2)) -> None:
+        """A step of each of `sizes` tokens into the scratch block (no sequence's cache is touched),
         so whatever is compiled lazily is compiled before the first request."""
-        table = [self.scratch_block, self.scratch_block]
-        for n in (1, 2):
+        for n in sizes:
+            table = [self.scratch_block] * max(2, -(-n // self.block_size))
             self.execute([StepItem([0] * n, 0, table, True)])
 
     def _decode_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: PagedBatch) -> torch.Tensor:

@@ -180,7 +180,7 @@ def tune_runner(runner: Any, max_tokens: int) -> dict[int | str, dict[str, float
         torch.set_num_threads(pool)
     if not plan.uses(ONEDNN):
         model.unpack_weights()
-    elif plan.only(ONEDNN) and not any(layer.compiled for layer in model.model.layers):
+    elif plan.only(ONEDNN):
         freed = model.drop_unpacked_weights()
         log.info("Step tuning: every step runs on oneDNN's packed weights; %.0f MiB of unpacked ones freed",
                  freed / 2**20)

@@ -110,25 +110,68 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
-def pre_attention(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, qkv_weight: torch.Tensor,
-                  qkv_bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
-                  head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A layer up to its attention, as one function of its weights (what ``torch.compile`` fuses):
-    the input norm, the fused projection and the rotary embedding; q [T, H, D], k and v [T, KVH, D]."""
-    qkv = F.linear(rms_norm(h, norm_weight, eps), qkv_weight, qkv_bias)
-    qk_width = (heads + kv_heads) * head_dim
-    qk = rotate(qkv[:, :qk_width].reshape(-1, heads + kv_heads, head_dim), cos, sin)
-    return qk[:, :heads], qk[:, heads:], qkv[:, qk_width:].reshape(-1, kv_heads, head_dim)
+# A compiled step (``CausalLM.compile_layers``) is one graph for the whole stack of layers, as vLLM
+# compiles its models: the per-operation cost of a step's several hundred small operations, which
+# dominates a decode step beside its matrix products, is paid once per step instead. Inside the
+# graph two operations stay opaque to the compiler, as custom operators: the paged attention, which
+# reads the step's layout (a PagedBatch: Python lists of groups) from STEP, set around the call, and
+# writes the cache; and oneDNN's matmul over a packed weight, which inductor would only take as a
+# frozen constant.
+STEP: list[PagedBatch] = []  # the step the compiled graph runs; set by Decoder.forward around the call
+COMPILED_MAX_TOKENS = 256  # steps of more tokens run eagerly: their matrix products dominate them
 
 
-def post_attention(h: torch.Tensor, attn: torch.Tensor, o_weight: torch.Tensor, o_bias: torch.Tensor | None,
-                   norm_weight: torch.Tensor, eps: float, gate_up_weight: torch.Tensor,
-                   gate_up_bias: torch.Tensor | None, down_weight: torch.Tensor, down_bias: torch.Tensor | None,
-                   intermediate: int) -> torch.Tensor:
-    """A layer after its attention: the output projection and residual, then the SiLU MLP block."""
-    h = h + F.linear(attn, o_weight, o_bias)
-    gate_up = F.linear(rms_norm(h, norm_weight, eps), gate_up_weight, gate_up_bias)
-    return h + F.linear(F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:], down_weight, down_bias)
+@torch.library.custom_op("goodput::paged_attention", mutates_args=())
+def paged_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scaling: float,
+                       window: int) -> torch.Tensor:
+    """attention.attend on STEP's batch (window < 0: none); writes the step's keys and values to the cache."""
+    return attend(STEP[-1], layer, query, key, value, scaling, None if window < 0 else window).contiguous()
+
+
+@paged_attention_op.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scaling: float,
+      window: int) -> torch.Tensor:
+    return query.new_empty(query.shape)
+
+
+@torch.library.custom_op("goodput::onednn_linear", mutates_args=())
+def onednn_linear_op(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@onednn_linear_op.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape[0], packed.shape[0])
+
+
+def project_compiled(x: torch.Tensor, linear: nn.Module, form: str) -> torch.Tensor:
+    """project() as the compiled graph calls it: oneDNN's matmul through its opaque operator."""
+    packed = getattr(linear, "packed", None) if form == ONEDNN and type(linear) is nn.Linear else None
+    if packed is not None:
+        return onednn_linear_op(x.contiguous(), packed, linear.bias)
+    return project(x, linear, form)
+
+
+def run_layers(layers: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               form: str) -> torch.Tensor:
+    """Every decoder layer on the step's hidden states h [T, hidden]: what the compiled graph holds. The
+    same computation as DecoderLayer.forward, attention through its operator."""
+    for layer in layers:
+        a, mlp = layer.self_attn, layer.mlp
+        t = h.shape[0]
+        x = rms_norm(h, layer.input_layernorm.weight, layer.input_layernorm.eps)
+        qkv = project_compiled(x, a.qkv_proj, form)
+        qk_width = (a.heads + a.kv_heads) * a.head_dim
+        qk = rotate(qkv[:, :qk_width].reshape(t, a.heads + a.kv_heads, a.head_dim), cos, sin)
+        v = qkv[:, qk_width:].reshape(t, a.kv_heads, a.head_dim)
+        out = paged_attention_op(qk[:, : a.heads], qk[:, a.heads :], v, a.layer_idx, float(a.scaling),
+                                 -1 if a.sliding_window is None else a.sliding_window)
+        h = h + project_compiled(out.reshape(t, a.heads * a.head_dim), a.o_proj, form)
+        x = rms_norm(h, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
+        gate_up = project_compiled(x, mlp.gate_up_proj, form)
+        h = h + project_compiled(F.silu(gate_up[:, : mlp.intermediate]) * gate_up[:, mlp.intermediate :],
+                                 mlp.down_proj, form)
+    return h
 
 
 class Attention(nn.Module):
@@ -179,22 +222,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(source.input_layernorm.weight, source.input_layernorm.variance_epsilon)
         self.post_attention_layernorm = RMSNorm(source.post_attention_layernorm.weight,
                                                 source.post_attention_layernorm.variance_epsilon)
-        self.compiled: tuple[Any, Any] | None = None  # compiled pre_attention and post_attention
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch,
                 form: str = LINEAR) -> torch.Tensor:
-        if self.compiled is None:
-            h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, form)
-            return h + self.mlp(self.post_attention_layernorm(h), form)
-        pre, post = self.compiled
-        a, mlp = self.self_attn, self.mlp
-        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        q, k, v = pre(h, norm1.weight, norm1.eps, a.qkv_proj.weight, a.qkv_proj.bias, cos, sin, a.heads, a.kv_heads,
-                      a.head_dim)
-        out = attend(batch, a.layer_idx, q, k, v, a.scaling, a.sliding_window)
-        return post(h, out.reshape(out.shape[0], -1), a.o_proj.weight, a.o_proj.bias, norm2.weight, norm2.eps,
-                    mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, mlp.down_proj.weight, mlp.down_proj.bias,
-                    mlp.intermediate)
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, form)
+        return h + self.mlp(self.post_attention_layernorm(h), form)
 
 
 class Decoder(nn.Module):
@@ -205,17 +237,26 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(layer, i, config, windows[i]) for i, layer in enumerate(source.layers))
         self.norm = RMSNorm(source.norm.weight, source.norm.variance_epsilon)
         self.plan: StepPlan | None = None  # set by the runner (engine/step_tuning.py)
+        self.compiled: Any = None  # run_layers through torch.compile (CausalLM.compile_layers)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, paged: PagedBatch,
                 **_: Any) -> DecoderOutput:
         """input_ids, position_ids [1, T]: one flat step; its projections in the form the step plan
-        gives steps of T tokens (``F.linear`` without a plan; the compiled layers always)."""
+        gives steps of T tokens (``F.linear`` without a plan), through the compiled graph when there
+        is one and the step is not too large for it to pay."""
         h = self.embed_tokens(input_ids[0])
         cos, sin = self.rotary_emb(h, position_ids)  # [1, T, D]
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]
         form = LINEAR if self.plan is None else self.plan.layer_form(h.shape[0])
-        for layer in self.layers:
-            h = layer(h, cos, sin, paged, form)
+        if self.compiled is not None and h.shape[0] <= COMPILED_MAX_TOKENS:
+            STEP.append(paged)
+            try:
+                h = self.compiled(self.layers, h, cos, sin, form)
+            finally:
+                STEP.pop()
+        else:
+            for layer in self.layers:
+                h = layer(h, cos, sin, paged, form)
         return DecoderOutput(self.norm(h)[None])
 
 
@@ -233,9 +274,10 @@ class CausalLM(nn.Module):
         return self.model.embed_tokens
 
     def compile_layers(self) -> str | None:
-        """Run every decoder layer's work around its attention through ``torch.compile`` (inductor):
-        the two functions are compiled once for all layers, with the step's token count dynamic, so
-        at most two graphs each (one token, and any other count). None when done, else why not."""
+        """Run the stack of decoder layers as one ``torch.compile`` (inductor) graph per step of up to
+        COMPILED_MAX_TOKENS tokens, the step's token count dynamic: a graph for one token and one for
+        any other count, per form of the projections the step plan uses. Compiled lazily, at the
+        first step of each kind (the runner warms them up). None when done, else why not."""
         if getattr(self.config, "hidden_act", "silu") != "silu":
             return f"activation {self.config.hidden_act}"
         layers: list[Any] = list(self.model.layers)
@@ -243,10 +285,7 @@ class CausalLM(nn.Module):
             linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
             if any(type(lin) is not nn.Linear for lin in linears):
                 return "quantized projections"
-        pre = torch.compile(pre_attention, dynamic=True)
-        post = torch.compile(post_attention, dynamic=True)
-        for layer in layers:
-            layer.compiled = (pre, post)
+        self.model.compiled = torch.compile(run_layers, dynamic=True, fullgraph=True)
         return None
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, paged: PagedBatch,
