@@ -78,6 +78,17 @@ class Prometheus:
         assert body["status"] == "success", body
         return list(body["data"]["result"])
 
+    def panels_without_data(self, queries: list[tuple[str, str]], start: float, wait: float = 30.0) -> list[str]:
+        """The (panel, expr) queries with no data since `start`, once every one has some or `wait` seconds
+        have passed: rate() needs two scrapes after the last request, and a quick test can end within
+        Prometheus's first few seconds."""
+        deadline = time.time() + wait
+        while True:
+            empty = [name for name, expr in queries if not self.query_range(expr, start, time.time())]
+            if not empty or time.time() > deadline:
+                return empty
+            time.sleep(1)
+
     def stop(self) -> None:
         stop_process(self.process, timeout=20)
         self.log.close()

@@ -230,12 +230,5 @@ def test_every_pipeline_panel_of_the_dashboard_returns_data(env):
     values = {"$namespace": env.namespace, "$pipeline": ".*", "$__rate_interval": "10s"}
     queries = dashboard_queries(values, lambda expr: "goodput_pipeline_" in expr or "goodput_guard_" in expr)
     assert len(queries) >= 6
-    # rate() needs two scrapes after the previous tests' requests: on a quick machine the tests above
-    # finish within Prometheus's first few seconds, so wait for them (or 30 s) rather than a fixed sleep
-    deadline = time.time() + 30
-    while True:
-        empty = [name for name, expr in queries if not env.prometheus.query_range(expr, env.started, time.time())]
-        if not empty or time.time() > deadline:
-            break
-        time.sleep(1)
+    empty = env.prometheus.panels_without_data(queries, env.started)
     assert not empty, f"no data for: {empty}"
