@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from goodput_runtime.engine.attention import PagedBatch, attend
@@ -54,14 +53,17 @@ def fuse(linears: list[nn.Linear]) -> nn.Linear:
 
 def project(x: torch.Tensor, linear: nn.Module, form: str = LINEAR) -> torch.Tensor:
     """linear(x) [T, out] for x [T, in]; for a plain nn.Linear in the given form (engine/step_tuning.py):
-    F.linear, the same product as W @ x^T, or oneDNN's matmul over the weight packed by `pack`."""
+    F.linear, the same product as W @ x^T, or oneDNN's matmul over the weight packed by `pack` (ONEDNN_OP:
+    the same through its custom operator, as the compiled graph calls it)."""
     if form == LINEAR or type(linear) is not nn.Linear:
         return linear(x)
-    if form == ONEDNN:
+    if form in (ONEDNN, ONEDNN_OP):
         packed = getattr(linear, "packed", None)
-        if packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, linear.bias, "none", [], "")
-        return linear(x)
+        if packed is None:
+            return linear(x)
+        if form == ONEDNN_OP:  # inside the compiled graph
+            return onednn_linear_op(x.contiguous(), packed, linear.bias)
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, linear.bias, "none", [], "")
     if linear.bias is None:
         return torch.mm(linear.weight, x.t()).t().contiguous()
     return torch.addmm(linear.bias[:, None], linear.weight, x.t()).t().contiguous()
@@ -119,6 +121,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 # frozen constant.
 STEP: list[PagedBatch] = []  # the step the compiled graph runs; set by Decoder.forward around the call
 COMPILED_MAX_TOKENS = 256  # steps of more tokens run eagerly: their matrix products dominate them
+ONEDNN_OP = "onednn-op"  # the onednn form as the compiled graph runs it (project)
 
 
 @torch.library.custom_op("goodput::paged_attention", mutates_args=())
@@ -144,33 +147,13 @@ def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch
     return x.new_empty(x.shape[0], packed.shape[0])
 
 
-def project_compiled(x: torch.Tensor, linear: nn.Module, form: str) -> torch.Tensor:
-    """project() as the compiled graph calls it: oneDNN's matmul through its opaque operator."""
-    packed = getattr(linear, "packed", None) if form == ONEDNN and type(linear) is nn.Linear else None
-    if packed is not None:
-        return onednn_linear_op(x.contiguous(), packed, linear.bias)
-    return project(x, linear, form)
-
-
-def run_layers(layers: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               form: str) -> torch.Tensor:
+def run_layers(layers: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, form: str) -> torch.Tensor:
     """Every decoder layer on the step's hidden states h [T, hidden]: what the compiled graph holds. The
-    same computation as DecoderLayer.forward, attention through its operator."""
+    layers' own forward, with no batch (attention through its operator, which reads STEP) and oneDNN's
+    products through theirs."""
+    form = ONEDNN_OP if form == ONEDNN else form
     for layer in layers:
-        a, mlp = layer.self_attn, layer.mlp
-        t = h.shape[0]
-        x = rms_norm(h, layer.input_layernorm.weight, layer.input_layernorm.eps)
-        qkv = project_compiled(x, a.qkv_proj, form)
-        qk_width = (a.heads + a.kv_heads) * a.head_dim
-        qk = rotate(qkv[:, :qk_width].reshape(t, a.heads + a.kv_heads, a.head_dim), cos, sin)
-        v = qkv[:, qk_width:].reshape(t, a.kv_heads, a.head_dim)
-        out = paged_attention_op(qk[:, : a.heads], qk[:, a.heads :], v, a.layer_idx, float(a.scaling),
-                                 -1 if a.sliding_window is None else a.sliding_window)
-        h = h + project_compiled(out.reshape(t, a.heads * a.head_dim), a.o_proj, form)
-        x = rms_norm(h, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
-        gate_up = project_compiled(x, mlp.gate_up_proj, form)
-        h = h + project_compiled(F.silu(gate_up[:, : mlp.intermediate]) * gate_up[:, mlp.intermediate :],
-                                 mlp.down_proj, form)
+        h = layer(h, cos, sin, None, form)
     return h
 
 
@@ -185,15 +168,20 @@ class Attention(nn.Module):
         self.qkv_proj = fuse([source.q_proj, source.k_proj, source.v_proj])
         self.o_proj = source.o_proj
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch | None,
                 form: str = LINEAR) -> torch.Tensor:
+        """batch None: inside the compiled graph, attention through its operator (on STEP's batch)."""
         t = x.shape[0]
         qkv = project(x, self.qkv_proj, form)
         qk_width = (self.heads + self.kv_heads) * self.head_dim
         qk = rotate(qkv[:, :qk_width].view(t, self.heads + self.kv_heads, self.head_dim), cos, sin)
         q, k = qk[:, : self.heads], qk[:, self.heads :]
         v = qkv[:, qk_width:].view(t, self.kv_heads, self.head_dim)
-        out = attend(batch, self.layer_idx, q, k, v, self.scaling, self.sliding_window)
+        if batch is None:
+            out = paged_attention_op(q, k, v, self.layer_idx, float(self.scaling),
+                                     -1 if self.sliding_window is None else self.sliding_window)
+        else:
+            out = attend(batch, self.layer_idx, q, k, v, self.scaling, self.sliding_window)
         return project(out.reshape(t, self.heads * self.head_dim), self.o_proj, form)
 
 
@@ -223,7 +211,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(source.post_attention_layernorm.weight,
                                                 source.post_attention_layernorm.variance_epsilon)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch,
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch | None,
                 form: str = LINEAR) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, form)
         return h + self.mlp(self.post_attention_layernorm(h), form)
