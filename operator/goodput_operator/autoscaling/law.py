@@ -22,6 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from goodput_operator.autoscaling.arrival import beyond_noise, noise, rate_ahead, smooth
+from goodput_operator.autoscaling.arrival import forecast as forecast  # re-exported: the loop's dashboard figure
+
 UP, DOWN, HOLD = "up", "down", "hold"
 # every (direction, cause) a replica change can carry; the operator exports each at zero from the start,
 # so the first change of a kind is an increase Prometheus can see, not a series that appears at 1
@@ -35,10 +38,6 @@ STEP_GAIN = 8.0  # a verdict moves the estimate by exp(STEP_GAIN × (attainment 
 STEP_LIMITS = (0.94, 0.98, 1.02, 1.2)  # ... down between the first two factors, up between the last two: small
 # steps, since a verdict on minutes of requests is still often wrong and each wrong one costs until undone
 PLANNED_BAND = (0.7, 1.1)  # a period is evidence when the load ran at this share of the planned load
-# Holt's linear smoothing of the arrival rate: time constant in short windows (180 s for the default 60 s), trend gain
-LEVEL_WINDOWS, TREND_BETA = 3.0, 0.2
-JUMP_SIGMAS = 3.0  # a window this many Poisson deviations off the smoothed rate is a change, taken at once
-TREND_SIGMAS = 4.0  # the trend counts when it moves the forecast beyond this many Poisson deviations
 REFERENCE_REPLICAS = 4  # the replica count at which the headroom is exactly 1 − target utilisation
 TOLERANCE = 0.05  # up when the load exceeds the plan by this share; down when N−1 stay this far under it
 
@@ -210,58 +209,6 @@ def slo_miss_text(policy: Policy, s: Signals) -> str:
     return ", ".join(parts)
 
 
-def smooth(memory: Memory, s: Signals, dt: float, window: float) -> Memory:
-    """Holt's linear method on the windowed arrival rate, slow (LEVEL_WINDOWS windows) against Poisson noise, except
-    that a window JUMP_SIGMAS Poisson deviations away from the forecast is a change and is taken at once.
-    The trend is per second and learns only from the smoothed steps.
-
-    For the first window the level is the newest reading: until the scrapes span a window each reading is
-    the rate since the first scrape, the newest over the longest span. Smoothed from the first one, a
-    count of one period, the level would climb or sink from it for minutes, which the trend reads as a
-    rise or a fall; the trend starts once the level rests on a whole window."""
-    if memory.level is None or dt <= 0:
-        return replace(memory, level=s.arrival_rate, trend=0.0, level_age=0.0)
-    prior = max(0.0, memory.level + memory.trend * dt)
-    age = memory.level_age + dt
-    if abs(s.arrival_rate - prior) > JUMP_SIGMAS * _noise(max(prior, s.arrival_rate), window):
-        return replace(memory, level=s.arrival_rate, level_age=age)
-    if age < window:  # the readings so far cover less than a window: the newest covers the most
-        return replace(memory, level=s.arrival_rate, level_age=age)
-    alpha = min(1.0, dt / (LEVEL_WINDOWS * window))
-    level = alpha * s.arrival_rate + (1 - alpha) * prior
-    trend = TREND_BETA * (level - memory.level) / dt + (1 - TREND_BETA) * memory.trend
-    return replace(memory, level=level, trend=trend, level_age=age)
-
-
-def _beyond_noise(rate: float, level: float, span: float) -> float:
-    """A rate counted over `span` seconds, less the JUMP_SIGMAS Poisson deviations around `level` that
-    noise alone reaches: a surge by the part of it noise does not explain. Over a short span (a 2 s
-    period sees a handful of requests) a burst clears the test often, and taken whole it would read
-    about twice the level every time it did; a real surge keeps nearly all of its size."""
-    return rate - JUMP_SIGMAS * _noise(level, span)
-
-
-def _noise(rate: float, window: float) -> float:
-    """The standard deviation of a Poisson rate counted over `window` seconds."""
-    return math.sqrt(max(rate, 1e-9) / max(window, 1e-9))
-
-
-def forecast(memory: Memory, policy: Policy, period: float) -> float | None:
-    """The arrival rate the law plans for when a replica asked for now would be ready, as `decide` does
-    (None before the first signal): for the dashboard's forecast against the rate that then came."""
-    if memory.level is None:
-        return None
-    return _ahead(memory, policy.startup_seconds + period + policy.window_seconds / 2, policy.window_seconds)
-
-
-def _ahead(memory: Memory, horizon: float, window: float) -> float:
-    """The rate expected `horizon` seconds on: the level plus the trend, the trend only where it is
-    significant (beyond TREND_SIGMAS Poisson deviations of a windowed rate) and only upwards."""
-    level = memory.level or 0.0
-    rise = memory.trend * horizon
-    return level + rise if rise > TREND_SIGMAS * _noise(level, window) else level
-
-
 def decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
     """The replicas for the next period: the goodput law's, never below what pending batch lines may ask for."""
     current = obs.current
@@ -312,12 +259,12 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
     util = policy.target_utilization
     planned = planned_load(mu, current, util) if mu else None
     level = memory.level or 0.0
-    ahead = _ahead(memory, horizon, policy.window_seconds)
+    ahead = rate_ahead(memory, horizon, policy.window_seconds)
     # while requests queue, the newest period's rate and the queue itself are demand too
     surge = level
     if s.waiting:
-        surge = max(level, s.arrival_rate if s.arrival_rate > level + _noise(level, policy.window_seconds) else 0.0,
-                    _beyond_noise(s.arrival_rate_now or 0.0, level, max(dt, 1.0)))
+        surge = max(level, s.arrival_rate if s.arrival_rate > level + noise(level, policy.window_seconds) else 0.0,
+                    beyond_noise(s.arrival_rate_now or 0.0, level, max(dt, 1.0)))
     if s.waiting and planned:
         surge += s.waiting / policy.window_seconds  # drained within one window
     need_now = _count(surge, mu, current, util)
