@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+from goodput_operator.autoscaling.arrival import forecast
 from goodput_operator.autoscaling.law import (
     DOWN,
     HOLD,
@@ -15,7 +16,6 @@ from goodput_operator.autoscaling.law import (
     Signals,
     capacity_term,
     decide,
-    forecast,
     learn_capacity,
     planned_load,
 )

@@ -23,7 +23,6 @@ import math
 from dataclasses import dataclass, replace
 
 from goodput_operator.autoscaling.arrival import beyond_noise, noise, rate_ahead, smooth
-from goodput_operator.autoscaling.arrival import forecast as forecast  # re-exported: the loop's dashboard figure
 
 UP, DOWN, HOLD = "up", "down", "hold"
 # every (direction, cause) a replica change can carry; the operator exports each at zero from the start,

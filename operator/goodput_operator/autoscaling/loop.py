@@ -17,6 +17,7 @@ from typing import Any
 
 from goodput_contract.metrics import AUTOSCALER_DESIRED_REPLICAS as DESIRED_METRIC
 from goodput_operator import metrics
+from goodput_operator.autoscaling.arrival import forecast
 from goodput_operator.autoscaling.gateway import GatewayReader, GatewayView, RefusalRate, with_gateway_demand
 from goodput_operator.autoscaling.law import (
     SCALE_CAUSES,
@@ -26,7 +27,6 @@ from goodput_operator.autoscaling.law import (
     Observation,
     Policy,
     decide,
-    forecast,
 )
 from goodput_operator.autoscaling.sources import (
     DirectSource,
