@@ -18,6 +18,10 @@ flash), seeded. The same traces go to:
   scale-up max(4 pods, 100 %) per period, 300 s scale-down stabilisation);
 - static-peak: the replicas the trace's peak needs at the same 80 % target utilisation.
 
+--grid adds two yardsticks, bounds rather than policies: both know the capacity exactly (from the
+static attainment surface) and the trace's true rate; `reactive-bound` sizes for the rate now,
+`clairvoyant` for the highest rate until a pod asked for now would be ready.
+
 Prints SLO attainment and replica-seconds per trace and policy; writes the table as JSON
 (and PNGs with --plots) under bench/results/.
 """
@@ -25,6 +29,7 @@ Prints SLO attainment and replica-seconds per trace and policy; writes the table
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import random
@@ -33,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.autoscale_model import DT, Curve, Replica, Request, Service, arrivals, traces
-from goodput_operator.autoscaling.law import Memory, Observation, Policy, Signals, decide
+from goodput_operator.autoscaling.law import Observation, Policy, Signals, decide, start_memory
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PERIOD = 15.0  # control period of every autoscaler
@@ -65,7 +70,7 @@ def goodput_policy(curve: Curve, low: int, high: int, target: float, capacity: f
     policy = Policy(min_replicas=low, max_replicas=high, attainment_target=target, ttft_target=curve.slo_ttft,
                     tpot_target=curve.slo_tpot, scale_down_window=120.0, startup_seconds=startup,
                     window_seconds=WINDOW)
-    memory = Memory(capacity_per_replica=capacity)
+    memory = start_memory(capacity)
 
     def law(svc: Service, now: float, arrived: deque[float]) -> int:
         nonlocal memory
@@ -96,6 +101,55 @@ def hpa_policy(low: int, high: int, target: float, metric: Callable[[Replica], i
     return law
 
 
+YARDSTICK_MARGIN = 0.005  # the yardsticks size for static attainment this far above the target
+
+
+@functools.cache
+def load_limits(target: float, max_num_seqs: int = 8) -> tuple[tuple[int, float], ...]:
+    """(N, the most load per replica, in units of the measured capacity, at which N static replicas meet
+    `target` + YARDSTICK_MARGIN): the --surface read the other way, by bisection on two seeds of 30 minutes.
+    The yardstick policies size with it, knowing the capacity exactly rather than learning it."""
+    curve = Curve.load()
+    limits = []
+    for n in (1, 2, 3, 4, 6, 9, 12, 16, 20):
+        low, high = 0.3, 1.3
+        for _ in range(7):
+            mid = (low + high) / 2
+            met = min(static_attainment(curve, n, mid, seed, duration=1800.0, target=target,
+                                        max_num_seqs=max_num_seqs) for seed in (1, 2))
+            low, high = (mid, high) if met >= target + YARDSTICK_MARGIN else (low, mid)
+        limits.append((n, low))
+    return tuple(limits)
+
+
+def replicas_for(rate: float, base: float, limits: tuple[tuple[int, float], ...], high: int) -> int:
+    """The fewest replicas whose load per replica stays within the static limit (interpolated in N)."""
+    for n in range(1, high + 1):
+        below = max((x for x in limits if x[0] <= n), default=limits[0])
+        above = min((x for x in limits if x[0] >= n), default=limits[-1])
+        share = below[1] if above[0] == below[0] else (
+            below[1] + (above[1] - below[1]) * (n - below[0]) / (above[0] - below[0]))
+        if rate <= n * base * share:
+            return n
+    return high
+
+
+def yardstick_policy(trace: Callable[[float], float], base: float, startup: float, target: float, low: int,
+                     high: int, max_num_seqs: int, ahead: bool) -> Callable[..., int]:
+    """Not policies anyone can run, but bounds to read the others against. Both know the capacity exactly
+    (load_limits) and the trace's true rate, so no Poisson noise and no learning:
+    `clairvoyant` sizes for the highest rate until a pod asked for now would be ready (it sees the future);
+    `reactive-bound` for the rate now (the best a policy seeing only the present can do at its cost)."""
+    limits = load_limits(target, max_num_seqs)
+    horizon = startup + PERIOD if ahead else 0.0
+
+    def law(svc: Service, now: float, arrived: deque[float]) -> int:
+        steps = max(1, int(horizon // PERIOD))
+        rate = max(trace(now + horizon * i / steps) for i in range(steps + 1)) if ahead else trace(now)
+        return max(low, replicas_for(rate, base, limits, high))
+    return law
+
+
 def peak_minute(times: list[float]) -> float:
     """The busiest minute's arrival rate: what provisioning from observed traffic sizes for."""
     counts: dict[int, int] = {}
@@ -117,7 +171,10 @@ def run(curve: Curve, trace: Callable[[float], float], duration: float, policy: 
     laws = {"goodput": lambda: goodput_policy(curve, low, high, target, base, startup),
             "goodput-no-hint": lambda: goodput_policy(curve, low, high, target, None, startup),
             "queue-hpa": lambda: hpa_policy(low, high, 2.0, lambda r: len(r.queue)),
-            "concurrency-hpa": lambda: hpa_policy(low, high, concurrency, Replica.load)}
+            "concurrency-hpa": lambda: hpa_policy(low, high, concurrency, Replica.load),
+            "clairvoyant": lambda: yardstick_policy(trace, base, startup, target, low, high, max_num_seqs, True),
+            "reactive-bound": lambda: yardstick_policy(trace, base, startup, target, low, high, max_num_seqs,
+                                                       False)}
     law = laws[policy]() if policy in laws else None
     rng = random.Random(seed + 1)
     arrived: deque[float] = deque()
@@ -149,6 +206,7 @@ def run(curve: Curve, trace: Callable[[float], float], duration: float, policy: 
 
 
 POLICIES = ("goodput", "goodput-no-hint", "queue-hpa", "concurrency-hpa", "static-peak")
+YARDSTICKS = ("clairvoyant", "reactive-bound")
 
 
 def simulate(duration: float = 3600.0, startup: float = 60.0, seed: int = 7, target: float = 0.95,
@@ -201,6 +259,7 @@ def grid(seeds: list[int], startups: list[float], duration: float = 3600.0, targ
     for name in traces(base, duration):
         for startup in startups:
             ours, hpa, ratios = [], [], []
+            bounds: dict[str, tuple[list[float], list[float]]] = {y: ([], []) for y in YARDSTICKS}
             for seed in seeds:
                 trace = traces(base, duration, seed)[name]
                 g = run(curve, trace, duration, "goodput-no-hint", startup, seed, 1, 20, target, max_num_seqs)
@@ -208,10 +267,19 @@ def grid(seeds: list[int], startups: list[float], duration: float = 3600.0, targ
                 ours.append(g["attainment"])
                 hpa.append(h["attainment"])
                 ratios.append(g["replica_seconds"] / h["replica_seconds"])
-            rows.append({"trace": name, "startup_s": startup, "seeds": seeds,
-                         "goodput_attainment_min": min(ours), "goodput_attainment_mean": sum(ours) / len(ours),
-                         "hpa_attainment_min": min(hpa), "hpa_attainment_mean": sum(hpa) / len(hpa),
-                         "replica_s_ratio_mean": sum(ratios) / len(ratios), "replica_s_ratio_max": max(ratios)})
+                for y in YARDSTICKS:
+                    r = run(curve, trace, duration, y, startup, seed, 1, 20, target, max_num_seqs)
+                    bounds[y][0].append(r["attainment"])
+                    bounds[y][1].append(r["replica_seconds"] / h["replica_seconds"])
+            row = {"trace": name, "startup_s": startup, "seeds": seeds,
+                   "goodput_attainment_min": min(ours), "goodput_attainment_mean": sum(ours) / len(ours),
+                   "hpa_attainment_min": min(hpa), "hpa_attainment_mean": sum(hpa) / len(hpa),
+                   "replica_s_ratio_mean": sum(ratios) / len(ratios), "replica_s_ratio_max": max(ratios)}
+            for y, (att, rat) in bounds.items():
+                key = y.replace("-", "_")
+                row.update({f"{key}_attainment_mean": sum(att) / len(att),
+                            f"{key}_replica_s_ratio_mean": sum(rat) / len(rat)})
+            rows.append(row)
     return rows
 
 
@@ -254,14 +322,21 @@ def parse_seeds(text: str) -> list[int]:
 
 def grid_table(rows: list[dict]) -> str:
     lines = ["| trace | start-up | goodput attainment (min / mean) | HPA attainment (min / mean) "
-             "| replica-s vs HPA (mean / max) |", "|---|---:|---:|---:|---:|"]
+             "| replica-s vs HPA (mean / max) | reactive bound: attainment, replica-s | clairvoyant: attainment, "
+             "replica-s |", "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['trace']} | {r['startup_s']:.0f} s | {r['goodput_attainment_min']:.3f} / "
                      f"{r['goodput_attainment_mean']:.3f} | {r['hpa_attainment_min']:.3f} / "
                      f"{r['hpa_attainment_mean']:.3f} | {r['replica_s_ratio_mean']:.2f}× / "
-                     f"{r['replica_s_ratio_max']:.2f}× |")
-    mean = sum(r["replica_s_ratio_mean"] for r in rows) / len(rows)
-    lines.append(f"\nreplica-seconds vs the concurrency HPA, mean over traces and start-ups: {mean:.3f}×")
+                     f"{r['replica_s_ratio_max']:.2f}× | {r['reactive_bound_attainment_mean']:.3f}, "
+                     f"{r['reactive_bound_replica_s_ratio_mean']:.2f}× | {r['clairvoyant_attainment_mean']:.3f}, "
+                     f"{r['clairvoyant_replica_s_ratio_mean']:.2f}× |")
+    lines.append("")
+    for label, key in (("the goodput law", "replica_s_ratio_mean"),
+                       ("the reactive bound", "reactive_bound_replica_s_ratio_mean"),
+                       ("the clairvoyant", "clairvoyant_replica_s_ratio_mean")):
+        mean = sum(r[key] for r in rows) / len(rows)
+        lines.append(f"replica-seconds vs the concurrency HPA, mean over traces and start-ups, {label}: {mean:.3f}×")
     return "\n".join(lines)
 
 

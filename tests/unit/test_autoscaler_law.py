@@ -1,5 +1,6 @@
 """The goodput scaling law, table-driven: what a user of the service would see it do."""
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -18,6 +19,7 @@ from goodput_operator.autoscaling.law import (
     decide,
     learn_capacity,
     planned_load,
+    start_memory,
 )
 
 POLICY = Policy(min_replicas=1, max_replicas=10, attainment_target=0.95, ttft_target=0.5, tpot_target=0.05,
@@ -167,12 +169,15 @@ def test_the_gateways_last_request_time_is_the_idle_signal():
 
 
 WITH_CEILING = Memory(capacity_per_replica=4.0, ceiling=4.5)
+SPANNED = Memory(level=10.0, level_age=60.0)  # readings over a whole window behind the rate
 
 
 @pytest.mark.parametrize(("memory", "signals", "ready", "expected"), [
-    # unset: the first load met with nothing queued is the planned load at that count (safe)
-    (Memory(), met(10.0), 2, 5.0 / planned_load(1.0, 2, 0.8)),
-    (Memory(), missed(10.0), 2, None),                  # a miss alone says only "less than this"
+    # unset: the first load met with nothing queued, over a whole window, is the planned load at that count (safe)
+    (SPANNED, met(10.0), 2, 5.0 / planned_load(1.0, 2, 0.8)),
+    (Memory(level=10.0, level_age=15.0), met(10.0), 2, None),  # a rate counted over 15 s: too few requests
+    (Memory(), met(10.0), 2, None),                     # the first reading of all
+    (SPANNED, missed(10.0), 2, None),                   # a miss alone says only "less than this"
     # met at 5 per replica, far above the 2.87 planned, long window too: move 30 % of the way up to it
     (KNOWN, met(10.0), 2, (2.869 + 0.3 * (5.0 - 2.869)) / planned_load(1.0, 2, 0.8)),
     (KNOWN, met(10.0, attainment_long=0.9), 2, 4.0),      # ... but not while the long window misses
@@ -186,6 +191,21 @@ WITH_CEILING = Memory(capacity_per_replica=4.0, ceiling=4.5)
 def test_capacity_is_learnt_from_live_attainment(memory, signals, ready, expected):
     learnt = learn_capacity(memory, signals, ready, POLICY, dt=60.0).capacity_per_replica
     assert learnt == pytest.approx(expected, rel=1e-3) if expected is not None else learnt is None
+
+
+def test_a_configured_capacity_is_probed_above_in_small_steps():
+    """capacityPerReplica is a measurement: evidence above the aim raises it by the ceiling's small steps, not
+    the 20 % an estimate with no miss behind it takes."""
+    unhinted = learn_capacity(Memory(capacity_per_replica=4.0), in_band(0.99, ready=2), 2, POLICY, dt=60.0)
+    assert unhinted.capacity_per_replica == pytest.approx(4.8)  # an estimate no miss has refuted: +20 %
+    memory, seen = start_memory(4.0), [4.0]
+    for _ in range(12):  # twelve verdicts of 60 requests met at 0.99
+        memory = learn_capacity(memory, in_band(0.99, ready=2), 2, POLICY, dt=60.0)
+        seen.append(memory.capacity_per_replica)
+    assert seen[1] == 4.0  # the first verdict relaxes the ceiling only
+    assert seen[-1] > 4.0  # it does rise, ...
+    assert all(b <= a * 1.025 for a, b in itertools.pairwise(seen))  # ... a few per cent at a time
+    assert start_memory(None) == Memory()  # no hint: learnt from scratch
 
 
 def test_an_estimate_that_starts_unknown_settles_where_the_replicas_meet_the_slo():

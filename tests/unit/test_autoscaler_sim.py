@@ -119,3 +119,21 @@ def test_the_surface_shows_pooling_and_the_cost_of_load():
 def test_grid_seeds_read_as_ranges_or_lists():
     assert parse_seeds("1-5") == [1, 2, 3, 4, 5]
     assert parse_seeds("3,8") == [3, 8]
+
+
+def test_the_yardsticks_bound_what_seeing_only_the_present_can_do():
+    """The grid's two bounds, on the flash crowd with a 180 s start-up: knowing the future rate and the exact
+    capacity meets the SLO; knowing the exact rate only as it comes, and the exact capacity, cannot (the
+    crowd outruns every pod asked for at its first sign), and neither can the law, which knows neither."""
+    curve = Curve.load()
+    base = curve.capacity_point(TARGET)[0]
+    trace = traces(base, 3600.0, 1)["flash"]
+    seer, now, law, hpa = (run(curve, trace, 3600.0, p, 180.0, 1, 1, 20, TARGET, 8)
+                           for p in ("clairvoyant", "reactive-bound", "goodput-no-hint", "concurrency-hpa"))
+    assert seer["attainment"] >= TARGET
+    assert now["attainment"] < 0.85 and law["attainment"] < 0.85 and hpa["attainment"] < 0.85
+    assert seer["replica_seconds"] < hpa["replica_seconds"]  # the future, known, costs less, not more
+    # steady load: nothing to foresee, so the two bounds are the same policy
+    steady = traces(base, 3600.0, 1)["steady"]
+    a, b = (run(curve, steady, 3600.0, p, 60.0, 1, 1, 20, TARGET, 8) for p in ("clairvoyant", "reactive-bound"))
+    assert a["replica_seconds"] == b["replica_seconds"] and a["attainment"] >= TARGET

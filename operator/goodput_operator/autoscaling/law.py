@@ -102,6 +102,12 @@ class Memory:
     ceiling: float | None = None  # the lowest estimate a significant miss refuted
 
 
+def start_memory(capacity: float | None) -> Memory:
+    """A service's first Memory. A configured capacity is a measurement, not a guess: the law starts from it
+    and probes above it only as it would above a refuted estimate, a few per cent at a time."""
+    return Memory(capacity_per_replica=capacity, ceiling=capacity)
+
+
 @dataclass(frozen=True)
 class Decision:
     desired: int
@@ -134,7 +140,10 @@ def learn_capacity(memory: Memory, s: Signals, ready: int, policy: Policy, dt: f
     mu, util = memory.capacity_per_replica, policy.target_utilization
     load = s.arrival_rate / ready
     if mu is None:
-        if s.attainment >= policy.attainment_target and s.waiting == 0:
+        # only off a rate counted over a whole window: the first periods' counts are few, and one burst in
+        # them would start the estimate at a multiple of the truth
+        spans_window = memory.level is not None and memory.level_age >= policy.window_seconds
+        if spans_window and s.attainment >= policy.attainment_target and s.waiting == 0:
             return replace(memory, capacity_per_replica=load / planned_load(1.0, ready, util), good=0.0, total=0.0)
         return memory
     share = planned_load(1.0, ready, util)  # planned load over capacity at this count

@@ -27,6 +27,7 @@ from goodput_operator.autoscaling.law import (
     Observation,
     Policy,
     decide,
+    start_memory,
 )
 from goodput_operator.autoscaling.sources import (
     DirectSource,
@@ -151,7 +152,7 @@ class Autoscaler:
         key = (namespace, name)
         policy, configured = policy_for(svc)
         policy = replace(policy, window_seconds=self.window)
-        memory = self.memories.get(key) or Memory(capacity_per_replica=configured)
+        memory = self.memories.get(key) or start_memory(configured)
         if self._slice_version is None:
             self._slice_version = await endpoint_slice_version(self.kube)
         # spec.replicas unset: the Deployment runs minReplicas (builders.py), so that is the current count
