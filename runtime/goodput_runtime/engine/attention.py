@@ -14,11 +14,14 @@ cached token.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
+
+from goodput_runtime.engine import native_attention
 
 ATTN_IMPLEMENTATION = "goodput_paged"
 
@@ -107,6 +110,14 @@ def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 # "auto" is index on CUDA, index_select elsewhere
 GATHER = "auto"
 
+# how a decode group is attended: "native" (native_attention's C++ kernel, straight over the paged
+# cache, no gathers; CPU only, the torch path wherever it is unavailable), or "torch" (the blocks
+# gathered, then scaled_dot_product_attention); "auto" is native on CPU, torch on CUDA.
+# GOODPUT_DECODE_ATTENTION=torch turns the kernel off for a process (to compare, or to rule it out).
+DECODE_KERNEL = os.environ.get("GOODPUT_DECODE_ATTENTION", "auto")
+if DECODE_KERNEL not in ("auto", "native", "torch"):
+    raise ValueError(f"GOODPUT_DECODE_ATTENTION={DECODE_KERNEL!r}: expected auto, native or torch")
+
 
 def gather_blocks(cache: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
     """[B, KVH, L, D]: each row's context, read from the cache a block at a time."""
@@ -123,8 +134,13 @@ def gather_blocks(cache: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
 
 
 def attend_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
-                  mask: torch.Tensor, scaling: float | None, gqa: bool) -> torch.Tensor:
-    """query [B, H, D] of one decode group -> [B, H, D]."""
+                  mask: torch.Tensor, scaling: float | None, gqa: bool, window: int | None) -> torch.Tensor:
+    """query [B, H, D] of one decode group -> [B, H, D]; mask is the group's decode_mask for window."""
+    if DECODE_KERNEL != "torch" and not query.is_cuda:
+        out = native_attention.decode(query, k_cache, v_cache, group.blocks, group.lens, group.block_size,
+                                      scaling, window)
+        if out is not None:
+            return out
     o = F.scaled_dot_product_attention(query.unsqueeze(2), gather_blocks(k_cache, group),
                                        gather_blocks(v_cache, group), attn_mask=mask, scale=scaling, enable_gqa=gqa)
     return o.squeeze(2)
@@ -141,11 +157,12 @@ def attend(batch: PagedBatch, layer: int, query: torch.Tensor, key: torch.Tensor
     if len(batch.decodes) == 1 and not batch.prefills:
         # a decode-only step in one batch: no output buffer to copy into
         return attend_decode(query, k_cache, v_cache, batch.decodes[0], batch.decode_mask(0, sliding_window),
-                             scaling, gqa)
+                             scaling, gqa, sliding_window)
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     for i, group in enumerate(batch.decodes):
         out[group.rows] = attend_decode(query[group.rows], k_cache, v_cache, group,
-                                        batch.decode_mask(i, sliding_window), scaling, gqa)
+                                        batch.decode_mask(i, sliding_window), scaling, gqa,
+                                        sliding_window)
     for i, chunk in enumerate(batch.prefills):
         q = query[chunk.rows].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         if chunk.slots is None:
