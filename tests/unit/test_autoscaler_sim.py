@@ -22,8 +22,8 @@ from bench.autoscale_sim import (
     replay_rate,
     run,
     simulate,
-    static_attainment,
 )
+from bench.autoscale_surface import static_attainment
 
 ROOT = Path(__file__).resolve().parents[2]
 

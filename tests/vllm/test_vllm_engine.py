@@ -24,16 +24,17 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 from helpers import stop_process, wait_for
-from openai import AsyncOpenAI
+from vllm_reading import Client, cache_config, ttft_sum
 
 from goodput_operator import builders, engines
-from goodput_operator.autoscaling.signals import share_within
-from goodput_operator.autoscaling.sources import DirectSource, Endpoints, PrometheusSource
+from goodput_operator.autoscaling.signals import History, share_within
+from goodput_operator.autoscaling.sources import DirectSource, Endpoints, PrometheusSource, Reading
 from goodput_operator.spec import parse
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -173,59 +174,6 @@ def test_the_server_serves_the_served_name_with_the_slo_on_a_bucket_boundary(ser
     assert f'vllm:request_time_per_output_token_seconds_bucket{{engine="0",le="{SLO_TPOT}"' in text
 
 
-class Client:
-    """Concurrent streaming completions, each timed by the client."""
-
-    def __init__(self, url: str) -> None:
-        self.openai = AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
-        self.in_flight = 0
-        self.results: list[dict] = []
-
-    async def one(self, prompt: str, tokens: int) -> None:
-        self.in_flight += 1
-        start = time.monotonic()
-        times = []
-        usage = None
-        try:
-            stream = await self.openai.completions.create(
-                model="smollm2", prompt=prompt, max_tokens=tokens, temperature=0.0, stream=True,
-                stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-            async for chunk in stream:
-                if chunk.choices and chunk.choices[0].text:
-                    times.append(time.monotonic())
-                if chunk.usage:
-                    usage = chunk.usage
-        finally:
-            self.in_flight -= 1
-        assert usage is not None and usage.completion_tokens == tokens
-        ttft = times[0] - start
-        tpot = (times[-1] - times[0]) / (tokens - 1)
-        self.results.append({"ttft": ttft, "tpot": tpot, "prompt_tokens": usage.prompt_tokens})
-
-
-def cache_config(text: str) -> tuple[int, int]:
-    """(usable KV blocks, tokens per block) from vllm:cache_config_info; one block of the pool is vLLM's
-    null block, left out of its usage ratio."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "vllm:cache_config_info":
-                return int(sample.labels["num_gpu_blocks"]) - 1, int(sample.labels["block_size"])
-    raise AssertionError("no vllm:cache_config_info")
-
-
-def ttft_sum(text: str) -> float:
-    """vLLM's running total of the first-token times it measured (its TTFT histogram's sum)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "vllm:time_to_first_token_seconds_sum":
-                return float(sample.value)
-    raise AssertionError("no vllm:time_to_first_token_seconds_sum")
-
-
 @pytest.fixture(scope="module")
 def prometheus(server, smollm2_dir, tmp_path_factory):
     """A real Prometheus scraping the vLLM server as the operator's PodMonitor says (its metric relabelings),
@@ -279,14 +227,20 @@ def _query(url: str, expr: str) -> list[dict]:
         return list(json.loads(response.read())["data"]["result"])
 
 
+@dataclass
 class Run:
     """What the module's one load run saw, from the clients and from the autoscaler's direct reading."""
 
-    def __init__(self, client, before, after, history, seen, blocks, block_size, tokens, requests,
-                 server_ttft: float) -> None:
-        self.client, self.before, self.after, self.history, self.seen = client, before, after, history, seen
-        self.blocks, self.block_size, self.tokens, self.requests = blocks, block_size, tokens, requests
-        self.server_ttft = server_ttft  # the sum of the TTFTs vLLM itself measured for these requests
+    client: Client
+    before: Reading
+    after: Reading
+    history: History
+    seen: list[tuple[int, int, int, float]]
+    blocks: int
+    block_size: int
+    tokens: int
+    requests: int
+    server_ttft: float  # the sum of the TTFTs vLLM itself measured for these requests
 
 
 @pytest.fixture(scope="module")

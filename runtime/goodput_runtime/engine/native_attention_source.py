@@ -1,0 +1,279 @@
+"""The C++ source of the CPU decode-attention kernel that native_attention.py builds on first use."""
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kChunk = 16;  // keys folded into the running softmax at a time
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// fold(qf, acc, m, l, k, v, row, n, g, sc): n keys (1..kChunk) of one kv head, the first at k and v
+// and each `row` elements after the last, into the running softmax of g query heads: qf [g, d] the
+// scaled queries, acc [g, d] the sums of p * v, m [g] the maxima, l [g] the sums of p; sc [g, kChunk]
+// scratch.
+template <typename T>
+struct FoldScalar {
+  int64_t d;
+  void operator()(const float* qf, float* acc, float* m, float* l, const T* k, const T* v, int64_t row, int64_t n,
+                  int64_t g, float* sc) const {
+    for (int64_t h = 0; h < g; ++h) {
+      const float* q = qf + h * d;
+      float* s = sc + h * kChunk;
+      float mx = m[h];
+      for (int64_t t = 0; t < n; ++t) {
+        float dot = 0.f;
+        for (int64_t i = 0; i < d; ++i) dot += q[i] * static_cast<float>(k[t * row + i]);
+        s[t] = dot;
+        mx = std::max(mx, dot);
+      }
+      const float corr = std::exp(m[h] - mx);  // 0 on the first keys (m = -inf)
+      float sum = 0.f;
+      for (int64_t t = 0; t < n; ++t) {
+        s[t] = std::exp(s[t] - mx);
+        sum += s[t];
+      }
+      l[h] = l[h] * corr + sum;
+      m[h] = mx;
+      float* a = acc + h * d;
+      for (int64_t i = 0; i < d; ++i) a[i] *= corr;
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t i = 0; i < d; ++i) a[i] += s[t] * static_cast<float>(v[t * row + i]);
+    }
+  }
+};
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {  // bf16 is the top half of an fp32
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// e^x for x <= 0: Cephes' expf polynomial on x - n ln 2, times 2^n by scalef (0 far below -88)
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-88.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// lane t: the sum of v[t]'s lanes (a tree of shuffles and adds over all sixteen at once)
+inline __m512 hsum16(const __m512* v) {
+  __m512 a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i)  // lanes 0-7: halves of v[2i]; 8-15: of v[2i + 1]
+    a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // quarter j: quarters of v[4i + j]
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)
+    c[i] = _mm512_add_ps(_mm512_unpacklo_ps(b[2 * i], b[2 * i + 1]), _mm512_unpackhi_ps(b[2 * i], b[2 * i + 1]));
+  const __m512 d = _mm512_add_ps(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
+  // quarter j holds the sums of v[j], v[8 + j], v[4 + j], v[12 + j]
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15), d);
+}
+
+// the same for d = 16 * NC, sixteen lanes at a time
+template <typename T, int NC>
+struct FoldAvx512 {
+  void operator()(const float* qf, float* acc, float* m, float* l, const T* k, const T* v, int64_t row, int64_t n,
+                  int64_t g, float* sc) const {
+    constexpr int64_t D = NC * 16;
+    const __mmask16 live = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    for (int64_t h = 0; h < g; ++h) {
+      __m512 q[NC];
+      for (int c = 0; c < NC; ++c) q[c] = _mm512_loadu_ps(qf + h * D + c * 16);
+      float* s = sc + h * kChunk;
+      __m512 dots[16];
+      for (int64_t t = 0; t < 16; ++t) {
+        if (t >= n) {
+          dots[t] = _mm512_setzero_ps();
+          continue;
+        }
+        const T* kt = k + t * row;
+        __m512 dot = _mm512_mul_ps(q[0], load16(kt));
+        for (int c = 1; c < NC; ++c) dot = _mm512_fmadd_ps(q[c], load16(kt + c * 16), dot);
+        dots[t] = dot;
+      }
+      const __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), live, hsum16(dots));
+      const float mx = std::max(m[h], _mm512_reduce_max_ps(sv));
+      const float corr = std::exp(m[h] - mx);  // 0 on the first keys (m = -inf)
+      const __m512 p = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(sv, _mm512_set1_ps(mx))));
+      l[h] = l[h] * corr + _mm512_reduce_add_ps(p);
+      m[h] = mx;
+      _mm512_storeu_ps(s, p);
+      __m512 a[NC], b[NC];  // even and odd keys: two chains of adds
+      const __m512 cv = _mm512_set1_ps(corr);
+      for (int c = 0; c < NC; ++c) {
+        a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + h * D + c * 16), cv);
+        b[c] = _mm512_setzero_ps();
+      }
+      int64_t t = 0;
+      for (; t + 1 < n; t += 2) {
+        const __m512 p0 = _mm512_set1_ps(s[t]), p1 = _mm512_set1_ps(s[t + 1]);
+        const T* v0 = v + t * row;
+        const T* v1 = v0 + row;
+        for (int c = 0; c < NC; ++c) {
+          a[c] = _mm512_fmadd_ps(p0, load16(v0 + c * 16), a[c]);
+          b[c] = _mm512_fmadd_ps(p1, load16(v1 + c * 16), b[c]);
+        }
+      }
+      if (t < n) {
+        const __m512 p0 = _mm512_set1_ps(s[t]);
+        for (int c = 0; c < NC; ++c) a[c] = _mm512_fmadd_ps(p0, load16(v + t * row + c * 16), a[c]);
+      }
+      for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc + h * D + c * 16, _mm512_add_ps(a[c], b[c]));
+    }
+  }
+};
+#endif
+
+template <typename T, typename Fold>
+void run(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& blocks,
+         const at::Tensor& lens, int64_t bs, double scale, int64_t window, const Fold& fold, at::Tensor& out) {
+  const int64_t b = query.size(0), heads = query.size(1), d = query.size(2);
+  const int64_t kvh = k_cache.size(1), group = heads / kvh, row = kvh * d;
+  const int64_t nblocks = blocks.size(1), blocks_stride = blocks.stride(0);
+  const int64_t qs0 = query.stride(0), qs1 = query.stride(1);
+  const T* q = query.data_ptr<T>();
+  const T* kc = k_cache.data_ptr<T>();
+  const T* vc = v_cache.data_ptr<T>();
+  const int64_t* bl = blocks.data_ptr<int64_t>();
+  const int64_t* ln = lens.data_ptr<int64_t>();
+  T* o = out.data_ptr<T>();
+  int64_t total = 0;
+  for (int64_t i = 0; i < b; ++i) {
+    // keys past the row's blocks are masked off, as decode_mask masks them over the group's width
+    const int64_t len = std::min(ln[i], nblocks * bs);
+    TORCH_CHECK(ln[i] >= 1, "context length ", ln[i]);
+    for (int64_t j = 0; j * bs < len; ++j) {
+      const int64_t block = bl[i * blocks_stride + j];
+      TORCH_CHECK(block >= 0 && (block + 1) * bs <= k_cache.size(0), "block ", block, " outside the cache");
+    }
+    total += window > 0 ? std::min(len, window) : len;
+  }
+  // a unit of work: one sequence with all its heads (each block read whole, in turn), or where that
+  // leaves the threads too few units to share out evenly, one kv head of it with its query group,
+  // or one query head
+  const int64_t threads = at::get_num_threads();
+  const int64_t kv_per = b >= 4 * threads ? kvh : 1;
+  const int64_t g = kv_per == 1 && b * kvh < 4 * threads ? 1 : group;
+  const int64_t per_seq = heads / (kv_per * g);
+  const int64_t units = b * per_seq;
+  const int64_t grain = total * heads * d < (int64_t)1 << 16 ? units : 1;  // little work: no fork
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
+    const int64_t hs = kv_per * g;
+    std::vector<float> work(hs * (2 * d + 2) + g * kChunk);
+    float* qf = work.data();
+    float* acc = qf + hs * d;
+    float* m = acc + hs * d;
+    float* l = m + hs;
+    float* scratch = l + hs;
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t i = u / per_seq, part = u % per_seq;
+      // heads of the unit: kv heads kv0 .. kv0 + kv_per, query heads j0 .. j0 + g of each one's group
+      const int64_t kv0 = kv_per == 1 ? (g == 1 ? part / group : part) : 0;
+      const int64_t j0 = g == 1 ? part % group : 0;
+      for (int64_t x = 0; x < kv_per; ++x)
+        for (int64_t j = 0; j < g; ++j) {
+          const T* qh = q + i * qs0 + ((kv0 + x) * group + j0 + j) * qs1;
+          const int64_t s = x * g + j;
+          for (int64_t e = 0; e < d; ++e) qf[s * d + e] = static_cast<float>(qh[e]) * sc;
+          m[s] = kNegInf;
+          l[s] = 0.f;
+        }
+      std::fill(acc, acc + hs * d, 0.f);
+      const int64_t len = std::min(ln[i], nblocks * bs);
+      const int64_t first = window > 0 ? std::max<int64_t>(0, ln[i] - window) : 0;
+      const int64_t* table = bl + i * blocks_stride;
+      for (int64_t blk = first / bs; blk * bs < len; ++blk) {
+        const int64_t lo = std::max(first, blk * bs), hi = std::min(len, (blk + 1) * bs);
+        const int64_t slot0 = table[blk] * bs - blk * bs;  // slot of context position p: slot0 + p
+        if ((blk + 1) * bs < len) {  // the next block's rows of these heads, on their way while this one runs
+          const int64_t next = table[blk + 1] * bs * row + kv0 * d;
+          for (int64_t r = 0; r < bs; ++r)
+            for (int64_t e = 0; e < kv_per * d; e += 64 / (int64_t)sizeof(T)) {
+              __builtin_prefetch(kc + next + r * row + e);
+              __builtin_prefetch(vc + next + r * row + e);
+            }
+        }
+        for (int64_t x = 0; x < kv_per; ++x)
+          for (int64_t c0 = lo; c0 < hi; c0 += kChunk) {
+            const int64_t off = (slot0 + c0) * row + (kv0 + x) * d;
+            fold(qf + x * g * d, acc + x * g * d, m + x * g, l + x * g, kc + off, vc + off, row,
+                 std::min(kChunk, hi - c0), g, scratch);
+          }
+      }
+      for (int64_t x = 0; x < kv_per; ++x)
+        for (int64_t j = 0; j < g; ++j) {
+          const int64_t s = x * g + j;
+          const float inv = l[s] > 0.f ? 1.f / l[s] : 0.f;
+          T* oh = o + (i * heads + (kv0 + x) * group + j0 + j) * d;
+          for (int64_t e = 0; e < d; ++e) oh[e] = static_cast<T>(acc[s * d + e] * inv);
+        }
+    }
+  });
+}
+
+template <typename T>
+void dispatch(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& blocks,
+              const at::Tensor& lens, int64_t bs, double scale, int64_t window, at::Tensor& out) {
+  const int64_t d = query.size(2);
+#if defined(__AVX512F__)
+  switch (d) {
+#define GOODPUT_CASE(NC) \
+  case NC * 16: return run<T>(query, k_cache, v_cache, blocks, lens, bs, scale, window, FoldAvx512<T, NC>{}, out);
+    GOODPUT_CASE(1) GOODPUT_CASE(2) GOODPUT_CASE(3) GOODPUT_CASE(4)
+    GOODPUT_CASE(5) GOODPUT_CASE(6) GOODPUT_CASE(7) GOODPUT_CASE(8)
+#undef GOODPUT_CASE
+    default: break;
+  }
+#endif
+  run<T>(query, k_cache, v_cache, blocks, lens, bs, scale, window, FoldScalar<T>{d}, out);
+}
+
+}  // namespace
+
+at::Tensor decode(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                  const at::Tensor& blocks, const at::Tensor& lens, int64_t block_size, double scale, int64_t window) {
+  TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "bad shapes");
+  TORCH_CHECK(query.stride(2) == 1 && k_cache.is_contiguous() && v_cache.is_contiguous(), "bad strides");
+  TORCH_CHECK(query.scalar_type() == k_cache.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type(),
+              "mixed dtypes");
+  TORCH_CHECK(blocks.scalar_type() == at::kLong && blocks.dim() == 2 && blocks.stride(1) == 1, "bad blocks");
+  TORCH_CHECK(lens.scalar_type() == at::kLong && lens.is_contiguous() && lens.size(0) == query.size(0), "bad lens");
+  TORCH_CHECK(query.size(2) == k_cache.size(2) && query.size(1) % k_cache.size(1) == 0, "bad heads");
+  at::Tensor out = at::empty(query.sizes(), query.options());
+  if (query.scalar_type() == at::kFloat) {
+    dispatch<float>(query, k_cache, v_cache, blocks, lens, block_size, scale, window, out);
+  } else if (query.scalar_type() == at::kBFloat16) {
+    dispatch<c10::BFloat16>(query, k_cache, v_cache, blocks, lens, block_size, scale, window, out);
+  } else {
+    TORCH_CHECK(false, "unsupported dtype ", query.scalar_type());
+  }
+  return out;
+}
+"""
+
+CPP_DECL = ("at::Tensor decode(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache, "
+            "const at::Tensor& blocks, const at::Tensor& lens, int64_t block_size, double scale, int64_t window);")
