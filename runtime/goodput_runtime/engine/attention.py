@@ -115,8 +115,15 @@ GATHER = "auto"
 # gathered, then scaled_dot_product_attention); "auto" is native on CPU, torch on CUDA.
 # GOODPUT_DECODE_ATTENTION=torch turns the kernel off for a process (to compare, or to rule it out).
 DECODE_KERNEL = os.environ.get("GOODPUT_DECODE_ATTENTION", "auto")
-if DECODE_KERNEL not in ("auto", "native", "torch"):
-    raise ValueError(f"GOODPUT_DECODE_ATTENTION={DECODE_KERNEL!r}: expected auto, native or torch")
+# how a prompt chunk is attended: "native" (the same extension's causal kernel over the chunk's
+# context in the cache: its keys packed once per layer, sixteen query rows against sixteen keys at a
+# time, online softmax; CPU with AVX-512 only), or "torch" (the context gathered when the chunk
+# follows cached tokens, then scaled_dot_product_attention); "auto" is native where it runs.
+# GOODPUT_PREFILL_ATTENTION=torch turns it off for a process.
+PREFILL_KERNEL = os.environ.get("GOODPUT_PREFILL_ATTENTION", "auto")
+for _name, _value in (("GOODPUT_DECODE_ATTENTION", DECODE_KERNEL), ("GOODPUT_PREFILL_ATTENTION", PREFILL_KERNEL)):
+    if _value not in ("auto", "native", "torch"):
+        raise ValueError(f"{_name}={_value!r}: expected auto, native or torch")
 
 
 def gather_blocks(cache: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
@@ -164,6 +171,13 @@ def attend(batch: PagedBatch, layer: int, query: torch.Tensor, key: torch.Tensor
                                         batch.decode_mask(i, sliding_window), scaling, gqa,
                                         sliding_window)
     for i, chunk in enumerate(batch.prefills):
+        if PREFILL_KERNEL != "torch" and not query.is_cuda:
+            slots = batch.slot_mapping[chunk.rows] if chunk.slots is None else chunk.slots
+            native = native_attention.prefill(query[chunk.rows], k_cache, v_cache, slots, chunk.start, scaling,
+                                              sliding_window)
+            if native is not None:
+                out[chunk.rows] = native
+                continue
         q = query[chunk.rows].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         if chunk.slots is None:
             k, v = key[chunk.rows], value[chunk.rows]

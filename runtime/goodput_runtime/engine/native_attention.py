@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from goodput_runtime.engine.native_attention_source import CPP_DECL, SOURCE
+from goodput_runtime.engine.native_prefill_source import PREFILL_DECL, PREFILL_SOURCE
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def _cpu_flags() -> str:
 
 def build_name() -> str:
     """The extension's name: a digest of everything its binary depends on."""
-    key = "\n".join([SOURCE, CPP_DECL, " ".join(CFLAGS + LDFLAGS), torch.__version__, platform.machine(),
+    key = "\n".join([SOURCE, CPP_DECL, PREFILL_SOURCE, PREFILL_DECL, " ".join(CFLAGS + LDFLAGS), torch.__version__, platform.machine(),
                      _cpu_flags()])
     return "goodput_decode_attention_" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -80,7 +81,8 @@ def _build() -> Any:
         with (folder / "goodput.flock").open("w") as held:
             fcntl.flock(held, fcntl.LOCK_EX)
             (folder / "lock").unlink(missing_ok=True)
-            module = load_inline(name=name, cpp_sources=[CPP_DECL, SOURCE], functions=["decode"],
+            module = load_inline(name=name, cpp_sources=[CPP_DECL, PREFILL_DECL, SOURCE, PREFILL_SOURCE],
+                                 functions=["decode", "prefill"],
                                  extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS), build_directory=str(folder),
                                  verbose=False)
     except Exception as exc:  # a missing toolchain piece, a read-only cache, a failed build: the torch path serves
@@ -133,3 +135,26 @@ def decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     return ext.decode(query, k_cache.contiguous(), v_cache.contiguous(), blocks, lens, block_size, float(scale),
                       -1 if window is None else int(window))
+
+
+def prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, start: int,
+            scale: float | None, window: int | None) -> torch.Tensor | None:
+    """query [n, H, D] of a prompt chunk whose first position is ``start``, attended causally over
+    its context (the chunk's own keys and values already in the cache) -> [n, H, D]; None where the
+    kernel is unavailable or does not take these tensors (it needs AVX-512 and D a multiple of 16
+    up to 128).
+
+    slots [start + n]: the cache slot of every context position; window: position p sees key j
+    when p - window < j <= p."""
+    if not supports(query, k_cache):
+        return None
+    ext = module()
+    if ext is None:
+        return None
+    if query.stride(-1) != 1:
+        query = query.contiguous()
+    if slots.dtype != torch.int64 or not slots.is_contiguous():
+        slots = slots.to(torch.int64).contiguous()
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    return ext.prefill(query, k_cache.contiguous(), v_cache.contiguous(), slots, int(start), float(scale),
+                       -1 if window is None else int(window))
