@@ -37,11 +37,14 @@ from typing import Any
 import torch
 
 from goodput_runtime.engine.native_attention_source import CPP_DECL, SOURCE
+from goodput_runtime.engine.native_ops_source import OPS_DECL, OPS_FUNCTIONS, OPS_SOURCE
 from goodput_runtime.engine.native_prefill_source import PREFILL_DECL, PREFILL_SOURCE
 
 log = logging.getLogger(__name__)
 
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"]
+# no contraction of products and sums into FMAs beyond the kernels' own: the fused element-wise
+# operations round as torch's do
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 LDFLAGS = ["-fopenmp"]
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -59,8 +62,8 @@ def _cpu_flags() -> str:
 
 def build_name() -> str:
     """The extension's name: a digest of everything its binary depends on."""
-    key = "\n".join([SOURCE, CPP_DECL, PREFILL_SOURCE, PREFILL_DECL, " ".join(CFLAGS + LDFLAGS), torch.__version__,
-                     platform.machine(), _cpu_flags()])
+    key = "\n".join([SOURCE, CPP_DECL, PREFILL_SOURCE, PREFILL_DECL, OPS_SOURCE, OPS_DECL, " ".join(CFLAGS + LDFLAGS),
+                     torch.__version__, platform.machine(), _cpu_flags()])
     return "goodput_attention_" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -88,8 +91,9 @@ def _build() -> Any:
         with (folder / "goodput.flock").open("w") as held:
             fcntl.flock(held, fcntl.LOCK_EX)
             (folder / "lock").unlink(missing_ok=True)
-            module = load_inline(name=name, cpp_sources=[CPP_DECL, PREFILL_DECL, SOURCE, PREFILL_SOURCE],
-                                 functions=["decode", "prefill"],
+            module = load_inline(name=name, cpp_sources=[CPP_DECL, PREFILL_DECL, OPS_DECL, SOURCE, PREFILL_SOURCE,
+                                                                OPS_SOURCE],
+                                 functions=["decode", "prefill", *OPS_FUNCTIONS],
                                  extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS), build_directory=str(folder),
                                  verbose=False)
     except Exception as exc:  # a missing toolchain piece, a read-only cache, a failed build: the torch path serves

@@ -23,6 +23,8 @@ from torch import nn
 
 from goodput_runtime.engine.attention import PagedBatch, attend
 from goodput_runtime.engine.step_tuning import LINEAR, ONEDNN, StepPlan
+from goodput_runtime.models import fused
+from goodput_runtime.models.fused import rotate
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
@@ -105,13 +107,6 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The rotary embedding on x [T, heads, D] with cos, sin [T, 1, D] (rotate-half convention)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
 # A compiled step (``CausalLM.compile_layers``) is one graph for the whole stack of layers, as vLLM
 # compiles its models: the per-operation cost of a step's several hundred small operations, which
 # dominates a decode step beside its matrix products, is paid once per step instead. Inside the
@@ -174,7 +169,9 @@ class Attention(nn.Module):
         t = x.shape[0]
         qkv = project(x, self.qkv_proj, form)
         qk_width = (self.heads + self.kv_heads) * self.head_dim
-        qk = rotate(qkv[:, :qk_width].view(t, self.heads + self.kv_heads, self.head_dim), cos, sin)
+        qk = qkv[:, :qk_width].view(t, self.heads + self.kv_heads, self.head_dim)
+        # eagerly, in place and fused (models/fused.py); in the compiled graph, as inductor fuses it
+        qk = rotate(qk, cos, sin) if batch is None else fused.rotary_(qk, cos, sin)
         q, k = qk[:, : self.heads], qk[:, self.heads :]
         v = qkv[:, qk_width:].view(t, self.kv_heads, self.head_dim)
         if batch is None:
@@ -193,9 +190,12 @@ class MLP(nn.Module):
         self.act = source.act_fn
         self.intermediate = source.gate_proj.out_features
 
-    def forward(self, x: torch.Tensor, form: str = LINEAR) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, form: str = LINEAR, fuse_act: bool = False) -> torch.Tensor:
         gate_up = project(x, self.gate_up_proj, form)
-        act = self.act(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
+        if fuse_act:
+            act = fused.silu_mul(gate_up, self.intermediate, self.act)
+        else:
+            act = self.act(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
         return project(act, self.down_proj, form)
 
 
@@ -215,6 +215,17 @@ class DecoderLayer(nn.Module):
                 form: str = LINEAR) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, form)
         return h + self.mlp(self.post_attention_layernorm(h), form)
+
+    def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                      batch: PagedBatch, form: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` with the residual sums folded into the norms (models/fused.py): x is the previous
+        layer's MLP output (the embeddings at the first layer, residual None), residual the stream
+        before it; returns this layer's MLP output and the stream before it. The stream's tensor is
+        summed into in place."""
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        h, residual = fused.rms_norm(x, norm1.weight, norm1.eps, residual)
+        h, residual = fused.rms_norm(self.self_attn(h, cos, sin, batch, form), norm2.weight, norm2.eps, residual)
+        return self.mlp(h, form, fuse_act=True), residual
 
 
 class Decoder(nn.Module):
@@ -242,6 +253,11 @@ class Decoder(nn.Module):
                 h = self.compiled(self.layers, h, cos, sin, form)
             finally:
                 STEP.pop()
+        elif fused.enabled(h):
+            x, residual = h, None
+            for layer in self.layers:
+                x, residual = layer.forward_fused(x, residual, cos, sin, paged, form)
+            return DecoderOutput(fused.rms_norm(x, self.norm.weight, self.norm.eps, residual)[0][None])
         else:
             for layer in self.layers:
                 h = layer(h, cos, sin, paged, form)
