@@ -16,7 +16,7 @@ loaded one. The output is transformers' up to floating-point summation order.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -256,7 +256,7 @@ class Decoder(nn.Module):
         elif fused.enabled(h):
             x, residual = h, None
             for layer in self.layers:
-                x, residual = layer.forward_fused(x, residual, cos, sin, paged, form)
+                x, residual = cast(DecoderLayer, layer).forward_fused(x, residual, cos, sin, paged, form)
             return DecoderOutput(fused.rms_norm(x, self.norm.weight, self.norm.eps, residual)[0][None])
         else:
             for layer in self.layers:
