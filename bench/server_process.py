@@ -65,6 +65,38 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time so far of a process and every descendant (a server's engine and worker processes)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += cpu_seconds(p) or 0.0
+        todo += children.get(p, [])
+    return total
+
+
+def settle(pids: list[int], busy: float = 0.1, window_s: float = 0.5, limit_s: float = 30.0) -> float:
+    """Wait until the servers `pids` (with their child processes) together use under `busy` of a core over
+    `window_s`, at most `limit_s`; the seconds waited. A server just relieved of load may go on
+    spinning for a while (vLLM's worker polls its message queue for about a second), and the next run
+    would share the cores with it."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit_s:
+        before = sum(tree_cpu_seconds(p) for p in pids)
+        time.sleep(window_s)
+        if sum(tree_cpu_seconds(p) for p in pids) - before < busy * window_s:
+            break
+    return time.monotonic() - started
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -7,7 +7,9 @@ Both servers start once and stay up; only one is under load at a time. Each roun
 one after the other, at every concurrency, the order flipping from round to round. Every
 (round, concurrency) pair gets its own seeded prompts (so no prefix cache helps the second
 system or round), the same for both systems: streamed completions with token-id prompts, greedy,
-`ignore_eos`, a fixed number of output tokens. Both compute on the same number of threads.
+`ignore_eos`, a fixed number of output tokens. Both compute on the same number of threads. Before
+each run both servers must be quiet (under a tenth of a core over half a second): vLLM's worker
+keeps polling for about a second after its load ends, which would take a core from the run after it.
 
 The table shows each system's median over rounds of output tok/s, TPOT p50 and TTFT p90, our
 ratio against the peer, and the targets; greedy texts are compared request by request.
@@ -32,7 +34,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from bench.serve import default_output, run_load, write_json
-from bench.server_process import REPO, Server, free_port, kv_cache_bytes, start_server, wait_ready
+from bench.server_process import REPO, Server, free_port, kv_cache_bytes, settle, start_server, wait_ready
 from bench.stats import RequestRecord, summarize
 from bench.workload import WorkItem, WorkloadSpec, describe, make_workload, parse_range, prompt_vocabulary
 
@@ -253,6 +255,7 @@ def main(argv: list[str] | None = None) -> dict:
                 items = plan[(r, c)]
                 got: dict[str, list[RequestRecord]] = {}
                 for name in order:
+                    waited = settle([server.pid for server in servers.values()])
                     before = os.getloadavg()[0]
                     records, duration = asyncio.run(run_load(servers[name].base_url, "bench", items, concurrency=c))
                     failed = [x for x in records if not x.ok]
@@ -260,6 +263,7 @@ def main(argv: list[str] | None = None) -> dict:
                         raise RuntimeError(f"{len(failed)} requests to {name} failed, first: {failed[0].error}")
                     summary = summarize(records, duration, None, None)
                     summary["loadavg_1m_before_after"] = [round(before, 2), round(os.getloadavg()[0], 2)]
+                    summary["settled_s"] = round(waited, 2)
                     samples.setdefault((name, c), []).append(summary)
                     got[name] = records
                     print(f"  round {r + 1} c={c} {name}: {summary['output_tokens_per_s']:.1f} tok/s, TPOT p50 "
