@@ -40,3 +40,24 @@ def test_differing_greedy_outputs_are_reported_with_where_they_part():
     [diff] = result["differing"]
     assert diff["index"] == 1 and diff["first_diff_char"] == 6
     assert diff["ours"].endswith("world") and diff["peer"].endswith("there")
+
+
+def test_a_run_waits_until_a_server_and_its_children_stop_spinning():
+    """A server still busy after its load (vLLM's worker polls for about a second) would share the cores
+    with the next system's run: settle waits for its whole process tree to go quiet."""
+    import subprocess
+    import sys
+
+    from bench.server_process import settle
+
+    spin = "import time\nend = time.monotonic() + 1.5\nwhile time.monotonic() < end: pass\n"
+    # the spinning process is a child of the "server", as vLLM's worker is of its API server
+    server = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {spin!r}])"
+    parent = subprocess.Popen([sys.executable, "-c", server])
+    try:
+        waited = settle([parent.pid], window_s=0.25, limit_s=10)
+        assert 0.8 < waited < 5
+        assert parent.wait(timeout=5) == 0
+    finally:
+        parent.kill()
+    assert settle([parent.pid], window_s=0.25) < 0.5  # gone (or idle): one window
