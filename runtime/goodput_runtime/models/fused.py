@@ -69,14 +69,14 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``rotate`` in place on x [T, heads, D] (rows and heads may be strided, D contiguous); x."""
+    """``rotate`` of x [T, heads, D] (rows and heads may be strided, D contiguous): x itself, rotated in
+    place, where the fused function runs; a new tensor from the torch operations elsewhere."""
     ext = _ext(x)
     if ext is not None and x.stride(-1) == 1:
         c, s = cos.reshape(cos.shape[0], -1), sin.reshape(sin.shape[0], -1)
         if c.shape[1] == x.shape[-1] and c.is_contiguous() and s.is_contiguous() and ext.rotary_(x, c, s):
             return x
-    x.copy_(rotate(x, cos, sin))
-    return x
+    return rotate(x, cos, sin)
 
 
 def is_silu(act: nn.Module) -> bool:
