@@ -116,7 +116,8 @@ struct FoldAvx512 {
       }
       const __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), live, hsum16(dots));
       const float mx = std::max(m[h], _mm512_reduce_max_ps(sv));
-      const float corr = std::exp(m[h] - mx);  // 0 on the first keys (m = -inf)
+      // e^(m - mx) without a call into libm (about 0 on the first keys, m = -inf, where acc and l are 0)
+      const float corr = _mm512_cvtss_f32(exp16(_mm512_set1_ps(m[h] - mx)));
       const __m512 p = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(sv, _mm512_set1_ps(mx))));
       l[h] = l[h] * corr + _mm512_reduce_add_ps(p);
       m[h] = mx;
