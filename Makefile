@@ -3,11 +3,11 @@ PYTEST_ARGS ?=
 
 .PHONY: install test lint run-runtime
 
-# Installs the project with everything the test suite needs, and builds the CPU decode-attention
-# kernel once (cached under ~/.cache/torch_extensions; without a compiler the runtime uses torch's path).
+# Installs the project with everything the test suite needs, and builds the CPU attention and fused-ops
+# extension once (cached under ~/.cache/torch_extensions; without a compiler the runtime uses torch's path).
 install:
 	$(PY) -m pip install --quiet -e ".[dev]"
-	$(PY) -c "from goodput_runtime.engine import native_attention as n; print('native decode attention:', 'built' if n.available() else 'unavailable, torch path')"
+	$(PY) -c "from goodput_runtime.engine import native_attention as n; print('native attention and fused ops:', 'built' if n.available() else 'unavailable, torch path')"
 
 test: install k8s-binaries prometheus postgresql vllm-venv
 	$(PY) -m pytest $(PYTEST_ARGS)
