@@ -31,6 +31,17 @@ MODEL_NAME = "tiny"
 SMALL_KV = 1 << 20  # 2,048 tokens of the tiny model
 
 
+@pytest.fixture(scope="session")
+def kernel() -> None:
+    """The native extension (engine/native_attention.py: the attention kernels and fused functions),
+    built; the test is skipped where it cannot be."""
+    from goodput_runtime.engine import native_attention
+
+    if not native_attention.available():
+        pytest.skip("the native extension cannot be built here (no C++ compiler, or the build failed: see the "
+                    "log); the torch path serves instead")
+
+
 def get(url: str) -> tuple[int, dict | str]:
     try:
         with urllib.request.urlopen(url, timeout=10) as response:

@@ -17,13 +17,6 @@ from goodput_runtime.models import fused
 pytestmark = pytest.mark.runtime
 
 
-@pytest.fixture(scope="module")
-def kernel() -> None:
-    if not native_attention.available():
-        pytest.skip("the native extension cannot be built here (no C++ compiler, or the build failed: see the "
-                    "log); the torch operations serve instead")
-
-
 def torch_only(monkeypatch) -> None:
     monkeypatch.setattr(fused, "FUSED", "off")
 

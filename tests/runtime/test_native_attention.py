@@ -16,13 +16,6 @@ from goodput_runtime.engine.builder import build_core
 pytestmark = pytest.mark.runtime
 
 
-@pytest.fixture(scope="module")
-def kernel() -> None:
-    if not native_attention.available():
-        pytest.skip("the native decode attention kernel cannot be built here (no C++ compiler, or the build "
-                    "failed: see the log); the torch path serves instead")
-
-
 def paged_case(lens: list[int], heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
                seed: int, pad_blocks: int = 2) -> tuple[torch.Tensor, KVCache, PagedBatch]:
     """Random queries and cache; each row's context in shuffled blocks, its table padded to the widest

@@ -16,13 +16,6 @@ from goodput_runtime.engine.builder import build_core
 pytestmark = pytest.mark.runtime
 
 
-@pytest.fixture(scope="module")
-def kernel() -> None:
-    if not native_attention.available():
-        pytest.skip("the native attention kernels cannot be built here (no C++ compiler, or the build failed: "
-                    "see the log); the torch path serves instead")
-
-
 def prefill_step(chunks: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PagedBatch]:
     """A step of prompt chunks (start, n): each sequence's context in shuffled cache slots among

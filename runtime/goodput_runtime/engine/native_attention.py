@@ -132,20 +132,29 @@ def decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
     k_cache, v_cache [slots, KVH, D] (slot = block * block_size + offset); blocks [B, n] int64, each
     row's context blocks in order; lens [B] the context lengths (the new token included); scale
     None: 1/sqrt(D); window: key j visible when len - window <= j < len."""
-    if not supports(query, k_cache):
-        return None
-    ext = module()
+    ext = module() if supports(query, k_cache) else None
     if ext is None:
         return None
-    if query.stride(-1) != 1:
-        query = query.contiguous()
-    if blocks.dtype != torch.int64 or blocks.stride(-1) != 1:
-        blocks = blocks.to(torch.int64).contiguous()
-    if lens.dtype != torch.int64 or not lens.is_contiguous():
-        lens = lens.to(torch.int64).contiguous()
-    scale = query.shape[-1] ** -0.5 if scale is None else scale
-    return ext.decode(query, k_cache.contiguous(), v_cache.contiguous(), blocks, lens, block_size, float(scale),
-                      -1 if window is None else int(window))
+    blocks, lens = _int64_rows(blocks), _int64_rows(lens)
+    return ext.decode(*_common(query, k_cache, v_cache), blocks, lens, block_size, _scale(query, scale),
+                      _window(window))
+
+
+def _common(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors every kernel reads as it expects them: the query's last dimension and the caches dense."""
+    return (query if query.stride(-1) == 1 else query.contiguous()), k_cache.contiguous(), v_cache.contiguous()
+
+
+def _int64_rows(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.int64 and t.is_contiguous() else t.to(torch.int64).contiguous()
+
+
+def _scale(query: torch.Tensor, scale: float | None) -> float:
+    return float(query.shape[-1] ** -0.5 if scale is None else scale)
+
+
+def _window(window: int | None) -> int:
+    return -1 if window is None else int(window)
 
 
 def prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, start: int,
@@ -157,15 +166,8 @@ def prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
 
     slots [start + n]: the cache slot of every context position; window: position p sees key j
     when p - window < j <= p."""
-    if not supports(query, k_cache):
-        return None
-    ext = module()
+    ext = module() if supports(query, k_cache) else None
     if ext is None:
         return None
-    if query.stride(-1) != 1:
-        query = query.contiguous()
-    if slots.dtype != torch.int64 or not slots.is_contiguous():
-        slots = slots.to(torch.int64).contiguous()
-    scale = query.shape[-1] ** -0.5 if scale is None else scale
-    return ext.prefill(query, k_cache.contiguous(), v_cache.contiguous(), slots, int(start), float(scale),
-                       -1 if window is None else int(window))
+    return ext.prefill(*_common(query, k_cache, v_cache), _int64_rows(slots), int(start), _scale(query, scale),
+                       _window(window))
