@@ -2,8 +2,9 @@
 
     python -m bench.gpu_profile --model .cache/models/llama-1b
 
-A variant names, joined by `+`, how decode reads the paged cache's blocks (`index_select`, or
-`index`: advanced indexing over 8-byte words, the CUDA default), `compile` (`--compile`: the
+A variant names, joined by `+`, how decode attends: `triton` (the Triton kernel over the paged cache,
+the CUDA default), or the torch path with the cache's blocks read by `index_select` or `index`
+(advanced indexing over 8-byte words), then `compile` (`--compile`: the
 compact modules' norms, rotary embedding and MLP activation fused by inductor) and `fp8` (fp8
 weights). For each: the replayed CUDA-graph step time at each batch size, its MBU, and one step
 run eagerly over the same static buffers under torch.profiler, counting its kernels and summing
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--variants", default="index_select,index,index_select+compile,index+compile,index+fp8")
+    p.add_argument("--variants", default="index,triton,index+compile,triton+compile")
     p.add_argument("--batch-sizes", default="1,64")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=64)
@@ -60,7 +61,9 @@ def main(argv: list[str] | None = None) -> None:
     rows, tables = [], {}
     for variant in args.variants.split(","):
         parts = variant.split("+")
-        attention.GATHER = parts[0]  # captured into this engine's graphs
+        # captured into this engine's graphs
+        attention.DECODE_KERNEL = "auto" if parts[0] == "triton" else "torch"
+        attention.GATHER = "auto" if parts[0] == "triton" else parts[0]
         core = build_core(EngineConfig(
             model=args.model, device="cuda", dtype=args.dtype, max_model_len=args.prompt_len + args.steps + 64,
             max_num_seqs=max(batches), max_num_batched_tokens=max(2048, args.prompt_len * max(batches)),

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from goodput_runtime.engine import native_attention
+from goodput_runtime.engine import native_attention, triton_attention
 
 ATTN_IMPLEMENTATION = "goodput_paged"
 
@@ -110,10 +110,11 @@ def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 # "auto" is index on CUDA, index_select elsewhere
 GATHER = "auto"
 
-# how a decode group is attended: "native" (native_attention's C++ kernel, straight over the paged
-# cache, no gathers; CPU only, the torch path wherever it is unavailable), or "torch" (the blocks
-# gathered, then scaled_dot_product_attention); "auto" is native on CPU, torch on CUDA.
-# GOODPUT_DECODE_ATTENTION=torch turns the kernel off for a process (to compare, or to rule it out).
+# how a decode group is attended: "native" (straight over the paged cache, no gathers: on CPU
+# native_attention's C++ kernel, on CUDA triton_attention's Triton kernel, which also stores the
+# step's keys and values in a decode-only step; the torch path wherever neither runs), or "torch"
+# (the blocks gathered, then scaled_dot_product_attention); "auto" is native.
+# GOODPUT_DECODE_ATTENTION=torch turns the kernels off for a process (to compare, or to rule them out).
 DECODE_KERNEL = os.environ.get("GOODPUT_DECODE_ATTENTION", "auto")
 # how a prompt chunk is attended: "native" (the same extension's causal kernel over the chunk's
 # context in the cache: its keys packed once per layer, sixteen query rows against sixteen keys at a
@@ -148,6 +149,9 @@ def attend_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                                       scaling, window)
         if out is not None:
             return out
+    if DECODE_KERNEL != "torch" and triton_attention.available(query):
+        return triton_attention.decode(query, k_cache, v_cache, group.blocks, group.lens, group.block_size,
+                                       scaling, window)
     o = F.scaled_dot_product_attention(query.unsqueeze(2), gather_blocks(k_cache, group),
                                        gather_blocks(v_cache, group), attn_mask=mask, scale=scaling, enable_gqa=gqa)
     return o.squeeze(2)
@@ -158,6 +162,12 @@ def attend(batch: PagedBatch, layer: int, query: torch.Tensor, key: torch.Tensor
     """One layer's attention for the step: query [T, H, D], key and value [T, KVH, D] of the step's
     new tokens (written into the cache here); returns [T, H, D]."""
     k_cache, v_cache = batch.cache.keys[layer], batch.cache.values[layer]
+    if (len(batch.decodes) == 1 and not batch.prefills and DECODE_KERNEL != "torch"
+            and triton_attention.available(query)):
+        # a decode-only step on CUDA: the cache writes and the attention in one launch
+        group = batch.decodes[0]
+        return triton_attention.decode(query, k_cache, v_cache, group.blocks, group.lens, group.block_size,
+                                       scaling, sliding_window, key, value, batch.slot_mapping)
     k_cache.index_copy_(0, batch.slot_mapping, key)
     v_cache.index_copy_(0, batch.slot_mapping, value)
     gqa = query.shape[1] != key.shape[1]

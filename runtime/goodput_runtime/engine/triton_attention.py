@@ -1,0 +1,97 @@
+"""Paged decode attention on CUDA as one Triton kernel, straight over the paged cache.
+
+The torch path of a decode step spends, per layer, two cache writes (``index_copy_``), two block
+gathers into new tensors and a scaled-dot-product-attention call: five or more kernels of a few
+microseconds each around a few hundred KiB of keys and values. At batch 1 on an H100 they were
+a quarter of the step. This kernel does the same work in one launch: each program takes one
+sequence and one kv head, stores the step's new key and value into the cache, then runs an
+online softmax for the heads of that kv head's group over the sequence's blocks, read where they
+lie (block table, context length and window from device memory, so a CUDA graph replays it), and
+takes the new token's own key and value from registers.
+
+Scores are accumulated in float32; with float32 caches the products run in IEEE float32 (not
+TF32), so the greedy tokens match the torch path's. Triton is imported lazily: ``available``
+says whether this process can use the kernel (CUDA tensors, Triton importable, head dim 16..256).
+``TRITON_INTERPRET=1``, set before Triton is first imported, runs the same kernel on CPU tensors
+through Triton's interpreter: how the CPU tests check it against the torch path.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from typing import Any
+
+import torch
+
+
+@functools.cache
+def importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def available(query: torch.Tensor) -> bool:
+    """Whether the engine uses `decode` for this query: a CUDA tensor, Triton importable, a head dim of
+    16..256. (Under the interpreter, `decode` also runs on CPU tensors, for tests.)"""
+    return query.is_cuda and 16 <= query.shape[-1] <= 256 and importable()
+
+
+def _kernel() -> Any:
+    from goodput_runtime.engine import triton_kernels  # imports Triton: only where it is used
+
+    return triton_kernels.paged_decode
+
+
+def _pow2(n: int, least: int) -> int:
+    p = least
+    while p < n:
+        p *= 2
+    return p
+
+
+TILE: int | None = None  # keys per loop iteration; None: tile_for(the group's width) (bench/gpu_attention.py sweeps it)
+
+
+def tile_for(width: int) -> int:
+    """Keys per loop iteration: whole contexts of up to 64 tokens at once, 64 at a time beyond."""
+    return TILE or min(64, _pow2(width, 16))
+
+
+def decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
+           lens: torch.Tensor, block_size: int, scaling: float | None, window: int | None,
+           key: torch.Tensor | None = None, value: torch.Tensor | None = None,
+           slots: torch.Tensor | None = None) -> torch.Tensor:
+    """query [B, H, D] -> [B, H, D], each row attended to its context in the paged cache.
+
+    k_cache, v_cache [num_slots, KVH, D], contiguous; blocks [B, N] each row's cache blocks; lens [B]
+    context lengths including the new token. With key and value [B, KVH, D] and slots [B], the new
+    tokens' keys and values are stored into the cache by the same launch (otherwise the cache must
+    already hold them).
+    """
+    b, heads, dim = query.shape
+    kv_heads = k_cache.shape[1]
+    fused = key is not None and value is not None and slots is not None
+    # without the write, the kernel never reads key, value or slots (that code is compiled out)
+    new_k, new_v, new_slots = (key, value, slots) if fused else (query, query, lens)
+    assert new_k is not None and new_v is not None and new_slots is not None
+    assert k_cache.is_contiguous() and v_cache.is_contiguous()
+    query, new_k, new_v, blocks = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, new_k, new_v, blocks))
+    out = torch.empty((b, heads, dim), dtype=query.dtype, device=query.device)
+    if b == 0:
+        return out
+    group = heads // kv_heads
+    width = blocks.shape[1] * block_size
+    _kernel()[(b, kv_heads)](
+        query, new_k, new_v, k_cache, v_cache, new_slots, blocks, lens, out,
+        float(dim**-0.5 if scaling is None else scaling), int(window or 0),
+        query.stride(0), query.stride(1), new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1),
+        out.stride(0), out.stride(1), blocks.stride(0),
+        KVH=kv_heads, D=dim, D_PAD=_pow2(dim, 16), G=group, G_PAD=_pow2(group, 16), BLOCK=block_size,
+        TILE=tile_for(width), HAS_WINDOW=window is not None, FUSED_WRITE=fused,
+        IEEE=query.dtype == torch.float32, num_warps=4)
+    return out

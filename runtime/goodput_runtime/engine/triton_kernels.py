@@ -1,0 +1,75 @@
+"""Triton kernels of the CUDA path (imported only where Triton is installed; see triton_attention)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def paged_decode(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, slots_ptr, blocks_ptr, lens_ptr, out_ptr,
+                 scale, window, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
+                 stride_ob, stride_oh, stride_tb,
+                 KVH: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, G: tl.constexpr,
+                 G_PAD: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                 FUSED_WRITE: tl.constexpr, IEEE: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    d = tl.arange(0, D_PAD)
+    g = tl.arange(0, G_PAD)
+    dmask = d < D
+    gmask = g < G
+    heads = kvh * G + g
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=gmask[:, None] & dmask[None, :], other=0.0)
+    length = tl.load(lens_ptr + b)
+    pos = length - 1  # the new token's position
+    row = KVH * D  # one cache slot
+    if FUSED_WRITE:
+        k_new = tl.load(kn_ptr + b * stride_kb + kvh * stride_kh + d, mask=dmask, other=0.0)
+        v_new = tl.load(vn_ptr + b * stride_vb + kvh * stride_vh + d, mask=dmask, other=0.0)
+        slot = tl.load(slots_ptr + b)
+        tl.store(kc_ptr + slot * row + kvh * D + d, k_new, mask=dmask)
+        tl.store(vc_ptr + slot * row + kvh * D + d, v_new, mask=dmask)
+        end = pos  # the cache holds [0, pos); the new token comes from registers
+    else:
+        end = length  # the cache was written before: [0, length)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(pos - window + 1, 0)  # key j is visible when j > pos - window
+    m = tl.full([G_PAD], float("-inf"), tl.float32)
+    total = tl.full([G_PAD], 0.0, tl.float32)
+    acc = tl.full([G_PAD, D_PAD], 0.0, tl.float32)
+    t0 = (lo // TILE) * TILE
+    for start in range(t0, end, TILE):
+        t = start + tl.arange(0, TILE)
+        tmask = (t < end) & (t >= lo)
+        block = tl.load(blocks_ptr + b * stride_tb + t // BLOCK, mask=tmask, other=0)
+        slots = block.to(tl.int64) * BLOCK + t % BLOCK
+        kv_off = slots[:, None] * row + kvh * D + d[None, :]
+        kv_mask = tmask[:, None] & dmask[None, :]
+        k = tl.load(kc_ptr + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(vc_ptr + kv_off, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") if IEEE else tl.dot(q, tl.trans(k))
+        s = s * scale
+        s = tl.where(tmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        # rows that have seen no visible key yet keep m = -inf; exp(-inf - -inf) would be nan
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        total = total * alpha + tl.sum(p, axis=1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    if FUSED_WRITE:
+        s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1) * scale
+        m_new = tl.maximum(m, s_new)
+        alpha = tl.exp(m - m_new)
+        p_new = tl.exp(s_new - m_new)
+        total = total * alpha + p_new
+        acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
+    out = acc / total[:, None]
+    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=gmask[:, None] & dmask[None, :])
+

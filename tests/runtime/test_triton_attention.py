@@ -1,0 +1,174 @@
+"""The CUDA decode attention kernel (Triton, straight over the paged cache, the step's keys and values
+stored by the same launch) against the torch path (index_copy_ into the cache, blocks gathered,
+scaled_dot_product_attention).
+
+Without a GPU the kernel runs through Triton's interpreter on CPU tensors (TRITON_INTERPRET=1):
+the same kernel source, every mask and index, executed by numpy. The tests skip where Triton is not
+installed. The `gpu` test runs it compiled, on CUDA, and the engine's greedy tokens with it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_native_attention import paged_case
+
+from goodput_runtime.engine import attention, triton_attention
+from goodput_runtime.engine.attention import PagedBatch
+
+pytestmark = [pytest.mark.runtime,
+              pytest.mark.skipif(not triton_attention.importable(), reason="Triton is not installed")]
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    """Triton's interpreter where there is no GPU (conftest sets TRITON_INTERPRET before Triton is
+    imported). Its scalars are one-element numpy arrays, which numpy 2.4 no longer converts with
+    int(): a loop bound loaded from memory is converted with .item() instead (a fix to the
+    interpreter, not to the kernel)."""
+    if torch.cuda.is_available():
+        return
+    assert triton_attention.interpreting()
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patch(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
+
+
+def step_case(lens: list[int], heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int,
+              device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PagedBatch]:
+    """A decode step: queries, the new tokens' keys and values, and a batch whose slot mapping puts
+    each new token at its row's last position (within its own blocks)."""
+    query, cache, batch = paged_case(lens, heads, kv_heads, head_dim, 16, dtype, seed)
+    group = batch.decodes[0]
+    g = torch.Generator().manual_seed(seed + 1)
+    key = torch.randn(len(lens), kv_heads, head_dim, generator=g).to(dtype)
+    value = torch.randn(len(lens), kv_heads, head_dim, generator=g).to(dtype)
+    slots = torch.tensor([int(group.blocks[i, (n - 1) // 16]) * 16 + (n - 1) % 16 for i, n in enumerate(lens)])
+    cache.keys[0], cache.values[0] = cache.keys[0].to(device), cache.values[0].to(device)
+    group.blocks, group.lens = group.blocks.to(device), group.lens.to(device)
+    batch = PagedBatch(cache, slots.to(device), decodes=[group])
+    return query.to(device), key.to(device), value.to(device), batch
+
+
+def torch_path(query, key, value, batch: PagedBatch, window, scaling, monkeypatch):
+    """The torch path's output, and its cache after the step (on copies: the batch is left as it was)."""
+    cache = batch.cache
+    keys, values = cache.keys[0].clone(), cache.values[0].clone()
+    copy = PagedBatch(type(cache)([keys], [values]), batch.slot_mapping, decodes=batch.decodes)
+    with monkeypatch.context() as patch:
+        patch.setattr(attention, "DECODE_KERNEL", "torch")
+        out = attention.attend(copy, 0, query, key, value, scaling, window)
+    return out, keys, values
+
+
+SHAPES = [(9, 3, 64), (32, 4, 64), (4, 4, 16), (8, 2, 128), (6, 2, 40)]  # SmolLM2; a 1B Llama; MHA; wide; odd
+LENS = [[1], [17], [300], [1, 17, 64, 1000], [5, 33, 2, 250, 16, 1, 90, 7]]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "h{}-kv{}-d{}".format(*s))
+@pytest.mark.parametrize("lens", LENS, ids=lambda n: "lens-" + "-".join(map(str, n)))
+@pytest.mark.parametrize("window", [None, 40])
+def test_fused_write_and_attend_equal_the_torch_path(shape, lens, window, interpret, monkeypatch):
+    heads, kv_heads, head_dim = shape
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    query, key, value, batch = step_case(lens, heads, kv_heads, head_dim, torch.float32, seed=len(lens) + head_dim,
+                                         device=device)
+    expected, keys, values = torch_path(query, key, value, batch, window, None, monkeypatch)
+    group = batch.decodes[0]
+    out = triton_attention.decode(query, batch.cache.keys[0], batch.cache.values[0], group.blocks, group.lens,
+                                  16, None, window, key, value, batch.slot_mapping)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+    # the new keys and values landed where the torch path put them, and nothing else changed
+    assert torch.equal(batch.cache.keys[0], keys) and torch.equal(batch.cache.values[0], values)
+
+
+BF16_INTERPRETED = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="Triton's interpreter multiplies bf16 matrices wrongly (tl.dot of a 16x16 bf16 tile off by 1e10); "
+           "bf16 is checked compiled, on a GPU")
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=BF16_INTERPRETED), torch.float16])
+def test_half_precision_close_to_the_torch_path(dtype, interpret, monkeypatch):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    query, key, value, batch = step_case([3, 130, 64, 1], 32, 4, 64, dtype, seed=5, device=device)
+    expected, _, _ = torch_path(query.float(), key.float(), value.float(),
+                                PagedBatch(type(batch.cache)([batch.cache.keys[0].float()],
+                                                             [batch.cache.values[0].float()]),
+                                           batch.slot_mapping, decodes=batch.decodes),
+                                None, 0.125, monkeypatch)
+    group = batch.decodes[0]
+    out = triton_attention.decode(query, batch.cache.keys[0], batch.cache.values[0], group.blocks, group.lens,
+                                  16, 0.125, None, key, value, batch.slot_mapping)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_without_the_write_reads_the_new_token_from_the_cache(interpret, monkeypatch):
+    """The unfused form (the cache already written, as in a step mixing decodes and prompt chunks)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    query, key, value, batch = step_case([7, 64, 200], 9, 3, 64, torch.float32, seed=9, device=device)
+    expected, keys, values = torch_path(query, key, value, batch, None, None, monkeypatch)
+    group = batch.decodes[0]
+    out = triton_attention.decode(query, keys, values, group.blocks, group.lens, 16, None, None)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+
+
+def test_padding_rows_touch_only_the_scratch_slot(interpret, monkeypatch):
+    """A graph's padding rows: context length 1, every block the scratch block, the new token into
+    the scratch slot. Real rows' results and cache are as without them."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    query, key, value, batch = step_case([40, 90], 9, 3, 64, torch.float32, seed=11, device=device)
+    group = batch.decodes[0]
+    scratch = int(group.blocks.max()) + 1
+    cache = batch.cache
+    extra = torch.zeros(16, 3, 64, device=device)
+    cache.keys[0], cache.values[0] = torch.cat([cache.keys[0], extra]), torch.cat([cache.values[0], extra])
+    expected, keys, values = torch_path(query, key, value, batch, None, None, monkeypatch)
+    blocks = torch.cat([group.blocks, torch.full((2, group.blocks.shape[1]), scratch, device=device)])
+    lens = torch.cat([group.lens, torch.ones(2, dtype=torch.long, device=device)])
+    slots = torch.cat([batch.slot_mapping, torch.full((2,), scratch * 16, device=device)])
+    out = triton_attention.decode(torch.cat([query, query]), cache.keys[0], cache.values[0], blocks, lens, 16, None,
+                                  None, torch.cat([key, key]), torch.cat([value, value]), slots)
+    torch.testing.assert_close(out[:2], expected, atol=2e-5, rtol=2e-5)
+    # a padding row attends to its one token: its own value
+    torch.testing.assert_close(out[2:], value.repeat_interleave(3, dim=1), atol=1e-6, rtol=1e-6)
+    assert torch.equal(cache.keys[0][: scratch * 16], keys[: scratch * 16])
+    assert torch.equal(cache.values[0][: scratch * 16], values[: scratch * 16])
+
+
+def test_the_engine_uses_it_on_cuda_only(monkeypatch):
+    """On CPU the engine keeps its own kernels (native_attention), interpreter or not."""
+    assert not triton_attention.available(torch.zeros(1, 4, 64))
+    if torch.cuda.is_available():
+        assert triton_attention.available(torch.zeros(1, 4, 64, device="cuda"))
+        assert not triton_attention.available(torch.zeros(1, 4, 8, device="cuda"))  # head dim below 16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+def test_engine_on_cuda_gives_the_torch_paths_tokens(arch, eager, tiny_model_dir, tmp_path, monkeypatch):
+    """float32 on a GPU, decode graphs on and off, a sliding window (Mistral) too: the kernel serves
+    the decodes and the greedy tokens are the torch path's."""
+    from test_decode_graphs import gpu_config
+    from test_engine_greedy import run_all, workload
+    from test_models import mistral_dir
+
+    from goodput_runtime.engine.builder import build_core
+
+    model = tiny_model_dir if arch == "llama" else mistral_dir(tiny_model_dir, tmp_path)
+    cases = workload(seed=13, n=12)
+    calls = []
+    kernel = triton_attention.decode
+    monkeypatch.setattr(triton_attention, "decode", lambda *a, **k: calls.append(len(a) + len(k)) or kernel(*a, **k))
+    with_kernel = run_all(build_core(gpu_config(model, enforce_eager=eager)), cases)
+    assert calls, "the Triton kernel was not used"
+    monkeypatch.setattr(attention, "DECODE_KERNEL", "torch")
+    assert with_kernel == run_all(build_core(gpu_config(model, enforce_eager=eager)), cases)
