@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kv-heads", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--tiles", default="32,64,128")
+    parser.add_argument("--tiles", default="64,128,256")
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--out", default="bench/results/gpu_attention.json")
     args = parser.parse_args(argv)

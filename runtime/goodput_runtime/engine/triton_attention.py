@@ -58,8 +58,9 @@ TILE: int | None = None  # keys per loop iteration; None: tile_for(the group's w
 
 
 def tile_for(width: int) -> int:
-    """Keys per loop iteration: whole contexts of up to 64 tokens at once, 64 at a time beyond."""
-    return TILE or min(64, _pow2(width, 16))
+    """Keys per loop iteration: whole contexts of up to 128 tokens at once, 128 at a time beyond (on an
+    H200, 128 beat 32 and 64 at every batch and context bench/gpu_attention.py tried)."""
+    return TILE or min(128, _pow2(width, 16))
 
 
 def decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,

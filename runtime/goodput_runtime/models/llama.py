@@ -120,16 +120,23 @@ ONEDNN_OP = "onednn-op"  # the onednn form as the compiled graph runs it (projec
 
 
 @torch.library.custom_op("goodput::paged_attention", mutates_args=())
-def paged_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scaling: float,
+def paged_attention_op(qk: torch.Tensor, qkv: torch.Tensor, heads: int, layer: int, scaling: float,
                        window: int) -> torch.Tensor:
-    """attention.attend on STEP's batch (window < 0: none); writes the step's keys and values to the cache."""
-    return attend(STEP[-1], layer, query, key, value, scaling, None if window < 0 else window).contiguous()
+    """attention.attend on STEP's batch (window < 0: none); writes the step's keys and values to the cache.
+
+    qk [T, H + KVH, D]: the queries and keys after the rotary embedding; qkv [T, (H + 2 KVH) D]: the
+    projection, whose tail holds the values. The operator takes these whole buffers and slices them
+    itself: given the slices, inductor copied each into a new tensor first (two copies a layer).
+    """
+    t, width, dim = qk.shape
+    value = qkv[:, width * dim:].view(t, width - heads, dim)
+    return attend(STEP[-1], layer, qk[:, :heads], qk[:, heads:], value, scaling,
+                  None if window < 0 else window).contiguous()
 
 
 @paged_attention_op.register_fake
-def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scaling: float,
-      window: int) -> torch.Tensor:
-    return query.new_empty(query.shape)
+def _(qk: torch.Tensor, qkv: torch.Tensor, heads: int, layer: int, scaling: float, window: int) -> torch.Tensor:
+    return qk.new_empty(qk.shape[0], heads, qk.shape[2])
 
 
 @torch.library.custom_op("goodput::onednn_linear", mutates_args=())
@@ -172,12 +179,12 @@ class Attention(nn.Module):
         qk = qkv[:, :qk_width].view(t, self.heads + self.kv_heads, self.head_dim)
         # eagerly, in place and fused (models/fused.py); in the compiled graph, as inductor fuses it
         qk = rotate(qk, cos, sin) if batch is None else fused.rotary_(qk, cos, sin)
-        q, k = qk[:, : self.heads], qk[:, self.heads :]
-        v = qkv[:, qk_width:].view(t, self.kv_heads, self.head_dim)
         if batch is None:
-            out = paged_attention_op(q, k, v, self.layer_idx, float(self.scaling),
+            out = paged_attention_op(qk, qkv, self.heads, self.layer_idx, float(self.scaling),
                                      -1 if self.sliding_window is None else self.sliding_window)
         else:
+            q, k = qk[:, : self.heads], qk[:, self.heads :]
+            v = qkv[:, qk_width:].view(t, self.kv_heads, self.head_dim)
             out = attend(batch, self.layer_idx, q, k, v, self.scaling, self.sliding_window)
         return project(out.reshape(t, self.heads * self.head_dim), self.o_proj, form)
 
