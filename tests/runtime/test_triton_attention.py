@@ -75,6 +75,28 @@ LENS = [[1], [17], [300], [1, 17, 64, 1000], [5, 33, 2, 250, 16, 1, 90, 7]]
 @pytest.mark.parametrize("lens", LENS, ids=lambda n: "lens-" + "-".join(map(str, n)))
 @pytest.mark.parametrize("window", [None, 40])
 def test_fused_write_and_attend_equal_the_torch_path(shape, lens, window, interpret, monkeypatch):
+    check_fused(shape, lens, window, monkeypatch)
+
+
+@pytest.mark.parametrize("splits", [2, 3, 8])
+@pytest.mark.parametrize("lens", [[1000], [300, 1, 17], [1, 2]], ids=lambda n: "lens-" + "-".join(map(str, n)))
+@pytest.mark.parametrize("window", [None, 40])
+def test_a_context_split_across_programs_gives_the_same_attention(splits, lens, window, interpret, monkeypatch):
+    """Long contexts at small batches: each split's partial sums merged by the second kernel; splits
+    with no key (short rows, the window) must count for nothing."""
+    monkeypatch.setattr(triton_attention, "SPLITS", splits)
+    check_fused((32, 4, 64), lens, window, monkeypatch)
+
+
+def test_splits_only_for_long_contexts_of_few_sequences():
+    assert triton_attention.splits_for(1, 4, 256) == 1
+    assert triton_attention.splits_for(1, 4, 1024) == 4
+    assert triton_attention.splits_for(1, 4, 8192) == 16
+    assert triton_attention.splits_for(4, 4, 4096) == 8  # about 128 programs
+    assert triton_attention.splits_for(16, 4, 4096) == 1  # 64 programs already
+
+
+def check_fused(shape, lens, window, monkeypatch):
     heads, kv_heads, head_dim = shape
     device = "cuda" if torch.cuda.is_available() else "cpu"
     query, key, value, batch = step_case(lens, heads, kv_heads, head_dim, torch.float32, seed=len(lens) + head_dim,

@@ -6,13 +6,17 @@ import triton.language as tl
 
 @triton.jit
 def paged_decode(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, slots_ptr, blocks_ptr, lens_ptr, out_ptr,
-                 scale, window, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
-                 stride_ob, stride_oh, stride_tb,
+                 part_m_ptr, part_l_ptr, part_acc_ptr, scale, window, chunk,
+                 stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh, stride_tb,
                  KVH: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, G: tl.constexpr,
                  G_PAD: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                 FUSED_WRITE: tl.constexpr, IEEE: tl.constexpr):
+                 FUSED_WRITE: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr):
+    """One program per (sequence, kv head, split): the split's `chunk` keys of the context. With SPLIT,
+    each program leaves its running maximum, sum and unnormalised output for merge_splits; the
+    first split also stores the new key and value and counts the new token."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
+    split = tl.program_id(2)
     d = tl.arange(0, D_PAD)
     g = tl.arange(0, G_PAD)
     dmask = d < D
@@ -27,8 +31,9 @@ def paged_decode(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, slots_ptr, blocks_ptr, l
         k_new = tl.load(kn_ptr + b * stride_kb + kvh * stride_kh + d, mask=dmask, other=0.0)
         v_new = tl.load(vn_ptr + b * stride_vb + kvh * stride_vh + d, mask=dmask, other=0.0)
         slot = tl.load(slots_ptr + b)
-        tl.store(kc_ptr + slot * row + kvh * D + d, k_new, mask=dmask)
-        tl.store(vc_ptr + slot * row + kvh * D + d, v_new, mask=dmask)
+        first = dmask & (split == 0)
+        tl.store(kc_ptr + slot * row + kvh * D + d, k_new, mask=first)
+        tl.store(vc_ptr + slot * row + kvh * D + d, v_new, mask=first)
         end = pos  # the cache holds [0, pos); the new token comes from registers
     else:
         end = length  # the cache was written before: [0, length)
@@ -38,6 +43,8 @@ def paged_decode(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, slots_ptr, blocks_ptr, l
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     total = tl.full([G_PAD], 0.0, tl.float32)
     acc = tl.full([G_PAD, D_PAD], 0.0, tl.float32)
+    lo = tl.maximum(lo, split * chunk)  # this split's keys: [lo, end)
+    end = tl.minimum(end, split * chunk + chunk)
     t0 = (lo // TILE) * TILE
     for start in range(t0, end, TILE):
         t = start + tl.arange(0, TILE)
@@ -64,12 +71,48 @@ def paged_decode(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, slots_ptr, blocks_ptr, l
         m = m_new
     if FUSED_WRITE:
         s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1) * scale
+        s_new = tl.where(split == 0, s_new, float("-inf"))  # the new token counts once, in the first split
         m_new = tl.maximum(m, s_new)
-        alpha = tl.exp(m - m_new)
-        p_new = tl.exp(s_new - m_new)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_safe)
+        p_new = tl.exp(s_new - m_safe)
         total = total * alpha + p_new
         acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
+        m = m_new
+    if SPLIT:
+        part = ((b * KVH + kvh) * tl.num_programs(2) + split) * G_PAD + g
+        tl.store(part_m_ptr + part, m)
+        tl.store(part_l_ptr + part, total)
+        tl.store(part_acc_ptr + part[:, None] * D_PAD + d[None, :], acc)
+    else:
+        out = acc / total[:, None]
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
+
+
+@triton.jit
+def merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, stride_ob, stride_oh,
+                 KVH: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
+                 SPLITS: tl.constexpr):
+    """One program per (sequence, kv head): paged_decode's splits combined into the attention output."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    d = tl.arange(0, D_PAD)
+    g = tl.arange(0, G_PAD)
+    base = (b * KVH + kvh) * SPLITS
+    m = tl.full([G_PAD], float("-inf"), tl.float32)
+    for i in tl.static_range(SPLITS):
+        m = tl.maximum(m, tl.load(part_m_ptr + (base + i) * G_PAD + g))
+    m = tl.where(m == float("-inf"), 0.0, m)  # (every row has a key, the new token at least: a guard)
+    total = tl.full([G_PAD], 0.0, tl.float32)
+    acc = tl.full([G_PAD, D_PAD], 0.0, tl.float32)
+    for i in tl.static_range(SPLITS):
+        part = (base + i) * G_PAD + g
+        w = tl.exp(tl.load(part_m_ptr + part) - m)  # a split with no key: exp(-inf) = 0
+        total += w * tl.load(part_l_ptr + part)
+        acc += w[:, None] * tl.load(part_acc_ptr + part[:, None] * D_PAD + d[None, :])
     out = acc / total[:, None]
+    heads = kvh * G + g
     tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=gmask[:, None] & dmask[None, :])
+             mask=(g < G)[:, None] & (d < D)[None, :])
 
