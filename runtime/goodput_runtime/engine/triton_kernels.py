@@ -30,7 +30,7 @@ def paged_decode(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, slots_ptr, blocks_ptr, l
     if FUSED_WRITE:
         k_new = tl.load(kn_ptr + b * stride_kb + kvh * stride_kh + d, mask=dmask, other=0.0)
         v_new = tl.load(vn_ptr + b * stride_vb + kvh * stride_vh + d, mask=dmask, other=0.0)
-        slot = tl.load(slots_ptr + b)
+        slot = tl.load(slots_ptr + b).to(tl.int64)  # offsets past 2**31 elements in a large cache
         first = dmask & (split == 0)
         tl.store(kc_ptr + slot * row + kvh * D + d, k_new, mask=first)
         tl.store(vc_ptr + slot * row + kvh * D + d, v_new, mask=first)
