@@ -9,6 +9,7 @@ endpoint (not ready while it boots, ready once /health answers 200).
 
 from __future__ import annotations
 
+import bisect
 import json
 import random
 import re
@@ -23,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autoscaling_helpers import delete_endpoint, host_address, put_endpoint, scale_replicas
-from harness import Cluster
+from autoscaling_helpers import delete_endpoint, free_port, host_address, put_endpoint, scale_replicas
+from harness import Cluster, OperatorProcess
 from helpers import stop_process
 
 
@@ -174,12 +175,15 @@ class Sent:
 class OpenLoad:
     """Open-loop arrivals: a Poisson process whose rate `rate(t)` (t: seconds since start) the test sets,
     each request sent at its time whatever the answers before it, to the ready pods in turn, as users
-    arrive regardless of how the service is doing."""
+    arrive regardless of how the service is doing. `evenly`: the arrivals are spaced 1 / rate(t) apart
+    instead, a smooth ramp without Poisson noise."""
 
     def __init__(self, actuator: Actuator, rate: Callable[[float], float], body: dict[str, object],
-                 seed: int = 7) -> None:
+                 seed: int = 7, evenly: bool = False) -> None:
         self.actuator, self.rate, self.body = actuator, rate, json.dumps(body).encode()
+        self.evenly = evenly
         self.sent: list[Sent] = []
+        self.arrivals: list[float] = []  # monotonic send times, in order (sent: in the order answered)
         self._rng = random.Random(seed)
         self._stop = threading.Event()
         self._turn = 0
@@ -196,12 +200,19 @@ class OpenLoad:
         due = time.monotonic()
         while not self._stop.is_set():
             rate = self.rate(due - self.started)
-            due += self._rng.expovariate(rate) if rate > 0 else 0.1
-            if rate <= 0:
-                self._stop.wait(max(0.0, due - time.monotonic()))
-                continue
+            if rate > 0:
+                due += 1 / rate if self.evenly else self._rng.expovariate(rate)
+            else:
+                due += 0.1
             self._stop.wait(max(0.0, due - time.monotonic()))
-            self._pool.submit(self._send, due)
+            if rate > 0 and not self._stop.is_set():
+                self.arrivals.append(due)
+                self._pool.submit(self._send, due)
+
+    def sent_rate(self, now: float, window: float) -> float:
+        """Requests sent per second over the `window` seconds before `now`."""
+        arrivals = self.arrivals
+        return (bisect.bisect_right(arrivals, now) - bisect.bisect_right(arrivals, now - window)) / window
 
     def _send(self, at: float) -> None:
         ports = self.actuator.ready_ports()
@@ -224,3 +235,14 @@ class OpenLoad:
         self._stop.set()
         self._thread.join(5)
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def autoscaling_operator(cluster: Cluster, hub, workdir: Path, period: float,
+                         window: float) -> tuple[OperatorProcess, int]:
+    """A real operator process with a fast autoscaler (control period and window in seconds), started;
+    and the port of its metrics."""
+    port = free_port()
+    operator = OperatorProcess(cluster.kubeconfig, workdir / "operator.log", hub.endpoint, "--metrics-port", str(port),
+                               "--autoscaler-period-seconds", str(period),
+                               "--autoscaler-window-seconds", str(window)).start()
+    return operator, port

@@ -22,9 +22,8 @@ import urllib.request
 
 import pytest
 import yaml
-from autoscaling_helpers import free_port
-from harness import ROOT, OperatorProcess, wait_for
-from live_pods import Actuator, Load
+from harness import ROOT, wait_for
+from live_pods import Actuator, Load, autoscaling_operator
 from prometheus_process import PROMETHEUS, Prometheus, dashboard_queries
 
 from goodput_operator.autoscaling.signals import History, parse_pod_metrics
@@ -59,10 +58,7 @@ def live(cluster, hub, tmp_path_factory, tiny_model_dir):
     workdir = tmp_path_factory.mktemp("live")
     namespace = f"live-{int(time.time()) % 100000}"
     cluster.core.create_namespace({"metadata": {"name": namespace}})
-    metrics_port = free_port()
-    operator = OperatorProcess(cluster.kubeconfig, workdir / "operator.log", hub.endpoint,
-                               "--metrics-port", str(metrics_port), "--autoscaler-period-seconds", str(PERIOD),
-                               "--autoscaler-window-seconds", str(WINDOW)).start()
+    operator, metrics_port = autoscaling_operator(cluster, hub, workdir, PERIOD, WINDOW)
     prometheus = Prometheus(workdir, namespace, metrics_port)
     actuator = Actuator(cluster, namespace, SERVICE, tiny_model_dir, workdir, RUNTIME_FLAGS,
                         on_targets=prometheus.set_targets)

@@ -247,6 +247,25 @@ def test_a_significant_trend_scales_ahead_by_the_start_up_time():
     assert (flat.desired, flat.cause) == (4, "steady"), flat.reason  # within the noise: no forecast
 
 
+def test_a_steady_period_reports_the_rate_and_its_trend():
+    """status.autoscaler.message between changes: the smoothed rate and its trend, and the rate planned for a
+    start-up ahead once the trend counts, at one replica as at several."""
+    memory = Memory(capacity_per_replica=10.0, level=2.0, trend=0.002, seen_at=985.0, level_age=600.0)
+    one = decide(POLICY, Observation(1000.0, 1, 1, met(2.1)), memory)
+    assert (one.desired, one.cause) == (1, "steady"), one.reason
+    level = one.memory.level
+    trend = one.memory.trend * 60
+    assert one.reason == f"1 replica serves arrival {level:.2f} req/s, trend +{trend:.2f} req/s per minute"
+    assert one.memory.trend > 0  # +0.12 req/s a minute, within a 1-minute window's noise at 2 req/s: no forecast
+    rising = decide(POLICY, Observation(1000.0, 4, 4, met(10.5)),
+                    Memory(capacity_per_replica=4.0, level=10.0, trend=0.025, seen_at=985.0, level_age=600.0))
+    assert (rising.desired, rising.cause) == (4, "steady"), rising.reason
+    ahead = forecast(rising.memory, POLICY, 15.0)
+    assert ahead is not None and ahead > rising.memory.level
+    assert rising.reason == (f"4 replicas fit arrival {rising.memory.level:.2f} req/s, trend "
+                             f"+{rising.memory.trend * 60:.2f} req/s per minute ({ahead:.2f} req/s expected in 105 s)")
+
+
 def test_the_exported_forecast_is_the_rate_the_law_sized_for():
     memory = Memory(capacity_per_replica=4.0, level=10.0, trend=0.05, seen_at=985.0)
     rising = decide(POLICY, Observation(1000.0, 4, 4, met(10.75)), memory)

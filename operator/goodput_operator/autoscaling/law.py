@@ -308,13 +308,14 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
                         f"{starting} replicas starting; " + slo_miss_text(policy, s),
                         replace(memory, high_since=obs.now))
     fewer = current - 1
+    rate = _rate_text(memory, ahead, horizon)
     if current == 1:  # one replica: only idleness (its own, or the gateway's) takes it to zero
-        return _scale_down(policy, obs, s, memory, 0.0)
+        return _scale_down(policy, obs, s, memory, 0.0, rate)
     if mu is None and idle:  # nothing to learn a capacity from, and nothing to serve (a batch just done)
         return _scale_down(policy, obs, s, memory, 0.0)
     if mu is None or max(level, ahead) > fewer * planned_load(mu, fewer, util) * (1 - TOLERANCE):
-        return Decision(current, HOLD, "steady", f"{current} replicas fit "
-                        f"arrival {level:.2f} req/s", replace(memory, high_since=obs.now))
+        return Decision(current, HOLD, "steady", f"{current} replicas fit {rate}",
+                        replace(memory, high_since=obs.now))
     return _scale_down(policy, obs, s, memory, planned_load(mu, fewer, util))
 
 
@@ -328,7 +329,15 @@ def _count(rate: float, mu: float | None, current: int, utilization: float) -> i
     return capacity_term(rate, mu, utilization)
 
 
-def _scale_down(policy: Policy, obs: Observation, s: Signals, memory: Memory, planned: float) -> Decision:
+def _rate_text(memory: Memory, ahead: float, horizon: float) -> str:
+    """The smoothed rate and its trend, as a steady decision reports them (and the forecast, where it counts)."""
+    level = memory.level or 0.0
+    text = f"arrival {level:.2f} req/s, trend {memory.trend * 60:+.2f} req/s per minute"
+    return text + (f" ({ahead:.2f} req/s expected in {horizon:.0f} s)" if ahead > level else "")
+
+
+def _scale_down(policy: Policy, obs: Observation, s: Signals, memory: Memory, planned: float,
+                rate: str = "the load") -> Decision:
     current, now = obs.current, obs.now
     since = memory.high_since if memory.high_since is not None else now
     held = now - since
@@ -341,7 +350,7 @@ def _scale_down(policy: Policy, obs: Observation, s: Signals, memory: Memory, pl
         if policy.idle_period and idle_for >= policy.idle_period:
             return Decision(0, DOWN, "idle", f"no requests for {idle_for:.0f} s "
                             f"(idle period {policy.idle_period:.0f} s)", replace(memory, high_since=now))
-        return Decision(current, HOLD, "steady", "1 replica serves the load", memory)
+        return Decision(current, HOLD, "steady", f"1 replica serves {rate}", memory)
     if held < policy.scale_down_window:
         return Decision(current, HOLD, "stabilizing", f"{current - 1} replicas would do; stabilising "
                         f"{held:.0f} of {policy.scale_down_window:.0f} s", memory)
