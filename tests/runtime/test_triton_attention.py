@@ -194,3 +194,22 @@ def test_engine_on_cuda_gives_the_torch_paths_tokens(arch, eager, tiny_model_dir
     assert calls, "the Triton kernel was not used"
     monkeypatch.setattr(attention, "DECODE_KERNEL", "torch")
     assert with_kernel == run_all(build_core(gpu_config(model, enforce_eager=eager)), cases)
+
+
+@pytest.mark.parametrize("window", [None, 8])
+def test_start_up_launches_every_variant_a_model_steps_use(window, interpret, monkeypatch):
+    """warm_up (run by the engine's build on CUDA) launches the fused and the unfused kernel, each
+    with one program and with a split context, so none compiles under a request."""
+    launched = []
+    kernel = triton_attention.decode
+
+    def record(query, k_cache, v_cache, blocks, lens, block_size, scaling, window, key=None, value=None, slots=None,
+               splits=None):
+        out = kernel(query, k_cache, v_cache, blocks, lens, block_size, scaling, window, key, value, slots, splits)
+        assert torch.isfinite(out).all()
+        launched.append((key is not None, splits))
+        return out
+
+    monkeypatch.setattr(triton_attention, "decode", record)
+    triton_attention.warm_up(32, 4, 64, 16, torch.float32, torch.device("cpu"), window)
+    assert sorted(launched) == [(False, 1), (False, 2), (True, 1), (True, 2)]

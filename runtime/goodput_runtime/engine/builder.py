@@ -15,7 +15,7 @@ import torch
 from goodput_runtime import models
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.cpu import pick_threads
-from goodput_runtime.engine import attention, parallel
+from goodput_runtime.engine import attention, parallel, triton_attention
 from goodput_runtime.engine.batch_cap import BatchCap
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.contention import ContentionWatch
@@ -162,6 +162,19 @@ def size_kv_cache(config: EngineConfig, device: torch.device, model_config, dtyp
     return num_blocks
 
 
+def warm_up_triton(runner: ModelRunner, model_config, world: int) -> None:
+    """The CUDA decode attention kernels' variants compiled now (triton_attention.warm_up), for each
+    window the model's layers use, so that the first steps mixing decodes and prompts wait for none."""
+    started, layout = time.monotonic(), runner.layout
+    heads = model_config.num_attention_heads // world
+    if not 16 <= layout.head_dim <= 256:
+        return
+    for window in {None, getattr(model_config, "sliding_window", None)}:
+        triton_attention.warm_up(heads, layout.kv_heads, layout.head_dim, runner.block_size, layout.dtype,
+                                 runner.device, window)
+    log.info("compiled the Triton decode attention kernels in %.1f s", time.monotonic() - started)
+
+
 def compile_layers(runner: ModelRunner) -> None:
     """torch.compile the compact modules' stack of layers and compile it now, with a step of each
     size whose projections take another form under the step plan, so no request waits for it."""
@@ -268,6 +281,8 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
         tune_runner(runner, config.max_num_seqs)  # before speculation's timing, which then times tuned steps
     if config.compile:
         compile_layers(runner)  # after tuning (whose trial plans would each compile), before CUDA graphs
+    if device.type == "cuda" and attention.DECODE_KERNEL != "torch" and triton_attention.importable():
+        warm_up_triton(runner, model_config, world)
     if device.type == "cuda" and not config.enforce_eager:
         if world == 1:
             runner.enable_decode_graphs(config.max_num_seqs, max_model_len, capture=True)

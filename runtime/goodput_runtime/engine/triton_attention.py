@@ -64,9 +64,9 @@ TILE: int | None = None  # keys per loop iteration; None: tile_for(the group's w
 
 
 def tile_for(width: int) -> int:
-    """Keys per loop iteration: whole contexts of up to 128 tokens at once, 128 at a time beyond (on an
-    H200, 128 beat 32 and 64 at every batch and context bench/gpu_attention.py tried)."""
-    return TILE or min(128, _pow2(width, 16))
+    """Keys per loop iteration: 128 (on an H200, 128 beat 32 and 64 at every batch and context
+    bench/gpu_attention.py tried), whatever the width, so that a model compiles few variants."""
+    return TILE or 128
 
 
 SPLITS: int | None = None  # programs per (sequence, kv head); None: splits_for(...) (the bench sweeps it)
@@ -89,13 +89,13 @@ def splits_for(batch: int, kv_heads: int, width: int) -> int:
 def decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
            lens: torch.Tensor, block_size: int, scaling: float | None, window: int | None,
            key: torch.Tensor | None = None, value: torch.Tensor | None = None,
-           slots: torch.Tensor | None = None) -> torch.Tensor:
+           slots: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
     """query [B, H, D] -> [B, H, D], each row attended to its context in the paged cache.
 
     k_cache, v_cache [num_slots, KVH, D], contiguous; blocks [B, N] each row's cache blocks; lens [B]
     context lengths including the new token. With key and value [B, KVH, D] and slots [B], the new
     tokens' keys and values are stored into the cache by the same launch (otherwise the cache must
-    already hold them).
+    already hold them). `splits`: programs per (sequence, kv head), splits_for's when None.
     """
     b, heads, dim = query.shape
     kv_heads = k_cache.shape[1]
@@ -111,7 +111,7 @@ def decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
     group = heads // kv_heads
     width = blocks.shape[1] * block_size
     tile = tile_for(width)
-    splits = splits_for(b, kv_heads, width)
+    splits = splits or splits_for(b, kv_heads, width)
     chunk = _cdiv(_cdiv(width, splits), tile) * tile  # keys per split, whole tiles
     g_pad, d_pad = _pow2(group, 16), _pow2(dim, 16)
     if splits > 1:
@@ -130,7 +130,23 @@ def decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
         HAS_WINDOW=window is not None, FUSED_WRITE=fused, IEEE=query.dtype == torch.float32, SPLIT=splits > 1,
         num_warps=4)
     if splits > 1:
-        kernels.merge_splits[(b, kv_heads)](part_m, part_l, part_acc, out, out.stride(0), out.stride(1),
-                                            KVH=kv_heads, D=dim, D_PAD=d_pad, G=group, G_PAD=g_pad, SPLITS=splits,
-                                            num_warps=4)
+        kernels.merge_splits[(b, kv_heads)](part_m, part_l, part_acc, out, out.stride(0), out.stride(1), splits,
+                                            KVH=kv_heads, D=dim, D_PAD=d_pad, G=group, G_PAD=g_pad, num_warps=4)
     return out
+
+
+def warm_up(heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype, device: torch.device,
+            window: int | None) -> None:
+    """Compile, before the first request, each variant of the kernels a model's steps launch: with and
+    without the fused write (decode-only steps, and steps mixing decodes with prompt chunks), one
+    program or a split context (and the merge). Triton compiles a variant on its first launch, a
+    second or so that would otherwise fall on a request. Launched on scratch tensors."""
+    width = 2 * block_size
+    keys, values = (torch.zeros(width, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(2))
+    query = torch.zeros(1, heads, head_dim, dtype=dtype, device=device)
+    new = torch.zeros(1, kv_heads, head_dim, dtype=dtype, device=device)
+    blocks, lens = torch.tensor([[0, 1]], device=device), torch.tensor([width], device=device)
+    for splits in (1, 2):
+        decode(query, keys, values, blocks, lens, block_size, None, window, new, new,
+               torch.tensor([width - 1], device=device), splits=splits)
+        decode(query, keys, values, blocks, lens, block_size, None, window, splits=splits)

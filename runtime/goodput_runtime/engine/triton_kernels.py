@@ -91,22 +91,21 @@ def paged_decode(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, slots_ptr, blocks_ptr, l
 
 
 @triton.jit
-def merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, stride_ob, stride_oh,
-                 KVH: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
-                 SPLITS: tl.constexpr):
+def merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, stride_ob, stride_oh, splits,
+                 KVH: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr):
     """One program per (sequence, kv head): paged_decode's splits combined into the attention output."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     d = tl.arange(0, D_PAD)
     g = tl.arange(0, G_PAD)
-    base = (b * KVH + kvh) * SPLITS
+    base = (b * KVH + kvh) * splits
     m = tl.full([G_PAD], float("-inf"), tl.float32)
-    for i in tl.static_range(SPLITS):
+    for i in range(splits):
         m = tl.maximum(m, tl.load(part_m_ptr + (base + i) * G_PAD + g))
     m = tl.where(m == float("-inf"), 0.0, m)  # (every row has a key, the new token at least: a guard)
     total = tl.full([G_PAD], 0.0, tl.float32)
     acc = tl.full([G_PAD, D_PAD], 0.0, tl.float32)
-    for i in tl.static_range(SPLITS):
+    for i in range(splits):
         part = (base + i) * G_PAD + g
         w = tl.exp(tl.load(part_m_ptr + part) - m)  # a split with no key: exp(-inf) = 0
         total += w * tl.load(part_l_ptr + part)
