@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Triton's kernels (runtime engine/triton_kernels.py), where Triton is installed, run through its
+# interpreter on a machine without a GPU. Triton reads this when it is first imported (importing the
+# runtime imports it, through transformers), so it is set here, before any tier's conftest.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_CACHE = ROOT / ".cache" / "test-models"

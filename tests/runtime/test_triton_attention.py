@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.runtime,
 
 @pytest.fixture
 def interpret(monkeypatch):
-    """Triton's interpreter where there is no GPU (conftest sets TRITON_INTERPRET before Triton is
+    """Triton's interpreter where there is no GPU (tests/conftest.py sets TRITON_INTERPRET before Triton is
     imported). Its scalars are one-element numpy arrays, which numpy 2.4 no longer converts with
     int(): a loop bound loaded from memory is converted with .item() instead (a fix to the
     interpreter, not to the kernel)."""
