@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import subprocess
 import sys
@@ -22,14 +21,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import torch
-
-# Triton's kernels (engine/triton_kernels.py), where Triton is installed, run through its interpreter
-# on a machine without a GPU. Triton reads this when it is first imported (the runtime's imports
-# below import it, through transformers), so it is set before them.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 from helpers import stop_process, wait_for
 
 from goodput_runtime.config import EngineConfig
