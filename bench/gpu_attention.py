@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
                 row[f"{name}_err"] = (out - reference).abs().max().item()
             triton_attention.TILE = triton_attention.SPLITS = None
             width = batch.decodes[0].width
-            row["engine_tile"] = triton_attention.tile_for(width)
+            row["engine_tile"] = triton_attention.tile()
             row["engine_splits"] = triton_attention.splits_for(b, args.kv_heads, width)
             rows.append(row)
     for row in rows:

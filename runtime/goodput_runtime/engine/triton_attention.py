@@ -60,10 +60,10 @@ def _pow2(n: int, least: int) -> int:
     return p
 
 
-TILE: int | None = None  # keys per loop iteration; None: tile_for(the group's width) (bench/gpu_attention.py sweeps it)
+TILE: int | None = None  # keys per loop iteration; None: tile()'s 128 (bench/gpu_attention.py sweeps it)
 
 
-def tile_for(width: int) -> int:
+def tile() -> int:
     """Keys per loop iteration: 128 (on an H200, 128 beat 32 and 64 at every batch and context
     bench/gpu_attention.py tried), whatever the width, so that a model compiles few variants."""
     return TILE or 128
@@ -110,9 +110,9 @@ def decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
         return out
     group = heads // kv_heads
     width = blocks.shape[1] * block_size
-    tile = tile_for(width)
+    tile_keys = tile()
     splits = splits or splits_for(b, kv_heads, width)
-    chunk = _cdiv(_cdiv(width, splits), tile) * tile  # keys per split, whole tiles
+    chunk = _cdiv(_cdiv(width, splits), tile_keys) * tile_keys  # keys per split, whole tiles
     g_pad, d_pad = _pow2(group, 16), _pow2(dim, 16)
     if splits > 1:
         part_m = torch.empty(b * kv_heads * splits * g_pad, dtype=torch.float32, device=query.device)
@@ -126,7 +126,7 @@ def decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
         float(dim**-0.5 if scaling is None else scaling), int(window or 0), chunk,
         query.stride(0), query.stride(1), new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1),
         out.stride(0), out.stride(1), blocks.stride(0),
-        KVH=kv_heads, D=dim, D_PAD=d_pad, G=group, G_PAD=g_pad, BLOCK=block_size, TILE=tile,
+        KVH=kv_heads, D=dim, D_PAD=d_pad, G=group, G_PAD=g_pad, BLOCK=block_size, TILE=tile_keys,
         HAS_WINDOW=window is not None, FUSED_WRITE=fused, IEEE=query.dtype == torch.float32, SPLIT=splits > 1,
         num_warps=4)
     if splits > 1:
