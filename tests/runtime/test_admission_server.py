@@ -17,6 +17,10 @@ from goodput_runtime.server.admission import AdmissionSettings
 pytestmark = pytest.mark.runtime
 
 FLOOD = 40
+# Each request holds its seat for OUTPUT decode steps. The tiny model's decode step takes 0.4–0.6 ms
+# here, so the flood's last request waits 19 rounds × 200 steps ≈ 1.5–2.3 s: three to four times the
+# 0.5 s target. At 64 tokens it waited ≈ 0.5 s, and whether any request was refused was chance.
+OUTPUT = 200
 
 
 class AdmittingServer(ServerThread):
@@ -38,7 +42,7 @@ async def flood(url: str, count: int) -> list[tuple[int, dict[str, str], float]]
     async with aiohttp.ClientSession() as session:
         async def one() -> tuple[int, dict[str, str], float]:
             started = time.monotonic()
-            body = {"model": MODEL_NAME, "prompt": "a b c d e f g h", "max_tokens": 64, "ignore_eos": True}
+            body = {"model": MODEL_NAME, "prompt": "a b c d e f g h", "max_tokens": OUTPUT, "ignore_eos": True}
             async with session.post(f"{url}/v1/completions", json=body) as response:
                 headers = dict(response.headers)
                 waited = time.monotonic() - started
@@ -71,7 +75,7 @@ def warm(running: ServerThread) -> None:
     rates and the typical output length (what a queued request is expected to hold its seat for)."""
     client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0, timeout=60)
     for _ in range(3):
-        client.completions.create(model=MODEL_NAME, prompt="a b c d e f g h", max_tokens=64,
+        client.completions.create(model=MODEL_NAME, prompt="a b c d e f g h", max_tokens=OUTPUT,
                                   extra_body={"ignore_eos": True})
 
 
@@ -79,7 +83,7 @@ def test_a_flood_past_the_ttft_target_is_refused_at_once_with_retry_after(admitt
     warm(admitting)
     answers = asyncio.run(flood(admitting.url, FLOOD))
     refused = [(headers, waited) for status, headers, waited in answers if status == 429]
-    assert refused, "a queue of 40 requests × 64 tokens behind 2 seats cannot all start within 0.5 s"
+    assert refused, f"a queue of {FLOOD} requests × {OUTPUT} tokens behind 2 seats cannot all start within 0.5 s"
     assert {status for status, _, _ in answers} <= {200, 429}
     for headers, _ in refused:
         assert int(headers["Retry-After"]) >= 1
@@ -100,7 +104,7 @@ async def pressure(url: str, workers: int, stop: asyncio.Event) -> list[int]:
     statuses: list[int] = []
     async with aiohttp.ClientSession() as session:
         async def worker() -> None:
-            body = {"model": MODEL_NAME, "prompt": "a b c d e f g h", "max_tokens": 64, "ignore_eos": True}
+            body = {"model": MODEL_NAME, "prompt": "a b c d e f g h", "max_tokens": OUTPUT, "ignore_eos": True}
             while not stop.is_set():
                 async with session.post(f"{url}/v1/completions", json=body) as response:
                     await response.read()
