@@ -12,7 +12,7 @@ loads the model once and times, three times each (the table keeps the least):
 - `wave`: `2 × --seqs` requests of 30-400 prompt tokens and 96 output tokens, `--seqs` at a time.
 
 Ours is `EngineCore` from `build_core` (step tuning on, as the server starts it), built and stepped
-on a thread of its own as the server runs it (on a process's main thread glibc's main arena returns
+on a thread of its own as the server runs it, its heap frozen out of the collector's scans (on a process's main thread glibc's main arena returns
 freed memory to the system and steps run slower). vLLM's is `vllm.LLM` from the venv
 `hack/vllm-venv.sh` caches, with `VLLM_ENABLE_V1_MULTIPROCESSING=0` (the engine in this process) and
 its OpenMP threads bound to the first `--threads` CPUs. Both get the same seeded token-id prompts,
@@ -24,6 +24,7 @@ carry. Writes `bench/results/engine_vs_vllm-*.json`.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -74,6 +75,8 @@ def worker_ours(model: str, threads: int, seqs: int) -> dict[str, list[float]]:
     def body() -> None:
         core = build_core(EngineConfig(model=model, dtype="float32", max_num_seqs=seqs, max_num_batched_tokens=BUDGET,
                                        max_model_len=MAX_LEN, kv_cache_memory=2 << 30, num_threads=threads))
+        gc.collect()
+        gc.freeze()  # as the server does once its engine is up
         counter = iter(range(1 << 30))
 
         def run(batch: list[list[int]], max_tokens: int) -> float:

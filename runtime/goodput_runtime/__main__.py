@@ -316,7 +316,7 @@ async def run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, on_signal, sig)
     return await serve(config, metrics, args.host, args.port, args.shutdown_grace, stop, force,
                        shutdown_delay=args.shutdown_delay, api_keys=args.api_keys,
-                       admission=admission_settings(args),
+                       admission=admission_settings(args), freeze_heap=True,
                        on_failure=lambda reason: write_termination_message(args.termination_message_path, reason))
 
 

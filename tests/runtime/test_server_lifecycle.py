@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 
 import aiohttp
+import openai
 import pytest
+from conftest import MODEL_NAME, ServerThread
 from prometheus_client.parser import text_string_to_metric_families
 
 from goodput_runtime.server.lifecycle import load_engine
@@ -125,3 +128,28 @@ async def test_stop_turns_health_503_and_aborts_what_outlives_the_grace(make_ser
     assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"
     await asyncio.to_thread(closing.thread.join, 30)
     assert closing.exit_code == 0
+
+
+class FreezingServer(ServerThread):
+    """The server as the command line starts it: the heap frozen once the engine is up."""
+
+    def serve_options(self) -> dict:
+        return {"freeze_heap": True}
+
+
+def test_a_started_server_keeps_the_model_out_of_the_collectors_scans(tiny_model_dir) -> None:
+    gc.unfreeze()
+    running = FreezingServer(tiny_model_dir).start()
+    try:
+        assert gc.get_freeze_count() > 10_000
+        # a full collection while serving walks what requests create, not the model's modules,
+        # parameters and tokenizer
+        scanned = {id(obj) for obj in gc.get_objects()}
+        model = running.engine.core.runner.model
+        assert id(model) not in scanned and not any(id(m) in scanned for m in model.modules())
+        client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        answer = client.completions.create(model=MODEL_NAME, prompt="hello", max_tokens=4)
+        assert answer.usage.completion_tokens == 4
+    finally:
+        running.stop()
+        gc.unfreeze()  # the objects of this test process go back to the collector

@@ -10,6 +10,7 @@ up to ``shutdown_grace`` seconds to finish before they are aborted.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 from collections.abc import Callable
@@ -90,8 +91,13 @@ async def serve(config: EngineConfig, metrics: RuntimeMetrics, host: str, port: 
                 engine_factory: EngineFactory = load_engine,
                 on_listening: Callable[[int], None] | None = None, shutdown_delay: float = 0.0,
                 on_failure: Callable[[str], None] | None = None, api_keys: tuple[str, ...] = (),
-                admission: AdmissionSettings | None = None) -> int:
+                admission: AdmissionSettings | None = None, freeze_heap: bool = False) -> int:
     """Serve until ``stop`` is set; return the process exit code.
+
+    ``freeze_heap``: once the engine is up, move every object then alive out of the garbage
+    collector's reach (``gc.freeze``), as a server process does: the model, tokenizer and libraries
+    leave about half a million objects that every full collection would otherwise walk again,
+    stalling the step thread's Python work (and the cores' other threads waiting on it) each time.
 
     ``api_keys``, when any, are asked of every request but /health and /metrics.
     ``admission``: refuse with 429 the requests predicted to miss the TTFT target (None: queue them all).
@@ -137,6 +143,10 @@ async def serve(config: EngineConfig, metrics: RuntimeMetrics, host: str, port: 
         except Exception as exc:
             log.exception("Engine for model %s failed to start; exiting", config.model)
             return fail(f"Engine for model {config.model} failed to start: {type(exc).__name__}: {exc}")
+        if freeze_heap:
+            gc.collect()
+            gc.freeze()
+            log.info("Froze %d objects out of the garbage collector's scans", gc.get_freeze_count())
         state.set_ready(engine)
         log.info("Ready: serving %s as '%s'", config.model, state.model_name)
         await stop.wait()
