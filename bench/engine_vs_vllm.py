@@ -12,8 +12,9 @@ loads the model once and times, three times each (the table keeps the least):
 - `wave`: `2 × --seqs` requests of 30-400 prompt tokens and 96 output tokens, `--seqs` at a time.
 
 Ours is `EngineCore` from `build_core` (step tuning on, as the server starts it), built and stepped
-on a thread of its own as the server runs it, its heap frozen out of the collector's scans (on a process's main thread glibc's main arena returns
-freed memory to the system and steps run slower). vLLM's is `vllm.LLM` from the venv
+on a thread of its own as the server runs it (on a process's main thread glibc's main arena returns
+freed memory to the system and steps run slower), its heap frozen out of the collector's scans as
+the server freezes it. vLLM's is `vllm.LLM` from the venv
 `hack/vllm-venv.sh` caches, with `VLLM_ENABLE_V1_MULTIPROCESSING=0` (the engine in this process) and
 its OpenMP threads bound to the first `--threads` CPUs. Both get the same seeded token-id prompts,
 greedy, `ignore_eos`, the same `--max-num-seqs`, token budget and maximum length. The servers

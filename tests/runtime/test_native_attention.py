@@ -4,6 +4,8 @@ on and off."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from test_engine_greedy import run_all, small_config, workload
@@ -12,6 +14,7 @@ from test_models import mistral_dir
 from goodput_runtime.engine import attention, native_attention
 from goodput_runtime.engine.attention import DecodeGroup, KVCache, PagedBatch
 from goodput_runtime.engine.builder import build_core
+from goodput_runtime.sampling import SamplingParams
 
 pytestmark = pytest.mark.runtime
 
@@ -180,3 +183,19 @@ def test_a_build_left_locked_by_a_killed_process_does_not_hang_the_next(kernel):
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert out.stdout.strip() == "True", out.stderr[-2000:]
     assert not (folder / "lock").exists()
+
+
+def test_a_step_attends_all_its_decodes_in_one_call_per_layer(kernel, tiny_model_dir, monkeypatch):
+    """Contexts of 5, 31 and 81 tokens: the torch path would take them as three groups of similar
+    width (sparing itself padding); the kernel, reading each row to its own length, takes them at once."""
+    core = build_core(small_config(tiny_model_dir, blocks=200))
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    rng = random.Random(5)
+    for i, n in enumerate((4, 30, 80)):
+        core.add(f"r{i}", [rng.randrange(5, 1000) for _ in range(n)], params)
+    while any(s.num_output_tokens == 0 for s in core.scheduler.running) or core.scheduler.waiting:
+        core.step()
+    calls = count_calls(monkeypatch)
+    core.step()
+    assert len(core.scheduler.running) == 3
+    assert len(calls) == core.runner.layout.num_layers

@@ -71,7 +71,7 @@ async def test_during_the_delay_new_requests_are_served_with_connection_close(ru
         server.process.send_signal(signal.SIGTERM)  # no need to wait out the stream
         assert await streamed == "abort"
     assert await asyncio.to_thread(server.process.wait, 60) == 0
-    assert time.monotonic() - signalled >= 3
+    assert time.monotonic() - signalled >= 2  # the whole delay was served before the process left
     log = server.log()
     assert log.index("Stopping: health is 503") < log.index("Shutdown delay over") < log.index("Draining")
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from goodput_runtime.engine import attention
 from goodput_runtime.engine.attention import DecodeGroup, KVCache, PagedBatch, PrefillChunk
 from goodput_runtime.engine.contention import ContentionWatch
 from goodput_runtime.engine.decode_graphs import MIN_WIDTH, DecodeGraphs
@@ -35,6 +36,8 @@ class ModelRunner:
         self.cache = KVCache.allocate(self.layout.num_layers, (num_blocks + 1) * block_size, self.layout.kv_heads,
                                       self.layout.head_dim, self.dtype, self.device)
         self.sampler = Sampler(seed)
+        # whether a kernel attends decodes (attention.one_decode_group): decided at the first step
+        self._one_decode_group: bool | None = None
         # on the leader of a tensor-parallel group: sends each step's plan to the other ranks
         self.broadcast: Callable[[list[StepItem]], object] | None = None
         self.graphs: DecodeGraphs | None = None
@@ -312,11 +315,13 @@ class ModelRunner:
                 chunk_slots = self._context_slots([table], start + n) if start else None
                 prefills.append(PrefillChunk(slice(row, row + n), start, chunk_slots))
         batch = PagedBatch(self.cache, torch.tensor(slots, device=self.device), prefills=prefills)
+        if self._one_decode_group is None:
+            self._one_decode_group = attention.one_decode_group(self.cache)
         first = 0
         while first < len(decodes):
             width = decodes[first].context_len
             last = first
-            while last < len(decodes) and decodes[last].context_len * 4 >= width * 3:
+            while last < len(decodes) and (self._one_decode_group or decodes[last].context_len * 4 >= width * 3):
                 last += 1
             group = decodes[first:last]
             lens = torch.tensor([item.context_len for item in group], device=self.device)

@@ -148,6 +148,33 @@ struct FoldAvx512 {
 };
 #endif
 
+// body(begin, end) over `units` split into up to `threads` contiguous ranges of about equal total
+// cost(u), one range a thread. at::parallel_for splits by count: over a decode batch ordered longest
+// context first, as the engine orders it, the first thread would take most of the keys and the
+// others would wait for it.
+template <typename Cost, typename Body>
+void parallel_balanced(int64_t threads, int64_t units, const Cost& cost, const Body& body) {
+  threads = std::min(threads, units);
+  if (threads <= 1) {
+    if (units > 0) body(0, units);
+    return;
+  }
+  std::vector<int64_t> bounds(threads + 1, units);
+  bounds[0] = 0;
+  double total = 0.0;
+  for (int64_t u = 0; u < units; ++u) total += static_cast<double>(cost(u));
+  double sum = 0.0;
+  int64_t t = 1;
+  for (int64_t u = 0; u < units && t < threads; ++u) {
+    sum += static_cast<double>(cost(u));
+    while (t < threads && sum >= total * static_cast<double>(t) / static_cast<double>(threads)) bounds[t++] = u + 1;
+  }
+  at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r)
+      if (bounds[r] < bounds[r + 1]) body(bounds[r], bounds[r + 1]);
+  });
+}
+
 template <typename T, typename Fold>
 void run(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& blocks,
          const at::Tensor& lens, int64_t bs, double scale, int64_t window, const Fold& fold, at::Tensor& out) {
@@ -180,9 +207,14 @@ void run(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v
   const int64_t g = kv_per == 1 && b * kvh < 4 * threads ? 1 : group;
   const int64_t per_seq = heads / (kv_per * g);
   const int64_t units = b * per_seq;
-  const int64_t grain = total * heads * d < (int64_t)1 << 16 ? units : 1;  // little work: no fork
+  const bool fork = total * heads * d >= (int64_t)1 << 16;  // little work: no fork
   const float sc = static_cast<float>(scale);
-  at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
+  // a unit costs its keys (and a little for its heads' set-up and output)
+  const auto cost = [&](int64_t u) {
+    const int64_t len = std::min(ln[u / per_seq], nblocks * bs);
+    return (window > 0 ? std::min(len, window) : len) + 8;
+  };
+  parallel_balanced(fork ? threads : 1, units, cost, [&](int64_t begin, int64_t end) {
     const int64_t hs = kv_per * g;
     std::vector<float> work(hs * (2 * d + 2) + g * kChunk);
     float* qf = work.data();
