@@ -324,9 +324,11 @@ class ModelRunner:
             while last < len(decodes) and (self._one_decode_group or decodes[last].context_len * 4 >= width * 3):
                 last += 1
             group = decodes[first:last]
-            lens = torch.tensor([item.context_len for item in group], device=self.device)
-            context = self._context_blocks([item.block_table for item in group], width)
-            batch.decodes.append(DecodeGroup(slice(first, last), context, lens, self.block_size))
+            lens = [item.context_len for item in group]
+            # the widest row's blocks (plan_step orders decodes longest first: the first row's)
+            context = self._context_blocks([item.block_table for item in group], max(lens))
+            batch.decodes.append(DecodeGroup(slice(first, last), context, torch.tensor(lens, device=self.device),
+                                             self.block_size))
             first = last
         return (torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device),
                 batch, sample_rows)
