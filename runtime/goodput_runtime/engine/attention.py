@@ -141,16 +141,15 @@ def gather_blocks(cache: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
     return rows.view(b, group.width, kv_heads, head_dim).transpose(1, 2)
 
 
-def one_decode_group(cache: KVCache) -> bool:
-    """Whether a kernel attends the decodes over this cache, each row over its own context length:
-    then all of a step's decodes form one group, attended in one call per layer. Otherwise they are
-    grouped by similar context, which spares the torch path padding every row to the longest."""
+def kernel_attends_decodes(cache: KVCache) -> bool:
+    """Whether a kernel, not the torch path, attends the decodes over this cache (the native one on a
+    CPU, Triton's on CUDA), each row over its own context length."""
     if DECODE_KERNEL == "torch" or not cache.keys:
         return False
     keys = cache.keys[0]
     if keys.device.type == "cpu":
         return keys.dtype in native_attention.DTYPES and native_attention.available()
-    return keys.is_cuda and 16 <= keys.shape[-1] <= 256 and triton_attention.importable()
+    return triton_attention.available(keys)
 
 
 def attend_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,

@@ -167,8 +167,6 @@ def warm_up_triton(runner: ModelRunner, model_config, world: int) -> None:
     window the model's layers use, so that the first steps mixing decodes and prompts wait for none."""
     started, layout = time.monotonic(), runner.layout
     heads = model_config.num_attention_heads // world
-    if not 16 <= layout.head_dim <= 256:
-        return
     for window in {None, getattr(model_config, "sliding_window", None)}:
         triton_attention.warm_up(heads, layout.kv_heads, layout.head_dim, runner.block_size, layout.dtype,
                                  runner.device, window)
@@ -281,7 +279,7 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
         tune_runner(runner, config.max_num_seqs)  # before speculation's timing, which then times tuned steps
     if config.compile:
         compile_layers(runner)  # after tuning (whose trial plans would each compile), before CUDA graphs
-    if device.type == "cuda" and attention.DECODE_KERNEL != "torch" and triton_attention.importable():
+    if device.type == "cuda" and attention.kernel_attends_decodes(runner.cache):
         warm_up_triton(runner, model_config, world)
     if device.type == "cuda" and not config.enforce_eager:
         if world == 1:

@@ -36,7 +36,9 @@ class ModelRunner:
         self.cache = KVCache.allocate(self.layout.num_layers, (num_blocks + 1) * block_size, self.layout.kv_heads,
                                       self.layout.head_dim, self.dtype, self.device)
         self.sampler = Sampler(seed)
-        # whether a kernel attends decodes (attention.one_decode_group): decided at the first step
+        # whether a kernel attends decodes (attention.kernel_attends_decodes): then all of a step's
+        # decodes form one group, one call per layer; the torch path takes groups of similar context,
+        # which spares it padding every row to the longest. Decided at the first step.
         self._one_decode_group: bool | None = None
         # on the leader of a tensor-parallel group: sends each step's plan to the other ranks
         self.broadcast: Callable[[list[StepItem]], object] | None = None
@@ -316,7 +318,7 @@ class ModelRunner:
                 prefills.append(PrefillChunk(slice(row, row + n), start, chunk_slots))
         batch = PagedBatch(self.cache, torch.tensor(slots, device=self.device), prefills=prefills)
         if self._one_decode_group is None:
-            self._one_decode_group = attention.one_decode_group(self.cache)
+            self._one_decode_group = attention.kernel_attends_decodes(self.cache)
         first = 0
         while first < len(decodes):
             width = decodes[first].context_len
