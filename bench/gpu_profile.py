@@ -4,7 +4,8 @@
 
 A variant names, joined by `+`, how decode attends: `triton` (the Triton kernel over the paged cache,
 the CUDA default), or the torch path with the cache's blocks read by `index_select` or `index`
-(advanced indexing over 8-byte words), then `compile` (`--compile`: the
+(advanced indexing over 8-byte words), then `cublas` (batch 1's products through cuBLAS, not the
+Triton GEMV of engine/triton_linear.py), `compile` (`--compile`: the
 compact modules' norms, rotary embedding and MLP activation fused by inductor) and `fp8` (fp8
 weights). For each: the replayed CUDA-graph step time at each batch size, its MBU, and one step
 run eagerly over the same static buffers under torch.profiler, counting its kernels and summing
@@ -24,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.gpu_decode import decode_round, peak_bandwidth, weight_bytes_per_step
 from goodput_runtime.config import EngineConfig
-from goodput_runtime.engine import attention
+from goodput_runtime.engine import attention, triton_linear
 from goodput_runtime.engine.builder import build_core
 
 
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         # captured into this engine's graphs
         attention.DECODE_KERNEL = "auto" if parts[0] == "triton" else "torch"
         attention.GATHER = "auto" if parts[0] == "triton" else parts[0]
+        triton_linear.ENABLED = "cublas" not in parts  # one-row products: the Triton GEMV unless named
         core = build_core(EngineConfig(
             model=args.model, device="cuda", dtype=args.dtype, max_model_len=args.prompt_len + args.steps + 64,
             max_num_seqs=max(batches), max_num_batched_tokens=max(2048, args.prompt_len * max(batches)),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks and figures that need a CUDA GPU, in one run (CI has no GPU; run this where one is):
 #   hack/gpu-checks.sh [STEP...]      (default: every step, in the order below)
-# (steps: env tests attention decode compiled profile exact fp8 serve spec spec32)
+# (steps: env tests attention gemv gemvstep decode compiled profile exact fp8 serve spec spec32)
 # Each step has its own time limit; every step's log goes into $OUT/steps.log (default _output/gpu), its JSON beside;
 # a failed step is reported and the next one still runs. Python packages the machine lacks may be
 # put as wheels in .whl/ (installed into /tmp/site first).
@@ -18,7 +18,7 @@ if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
 fi
 export PYTHONPATH=$ROOT/runtime:$ROOT/operator:$ROOT/contract:$ROOT/gateway:$ROOT:${PYTHONPATH:-}
 MODEL=${GPU_MODEL:-/tmp/llama-1b}
-STEPS=${*:-env tests attention decode compiled profile exact fp8 serve spec spec32}
+STEPS=${*:-env tests attention gemv gemvstep decode compiled profile exact fp8 serve spec spec32}
 declare -A RESULT
 
 step() {  # step NAME LIMIT_S COMMAND...
@@ -95,13 +95,16 @@ EOF
 export -f need_model env_report serve_smoke
 export MODEL OUT
 for s in $STEPS; do
-  case $s in decode|compiled|profile|exact|fp8|serve|spec|spec32) [ -n "${RESULT[model]:-}" ] || step model 300 need_model ;; esac
+  case $s in gemvstep|decode|compiled|profile|exact|fp8|serve|spec|spec32) [ -n "${RESULT[model]:-}" ] || step model 300 need_model ;; esac
   case $s in
     env) step env 120 env_report ;;
     tests) step tests 300 python3 -m pytest -m "gpu or runtime" tests/runtime/test_triton_attention.py \
-      tests/runtime/test_decode_graphs.py tests/runtime/test_spec_decode.py -q -p no:cacheprovider -p no:logging \
+      tests/runtime/test_triton_linear.py tests/runtime/test_decode_graphs.py tests/runtime/test_spec_decode.py -q -p no:cacheprovider -p no:logging \
       --tb=short -rfEs -k "gpu or triton" ;;
     attention) step attention 180 python3 -m bench.gpu_attention --out "$OUT/gpu_attention.json" ;;
+    gemv) step gemv 150 python3 -m bench.gpu_gemv --out "$OUT/gpu_gemv.json" ;;
+    gemvstep) step gemvstep 300 python3 -m bench.gpu_profile --model "$MODEL" --batch-sizes 1 \
+      --variants triton+compile,triton+compile+cublas,triton,triton+cublas --out "$OUT/gpu_profile_gemv.json" ;;
     decode) step decode 420 python3 -m bench.gpu_decode --model "$MODEL" --out "$OUT/gpu_decode.json" ;;
     compiled) step compiled 300 python3 -m bench.gpu_decode --model "$MODEL" --compile \
       --out "$OUT/gpu_decode_compiled.json" ;;

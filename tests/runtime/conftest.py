@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import torch
 from helpers import stop_process, wait_for
 
 from goodput_runtime.config import EngineConfig
@@ -247,3 +248,25 @@ def runtime(tiny_model_dir: Path, tmp_path: Path) -> Iterator:
     yield start
     for process in started:
         process.close()
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    """Triton's interpreter where there is no GPU (tests/conftest.py sets TRITON_INTERPRET before Triton is
+    imported). Its scalars are one-element numpy arrays, which numpy 2.4 no longer converts with
+    int(): a loop bound loaded from memory is converted with .item() instead (a fix to the
+    interpreter, not to the kernel)."""
+    if torch.cuda.is_available():
+        return
+    from goodput_runtime.engine import triton_attention
+
+    assert triton_attention.interpreting()
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patch(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)

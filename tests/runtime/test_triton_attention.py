@@ -20,26 +20,6 @@ pytestmark = [pytest.mark.runtime,
               pytest.mark.skipif(not triton_attention.importable(), reason="Triton is not installed")]
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    """Triton's interpreter where there is no GPU (tests/conftest.py sets TRITON_INTERPRET before Triton is
-    imported). Its scalars are one-element numpy arrays, which numpy 2.4 no longer converts with
-    int(): a loop bound loaded from memory is converted with .item() instead (a fix to the
-    interpreter, not to the kernel)."""
-    if torch.cuda.is_available():
-        return
-    assert triton_attention.interpreting()
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-
-    def patch(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
-
-    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
-
-
 def step_case(lens: list[int], heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int,
               device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PagedBatch]:
     """A decode step: queries, the new tokens' keys and values, and a batch whose slot mapping puts

@@ -15,7 +15,7 @@ import torch
 from goodput_runtime import models
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.cpu import pick_threads
-from goodput_runtime.engine import attention, parallel, triton_attention
+from goodput_runtime.engine import attention, parallel, triton_attention, triton_linear
 from goodput_runtime.engine.batch_cap import BatchCap
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.contention import ContentionWatch
@@ -277,6 +277,8 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
         runner.broadcast = parallel.broadcast
     if runner.plan is not None and config.step_tuning == "auto":
         tune_runner(runner, config.max_num_seqs)  # before speculation's timing, which then times tuned steps
+    if device.type == "cuda" and world == 1:
+        triton_linear.enable(runner.model, device)  # before compiling: the graph for one token calls it
     if config.compile:
         compile_layers(runner)  # after tuning (whose trial plans would each compile), before CUDA graphs
     if device.type == "cuda" and attention.kernel_attends_decodes(runner.cache):

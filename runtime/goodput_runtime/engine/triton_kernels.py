@@ -115,3 +115,30 @@ def merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, stride_ob, strid
     tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=(g < G)[:, None] & (d < D)[None, :])
 
+
+
+@triton.jit
+def gemv(x_ptr, w_ptr, b_ptr, out_ptr, N, K, stride_w, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out [N] = W [N, K] @ x [K] (+ bias), one program per BLOCK_N rows of W: each streams its rows'
+    BLOCK_N x BLOCK_K tiles once, multiplying in float32 into a tile-shaped accumulator that is
+    summed across K only at the end."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < N
+    rows = w_ptr + n.to(tl.int64)[:, None] * stride_w
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            x = tl.load(x_ptr + k)
+            w = tl.load(rows + k[None, :], mask=nmask[:, None], other=0.0, eviction_policy="evict_first")
+        else:
+            kmask = k < K
+            x = tl.load(x_ptr + k, mask=kmask, other=0.0)
+            w = tl.load(rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0,
+                        eviction_policy="evict_first")
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=nmask)

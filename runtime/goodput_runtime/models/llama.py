@@ -21,6 +21,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from goodput_runtime.engine import triton_linear
 from goodput_runtime.engine.attention import PagedBatch, attend
 from goodput_runtime.engine.step_tuning import LINEAR, ONEDNN, StepPlan
 from goodput_runtime.models import fused
@@ -56,7 +57,10 @@ def fuse(linears: list[nn.Linear]) -> nn.Linear:
 def project(x: torch.Tensor, linear: nn.Module, form: str = LINEAR) -> torch.Tensor:
     """linear(x) [T, out] for x [T, in]; for a plain nn.Linear in the given form (engine/step_tuning.py):
     F.linear, the same product as W @ x^T, or oneDNN's matmul over the weight packed by `pack` (ONEDNN_OP:
-    the same through its custom operator, as the compiled graph calls it)."""
+    the same through its custom operator, as the compiled graph calls it). A one-row product on a
+    projection engine/triton_linear.py marked (on a GPU) runs its Triton GEMV instead of cuBLAS."""
+    if form == LINEAR and x.shape[0] == 1 and getattr(linear, "gemv", False):
+        return gemv_op(x, linear.weight, linear.bias)
     if form == LINEAR or type(linear) is not nn.Linear:
         return linear(x)
     if form in (ONEDNN, ONEDNN_OP):
@@ -147,6 +151,16 @@ def onednn_linear_op(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor |
 @onednn_linear_op.register_fake
 def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty(x.shape[0], packed.shape[0])
+
+
+@torch.library.custom_op("goodput::gemv", mutates_args=())
+def gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return triton_linear.gemv(x, weight, bias)
+
+
+@gemv_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(1, weight.shape[0])
 
 
 def run_layers(layers: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, form: str) -> torch.Tensor:

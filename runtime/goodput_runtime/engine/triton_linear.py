@@ -1,0 +1,154 @@
+"""Batch-1 projections on CUDA as a Triton GEMV, tuned at start-up for the model's shapes.
+
+At batch 1 a decode step is the weights read once: each projection is a matrix-vector product
+whose time is its weight's bytes over the memory's bandwidth. cuBLAS serves a one-row product with
+kernels made for wider ones: on an H200 they read the large matrices at 2.2-3.6 TB/s and an 8 MB
+output projection at 1.5 TB/s, and the down projection adds a split-K reduction kernel. `gemv`
+(triton_kernels.gemv) gives each program a few rows of the weight to stream once, multiplying in
+float32 and summing across the row only at the end.
+
+Which tile serves a shape best depends on the shape and the GPU, so `tune` times a few candidate
+tiles for each of the model's shapes at start-up (CUDA graphs of launches over copies of the weight
+that together exceed the L2 cache, as a decode step reads it) and keeps the fastest; a shape never
+tuned takes DEFAULT. The engine uses it for bfloat16 and float16 weights on one GPU
+(`mark`); float32 keeps cuBLAS, whose products the exactness tests compare against.
+``GOODPUT_GEMV=off`` turns it off for a process. Under ``TRITON_INTERPRET=1`` the same kernel runs
+on CPU tensors, as the CPU tests check it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+ENABLED = os.environ.get("GOODPUT_GEMV", "auto") != "off"
+DTYPES = (torch.bfloat16, torch.float16)
+
+Config = tuple[int, int, int]  # rows per program, columns per iteration, warps
+CANDIDATES: tuple[Config, ...] = ((2, 1024, 4), (4, 256, 4), (4, 512, 4), (8, 256, 4), (8, 512, 4), (8, 512, 8),
+                                  (16, 256, 8), (16, 512, 8))
+DEFAULT: Config = (8, 512, 4)
+TUNE_BYTES = 256 << 20  # weight copies a tuning graph cycles through: well beyond an H200's 60 MB of L2
+_chosen: dict[tuple[int, int, torch.dtype], Config] = {}
+
+
+def _kernels() -> Any:
+    from goodput_runtime.engine import triton_kernels  # imports Triton: only where it is used
+
+    return triton_kernels
+
+
+def config_for(n: int, k: int, dtype: torch.dtype) -> Config:
+    return _chosen.get((n, k, dtype), DEFAULT)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+         config: Config | None = None) -> torch.Tensor:
+    """x [1, K] @ weight [N, K]^T (+ bias [N]) -> [1, N] in x's dtype, accumulated in float32."""
+    n, k = weight.shape
+    assert x.shape == (1, k) and weight.stride(1) == 1, (x.shape, weight.shape, weight.stride())
+    x = x.contiguous()
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    rows, cols, warps = config or config_for(n, k, weight.dtype)
+    _kernels().gemv[(-(-n // rows),)](
+        x, weight, x if bias is None else bias, out, n, k, weight.stride(0),
+        HAS_BIAS=bias is not None, EVEN_K=k % cols == 0, BLOCK_N=rows, BLOCK_K=cols, num_warps=warps)
+    return out
+
+
+def replay_seconds(launches: list[Callable[[], Any]], reps: int = 5) -> float:
+    """Device seconds per launch: `launches` (each run once first, which compiles) captured `reps`
+    times over into one CUDA graph, replayed; the median of 5 replays, over the launches."""
+    for launch in launches:
+        launch()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            for launch in launches:
+                launch()
+    graph.replay()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del graph
+    return sorted(times)[2] / (reps * len(launches))
+
+
+def weight_copies(n: int, k: int, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+    """Copies of an [n, k] weight, together at least TUNE_BYTES (two at least): a graph cycling through
+    them reads each from memory, not from the L2 cache."""
+    size = n * k * torch.empty((), dtype=dtype).element_size()
+    return [torch.randn(n, k, dtype=dtype, device=device) * 0.02 for _ in range(max(2, math.ceil(TUNE_BYTES / size)))]
+
+
+def tune(shapes: Iterable[tuple[int, int]], dtype: torch.dtype, device: torch.device,
+         candidates: Iterable[Config] = CANDIDATES) -> dict[tuple[int, int], tuple[Config, float]]:
+    """Time each candidate tile on each [N, K] shape; keep the fastest for `gemv`. Returns, per shape,
+    the chosen tile and its device seconds a call."""
+    picked = {}
+    for n, k in sorted(set(shapes)):
+        weights = weight_copies(n, k, dtype, device)
+        x = torch.randn(1, k, dtype=dtype, device=device)
+        timed = {c: replay_seconds([functools.partial(gemv, x, w, None, c) for w in weights]) for c in candidates}
+        best = min(timed, key=timed.__getitem__)
+        _chosen[(n, k, dtype)] = best
+        picked[(n, k)] = (best, timed[best])
+        del weights
+    torch.cuda.empty_cache()
+    return picked
+
+
+def mark(model: Any) -> int:
+    """Let `project` serve the model's one-row products through `gemv` (the plain nn.Linear ones with a
+    bfloat16 or float16 weight): marks them; how many. A model without `linears()` (transformers'
+    modules) keeps cuBLAS."""
+    if not ENABLED or importlib.util.find_spec("triton") is None or not hasattr(model, "linears"):
+        return 0
+    marked = 0
+    for linear in model.linears():
+        if type(linear) is nn.Linear and linear.weight.dtype in DTYPES and linear.weight.is_contiguous():
+            linear.__dict__["gemv"] = True  # a plain attribute (never in a state dict): models.llama.project
+            marked += 1
+    return marked
+
+
+def enable(model: Any, device: torch.device) -> None:
+    """On a GPU: mark the model's projections, tune a tile for each of their shapes, and compile every
+    variant of the kernel they launch (with a bias or without), so no request waits for either."""
+    marked = mark(model)
+    if not marked:
+        return
+    started = time.monotonic()
+    linears = [lin for lin in model.linears() if getattr(lin, "gemv", False)]
+    dtype = linears[0].weight.dtype
+    try:
+        picked = tune([tuple(lin.weight.shape) for lin in linears], dtype, device)
+    except torch.cuda.OutOfMemoryError:  # its weight copies did not fit beside the cache: default tiles
+        log.warning("no memory to tune the batch-1 GEMV's tiles; every shape takes %s", DEFAULT)
+        picked = {}
+        torch.cuda.empty_cache()
+    with torch.inference_mode():
+        for lin in linears:
+            gemv(torch.zeros(1, lin.in_features, dtype=dtype, device=device), lin.weight, lin.bias)
+    torch.cuda.synchronize()
+    log.info("batch-1 projections through the Triton GEMV (%d of them); tuned in %.1f s: %s", marked,
+             time.monotonic() - started,
+             ", ".join(f"{n}x{k}: {c[0]} rows x {c[1]} cols, {c[2]} warps, {s * 1e6:.1f} us"
+                       for (n, k), (c, s) in picked.items()))

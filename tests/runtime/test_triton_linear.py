@@ -1,0 +1,167 @@
+"""The batch-1 projections' Triton GEMV (engine/triton_linear.py) against torch's products.
+
+Without a GPU the kernel runs through Triton's interpreter on CPU tensors (TRITON_INTERPRET=1, set
+by tests/conftest.py): the same kernel source, every mask and tile, executed by numpy. The `gpu`
+tests run it compiled: its start-up tuning on a 1B Llama's shapes, and an engine serving with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from goodput_runtime.engine import triton_attention, triton_linear
+from goodput_runtime.models import llama
+
+pytestmark = [pytest.mark.runtime,
+              pytest.mark.skipif(not triton_attention.importable(), reason="Triton is not installed")]
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def case(n: int, k: int, dtype: torch.dtype, bias: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, k, generator=g).to(dtype)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    return x.to(DEVICE), w.to(DEVICE), None if b is None else b.to(DEVICE)
+
+
+def reference(x, w, b):
+    """The product in float64 from the same rounded inputs."""
+    return F.linear(x.double(), w.double(), None if b is None else b.double())
+
+
+@pytest.mark.parametrize("config", triton_linear.CANDIDATES, ids=lambda c: "{}x{}-w{}".format(*c))
+@pytest.mark.parametrize("shape", [(64, 512), (37, 100), (130, 1088)], ids=lambda s: "{}x{}".format(*s))
+def test_every_candidate_tile_gives_the_product(config, shape, interpret):
+    """Each tile the start-up tuning may pick: rows past N, columns past K (100 and 1,088 are no
+    multiple of any tile's width), a bias; float32 inputs, so the only difference is summation order."""
+    x, w, b = case(*shape, torch.float32, bias=True)
+    out = triton_linear.gemv(x, w, b, config)
+    assert out.shape == (1, shape[0]) and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), reference(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_half_precision_accumulates_in_float32(dtype, bias, interpret):
+    """A half-precision product of 4,096 terms: summed in float32, only the output is rounded to the
+    weight's dtype (summing in bf16 would be off by far more than one rounding)."""
+    x, w, b = case(96, 4096, dtype, bias, seed=3)
+    out = triton_linear.gemv(x, w, b)
+    assert out.dtype == dtype
+    expected = reference(x, w, b)
+    eps = torch.finfo(dtype).eps
+    assert ((out.double() - expected).abs() <= eps * expected.abs() + 1e-3).all()
+
+
+def test_project_serves_one_row_through_the_kernel_and_more_rows_through_torch(interpret, monkeypatch):
+    """A marked projection: a one-row product is the GEMV's (the decode step of a batch of one), two rows
+    are F.linear's; an unmarked projection never reaches the kernel."""
+    calls = []
+    kernel = triton_linear.gemv
+    monkeypatch.setattr(triton_linear, "gemv", lambda *a, **k: calls.append(a[1].shape) or kernel(*a, **k))
+    linear = nn.Linear(256, 48, bias=True).to(DEVICE)
+    plain = nn.Linear(256, 48).to(DEVICE)
+    linear.gemv = True
+    x = torch.randn(2, 256, device=DEVICE)
+    with torch.inference_mode():
+        one = llama.project(x[:1], linear)
+        two = llama.project(x, linear)
+        llama.project(x[:1], plain)
+    assert calls == [(48, 256)]
+    torch.testing.assert_close(one, two[:1], rtol=1e-5, atol=1e-5)
+
+
+def test_only_half_precision_plain_projections_are_marked(tiny_model_dir, monkeypatch):
+    """mark: every layer's four projections and the LM head of a bf16 model; none in float32 (whose
+    products the exactness tests compare with cuBLAS's), none with GOODPUT_GEMV=off, and a quantized
+    projection (another module type) keeps its own product."""
+    from transformers import AutoModelForCausalLM
+
+    def compact(dtype):
+        return llama.from_transformers(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=dtype))
+
+    model = compact(torch.bfloat16)
+    layers = len(model.model.layers)
+    assert triton_linear.mark(model) == 4 * layers + 1
+    assert all(getattr(lin, "gemv", False) for lin in model.linears())
+    assert triton_linear.mark(compact(torch.float32)) == 0
+    monkeypatch.setattr(triton_linear, "ENABLED", False)
+    assert triton_linear.mark(compact(torch.bfloat16)) == 0
+    monkeypatch.setattr(triton_linear, "ENABLED", True)
+    model = compact(torch.bfloat16)
+    model.model.layers[0].mlp.down_proj = QuantizedStandIn()
+    assert triton_linear.mark(model) == 4 * layers
+
+
+class QuantizedStandIn(nn.Module):
+    """A projection that is not a plain nn.Linear (as quantization's modules are)."""
+
+    weight = torch.zeros(1, 1, dtype=torch.bfloat16)
+
+
+def test_a_batch_of_one_decodes_through_the_kernel_and_keeps_transformers_tokens(tiny_model_dir, interpret,
+                                                                                   monkeypatch):
+    """The engine with its projections marked (as on a GPU; here float32 is let in, through the
+    interpreter): a single request's decode steps take every product through the GEMV, and the greedy
+    tokens are transformers'. The prompt's step keeps F.linear for its layers' products."""
+    from test_engine_greedy import reference, run_all, small_config
+
+    from goodput_runtime.engine.builder import build_core
+
+    core = build_core(dataclasses.replace(small_config(tiny_model_dir), step_tuning="off"))
+    model = core.runner.model
+    monkeypatch.setattr(triton_linear, "DTYPES", (torch.float32,))
+    assert triton_linear.mark(model) == len(model.linears())
+    rows = []
+    kernel = triton_linear.gemv
+    monkeypatch.setattr(triton_linear, "gemv", lambda x, *a, **k: rows.append(x.shape[0]) or kernel(x, *a, **k))
+    cases = [([5, 17, 300, 41, 9, 77], 6)]
+    assert run_all(core, cases) == reference(tiny_model_dir, cases)
+    # five decode steps after the prompt's, each every layer's four products and the head; and the
+    # head of the prompt's step (its last row's logits alone)
+    assert len(rows) == 5 * len(model.linears()) + 1 and set(rows) == {1}
+
+
+@pytest.mark.gpu
+def test_start_up_tuning_picks_a_tile_no_slower_than_the_default_on_a_1b_llamas_shapes():
+    """On a GPU: for a 1B Llama's projections in bf16 the tuned tile is the fastest of those timed (the
+    default among them), gives the product, and is what later calls use."""
+    shapes = [(2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632), (32000, 2048)]
+    picked = triton_linear.tune(shapes, torch.bfloat16, torch.device("cuda"))
+    for n, k in shapes:
+        config, seconds = picked[(n, k)]
+        assert triton_linear.config_for(n, k, torch.bfloat16) == config
+        assert seconds > 0
+        x, w, b = case(n, k, torch.bfloat16, bias=False)
+        expected = reference(x, w, b)
+        assert ((triton_linear.gemv(x, w).double() - expected).abs() <= 2**-7 * expected.abs() + 1e-2).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+def test_engine_on_cuda_in_bf16_serves_a_batch_of_one_through_the_kernel(eager, tiny_model_dir, monkeypatch):
+    """bf16 on a GPU, decode graphs on and off: start-up marks the projections, a single request's
+    decode steps use the GEMV, and its greedy tokens are cuBLAS's (GOODPUT_GEMV=off)."""
+    from test_decode_graphs import gpu_config
+    from test_engine_greedy import run_all
+
+    from goodput_runtime.engine.builder import build_core
+
+    cases = [([5, 17, 300, 41, 9, 77], 24)]
+    calls = []
+    kernel = triton_linear.gemv
+    monkeypatch.setattr(triton_linear, "gemv", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    core = build_core(gpu_config(tiny_model_dir, dtype="bfloat16", enforce_eager=eager))
+    assert all(getattr(lin, "gemv", False) for lin in core.runner.model.linears())
+    with_kernel = run_all(core, cases)
+    assert calls, "the GEMV was not used"
+    monkeypatch.setattr(triton_linear, "ENABLED", False)
+    assert with_kernel == run_all(build_core(gpu_config(tiny_model_dir, dtype="bfloat16", enforce_eager=eager)),
+                                  cases)
