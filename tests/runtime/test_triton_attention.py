@@ -191,5 +191,6 @@ def test_start_up_launches_every_variant_a_model_steps_use(window, interpret, mo
         return out
 
     monkeypatch.setattr(triton_attention, "decode", record)
-    triton_attention.warm_up(32, 4, 64, 16, torch.float32, torch.device("cpu"), window)
+    triton_attention.warm_up(32, 4, 64, 16, torch.float32,
+                             torch.device("cuda" if torch.cuda.is_available() else "cpu"), window)
     assert sorted(launched) == [(False, 1), (False, 2), (True, 1), (True, 2)]

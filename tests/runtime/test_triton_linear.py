@@ -106,6 +106,8 @@ class QuantizedStandIn(nn.Module):
     weight = torch.zeros(1, 1, dtype=torch.bfloat16)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU engine through the interpreter; on a GPU "
+                    "the gpu tests below serve")
 def test_a_batch_of_one_decodes_through_the_kernel_and_keeps_transformers_tokens(tiny_model_dir, interpret,
                                                                                    monkeypatch):
     """The engine with its projections marked (as on a GPU; here float32 is let in, through the
