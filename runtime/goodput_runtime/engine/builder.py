@@ -277,8 +277,10 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
         runner.broadcast = parallel.broadcast
     if runner.plan is not None and config.step_tuning == "auto":
         tune_runner(runner, config.max_num_seqs)  # before speculation's timing, which then times tuned steps
-    if device.type == "cuda" and world == 1:
-        triton_linear.enable(runner.model, device)  # before compiling: the graph for one token calls it
+    if device.type == "cuda" and world == 1 and not config.enforce_eager:
+        # under the decode graphs only: launched eagerly, a Triton kernel's Python launch costs more
+        # than cuBLAS's. Before compiling: the compiled graph for one token calls it.
+        triton_linear.enable(runner.model, device)
     if config.compile:
         compile_layers(runner)  # after tuning (whose trial plans would each compile), before CUDA graphs
     if device.type == "cuda" and attention.kernel_attends_decodes(runner.cache):
