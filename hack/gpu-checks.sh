@@ -98,7 +98,7 @@ for s in $STEPS; do
   case $s in gemvstep|decode|compiled|profile|exact|fp8|serve|spec|spec32) [ -n "${RESULT[model]:-}" ] || step model 300 need_model ;; esac
   case $s in
     env) step env 120 env_report ;;
-    tests) step tests 300 python3 -m pytest -m "gpu or runtime" tests/runtime/test_triton_attention.py \
+    tests) step tests 540 python3 -m pytest -m "gpu or runtime" tests/runtime/test_triton_attention.py \
       tests/runtime/test_triton_linear.py tests/runtime/test_decode_graphs.py tests/runtime/test_spec_decode.py -q -p no:cacheprovider -p no:logging \
       --tb=short -rfEs -k "gpu or triton" ;;
     attention) step attention 180 python3 -m bench.gpu_attention --out "$OUT/gpu_attention.json" ;;

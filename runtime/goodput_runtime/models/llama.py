@@ -59,7 +59,7 @@ def project(x: torch.Tensor, linear: nn.Module, form: str = LINEAR) -> torch.Ten
     F.linear, the same product as W @ x^T, or oneDNN's matmul over the weight packed by `pack` (ONEDNN_OP:
     the same through its custom operator, as the compiled graph calls it). A one-row product on a
     projection engine/triton_linear.py marked (on a GPU) runs its Triton GEMV instead of cuBLAS."""
-    if form == LINEAR and x.shape[0] == 1 and getattr(linear, "gemv", False):
+    if form == LINEAR and x.shape[0] == 1 and type(linear) is nn.Linear and getattr(linear, "gemv", False):
         return gemv_op(x, linear.weight, linear.bias)
     if form == LINEAR or type(linear) is not nn.Linear:
         return linear(x)
@@ -294,6 +294,8 @@ class CausalLM(nn.Module):
         self.generation_config = getattr(source, "generation_config", None)
         self.model = Decoder(source.model, source.config, sliding_windows(source))
         self.lm_head = source.lm_head
+        for linear in self.linears():  # project reads it each call: a missing attribute costs ~1 µs to look up
+            linear.__dict__["gemv"] = False  # (engine/triton_linear.mark sets it on a GPU)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
