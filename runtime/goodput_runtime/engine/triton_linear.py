@@ -140,7 +140,9 @@ def mark(model: Any) -> int:
 
 def enable(model: Any, device: torch.device) -> None:
     """On a GPU: mark the model's projections, tune a tile for each of their shapes, and compile every
-    variant of the kernel they launch (with a bias or without), so no request waits for either."""
+    variant of the kernel they launch (with a bias or without), so no request waits for either. Where
+    the kernel cannot be built or run there (another Triton, another GPU), the marks are taken back and
+    cuBLAS serves: the server starts either way."""
     marked = mark(model)
     if not marked:
         return
@@ -148,15 +150,23 @@ def enable(model: Any, device: torch.device) -> None:
     linears = [lin for lin in model.linears() if getattr(lin, "gemv", False)]
     dtype = linears[0].weight.dtype
     try:
-        picked = tune([tuple(lin.weight.shape) for lin in linears], dtype, device)
-    except torch.cuda.OutOfMemoryError:  # its weight copies did not fit beside the cache: default tiles
-        log.warning("no memory to tune the batch-1 GEMV's tiles; every shape takes %s", DEFAULT)
-        picked = {}
-        torch.cuda.empty_cache()
-    with torch.inference_mode():
+        try:
+            picked = tune([tuple(lin.weight.shape) for lin in linears], dtype, device)
+        except torch.cuda.OutOfMemoryError:  # its weight copies did not fit beside the cache: default tiles
+            log.warning("no memory to tune the batch-1 GEMV's tiles; every shape takes %s", DEFAULT)
+            picked = {}
+            torch.cuda.empty_cache()
+        with torch.inference_mode():
+            for lin in linears:
+                gemv(torch.zeros(1, lin.in_features, dtype=dtype, device=device), lin.weight, lin.bias)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as e:  # any failure to build or launch it leaves cuBLAS serving
         for lin in linears:
-            gemv(torch.zeros(1, lin.in_features, dtype=dtype, device=device), lin.weight, lin.bias)
-    torch.cuda.synchronize()
+            lin.__dict__["gemv"] = False
+        log.warning("the batch-1 Triton GEMV failed to start (%s: %s); cuBLAS serves every product",
+                    type(e).__name__, e)
+        return
     log.info("batch-1 projections through the Triton GEMV (%d of them); tuned in %.1f s: %s", marked,
              time.monotonic() - started,
              ", ".join(f"{n}x{k}: {c[0]} rows x {c[1]} cols, {c[2]} warps, {s * 1e6:.1f} us"
