@@ -72,6 +72,17 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     return out
 
 
+@torch.library.custom_op("goodput::gemv", mutates_args=())
+def gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`gemv` as an operator the compiled graph keeps opaque (models.llama.project calls it)."""
+    return gemv(x, weight, bias)
+
+
+@gemv_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(1, weight.shape[0])
+
+
 def replay_seconds(launches: list[Callable[[], Any]], reps: int = 5) -> float:
     """Device seconds per launch: `launches` (each run once first, which compiles) captured `reps`
     times over into one CUDA graph, replayed; the median of 5 replays, over the launches."""

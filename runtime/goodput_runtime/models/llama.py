@@ -60,7 +60,7 @@ def project(x: torch.Tensor, linear: nn.Module, form: str = LINEAR) -> torch.Ten
     the same through its custom operator, as the compiled graph calls it). A one-row product on a
     projection engine/triton_linear.py marked (on a GPU) runs its Triton GEMV instead of cuBLAS."""
     if form == LINEAR and x.shape[0] == 1 and type(linear) is nn.Linear and getattr(linear, "gemv", False):
-        return gemv_op(x, linear.weight, linear.bias)
+        return triton_linear.gemv_op(x, linear.weight, linear.bias)
     if form == LINEAR or type(linear) is not nn.Linear:
         return linear(x)
     if form in (ONEDNN, ONEDNN_OP):
@@ -151,16 +151,6 @@ def onednn_linear_op(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor |
 @onednn_linear_op.register_fake
 def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty(x.shape[0], packed.shape[0])
-
-
-@torch.library.custom_op("goodput::gemv", mutates_args=())
-def gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return triton_linear.gemv(x, weight, bias)
-
-
-@gemv_op.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty(1, weight.shape[0])
 
 
 def run_layers(layers: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, form: str) -> torch.Tensor:
