@@ -116,7 +116,6 @@ def merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, stride_ob, strid
              mask=(g < G)[:, None] & (d < D)[None, :])
 
 
-
 @triton.jit
 def gemv(x_ptr, w_ptr, b_ptr, out_ptr, N, K, stride_w, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
