@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     dtype = getattr(torch, args.dtype)
     device = torch.device("cuda")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     rows = []
     picked = triton_linear.tune(shapes, dtype, device)
     for n, k in shapes:

@@ -110,7 +110,7 @@ def replay_seconds(launches: list[Callable[[], Any]], reps: int = 5) -> float:
 def weight_copies(n: int, k: int, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
     """Copies of an [n, k] weight, together at least TUNE_BYTES (two at least): a graph cycling through
     them reads each from memory, not from the L2 cache."""
-    size = n * k * torch.empty((), dtype=dtype).element_size()
+    size = n * k * dtype.itemsize
     copies = min(64, max(2, math.ceil(TUNE_BYTES / size)))
     return [torch.randn(n, k, dtype=dtype, device=device) * 0.02 for _ in range(copies)]
 
@@ -120,7 +120,7 @@ def tune(shapes: Iterable[tuple[int, int]], dtype: torch.dtype, device: torch.de
     """Time each candidate tile on each [N, K] shape of at least TUNE_MIN_BYTES; keep the fastest for
     `gemv`. Returns, per shape timed, the chosen tile and its device seconds a call."""
     picked = {}
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     for n, k in sorted(set(shapes)):
         if n * k * size < TUNE_MIN_BYTES:
             continue
