@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks and figures that need a CUDA GPU, in one run (CI has no GPU; run this where one is):
 #   hack/gpu-checks.sh [STEP...]      (default: every step, in the order below)
-# (steps: env tests attention gemv gemvstep decode compiled profile exact fp8 serve spec spec32)
+# (steps: env tests (gputests: without the kernels' cases) attention gemv gemvstep decode compiled profile exact fp8 serve spec spec32)
 # Each step has its own time limit; every step's log goes into $OUT/steps.log (default _output/gpu), its JSON beside;
 # a failed step is reported and the next one still runs. Python packages the machine lacks may be
 # put as wheels in .whl/ (installed into /tmp/site first).
@@ -98,11 +98,12 @@ for s in $STEPS; do
   case $s in gemvstep|decode|compiled|profile|exact|fp8|serve|spec|spec32) [ -n "${RESULT[model]:-}" ] || step model 300 need_model ;; esac
   case $s in
     env) step env 120 env_report ;;
-    # the engine-level GPU tests first (a dozen), then the Triton kernels' per-shape cases (over a
+    # the engine-level GPU tests first (a dozen; only the files that hold some, as the others import the
+    # HTTP stack this machine may lack), then the Triton kernels' per-shape cases (over a
     # hundred, each compiled afresh: minutes), so a short limit still checks the engine
-    tests) step tests 300 python3 -m pytest -m gpu tests/runtime -q -p no:cacheprovider -p no:logging \
+    tests|gputests) step tests 300 python3 -m pytest -m gpu $(grep -l "mark.gpu" tests/runtime/test_*.py) -q -p no:cacheprovider -p no:logging \
       --tb=short -rfEs
-      step kernels 420 python3 -m pytest -m "runtime and not gpu" tests/runtime/test_triton_attention.py \
+      [ "$s" = gputests ] || step kernels 420 python3 -m pytest -m "runtime and not gpu" tests/runtime/test_triton_attention.py \
       tests/runtime/test_triton_linear.py -q -p no:cacheprovider -p no:logging --tb=short -rfEs ;;
     attention) step attention 180 python3 -m bench.gpu_attention --out "$OUT/gpu_attention.json" ;;
     gemv) step gemv 150 python3 -m bench.gpu_gemv --out "$OUT/gpu_gemv.json" ;;
