@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks and figures that need a CUDA GPU, in one run (CI has no GPU; run this where one is):
 #   hack/gpu-checks.sh [STEP...]      (default: every step, in the order below)
-# (steps: env tests (gputests: without the kernels' cases) attention gemv gemvstep decode compiled profile exact fp8 serve spec spec32)
+# (steps: env tests (gputests: without the kernels' cases) attention gemv gemvtests gemvstep decode compiled profile exact fp8 serve spec spec32)
 # Each step has its own time limit; every step's log goes into $OUT/steps.log (default _output/gpu), its JSON beside;
 # a failed step is reported and the next one still runs. Python packages the machine lacks may be
 # put as wheels in .whl/ (installed into /tmp/site first).
@@ -108,7 +108,12 @@ for s in $STEPS; do
     attention) step attention 180 python3 -m bench.gpu_attention --out "$OUT/gpu_attention.json" ;;
     gemv) step gemv 150 python3 -m bench.gpu_gemv --out "$OUT/gpu_gemv.json" ;;
     gemvstep) step gemvstep 300 python3 -m bench.gpu_profile --model "$MODEL" --batch-sizes 1 \
-      --variants triton+compile,triton+compile+cublas,triton,triton+cublas --out "$OUT/gpu_profile_gemv.json" ;;
+      --variants triton+compile,triton+compile+nopdl,triton+compile+nofuse,triton+compile+nofuse+nopdl,triton \
+      --out "$OUT/gpu_profile_gemv.json" ;;
+    # the GEMV's own tests, every kernel case compiled, and the engine's CUDA-graph tests it serves in
+    gemvtests) step gemvtests 300 bash -c 'q="-q -p no:cacheprovider -p no:logging --tb=short -rfEs"
+      python3 -m pytest tests/runtime/test_triton_linear.py $q; a=$?
+      python3 -m pytest -m gpu tests/runtime/test_decode_graphs.py tests/runtime/test_spec_decode.py $q; exit $((a | $?))' ;;
     decode) step decode 420 python3 -m bench.gpu_decode --model "$MODEL" --out "$OUT/gpu_decode.json" ;;
     compiled) step compiled 300 python3 -m bench.gpu_decode --model "$MODEL" --compile \
       --out "$OUT/gpu_decode_compiled.json" ;;

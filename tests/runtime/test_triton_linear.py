@@ -119,7 +119,7 @@ def test_a_gemv_that_cannot_start_leaves_cublas_serving(tiny_model_dir, monkeypa
     assert len(warned) == 1 and "failed to start" in warned[0] and "sm_99" in warned[0]
     x = torch.randn(1, model.lm_head.in_features, dtype=torch.bfloat16)
     torch.testing.assert_close(llama.project(x, model.lm_head), model.lm_head(x))
-    monkeypatch.setattr(triton_linear, "gemv", lambda x, w, b=None, c=None: F.linear(x, w, b))
+    monkeypatch.setattr(triton_linear, "gemv", lambda x, w, b=None, c=None, **_: x.new_zeros(1, w.shape[0]))
     triton_linear.enable(model, torch.device("cpu"))
     assert all(getattr(lin, "gemv", False) for lin in model.linears())
 
@@ -132,27 +132,84 @@ class QuantizedStandIn(nn.Module):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU engine through the interpreter; on a GPU "
                     "the gpu tests below serve")
-def test_a_batch_of_one_decodes_through_the_kernel_and_keeps_transformers_tokens(tiny_model_dir, interpret,
-                                                                                   monkeypatch):
+@pytest.mark.parametrize("layer_path", ["chain", "chain-compiled", "cpu-fused"])
+def test_a_batch_of_one_decodes_through_the_kernel_and_keeps_transformers_tokens(layer_path, tiny_model_dir,
+                                                                                   interpret, monkeypatch):
     """The engine with its projections marked (as on a GPU; here float32 is let in, through the
     interpreter): a single request's decode steps take every product through the GEMV, and the greedy
-    tokens are transformers'. The prompt's step keeps F.linear for its layers' products."""
+    tokens are transformers'. The prompt's step keeps F.linear for its layers' products. `chain`: the
+    layers as a GPU runs them (DecoderLayer.forward_gemv: each norm, SiLU x up and residual sum inside
+    a product), eagerly or in the compiled graph (--compile, the GEMV an opaque operator there);
+    `cpu-fused`: the CPU's fused element-wise functions between plain products."""
     from test_engine_greedy import reference, run_all, small_config
 
     from goodput_runtime.engine.builder import build_core
+    from goodput_runtime.models import fused
 
-    core = build_core(dataclasses.replace(small_config(tiny_model_dir), step_tuning="off"))
+    if layer_path == "chain":
+        monkeypatch.setattr(fused, "enabled", lambda x: False)  # the layers' forward, as on a GPU
+    core = build_core(dataclasses.replace(small_config(tiny_model_dir), step_tuning="off",
+                                          compile=layer_path == "chain-compiled"))
     model = core.runner.model
     monkeypatch.setattr(triton_linear, "DTYPES", (torch.float32,))
     assert triton_linear.mark(model) == len(model.linears())
-    rows = []
+    calls = []
     kernel = triton_linear.gemv
-    monkeypatch.setattr(triton_linear, "gemv", lambda x, *a, **k: rows.append(x.shape[0]) or kernel(x, *a, **k))
+    monkeypatch.setattr(triton_linear, "gemv", lambda x, *a, **k: calls.append(
+        (x.shape[0], "norm" if k.get("norm") else "silu" if k.get("silu") else "", k.get("residual") is not None))
+        or kernel(x, *a, **k))
     cases = [([5, 17, 300, 41, 9, 77], 6)]
     assert run_all(core, cases) == reference(tiny_model_dir, cases)
     # five decode steps after the prompt's, each every layer's four products and the head; and the
     # head of the prompt's step (its last row's logits alone)
-    assert len(rows) == 5 * len(model.linears()) + 1 and set(rows) == {1}
+    layers = len(model.model.layers)
+    assert len(calls) == 5 * len(model.linears()) + 1 and {rows for rows, _, _ in calls} == {1}
+    folded = {(kind, res): sum(1 for _, k, r in calls if (k, r) == (kind, res))
+              for kind, res in [("norm", False), ("", True), ("silu", True)]}
+    if layer_path.startswith("chain"):  # per layer: the qkv and gate-up products after norms; output and down
+        assert folded == {("norm", False): 10 * layers, ("", True): 5 * layers, ("silu", True): 5 * layers}
+    else:
+        assert not any(folded.values())
+
+
+# Triton's interpreter rounds float32 to bfloat16 toward zero where torch and a GPU round to nearest:
+# the folded work's bf16 roundings are checked on a GPU only (float16 rounds alike everywhere).
+HALF = [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    DEVICE == "cpu", reason="the interpreter rounds to bfloat16 toward zero"))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF])
+def test_the_norm_before_a_product_is_the_models_norm(dtype, interpret):
+    """norm=(weight, eps): the product of the model's RMS norm of x (computed in float32 and rounded
+    to the model's dtype as transformers' is), not of x; K = 1,088 is no multiple of the tile's width,
+    so the sum of squares and the product both cross a partial tile."""
+    x, w, b = case(80, 1088, dtype, bias=True, seed=5)
+    x = x * 3 + 1  # far from unit RMS: a norm left out would show
+    weight = (torch.rand(1088, generator=torch.Generator().manual_seed(6)) + 0.5).to(dtype).to(DEVICE)
+    out = triton_linear.gemv(x, w, b, norm=(weight, 1e-5))
+    expected = reference(llama.rms_norm(x, weight, 1e-5), w, b)
+    assert out.shape == (1, 80) and out.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else torch.finfo(dtype).eps
+    assert ((out.double() - expected).abs() <= tol * expected.abs() + 1e-4).all()
+    assert (out.double() - reference(x, w, b)).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF])
+def test_silu_times_up_before_and_the_residual_after_a_product(dtype, interpret):
+    """silu=True on x = [gate | up] [1, 2K] with a residual: residual + W @ (silu(gate) * up), the
+    product rounded to the model's dtype before the sum, as the model's layer adds it."""
+    gate_up, w, _ = case(70, 2 * 300, dtype, bias=False, seed=7)
+    w = w[:, :300].contiguous()
+    residual = torch.randn(1, 70, generator=torch.Generator().manual_seed(8)).to(dtype).to(DEVICE)
+    out = triton_linear.gemv(gate_up, w, None, silu=True, residual=residual)
+    act = F.silu(gate_up[:, :300]) * gate_up[:, 300:]
+    product = reference(act, w, None)
+    expected = product.to(dtype).double() + residual.double()
+    tol = 1e-5 if dtype == torch.float32 else torch.finfo(dtype).eps
+    assert out.dtype == dtype
+    assert ((out.double() - expected).abs() <= tol * (product.abs() + expected.abs()) + 1e-4).all()
+    plain = triton_linear.gemv(act.contiguous(), w, None, residual=residual)
+    torch.testing.assert_close(out, plain, rtol=tol, atol=1e-4)
 
 
 @pytest.mark.gpu
@@ -185,7 +242,7 @@ def test_engine_on_cuda_in_bf16_serves_a_batch_of_one_through_the_kernel_under_g
     cases = [([5, 17, 300, 41, 9, 77], 24)]
     calls = []
     kernel = triton_linear.gemv
-    monkeypatch.setattr(triton_linear, "gemv", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    monkeypatch.setattr(triton_linear, "gemv", lambda *a, **k: calls.append(bool(k.get("norm"))) or kernel(*a, **k))
     core = build_core(gpu_config(tiny_model_dir, dtype="bfloat16", enforce_eager=eager))
     marked = [getattr(lin, "gemv", False) for lin in core.runner.model.linears()]
     with_kernel = run_all(core, cases)
@@ -193,6 +250,48 @@ def test_engine_on_cuda_in_bf16_serves_a_batch_of_one_through_the_kernel_under_g
         assert not any(marked) and not calls
     else:
         assert all(marked) and calls, "the GEMV was not used"
+        assert any(calls), "the layers did not run as the chain of GEMVs (norms folded in)"
     monkeypatch.setattr(triton_linear, "ENABLED", False)
     assert with_kernel == run_all(build_core(gpu_config(tiny_model_dir, dtype="bfloat16", enforce_eager=eager)),
                                   cases)
+
+
+@pytest.mark.gpu
+def test_a_chain_of_products_launched_dependently_in_a_cuda_graph_gives_the_serial_results(monkeypatch):
+    """Programmatic dependent launch (on Hopper and later): each GEMV reads its first weight tile
+    before the kernel before it ends and lets the next start early. A chain as a layer runs it (norm
+    before, residual and SiLU x up folded in, each product reading the last one's output), captured
+    in a CUDA graph and replayed 50 times, must give bit for bit what the chain gives launched
+    without it: any read of an input before its writer finished would show."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs compute capability 9.0 or later")
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def weight(n, k):
+        return (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(torch.bfloat16)
+
+    w1, w2, w3, norm = weight(2048, 2048), weight(2 * 2816, 2048), weight(2048, 2816), weight(1, 2048)[0] + 1
+    x = torch.randn(1, 2048, device="cuda", generator=g).to(torch.bfloat16)
+
+    def chain():
+        h = triton_linear.gemv(x, w1, None, residual=x)
+        gate_up = triton_linear.gemv(h, w2, None, norm=(norm, 1e-5))
+        return triton_linear.gemv(gate_up, w3, None, silu=True, residual=h)
+
+    results = {}
+    for pdl in (False, True):
+        monkeypatch.setattr(triton_linear, "PDL", pdl)
+        chain()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain()
+        replays = []
+        for _ in range(50):
+            graph.replay()
+            replays.append(out.clone())
+        results[pdl] = torch.cat(replays)
+    assert triton_linear._pdl(x.device)
+    assert torch.equal(results[True], results[False])
+    assert torch.equal(results[True], results[True][:1].expand_as(results[True]))
+

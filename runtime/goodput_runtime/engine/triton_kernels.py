@@ -2,6 +2,7 @@
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -117,27 +118,69 @@ def merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, stride_ob, strid
 
 
 @triton.jit
-def gemv(x_ptr, w_ptr, b_ptr, out_ptr, N, K, stride_w, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out [N] = W [N, K] @ x [K] (+ bias), one program per BLOCK_N rows of W: each streams its rows'
-    BLOCK_N x BLOCK_K tiles once, multiplying in float32 into a tile-shaped accumulator that is
-    summed across K only at the end."""
+def _gemv_weights(rows, k, nmask, K, EVEN_K: tl.constexpr):
+    """One BLOCK_N x BLOCK_K tile of the weight's rows, read once (evicted first from the cache)."""
+    if EVEN_K:
+        return tl.load(rows + k[None, :], mask=nmask[:, None], other=0.0, eviction_policy="evict_first")
+    return tl.load(rows + k[None, :], mask=nmask[:, None] & (k < K)[None, :], other=0.0,
+                   eviction_policy="evict_first")
+
+
+@triton.jit
+def _gemv_input(x_ptr, nw_ptr, k, K, rstd, dtype: tl.constexpr, EVEN_K: tl.constexpr, NORM: tl.constexpr,
+                SILU: tl.constexpr):
+    """The product's input at columns k, in float32, after its prologue: NORM, the RMS norm (x * rstd,
+    rounded to the model's dtype, times the norm's weight, rounded again, as the model computes it);
+    SILU, silu(gate) * up of x = [gate | up] (K each), each rounded as the model rounds it."""
+    kmask = k < K
+    if EVEN_K:  # noqa: SIM108 (a constexpr branch: one load compiled)
+        x = tl.load(x_ptr + k).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+    if NORM:
+        nw = tl.load(nw_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+        x = ((x * rstd).to(dtype).to(tl.float32) * nw).to(dtype).to(tl.float32)
+    if SILU:
+        up = tl.load(x_ptr + K + k, mask=kmask, other=0.0).to(tl.float32)
+        x = ((x * tl.sigmoid(x)).to(dtype).to(tl.float32) * up).to(dtype).to(tl.float32)
+    return x
+
+
+@triton.jit
+def gemv(x_ptr, w_ptr, b_ptr, out_ptr, nw_ptr, res_ptr, N, K, stride_w, eps,
+         HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+         NORM: tl.constexpr, SILU: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr):
+    """out [N] = W [N, K] @ f(x) [K] (+ bias) (+ residual), one program per BLOCK_N rows of W: each
+    streams its rows' BLOCK_N x BLOCK_K tiles once, multiplying in float32 into a tile-shaped
+    accumulator that is summed across K only at the end. f: the input's prologue (_gemv_input); the
+    residual is added to the product rounded to the output's dtype, as the model's sum is.
+
+    PDL (programmatic dependent launch, Hopper on): the program reads its first weight tile, which no
+    earlier kernel writes, before waiting for the kernel before it to finish, and lets the next one
+    start at once; in a chain of products the next weights stream while this one ends."""
+    dtype = out_ptr.dtype.element_ty
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
     rows = w_ptr + n.to(tl.int64)[:, None] * stride_w
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        if EVEN_K:
-            x = tl.load(x_ptr + k)
-            w = tl.load(rows + k[None, :], mask=nmask[:, None], other=0.0, eviction_policy="evict_first")
-        else:
-            kmask = k < K
-            x = tl.load(x_ptr + k, mask=kmask, other=0.0)
-            w = tl.load(rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0,
-                        eviction_policy="evict_first")
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    k = tl.arange(0, BLOCK_K)
+    w = _gemv_weights(rows, k, nmask, K, EVEN_K)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    rstd = 0.0
+    if NORM:
+        squares = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            x = tl.load(x_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
+            squares += x * x
+        rstd = tl.math.rsqrt(tl.sum(squares, axis=0) / K + eps)
+    acc = w.to(tl.float32) * _gemv_input(x_ptr, nw_ptr, k, K, rstd, dtype, EVEN_K, NORM, SILU)[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        w = _gemv_weights(rows, k0 + k, nmask, K, EVEN_K)
+        acc += w.to(tl.float32) * _gemv_input(x_ptr, nw_ptr, k0 + k, K, rstd, dtype, EVEN_K, NORM, SILU)[None, :]
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=nmask)
+    if HAS_RES:
+        y = y.to(dtype).to(tl.float32) + tl.load(res_ptr + n, mask=nmask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + n, y.to(dtype), mask=nmask)

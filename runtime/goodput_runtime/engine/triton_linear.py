@@ -34,6 +34,11 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 ENABLED = os.environ.get("GOODPUT_GEMV", "auto") != "off"
+# A decoder layer's batch-1 step as four products with the work between them folded in (models.llama):
+# the norms into the products after them, SiLU x up into the down projection, the residual sums into
+# the output and down projections. Off: inductor's kernels between the products, as before.
+FUSE = os.environ.get("GOODPUT_GEMV_FUSE", "on") != "off"
+PDL = os.environ.get("GOODPUT_GEMV_PDL", "on") != "off"  # programmatic dependent launch (Hopper on)
 DTYPES = (torch.bfloat16, torch.float16)
 
 Config = tuple[int, int, int]  # rows per program, columns per iteration, warps
@@ -59,27 +64,47 @@ def config_for(n: int, k: int, dtype: torch.dtype) -> Config:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         config: Config | None = None) -> torch.Tensor:
-    """x [1, K] @ weight [N, K]^T (+ bias [N]) -> [1, N] in x's dtype, accumulated in float32."""
+         config: Config | None = None, norm: tuple[torch.Tensor, float] | None = None, silu: bool = False,
+         residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x [1, K] @ weight [N, K]^T (+ bias [N]) (+ residual [1, N]) -> [1, N] in x's dtype, accumulated
+    in float32. norm (the RMS norm's weight [K], eps): the product of rms_norm(x) instead; silu: of
+    silu(gate) * up for x = [gate | up] [1, 2K]."""
     n, k = weight.shape
-    assert x.shape == (1, k) and weight.stride(1) == 1, (x.shape, weight.shape, weight.stride())
+    assert x.shape == (1, 2 * k if silu else k) and weight.stride(1) == 1, (x.shape, weight.shape, weight.stride())
+    assert not (silu and norm), "one prologue at a time"
     x = x.contiguous()
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     rows, cols, warps = config or config_for(n, k, weight.dtype)
+    pdl = {"launch_pdl": True} if _pdl(x.device) else {}
     _kernels().gemv[(-(-n // rows),)](
-        x, weight, x if bias is None else bias, out, n, k, weight.stride(0),
-        HAS_BIAS=bias is not None, EVEN_K=k % cols == 0, BLOCK_N=rows, BLOCK_K=cols, num_warps=warps)
+        x, weight, x if bias is None else bias, out, x if norm is None else norm[0],
+        x if residual is None else residual.contiguous(), n, k, weight.stride(0), 0.0 if norm is None else norm[1],
+        HAS_BIAS=bias is not None, EVEN_K=k % cols == 0, BLOCK_N=rows, BLOCK_K=cols, NORM=norm is not None,
+        SILU=silu, HAS_RES=residual is not None, PDL=bool(pdl), num_warps=warps, **pdl)
     return out
 
 
+def _pdl(device: torch.device) -> bool:
+    """Launch with programmatic dependent launch: on Hopper GPUs and later, unless PDL is off."""
+    return PDL and device.type == "cuda" and _capability(device.index or 0) >= 9
+
+
+@functools.cache
+def _capability(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
 @torch.library.custom_op("goodput::gemv", mutates_args=())
-def gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm_weight: torch.Tensor | None = None,
+            eps: float = 0.0, silu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
     """`gemv` as an operator the compiled graph keeps opaque (models.llama.project calls it)."""
-    return gemv(x, weight, bias)
+    return gemv(x, weight, bias, norm=None if norm_weight is None else (norm_weight, eps), silu=silu,
+                residual=residual)
 
 
 @gemv_op.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm_weight: torch.Tensor | None = None,
+      eps: float = 0.0, silu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
     return x.new_empty(1, weight.shape[0])
 
 
@@ -169,7 +194,7 @@ def enable(model: Any, device: torch.device) -> None:
             torch.cuda.empty_cache()
         with torch.inference_mode():
             for lin in linears:
-                gemv(torch.zeros(1, lin.in_features, dtype=dtype, device=device), lin.weight, lin.bias)
+                warm_up(lin, device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except Exception as e:  # any failure to build or launch it leaves cuBLAS serving
@@ -182,3 +207,19 @@ def enable(model: Any, device: torch.device) -> None:
              time.monotonic() - started,
              ", ".join(f"{n}x{k}: {c[0]} rows x {c[1]} cols, {c[2]} warps, {s * 1e6:.1f} us"
                        for (n, k), (c, s) in picked.items()))
+
+
+def warm_up(linear: nn.Linear, device: torch.device) -> None:
+    """Compile the kernel's variants a marked projection can launch: the plain product and, for the
+    fused layer (models.llama.DecoderLayer.forward_gemv), with the norm before it, the residual after
+    it, and SiLU x up before and the residual after it."""
+    k, n, dtype = linear.in_features, linear.out_features, linear.weight.dtype
+    x = torch.zeros(1, k, dtype=dtype, device=device)
+    gemv(x, linear.weight, linear.bias)
+    if FUSE:
+        residual = torch.zeros(1, n, dtype=dtype, device=device)
+        gemv(x, linear.weight, linear.bias, norm=(torch.ones(k, dtype=dtype, device=device), 1e-6))
+        gemv(x, linear.weight, linear.bias, residual=residual)
+        gemv(torch.zeros(1, 2 * k, dtype=dtype, device=device), linear.weight, linear.bias, silu=True,
+             residual=residual)
+

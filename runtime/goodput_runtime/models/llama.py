@@ -177,8 +177,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch | None,
                 form: str = LINEAR) -> torch.Tensor:
         """batch None: inside the compiled graph, attention through its operator (on STEP's batch)."""
-        t = x.shape[0]
-        qkv = project(x, self.qkv_proj, form)
+        return project(self.attend(project(x, self.qkv_proj, form), cos, sin, batch), self.o_proj, form)
+
+    def attend(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch | None) -> torch.Tensor:
+        """The attention's output [T, heads * head_dim] from the qkv projection [T, (H + 2 KVH) D]."""
+        t = qkv.shape[0]
         qk_width = (self.heads + self.kv_heads) * self.head_dim
         qk = qkv[:, :qk_width].view(t, self.heads + self.kv_heads, self.head_dim)
         # eagerly, in place and fused (models/fused.py); in the compiled graph, as inductor fuses it
@@ -190,7 +193,7 @@ class Attention(nn.Module):
             q, k = qk[:, : self.heads], qk[:, self.heads :]
             v = qkv[:, qk_width:].view(t, self.kv_heads, self.head_dim)
             out = attend(batch, self.layer_idx, q, k, v, self.scaling, self.sliding_window)
-        return project(out.reshape(t, self.heads * self.head_dim), self.o_proj, form)
+        return out.reshape(t, self.heads * self.head_dim)
 
 
 class MLP(nn.Module):
@@ -199,6 +202,7 @@ class MLP(nn.Module):
         self.gate_up_proj = fuse([source.gate_proj, source.up_proj])
         self.down_proj = source.down_proj
         self.act = source.act_fn
+        self.silu = fused.is_silu(self.act)
         self.intermediate = source.gate_proj.out_features
 
     def forward(self, x: torch.Tensor, form: str = LINEAR, fuse_act: bool = False) -> torch.Tensor:
@@ -224,8 +228,29 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch | None,
                 form: str = LINEAR) -> torch.Tensor:
+        if h.shape[0] == 1 and self.gemv_chain():
+            return self.forward_gemv(h, cos, sin, batch)
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, form)
         return h + self.mlp(self.post_attention_layernorm(h), form)
+
+    def gemv_chain(self) -> bool:
+        """Whether a one-token step runs as forward_gemv: the layer's four projections marked for the GPU's
+        GEMV (engine/triton_linear.py), its activation SiLU, the fusion on."""
+        attn, mlp = self.self_attn, self.mlp
+        return triton_linear.FUSE and mlp.silu and all(
+            getattr(lin, "gemv", False) for lin in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+
+    def forward_gemv(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     batch: PagedBatch | None) -> torch.Tensor:
+        """``forward`` for one token as four GEMV launches with the work between them folded in: each
+        norm into the product after it, the residual sums into the output and down projections, SiLU x
+        up into the down projection; only attention (and the rotary embedding) runs between them."""
+        attn, mlp, norm1, norm2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
+        gemv = triton_linear.gemv_op
+        qkv = gemv(h, attn.qkv_proj.weight, attn.qkv_proj.bias, norm1.weight, norm1.eps)
+        h = gemv(attn.attend(qkv, cos, sin, batch), attn.o_proj.weight, attn.o_proj.bias, residual=h)
+        gate_up = gemv(h, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, norm2.weight, norm2.eps)
+        return gemv(gate_up, mlp.down_proj.weight, mlp.down_proj.bias, silu=True, residual=h)
 
     def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                       batch: PagedBatch, form: str) -> tuple[torch.Tensor, torch.Tensor]:
