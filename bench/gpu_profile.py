@@ -7,7 +7,7 @@ the CUDA default), or the torch path with the cache's blocks read by `index_sele
 (advanced indexing over 8-byte words), then `cublas` (batch 1's products through cuBLAS, not the
 Triton GEMV of engine/triton_linear.py), `nofuse` (the GEMV for the products alone: norms, SiLU x
 up and residual sums as their own kernels, not folded into the products), `nopdl` (the GEMVs launched
-without programmatic dependent launch), `compile` (`--compile`: the
+without programmatic dependent launch; `pdlearly`: each also lets the next start at once), `compile` (`--compile`: the
 compact modules' norms, rotary embedding and MLP activation fused by inductor) and `fp8` (fp8
 weights). For each: the replayed CUDA-graph step time at each batch size, its MBU, and one step
 run eagerly over the same static buffers under torch.profiler, counting its kernels and summing
@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
         attention.GATHER = "auto" if parts[0] == "triton" else parts[0]
         triton_linear.ENABLED = "cublas" not in parts  # one-row products: the Triton GEMV unless named
         triton_linear.FUSE = "nofuse" not in parts  # the layer as a chain of four GEMVs, unless named
-        triton_linear.PDL = "nopdl" not in parts  # the GEMVs launched with programmatic dependent launch
+        # the GEMVs launched with programmatic dependent launch (engine/triton_linear.PDL)
+        triton_linear.PDL = "off" if "nopdl" in parts else "early" if "pdlearly" in parts else "wait"
         core = build_core(EngineConfig(
             model=args.model, device="cuda", dtype=args.dtype, max_model_len=args.prompt_len + args.steps + 64,
             max_num_seqs=max(batches), max_num_batched_tokens=max(2048, args.prompt_len * max(batches)),

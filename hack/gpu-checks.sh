@@ -108,7 +108,7 @@ for s in $STEPS; do
     attention) step attention 180 python3 -m bench.gpu_attention --out "$OUT/gpu_attention.json" ;;
     gemv) step gemv 150 python3 -m bench.gpu_gemv --out "$OUT/gpu_gemv.json" ;;
     gemvstep) step gemvstep 300 python3 -m bench.gpu_profile --model "$MODEL" --batch-sizes 1 \
-      --variants triton+compile,triton+compile+nopdl,triton+compile+nofuse,triton+compile+nofuse+nopdl,triton \
+      --variants triton+compile,triton+compile+nopdl,triton+compile+pdlearly,triton+compile+nofuse+nopdl,triton,triton+nopdl,triton+nofuse+nopdl \
       --out "$OUT/gpu_profile_gemv.json" ;;
     # the GEMV's own tests, every kernel case compiled, and the engine's CUDA-graph tests it serves in
     gemvtests) step gemvtests 300 bash -c 'q="-q -p no:cacheprovider -p no:logging --tb=short -rfEs"

@@ -36,7 +36,8 @@ def reference(x, w, b):
     return F.linear(x.double(), w.double(), None if b is None else b.double())
 
 
-@pytest.mark.parametrize("config", triton_linear.CANDIDATES, ids=lambda c: "{}x{}-w{}".format(*c))
+@pytest.mark.parametrize("config", sorted(set(triton_linear.CANDIDATES + triton_linear.NORM_CANDIDATES)),
+                         ids=lambda c: "{}x{}-w{}".format(*c))
 @pytest.mark.parametrize("shape", [(64, 512), (37, 100), (130, 1088)], ids=lambda s: "{}x{}".format(*s))
 def test_every_candidate_tile_gives_the_product(config, shape, interpret):
     """Each tile the start-up tuning may pick: rows past N, columns past K (100 and 1,088 are no
@@ -225,6 +226,10 @@ def test_start_up_tuning_picks_a_tile_no_slower_than_the_default_on_a_1b_llamas_
         x, w, b = case(n, k, torch.bfloat16, bias=False)
         expected = reference(x, w, b)
         assert ((triton_linear.gemv(x, w).double() - expected).abs() <= 2**-7 * expected.abs() + 1e-2).all()
+    normed = triton_linear.tune(shapes[:3:2], torch.bfloat16, torch.device("cuda"), norm=True)
+    for (n, k), (config, _) in normed.items():  # the products after a norm: tuned on their own
+        assert config in triton_linear.NORM_CANDIDATES
+        assert triton_linear.config_for(n, k, torch.bfloat16, norm=True) == config
 
 
 @pytest.mark.gpu
@@ -259,7 +264,7 @@ def test_engine_on_cuda_in_bf16_serves_a_batch_of_one_through_the_kernel_under_g
 @pytest.mark.gpu
 def test_a_chain_of_products_launched_dependently_in_a_cuda_graph_gives_the_serial_results(monkeypatch):
     """Programmatic dependent launch (on Hopper and later): each GEMV reads its first weight tile
-    before the kernel before it ends and lets the next start early. A chain as a layer runs it (norm
+    before the kernel before it ends (and, "early", lets the next start at once). A chain as a layer runs it (norm
     before, residual and SiLU x up folded in, each product reading the last one's output), captured
     in a CUDA graph and replayed 50 times, must give bit for bit what the chain gives launched
     without it: any read of an input before its writer finished would show."""
@@ -279,7 +284,7 @@ def test_a_chain_of_products_launched_dependently_in_a_cuda_graph_gives_the_seri
         return triton_linear.gemv(gate_up, w3, None, silu=True, residual=h)
 
     results = {}
-    for pdl in (False, True):
+    for pdl in ("off", "wait", "early"):
         monkeypatch.setattr(triton_linear, "PDL", pdl)
         chain()
         torch.cuda.synchronize()
@@ -292,6 +297,6 @@ def test_a_chain_of_products_launched_dependently_in_a_cuda_graph_gives_the_seri
             replays.append(out.clone())
         results[pdl] = torch.cat(replays)
     assert triton_linear._pdl(x.device)
-    assert torch.equal(results[True], results[False])
-    assert torch.equal(results[True], results[True][:1].expand_as(results[True]))
+    assert torch.equal(results["wait"], results["off"]) and torch.equal(results["early"], results["off"])
+    assert torch.equal(results["off"], results["off"][:1].expand_as(results["off"]))
 

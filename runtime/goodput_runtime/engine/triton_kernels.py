@@ -149,15 +149,16 @@ def _gemv_input(x_ptr, nw_ptr, k, K, rstd, dtype: tl.constexpr, EVEN_K: tl.const
 @triton.jit
 def gemv(x_ptr, w_ptr, b_ptr, out_ptr, nw_ptr, res_ptr, N, K, stride_w, eps,
          HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-         NORM: tl.constexpr, SILU: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr):
+         NORM: tl.constexpr, SILU: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
     """out [N] = W [N, K] @ f(x) [K] (+ bias) (+ residual), one program per BLOCK_N rows of W: each
     streams its rows' BLOCK_N x BLOCK_K tiles once, multiplying in float32 into a tile-shaped
     accumulator that is summed across K only at the end. f: the input's prologue (_gemv_input); the
     residual is added to the product rounded to the output's dtype, as the model's sum is.
 
     PDL (programmatic dependent launch, Hopper on): the program reads its first weight tile, which no
-    earlier kernel writes, before waiting for the kernel before it to finish, and lets the next one
-    start at once; in a chain of products the next weights stream while this one ends."""
+    earlier kernel writes, before waiting for the kernel before it to finish; EARLY, it then lets the
+    next kernel launched so start at once (in a chain of products the next weights stream while this
+    one ends)."""
     dtype = out_ptr.dtype.element_ty
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
@@ -166,6 +167,7 @@ def gemv(x_ptr, w_ptr, b_ptr, out_ptr, nw_ptr, res_ptr, N, K, stride_w, eps,
     w = _gemv_weights(rows, k, nmask, K, EVEN_K)
     if PDL:
         gdc_wait()
+    if EARLY:
         gdc_launch_dependents()
     rstd = 0.0
     if NORM:

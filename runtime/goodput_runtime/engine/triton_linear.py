@@ -38,7 +38,10 @@ ENABLED = os.environ.get("GOODPUT_GEMV", "auto") != "off"
 # the norms into the products after them, SiLU x up into the down projection, the residual sums into
 # the output and down projections. Off: inductor's kernels between the products, as before.
 FUSE = os.environ.get("GOODPUT_GEMV_FUSE", "on") != "off"
-PDL = os.environ.get("GOODPUT_GEMV_PDL", "on") != "off"  # programmatic dependent launch (Hopper on)
+# Programmatic dependent launch (Hopper on): "wait", each GEMV may start before the kernel before it
+# ends, reading its first weight tile, then waits for it; "early", it also lets the next GEMV start
+# at once; "off".
+PDL = os.environ.get("GOODPUT_GEMV_PDL", "wait")
 DTYPES = (torch.bfloat16, torch.float16)
 
 Config = tuple[int, int, int]  # rows per program, columns per iteration, warps
@@ -50,7 +53,13 @@ CANDIDATES: tuple[Config, ...] = (DEFAULT, (1, 2048, 4), (2, 2048, 4), (4, 1024,
                                   (16, 512, 4), (8, 512, 4))
 TUNE_BYTES = 256 << 20  # weight copies a tuning graph cycles through: well beyond an H200's 60 MB of L2
 TUNE_MIN_BYTES = 4 << 20  # smaller weights take DEFAULT: their call is mostly launch and tail, whatever the tile
-_chosen: dict[tuple[int, int, torch.dtype], Config] = {}
+# With the RMS norm before it, each program also reads the whole input and the norm's weight (for
+# its sum of squares and its tiles): from the L2 cache, but as much again as its rows of weight at
+# two rows a program. Taller tiles share that among more rows; the norm's product is tuned on its own.
+NORM_DEFAULT: Config = (8, 512, 4)
+NORM_CANDIDATES: tuple[Config, ...] = (NORM_DEFAULT, DEFAULT, (4, 1024, 4), (8, 1024, 8), (16, 256, 4),
+                                       (16, 512, 8), (32, 256, 8), (32, 128, 4))
+_chosen: dict[tuple[int, int, torch.dtype, bool], Config] = {}
 
 
 def _kernels() -> Any:
@@ -59,8 +68,8 @@ def _kernels() -> Any:
     return triton_kernels
 
 
-def config_for(n: int, k: int, dtype: torch.dtype) -> Config:
-    return _chosen.get((n, k, dtype), DEFAULT)
+def config_for(n: int, k: int, dtype: torch.dtype, norm: bool = False) -> Config:
+    return _chosen.get((n, k, dtype, norm), NORM_DEFAULT if norm else DEFAULT)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -74,19 +83,20 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     assert not (silu and norm), "one prologue at a time"
     x = x.contiguous()
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    rows, cols, warps = config or config_for(n, k, weight.dtype)
+    rows, cols, warps = config or config_for(n, k, weight.dtype, norm is not None)
     pdl = {"launch_pdl": True} if _pdl(x.device) else {}
     _kernels().gemv[(-(-n // rows),)](
         x, weight, x if bias is None else bias, out, x if norm is None else norm[0],
         x if residual is None else residual.contiguous(), n, k, weight.stride(0), 0.0 if norm is None else norm[1],
         HAS_BIAS=bias is not None, EVEN_K=k % cols == 0, BLOCK_N=rows, BLOCK_K=cols, NORM=norm is not None,
-        SILU=silu, HAS_RES=residual is not None, PDL=bool(pdl), num_warps=warps, **pdl)
+        SILU=silu, HAS_RES=residual is not None, PDL=bool(pdl), EARLY=bool(pdl) and PDL == "early",
+        num_warps=warps, **pdl)
     return out
 
 
 def _pdl(device: torch.device) -> bool:
     """Launch with programmatic dependent launch: on Hopper GPUs and later, unless PDL is off."""
-    return PDL and device.type == "cuda" and _capability(device.index or 0) >= 9
+    return PDL != "off" and device.type == "cuda" and _capability(device.index or 0) >= 9
 
 
 @functools.cache
@@ -140,20 +150,24 @@ def weight_copies(n: int, k: int, dtype: torch.dtype, device: torch.device) -> l
     return [torch.randn(n, k, dtype=dtype, device=device) * 0.02 for _ in range(copies)]
 
 
-def tune(shapes: Iterable[tuple[int, int]], dtype: torch.dtype, device: torch.device,
-         candidates: Iterable[Config] = CANDIDATES) -> dict[tuple[int, int], tuple[Config, float]]:
-    """Time each candidate tile on each [N, K] shape of at least TUNE_MIN_BYTES; keep the fastest for
-    `gemv`. Returns, per shape timed, the chosen tile and its device seconds a call."""
+def tune(shapes: Iterable[Iterable[int]], dtype: torch.dtype, device: torch.device,
+         candidates: Iterable[Config] | None = None, norm: bool = False) -> dict[tuple[int, int], tuple[Config, float]]:
+    """Time each candidate tile on each [N, K] shape of at least TUNE_MIN_BYTES (with the RMS norm
+    before the product where `norm`, among NORM_CANDIDATES by default); keep the fastest for `gemv`.
+    Returns, per shape timed, the chosen tile and its device seconds a call."""
+    candidates = tuple(candidates or (NORM_CANDIDATES if norm else CANDIDATES))
     picked = {}
     size = dtype.itemsize
-    for n, k in sorted(set(shapes)):
+    for n, k in sorted({tuple(shape) for shape in shapes}):
         if n * k * size < TUNE_MIN_BYTES:
             continue
         weights = weight_copies(n, k, dtype, device)
         x = torch.randn(1, k, dtype=dtype, device=device)
-        timed = {c: replay_seconds([functools.partial(gemv, x, w, None, c) for w in weights]) for c in candidates}
+        prologue = (torch.ones(k, dtype=dtype, device=device), 1e-6) if norm else None
+        timed = {c: replay_seconds([functools.partial(gemv, x, w, None, c, norm=prologue) for w in weights])
+                 for c in candidates}
         best = min(timed, key=timed.__getitem__)
-        _chosen[(n, k, dtype)] = best
+        _chosen[(n, k, dtype, norm)] = best
         picked[(n, k)] = (best, timed[best])
         del weights
     torch.cuda.empty_cache()
@@ -186,10 +200,15 @@ def enable(model: Any, device: torch.device) -> None:
     linears = [lin for lin in model.linears() if getattr(lin, "gemv", False)]
     dtype = linears[0].weight.dtype
     try:
+        # the products an RMS norm precedes (models.llama.DecoderLayer.forward_gemv) are tuned with it
+        normed = [lin for lin in getattr(model, "normed_linears", list)() if FUSE and getattr(lin, "gemv", False)]
         try:
-            picked = tune([tuple(lin.weight.shape) for lin in linears], dtype, device)
+            picked = {(n, k, ""): c for (n, k), c in tune([lin.weight.shape for lin in linears], dtype, device).items()}
+            picked.update({(n, k, " after the norm"): c for (n, k), c in
+                           tune([lin.weight.shape for lin in normed], dtype, device, norm=True).items()})
         except torch.cuda.OutOfMemoryError:  # its weight copies did not fit beside the cache: default tiles
-            log.warning("no memory to tune the batch-1 GEMV's tiles; every shape takes %s", DEFAULT)
+            log.warning("no memory to tune the batch-1 GEMV's tiles; every shape takes %s (%s after a norm)",
+                        DEFAULT, NORM_DEFAULT)
             picked = {}
             torch.cuda.empty_cache()
         with torch.inference_mode():
@@ -205,8 +224,8 @@ def enable(model: Any, device: torch.device) -> None:
         return
     log.info("batch-1 projections through the Triton GEMV (%d of them); tuned in %.1f s: %s", marked,
              time.monotonic() - started,
-             ", ".join(f"{n}x{k}: {c[0]} rows x {c[1]} cols, {c[2]} warps, {s * 1e6:.1f} us"
-                       for (n, k), (c, s) in picked.items()))
+             ", ".join(f"{n}x{k}{what}: {c[0]} rows x {c[1]} cols, {c[2]} warps, {s * 1e6:.1f} us"
+                       for (n, k, what), (c, s) in picked.items()))
 
 
 def warm_up(linear: nn.Linear, device: torch.device) -> None:

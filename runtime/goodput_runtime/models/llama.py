@@ -351,6 +351,11 @@ class CausalLM(nn.Module):
             found += [a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj]
         return found
 
+    def normed_linears(self) -> list[Any]:
+        """The projections an RMS norm precedes (engine/triton_linear.py tunes them with it)."""
+        layers: list[Any] = list(self.model.layers)
+        return [lin for layer in layers for lin in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj)]
+
     def pack_weights(self) -> int:
         """oneDNN's packed copy of every plain projection's weight (see pack); how many got one."""
         return sum(pack(linear) for linear in self.linears())
