@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from goodput_runtime.models.llama import ARCHITECTURES, from_transformers, unsupported_reason
+from goodput_runtime.models.llama import from_transformers
+from goodput_runtime.models.support import ARCHITECTURES, unsupported_reason
 
 log = logging.getLogger(__name__)
 
