@@ -184,13 +184,70 @@ def test_start_up_launches_every_variant_a_model_steps_use(window, interpret, mo
     kernel = triton_attention.decode
 
     def record(query, k_cache, v_cache, blocks, lens, block_size, scaling, window, key=None, value=None, slots=None,
-               splits=None):
-        out = kernel(query, k_cache, v_cache, blocks, lens, block_size, scaling, window, key, value, slots, splits)
+               splits=None, rotary=None):
+        out = kernel(query, k_cache, v_cache, blocks, lens, block_size, scaling, window, key, value, slots, splits,
+                     rotary)
         assert torch.isfinite(out).all()
-        launched.append((key is not None, splits))
+        launched.append((key is not None, splits, rotary is not None))
         return out
 
     monkeypatch.setattr(triton_attention, "decode", record)
-    triton_attention.warm_up(32, 4, 64, 16, torch.float32,
-                             torch.device("cuda" if torch.cuda.is_available() else "cpu"), window)
-    assert sorted(launched) == [(False, 1), (False, 2), (True, 1), (True, 2)]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    triton_attention.warm_up(32, 4, 64, 16, torch.float32, device, window)
+    assert sorted(launched) == [(False, 1, False), (False, 2, False), (True, 1, False), (True, 2, False)]
+    launched.clear()  # in half precision, also the rotary variant a layer's chain of GEMVs launches
+    triton_attention.warm_up(32, 4, 64, 16, torch.float16, device, window)
+    assert sorted(launched) == [(False, 1, False), (False, 2, False), (True, 1, False), (True, 1, True),
+                                (True, 2, False), (True, 2, True)]
+
+
+def rotary_rows(positions: list[int], head_dim: int, dtype: torch.dtype, device: str):
+    """cos and sin [B, 1, D] at each row's position, as a Llama's rotary embedding makes them."""
+    inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    angles = torch.tensor(positions).float()[:, None] * inv[None, :]
+    angles = torch.cat((angles, angles), dim=-1)[:, None, :]
+    return angles.cos().to(dtype).to(device), angles.sin().to(dtype).to(device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_the_rotary_embedding_applied_by_the_kernel_equals_rotating_first(dtype, splits, interpret, monkeypatch):
+    """rotary=(cos, sin): the query and the new key come unrotated and the launch rotates them as it
+    reads them (a layer's chain of GEMVs leaves it no kernel of its own). The output, and the key it
+    stores, equal rotating in torch first (each product rounded to the dtype, as the model rounds it)
+    then the kernel without it; and they differ from not rotating."""
+    from goodput_runtime.models.fused import rotate
+
+    monkeypatch.setattr(triton_attention, "SPLITS", splits)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    lens = [5, 130, 64, 1]
+    query, key, value, batch = step_case(lens, 32, 4, 64, dtype, seed=21, device=device)
+    cos, sin = rotary_rows([n - 1 for n in lens], 64, dtype, device)
+    group, cache = batch.decodes[0], batch.cache
+
+    def run(q, k, rotary=None):
+        keys, values = cache.keys[0].clone(), cache.values[0].clone()
+        out = triton_attention.decode(q, keys, values, group.blocks, group.lens, 16, None, None, k, value,
+                                      batch.slot_mapping, rotary=rotary)
+        return out, keys
+
+    out, keys = run(query, key, (cos, sin))
+    expected, expected_keys = run(rotate(query, cos, sin), rotate(key, cos, sin))
+    tol = 2e-5 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
+    torch.testing.assert_close(keys, expected_keys, atol=0, rtol=0)
+    assert (out - run(query, key)[0]).abs().max() > 0.05
+
+
+def test_attend_rotates_first_where_the_kernel_does_not_serve(monkeypatch):
+    """attention.attend with rotary on the torch path (a CPU, or a step mixing prompts and decodes):
+    the query and key rotated in torch, then attended as before."""
+    from goodput_runtime.models.fused import rotate
+
+    query, key, value, batch = step_case([9, 40], 9, 3, 64, torch.float32, seed=23)
+    cos, sin = rotary_rows([8, 39], 64, torch.float32, "cpu")
+    expected, keys, _ = torch_path(rotate(query, cos, sin), rotate(key, cos, sin), value, batch, None, None,
+                                   monkeypatch)
+    out = attention.attend(batch, 0, query, key, value, rotary=(cos, sin))
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
+    assert torch.equal(batch.cache.keys[0], keys)

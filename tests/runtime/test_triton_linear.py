@@ -140,7 +140,8 @@ def test_a_batch_of_one_decodes_through_the_kernel_and_keeps_transformers_tokens
     interpreter): a single request's decode steps take every product through the GEMV, and the greedy
     tokens are transformers'. The prompt's step keeps F.linear for its layers' products. `chain`: the
     layers as a GPU runs them (DecoderLayer.forward_gemv: each norm, SiLU x up and residual sum inside
-    a product), eagerly or in the compiled graph (--compile, the GEMV an opaque operator there);
+    a product, the rotary embedding inside the attention kernel), eagerly or in the compiled graph
+    (--compile, the GEMV an opaque operator there);
     `cpu-fused`: the CPU's fused element-wise functions between plain products."""
     from test_engine_greedy import reference, run_all, small_config
 
@@ -149,11 +150,18 @@ def test_a_batch_of_one_decodes_through_the_kernel_and_keeps_transformers_tokens
 
     if layer_path == "chain":
         monkeypatch.setattr(fused, "enabled", lambda x: False)  # the layers' forward, as on a GPU
+    rotated_in_kernel = []
+    if layer_path.startswith("chain"):  # decode attention through the Triton kernel, as on a GPU
+        decode = triton_attention.decode
+        monkeypatch.setattr(triton_attention, "available", lambda q: True)
+        monkeypatch.setattr(triton_attention, "decode", lambda *a, **k: rotated_in_kernel.append(
+            k.get("rotary") is not None) or decode(*a, **k))
     core = build_core(dataclasses.replace(small_config(tiny_model_dir), step_tuning="off",
                                           compile=layer_path == "chain-compiled"))
     model = core.runner.model
     monkeypatch.setattr(triton_linear, "DTYPES", (torch.float32,))
     assert triton_linear.mark(model) == len(model.linears())
+    rotated_in_kernel.clear()  # (the compiled graph's warm-up at start-up, before the marks)
     calls = []
     kernel = triton_linear.gemv
     monkeypatch.setattr(triton_linear, "gemv", lambda x, *a, **k: calls.append(
@@ -169,6 +177,7 @@ def test_a_batch_of_one_decodes_through_the_kernel_and_keeps_transformers_tokens
               for kind, res in [("norm", False), ("", True), ("silu", True)]}
     if layer_path.startswith("chain"):  # per layer: the qkv and gate-up products after norms; output and down
         assert folded == {("norm", False): 10 * layers, ("", True): 5 * layers, ("silu", True): 5 * layers}
+        assert rotated_in_kernel == [True] * 5 * layers  # each decode step's attention rotated in the kernel
     else:
         assert not any(folded.values())
 

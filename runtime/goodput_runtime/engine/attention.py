@@ -169,16 +169,23 @@ def attend_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 
 
 def attend(batch: PagedBatch, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-           scaling: float | None = None, sliding_window: int | None = None) -> torch.Tensor:
+           scaling: float | None = None, sliding_window: int | None = None,
+           rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """One layer's attention for the step: query [T, H, D], key and value [T, KVH, D] of the step's
-    new tokens (written into the cache here); returns [T, H, D]."""
+    new tokens (written into the cache here); returns [T, H, D]. `rotary` (cos, sin [T, 1, D]): the
+    query and key come unrotated, and the rotary embedding (rotate-half) is applied here, by the
+    Triton kernel itself in a decode-only step on CUDA."""
     k_cache, v_cache = batch.cache.keys[layer], batch.cache.values[layer]
     if (len(batch.decodes) == 1 and not batch.prefills and DECODE_KERNEL != "torch"
             and triton_attention.available(query)):
         # a decode-only step on CUDA: the cache writes and the attention in one launch
         group = batch.decodes[0]
         return triton_attention.decode(query, k_cache, v_cache, group.blocks, group.lens, group.block_size,
-                                       scaling, sliding_window, key, value, batch.slot_mapping)
+                                       scaling, sliding_window, key, value, batch.slot_mapping, rotary=rotary)
+    if rotary is not None:
+        from goodput_runtime.models.fused import rotate  # (the models package imports this module)
+
+        query, key = rotate(query, *rotary), rotate(key, *rotary)
     k_cache.index_copy_(0, batch.slot_mapping, key)
     v_cache.index_copy_(0, batch.slot_mapping, value)
     gqa = query.shape[1] != key.shape[1]

@@ -89,13 +89,16 @@ def splits_for(batch: int, kv_heads: int, width: int) -> int:
 def decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
            lens: torch.Tensor, block_size: int, scaling: float | None, window: int | None,
            key: torch.Tensor | None = None, value: torch.Tensor | None = None,
-           slots: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
+           slots: torch.Tensor | None = None, splits: int | None = None,
+           rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """query [B, H, D] -> [B, H, D], each row attended to its context in the paged cache.
 
     k_cache, v_cache [num_slots, KVH, D], contiguous; blocks [B, N] each row's cache blocks; lens [B]
     context lengths including the new token. With key and value [B, KVH, D] and slots [B], the new
     tokens' keys and values are stored into the cache by the same launch (otherwise the cache must
-    already hold them). `splits`: programs per (sequence, kv head), splits_for's when None.
+    already hold them). `splits`: programs per (sequence, kv head), splits_for's when None. `rotary`:
+    each row's cos and sin [B, ..., D] (one position a row); the query and the new key then come
+    unrotated, and the launch applies the rotary embedding (rotate-half) as it reads them.
     """
     b, heads, dim = query.shape
     kv_heads = k_cache.shape[1]
@@ -120,15 +123,18 @@ def decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
         part_acc = torch.empty(part_m.numel() * d_pad, dtype=torch.float32, device=query.device)
     else:
         part_m = part_l = part_acc = out  # unread
+    cos, sin = (query, query) if rotary is None else (t.reshape(t.shape[0], -1) for t in rotary)
+    assert rotary is None or (cos.shape == sin.shape == (b, dim) and cos.stride(1) == sin.stride(1) == 1
+                              and cos.stride(0) == sin.stride(0)), (cos.shape, sin.shape)
     kernels = _kernels()
     kernels.paged_decode[(b, kv_heads, splits)](
-        query, new_k, new_v, k_cache, v_cache, new_slots, blocks, lens, out, part_m, part_l, part_acc,
+        query, new_k, new_v, k_cache, v_cache, new_slots, blocks, lens, out, part_m, part_l, part_acc, cos, sin,
         float(dim**-0.5 if scaling is None else scaling), int(window or 0), chunk,
         query.stride(0), query.stride(1), new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1),
-        out.stride(0), out.stride(1), blocks.stride(0),
+        out.stride(0), out.stride(1), blocks.stride(0), cos.stride(0),
         KVH=kv_heads, D=dim, D_PAD=d_pad, G=group, G_PAD=g_pad, BLOCK=block_size, TILE=tile_keys,
         HAS_WINDOW=window is not None, FUSED_WRITE=fused, IEEE=query.dtype == torch.float32, SPLIT=splits > 1,
-        num_warps=4)
+        ROTARY=rotary is not None, num_warps=4)
     if splits > 1:
         kernels.merge_splits[(b, kv_heads)](part_m, part_l, part_acc, out, out.stride(0), out.stride(1), splits,
                                             KVH=kv_heads, D=dim, D_PAD=d_pad, G=group, G_PAD=g_pad, num_warps=4)
@@ -139,14 +145,19 @@ def warm_up(heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: to
             window: int | None) -> None:
     """Compile, before the first request, each variant of the kernels a model's steps launch: with and
     without the fused write (decode-only steps, and steps mixing decodes with prompt chunks), one
-    program or a split context (and the merge). Triton compiles a variant on its first launch, a
-    second or so that would otherwise fall on a request. Launched on scratch tensors."""
+    program or a split context (and the merge), in half precision also with the rotary embedding.
+    Triton compiles a variant on its first launch, a second or so that would otherwise fall on a
+    request. Launched on scratch tensors."""
     width = 2 * block_size
     keys, values = (torch.zeros(width, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(2))
     query = torch.zeros(1, heads, head_dim, dtype=dtype, device=device)
     new = torch.zeros(1, kv_heads, head_dim, dtype=dtype, device=device)
     blocks, lens = torch.tensor([[0, 1]], device=device), torch.tensor([width], device=device)
+    rows = torch.zeros(1, head_dim, dtype=dtype, device=device)
     for splits in (1, 2):
         decode(query, keys, values, blocks, lens, block_size, None, window, new, new,
                torch.tensor([width - 1], device=device), splits=splits)
         decode(query, keys, values, blocks, lens, block_size, None, window, splits=splits)
+        if dtype != torch.float32:  # a half-precision layer's chain of GEMVs (models.llama.forward_gemv)
+            decode(query, keys, values, blocks, lens, block_size, None, window, new, new,
+                   torch.tensor([width - 1], device=device), splits=splits, rotary=(rows, rows))

@@ -6,15 +6,26 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
+def _rope(x, partner, cos, sin, sign):
+    """The rotary embedding of x (rotate-half: partner is x with its halves swapped, sign -1 on the
+    first half), each product rounded to x's dtype before the sum, as the model's modules round it."""
+    dtype = x.dtype
+    return ((x.to(tl.float32) * cos).to(dtype).to(tl.float32)
+            + (sign * partner.to(tl.float32) * sin).to(dtype).to(tl.float32)).to(dtype)
+
+
+@triton.jit
 def paged_decode(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, slots_ptr, blocks_ptr, lens_ptr, out_ptr,
-                 part_m_ptr, part_l_ptr, part_acc_ptr, scale, window, chunk,
+                 part_m_ptr, part_l_ptr, part_acc_ptr, cos_ptr, sin_ptr, scale, window, chunk,
                  stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh, stride_tb,
-                 KVH: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, G: tl.constexpr,
+                 stride_cb, KVH: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, G: tl.constexpr,
                  G_PAD: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                 FUSED_WRITE: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr):
+                 FUSED_WRITE: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, ROTARY: tl.constexpr):
     """One program per (sequence, kv head, split): the split's `chunk` keys of the context. With SPLIT,
     each program leaves its running maximum, sum and unnormalised output for merge_splits; the
-    first split also stores the new key and value and counts the new token."""
+    first split also stores the new key and value and counts the new token. ROTARY: the query and
+    the new key come unrotated, with each sequence's cos and sin rows (the new token's position);
+    the rotary embedding is applied as they are read (the stored key rotated)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -23,13 +34,23 @@ def paged_decode(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, slots_ptr, blocks_ptr, l
     dmask = d < D
     gmask = g < G
     heads = kvh * G + g
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=gmask[:, None] & dmask[None, :], other=0.0)
+    q_rows = q_ptr + b * stride_qb + heads[:, None] * stride_qh
+    q = tl.load(q_rows + d[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
+    if ROTARY:
+        partner = tl.where(d < D // 2, d + D // 2, d - D // 2)
+        sign = tl.where(d < D // 2, -1.0, 1.0)
+        cos = tl.load(cos_ptr + b * stride_cb + d, mask=dmask, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + b * stride_cb + d, mask=dmask, other=0.0).to(tl.float32)
+        q = _rope(q, tl.load(q_rows + partner[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0),
+                  cos[None, :], sin[None, :], sign[None, :])
     length = tl.load(lens_ptr + b)
     pos = length - 1  # the new token's position
     row = KVH * D  # one cache slot
     if FUSED_WRITE:
         k_new = tl.load(kn_ptr + b * stride_kb + kvh * stride_kh + d, mask=dmask, other=0.0)
+        if ROTARY:
+            k_new = _rope(k_new, tl.load(kn_ptr + b * stride_kb + kvh * stride_kh + partner, mask=dmask, other=0.0),
+                          cos, sin, sign)
         v_new = tl.load(vn_ptr + b * stride_vb + kvh * stride_vh + d, mask=dmask, other=0.0)
         slot = tl.load(slots_ptr + b).to(tl.int64)  # offsets past 2**31 elements in a large cache
         first = dmask & (split == 0)

@@ -124,21 +124,23 @@ ONEDNN_OP = "onednn-op"  # the onednn form as the compiled graph runs it (projec
 
 @torch.library.custom_op("goodput::paged_attention", mutates_args=())
 def paged_attention_op(qk: torch.Tensor, qkv: torch.Tensor, heads: int, layer: int, scaling: float,
-                       window: int) -> torch.Tensor:
+                       window: int, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None) -> torch.Tensor:
     """attention.attend on STEP's batch (window < 0: none); writes the step's keys and values to the cache.
 
-    qk [T, H + KVH, D]: the queries and keys after the rotary embedding; qkv [T, (H + 2 KVH) D]: the
-    projection, whose tail holds the values. The operator takes these whole buffers and slices them
-    itself: given the slices, inductor copied each into a new tensor first (two copies a layer).
+    qk [T, H + KVH, D]: the queries and keys after the rotary embedding (before it, with cos and sin:
+    attend applies it); qkv [T, (H + 2 KVH) D]: the projection, whose tail holds the values. The
+    operator takes these whole buffers and slices them itself: given the slices, inductor copied each
+    into a new tensor first (two copies a layer).
     """
     t, width, dim = qk.shape
     value = qkv[:, width * dim:].view(t, width - heads, dim)
-    return attend(STEP[-1], layer, qk[:, :heads], qk[:, heads:], value, scaling,
-                  None if window < 0 else window).contiguous()
+    return attend(STEP[-1], layer, qk[:, :heads], qk[:, heads:], value, scaling, None if window < 0 else window,
+                  None if cos is None or sin is None else (cos, sin)).contiguous()
 
 
 @paged_attention_op.register_fake
-def _(qk: torch.Tensor, qkv: torch.Tensor, heads: int, layer: int, scaling: float, window: int) -> torch.Tensor:
+def _(qk: torch.Tensor, qkv: torch.Tensor, heads: int, layer: int, scaling: float, window: int,
+      cos: torch.Tensor | None = None, sin: torch.Tensor | None = None) -> torch.Tensor:
     return qk.new_empty(qk.shape[0], heads, qk.shape[2])
 
 
@@ -178,20 +180,25 @@ class Attention(nn.Module):
         """batch None: inside the compiled graph, attention through its operator (on STEP's batch)."""
         return project(self.attend(project(x, self.qkv_proj, form), cos, sin, batch), self.o_proj, form)
 
-    def attend(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch | None) -> torch.Tensor:
-        """The attention's output [T, heads * head_dim] from the qkv projection [T, (H + 2 KVH) D]."""
+    def attend(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch | None,
+               rotary_in_attention: bool = False) -> torch.Tensor:
+        """The attention's output [T, heads * head_dim] from the qkv projection [T, (H + 2 KVH) D].
+        rotary_in_attention: the rotary embedding left to attention.attend (the decode kernel on CUDA
+        applies it as it reads the query and key: one launch fewer a layer)."""
         t = qkv.shape[0]
         qk_width = (self.heads + self.kv_heads) * self.head_dim
         qk = qkv[:, :qk_width].view(t, self.heads + self.kv_heads, self.head_dim)
-        # eagerly, in place and fused (models/fused.py); in the compiled graph, as inductor fuses it
-        qk = rotate(qk, cos, sin) if batch is None else fused.rotary_(qk, cos, sin)
+        rotary = (cos, sin) if rotary_in_attention else None
+        if rotary is None:  # eagerly, in place and fused (models/fused.py); compiled, as inductor fuses it
+            qk = rotate(qk, cos, sin) if batch is None else fused.rotary_(qk, cos, sin)
         if batch is None:
-            out = paged_attention_op(qk, qkv, self.heads, self.layer_idx, float(self.scaling),
-                                     -1 if self.sliding_window is None else self.sliding_window)
+            window = -1 if self.sliding_window is None else self.sliding_window
+            out = paged_attention_op(qk, qkv, self.heads, self.layer_idx, float(self.scaling), window,
+                                     *(rotary or (None, None)))
         else:
             q, k = qk[:, : self.heads], qk[:, self.heads :]
             v = qkv[:, qk_width:].view(t, self.kv_heads, self.head_dim)
-            out = attend(batch, self.layer_idx, q, k, v, self.scaling, self.sliding_window)
+            out = attend(batch, self.layer_idx, q, k, v, self.scaling, self.sliding_window, rotary)
         return out.reshape(t, self.heads * self.head_dim)
 
 
@@ -243,11 +250,13 @@ class DecoderLayer(nn.Module):
                      batch: PagedBatch | None) -> torch.Tensor:
         """``forward`` for one token as four GEMV launches with the work between them folded in: each
         norm into the product after it, the residual sums into the output and down projections, SiLU x
-        up into the down projection; only attention (and the rotary embedding) runs between them."""
+        up into the down projection, the rotary embedding into attention's kernel; only attention runs
+        between them."""
         attn, mlp, norm1, norm2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
         gemv = triton_linear.gemv_op
         qkv = gemv(h, attn.qkv_proj.weight, attn.qkv_proj.bias, norm1.weight, norm1.eps)
-        h = gemv(attn.attend(qkv, cos, sin, batch), attn.o_proj.weight, attn.o_proj.bias, residual=h)
+        h = gemv(attn.attend(qkv, cos, sin, batch, rotary_in_attention=True), attn.o_proj.weight, attn.o_proj.bias,
+                 residual=h)
         gate_up = gemv(h, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, norm2.weight, norm2.eps)
         return gemv(gate_up, mlp.down_proj.weight, mlp.down_proj.bias, silu=True, residual=h)
 
