@@ -251,3 +251,37 @@ def test_attend_rotates_first_where_the_kernel_does_not_serve(monkeypatch):
     out = attention.attend(batch, 0, query, key, value, rotary=(cos, sin))
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
     assert torch.equal(batch.cache.keys[0], keys)
+
+
+def test_a_rotary_variant_that_cannot_build_leaves_the_rotation_to_torch(interpret, monkeypatch):
+    """warm_up: where the kernel's rotary variant fails to build (here its launch raises, as another
+    Triton or GPU might), a warning names the error, the other variants still serve, and attend rotates
+    the query and key in torch before the kernel, which then gets no `rotary`."""
+    from goodput_runtime.models.fused import rotate
+
+    monkeypatch.setattr(triton_attention, "ROTARY", [True])
+    kernel = triton_attention.decode
+    seen = []
+
+    def decode(*args, rotary=None, **kwargs):
+        seen.append(rotary is not None)
+        if rotary is not None:
+            raise RuntimeError("unsupported PTX instruction")
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(triton_attention, "decode", decode)
+    warned = []
+    monkeypatch.setattr(triton_attention.log, "warning", lambda message, *args: warned.append(message % args))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    triton_attention.warm_up(32, 4, 64, 16, torch.float16, torch.device(device), None)
+    assert triton_attention.ROTARY == [False] and len(warned) == 1 and "unsupported PTX" in warned[0]
+    monkeypatch.setattr(triton_attention, "available", lambda q: True)
+    query, key, value, batch = step_case([9, 40], 9, 3, 64, torch.float32, seed=29, device=device)
+    cos, sin = rotary_rows([8, 39], 64, torch.float32, device)
+    expected, keys, _ = torch_path(rotate(query, cos, sin), rotate(key, cos, sin), value, batch, None, None,
+                                   monkeypatch)
+    seen.clear()
+    out = attention.attend(batch, 0, query, key, value, rotary=(cos, sin))
+    assert True not in seen  # (on a CPU its own kernel attends; on CUDA Triton's, without `rotary`)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+    assert torch.equal(batch.cache.keys[0], keys)

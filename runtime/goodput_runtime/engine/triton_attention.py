@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 import os
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -60,6 +63,8 @@ def _pow2(n: int, least: int) -> int:
     return p
 
 
+# whether `decode` may take `rotary` (attention.attend asks): False where its variant failed to build
+ROTARY = [os.environ.get("GOODPUT_ATTENTION_ROTARY", "on") != "off"]
 TILE: int | None = None  # keys per loop iteration; None: tile()'s 128 (bench/gpu_attention.py sweeps it)
 
 
@@ -158,6 +163,11 @@ def warm_up(heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: to
         decode(query, keys, values, blocks, lens, block_size, None, window, new, new,
                torch.tensor([width - 1], device=device), splits=splits)
         decode(query, keys, values, blocks, lens, block_size, None, window, splits=splits)
-        if dtype != torch.float32:  # a half-precision layer's chain of GEMVs (models.llama.forward_gemv)
-            decode(query, keys, values, blocks, lens, block_size, None, window, new, new,
-                   torch.tensor([width - 1], device=device), splits=splits, rotary=(rows, rows))
+        if dtype != torch.float32 and ROTARY[0]:  # a half-precision layer's chain (models.llama.forward_gemv)
+            try:
+                decode(query, keys, values, blocks, lens, block_size, None, window, new, new,
+                       torch.tensor([width - 1], device=device), splits=splits, rotary=(rows, rows))
+            except Exception as e:  # the chain then rotates in torch (attention.attend): the server starts
+                ROTARY[0] = False
+                log.warning("the decode kernel's rotary variant failed to build (%s: %s); the rotary embedding "
+                            "runs before it", type(e).__name__, e)
