@@ -15,6 +15,13 @@ CUDA graphs (`mark`): float32 keeps cuBLAS, whose products the exactness tests c
 so does --enforce-eager, where each launch's CPU time counts and Triton's costs more than cuBLAS's.
 ``GOODPUT_GEMV=off`` turns it off for a process. Under ``TRITON_INTERPRET=1`` the same kernel runs
 on CPU tensors, as the CPU tests check it.
+
+A layer's one-token step then runs as a chain of four GEMV launches (models.llama's
+DecoderLayer.forward_gemv) with the small work between them folded in, since at batch 1 each small
+kernel and the gap before it cost about as much as the work itself. Folded in are the RMS norm
+before the qkv and gate-up products, the residual sums after the output and down projections, and
+SiLU x up before the down projection. Each is rounded to the model's dtype where the eager modules
+round it. On Hopper the GEMVs are launched with programmatic dependent launch (PDL).
 """
 
 from __future__ import annotations
@@ -107,7 +114,7 @@ def _capability(index: int) -> int:
 @torch.library.custom_op("goodput::gemv", mutates_args=())
 def gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm_weight: torch.Tensor | None = None,
             eps: float = 0.0, silu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """`gemv` as an operator the compiled graph keeps opaque (models.llama.project calls it)."""
+    """`gemv` as an operator the compiled graph keeps opaque (models.llama's project and forward_gemv)."""
     return gemv(x, weight, bias, norm=None if norm_weight is None else (norm_weight, eps), silu=silu,
                 residual=residual)
 
