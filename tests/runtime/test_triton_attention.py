@@ -259,7 +259,7 @@ def test_a_rotary_variant_that_cannot_build_leaves_the_rotation_to_torch(interpr
     the query and key in torch before the kernel, which then gets no `rotary`."""
     from goodput_runtime.models.fused import rotate
 
-    monkeypatch.setattr(triton_attention, "ROTARY", [True])
+    monkeypatch.setattr(triton_attention, "ROTARY", True)
     kernel = triton_attention.decode
     seen = []
 
@@ -274,7 +274,7 @@ def test_a_rotary_variant_that_cannot_build_leaves_the_rotation_to_torch(interpr
     monkeypatch.setattr(triton_attention.log, "warning", lambda message, *args: warned.append(message % args))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     triton_attention.warm_up(32, 4, 64, 16, torch.float16, torch.device(device), None)
-    assert triton_attention.ROTARY == [False] and len(warned) == 1 and "unsupported PTX" in warned[0]
+    assert triton_attention.ROTARY is False and len(warned) == 1 and "unsupported PTX" in warned[0]
     monkeypatch.setattr(triton_attention, "available", lambda q: True)
     query, key, value, batch = step_case([9, 40], 9, 3, 64, torch.float32, seed=29, device=device)
     cos, sin = rotary_rows([8, 39], 64, torch.float32, device)

@@ -177,7 +177,7 @@ def attend(batch: PagedBatch, layer: int, query: torch.Tensor, key: torch.Tensor
     Triton kernel itself in a decode-only step on CUDA."""
     k_cache, v_cache = batch.cache.keys[layer], batch.cache.values[layer]
     if (len(batch.decodes) == 1 and not batch.prefills and DECODE_KERNEL != "torch"
-            and triton_attention.available(query) and (rotary is None or triton_attention.ROTARY[0])):
+            and triton_attention.available(query) and (rotary is None or triton_attention.ROTARY)):
         # a decode-only step on CUDA: the cache writes and the attention in one launch
         group = batch.decodes[0]
         return triton_attention.decode(query, k_cache, v_cache, group.blocks, group.lens, group.block_size,

@@ -64,7 +64,7 @@ def _pow2(n: int, least: int) -> int:
 
 
 # whether `decode` may take `rotary` (attention.attend asks): False where its variant failed to build
-ROTARY = [os.environ.get("GOODPUT_ATTENTION_ROTARY", "on") != "off"]
+ROTARY = os.environ.get("GOODPUT_ATTENTION_ROTARY", "on") != "off"
 TILE: int | None = None  # keys per loop iteration; None: tile()'s 128 (bench/gpu_attention.py sweeps it)
 
 
@@ -159,15 +159,16 @@ def warm_up(heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: to
     new = torch.zeros(1, kv_heads, head_dim, dtype=dtype, device=device)
     blocks, lens = torch.tensor([[0, 1]], device=device), torch.tensor([width], device=device)
     rows = torch.zeros(1, head_dim, dtype=dtype, device=device)
+    global ROTARY
     for splits in (1, 2):
         decode(query, keys, values, blocks, lens, block_size, None, window, new, new,
                torch.tensor([width - 1], device=device), splits=splits)
         decode(query, keys, values, blocks, lens, block_size, None, window, splits=splits)
-        if dtype != torch.float32 and ROTARY[0]:  # a half-precision layer's chain (models.llama.forward_gemv)
+        if dtype != torch.float32 and ROTARY:  # a half-precision layer's chain (models.llama.forward_gemv)
             try:
                 decode(query, keys, values, blocks, lens, block_size, None, window, new, new,
                        torch.tensor([width - 1], device=device), splits=splits, rotary=(rows, rows))
             except Exception as e:  # the chain then rotates in torch (attention.attend): the server starts
-                ROTARY[0] = False
+                ROTARY = False
                 log.warning("the decode kernel's rotary variant failed to build (%s: %s); the rotary embedding "
                             "runs before it", type(e).__name__, e)
