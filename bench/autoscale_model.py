@@ -37,6 +37,7 @@ class Curve:
     def load(cls, path: Path = CURVE) -> Curve:
         data = json.loads(path.read_text())
         points = data["points"]
+
         def col(key: str) -> tuple[float, ...]:
             """The monotone envelope: single points on a shared machine are noisy; more load never helps."""
             out, top = [], 0.0
@@ -44,9 +45,17 @@ class Curve:
                 top = max(top, float(p[key]))
                 out.append(top)
             return tuple(out)
-        return cls(tuple(p["concurrency"] for p in points), col("requests_per_s"), col("ttft_p50_s"),
-                   col("tpot_p50_s"), col("ttft_p90_s"), col("tpot_p90_s"), data["slo"]["ttft_s"],
-                   data["slo"]["tpot_s"])
+
+        return cls(
+            tuple(p["concurrency"] for p in points),
+            col("requests_per_s"),
+            col("ttft_p50_s"),
+            col("tpot_p50_s"),
+            col("ttft_p90_s"),
+            col("tpot_p90_s"),
+            data["slo"]["ttft_s"],
+            data["slo"]["tpot_s"],
+        )
 
     def _at(self, values: tuple[float, ...], n: float) -> float:
         xs = self.concurrency
@@ -130,8 +139,13 @@ def traces(base: float, duration: float, seed: int = 7) -> dict[str, Callable[[f
     }
 
 
-def mmpp(base: float, duration: float, seed: int, rates: tuple[float, float] = (3.0, 5.0),
-         holds: tuple[float, float] = (60.0, 30.0)) -> Callable[[float], float]:
+def mmpp(
+    base: float,
+    duration: float,
+    seed: int,
+    rates: tuple[float, float] = (3.0, 5.0),
+    holds: tuple[float, float] = (60.0, 30.0),
+) -> Callable[[float], float]:
     """A Markov-modulated Poisson process's rate: a quiet and a busy state (`rates` × base), each held for an
     exponential time of mean `holds` seconds, switching at random; seeded, so every policy sees the same bursts."""
     rng = random.Random(seed * 7919 + 1)
@@ -145,6 +159,7 @@ def mmpp(base: float, duration: float, seed: int, rates: tuple[float, float] = (
 
     def rate(t: float) -> float:
         return base * rates[states[bisect_right(switches, t) - 1]]
+
     return rate
 
 

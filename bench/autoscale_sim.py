@@ -65,11 +65,19 @@ def signals(svc: Service, now: float, arrived: deque[float]) -> Signals:
     )
 
 
-def goodput_policy(curve: Curve, low: int, high: int, target: float, capacity: float | None,
-                   startup: float = 60.0) -> Callable[..., int]:
-    policy = Policy(min_replicas=low, max_replicas=high, attainment_target=target, ttft_target=curve.slo_ttft,
-                    tpot_target=curve.slo_tpot, scale_down_window=120.0, startup_seconds=startup,
-                    window_seconds=WINDOW)
+def goodput_policy(
+    curve: Curve, low: int, high: int, target: float, capacity: float | None, startup: float = 60.0
+) -> Callable[..., int]:
+    policy = Policy(
+        min_replicas=low,
+        max_replicas=high,
+        attainment_target=target,
+        ttft_target=curve.slo_ttft,
+        tpot_target=curve.slo_tpot,
+        scale_down_window=120.0,
+        startup_seconds=startup,
+        window_seconds=WINDOW,
+    )
     memory = start_memory(capacity)
 
     def law(svc: Service, now: float, arrived: deque[float]) -> int:
@@ -78,6 +86,7 @@ def goodput_policy(curve: Curve, low: int, high: int, target: float, capacity: f
         decision = decide(policy, obs, memory)
         memory = decision.memory
         return decision.desired
+
     return law
 
 
@@ -98,6 +107,7 @@ def hpa_policy(low: int, high: int, target: float, metric: Callable[[Replica], i
         if want > current:
             return min(want, current + max(4, current))
         return min(current, max(w for _, w in history))
+
     return law
 
 
@@ -109,9 +119,19 @@ def peak_minute(times: list[float]) -> float:
     return max(counts.values()) / 60.0
 
 
-def run(curve: Curve, trace: Callable[[float], float], duration: float, policy: str, startup: float,
-        seed: int, low: int, high: int, target: float, max_num_seqs: int,
-        replay: tuple[list[float], list[float]] | None = None) -> dict:
+def run(
+    curve: Curve,
+    trace: Callable[[float], float],
+    duration: float,
+    policy: str,
+    startup: float,
+    seed: int,
+    low: int,
+    high: int,
+    target: float,
+    max_num_seqs: int,
+    replay: tuple[list[float], list[float]] | None = None,
+) -> dict:
     """One policy on one trace. `replay`: recorded arrival times and each request's work instead."""
     times = replay[0] if replay else arrivals(trace, duration, seed)
     works = replay[1] if replay else None
@@ -119,14 +139,16 @@ def run(curve: Curve, trace: Callable[[float], float], duration: float, policy: 
     static = min(high, math.ceil(peak_minute(times) / (base * 0.8)))
     start = max(low, math.ceil(trace(0) / (base * 0.8)))
     svc = Service(curve, static if policy == "static-peak" else start, startup, max_num_seqs)
-    laws = {"goodput": lambda: goodput_policy(curve, low, high, target, base, startup),
-            "goodput-no-hint": lambda: goodput_policy(curve, low, high, target, None, startup),
-            "queue-hpa": lambda: hpa_policy(low, high, 2.0, lambda r: len(r.queue)),
-            "concurrency-hpa": lambda: hpa_policy(low, high, concurrency, Replica.load),
-            "clairvoyant": lambda: yardstick_policy(trace, base, startup, target, low, high, max_num_seqs, True,
-                                                    PERIOD),
-            "reactive-bound": lambda: yardstick_policy(trace, base, startup, target, low, high, max_num_seqs,
-                                                       False, PERIOD)}
+    laws = {
+        "goodput": lambda: goodput_policy(curve, low, high, target, base, startup),
+        "goodput-no-hint": lambda: goodput_policy(curve, low, high, target, None, startup),
+        "queue-hpa": lambda: hpa_policy(low, high, 2.0, lambda r: len(r.queue)),
+        "concurrency-hpa": lambda: hpa_policy(low, high, concurrency, Replica.load),
+        "clairvoyant": lambda: yardstick_policy(trace, base, startup, target, low, high, max_num_seqs, True, PERIOD),
+        "reactive-bound": lambda: yardstick_policy(
+            trace, base, startup, target, low, high, max_num_seqs, False, PERIOD
+        ),
+    }
     law = laws[policy]() if policy in laws else None
     rng = random.Random(seed + 1)
     arrived: deque[float] = deque()
@@ -147,28 +169,47 @@ def run(curve: Curve, trace: Callable[[float], float], duration: float, policy: 
             replica_seconds += svc.replica_count() * DT
             if int(now / DT) % int(PERIOD / DT) == 0:
                 recent = [f[1] for f in svc.finished[-3000:] if f[0] > now - WINDOW]
-                timeline.append((now, trace(now), len(svc.replicas), len(svc.ready(now)),
-                                 sum(recent) / len(recent) if recent else None))
+                timeline.append(
+                    (
+                        now,
+                        trace(now),
+                        len(svc.replicas),
+                        len(svc.ready(now)),
+                        sum(recent) / len(recent) if recent else None,
+                    )
+                )
         now += DT
         if now > duration * 2:
             break
     good = sum(f[1] for f in svc.finished)
-    return {"attainment": good / max(1, len(times)), "replica_seconds": replica_seconds, "requests": len(times),
-            "timeline": timeline}
+    return {
+        "attainment": good / max(1, len(times)),
+        "replica_seconds": replica_seconds,
+        "requests": len(times),
+        "timeline": timeline,
+    }
 
 
 POLICIES = ("goodput", "goodput-no-hint", "queue-hpa", "concurrency-hpa", "static-peak")
 YARDSTICKS = ("clairvoyant", "reactive-bound")
 
 
-def simulate(duration: float = 3600.0, startup: float = 60.0, seed: int = 7, target: float = 0.95,
-             low: int = 1, high: int = 20, curve: Curve | None = None,
-             max_num_seqs: int = 8) -> dict[str, dict[str, dict]]:
+def simulate(
+    duration: float = 3600.0,
+    startup: float = 60.0,
+    seed: int = 7,
+    target: float = 0.95,
+    low: int = 1,
+    high: int = 20,
+    curve: Curve | None = None,
+    max_num_seqs: int = 8,
+) -> dict[str, dict[str, dict]]:
     curve = curve or Curve.load()
     out: dict[str, dict[str, dict]] = {}
     for name, trace in traces(curve.capacity_point(target)[0], duration, seed).items():
-        out[name] = {p: run(curve, trace, duration, p, startup, seed, low, high, target, max_num_seqs)
-                     for p in POLICIES}
+        out[name] = {
+            p: run(curve, trace, duration, p, startup, seed, low, high, target, max_num_seqs) for p in POLICIES
+        }
     return out
 
 
@@ -200,8 +241,14 @@ def replay_rate(times: list[float]) -> Callable[[float], float]:
     return lambda t: counts.get(int(t // 60), 0) / 60.0
 
 
-def grid(seeds: list[int], startups: list[float], duration: float = 3600.0, target: float = 0.95,
-         curve: Curve | None = None, max_num_seqs: int = 8) -> list[dict]:
+def grid(
+    seeds: list[int],
+    startups: list[float],
+    duration: float = 3600.0,
+    target: float = 0.95,
+    curve: Curve | None = None,
+    max_num_seqs: int = 8,
+) -> list[dict]:
     """The goodput law (no capacity hint) against the hindsight-tuned concurrency HPA on every trace,
     start-up time and seed: per trace and start-up, attainment (worst seed, mean) and replica-seconds
     as a ratio to the HPA's (mean, worst seed)."""
@@ -223,14 +270,22 @@ def grid(seeds: list[int], startups: list[float], duration: float = 3600.0, targ
                     r = run(curve, trace, duration, y, startup, seed, 1, 20, target, max_num_seqs)
                     bounds[y][0].append(r["attainment"])
                     bounds[y][1].append(r["replica_seconds"] / h["replica_seconds"])
-            row = {"trace": name, "startup_s": startup, "seeds": seeds,
-                   "goodput_attainment_min": min(ours), "goodput_attainment_mean": sum(ours) / len(ours),
-                   "hpa_attainment_min": min(hpa), "hpa_attainment_mean": sum(hpa) / len(hpa),
-                   "replica_s_ratio_mean": sum(ratios) / len(ratios), "replica_s_ratio_max": max(ratios)}
+            row = {
+                "trace": name,
+                "startup_s": startup,
+                "seeds": seeds,
+                "goodput_attainment_min": min(ours),
+                "goodput_attainment_mean": sum(ours) / len(ours),
+                "hpa_attainment_min": min(hpa),
+                "hpa_attainment_mean": sum(hpa) / len(hpa),
+                "replica_s_ratio_mean": sum(ratios) / len(ratios),
+                "replica_s_ratio_max": max(ratios),
+            }
             for y, (att, rat) in bounds.items():
                 key = y.replace("-", "_")
-                row.update({f"{key}_attainment_mean": sum(att) / len(att),
-                            f"{key}_replica_s_ratio_mean": sum(rat) / len(rat)})
+                row.update(
+                    {f"{key}_attainment_mean": sum(att) / len(att), f"{key}_replica_s_ratio_mean": sum(rat) / len(rat)}
+                )
             rows.append(row)
     return rows
 
@@ -244,34 +299,44 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def grid_table(rows: list[dict]) -> str:
-    lines = ["| trace | start-up | goodput attainment (min / mean) | HPA attainment (min / mean) "
-             "| replica-s vs HPA (mean / max) | reactive bound: attainment, replica-s | clairvoyant: attainment, "
-             "replica-s |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| trace | start-up | goodput attainment (min / mean) | HPA attainment (min / mean) "
+        "| replica-s vs HPA (mean / max) | reactive bound: attainment, replica-s | clairvoyant: attainment, "
+        "replica-s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        lines.append(f"| {r['trace']} | {r['startup_s']:.0f} s | {r['goodput_attainment_min']:.3f} / "
-                     f"{r['goodput_attainment_mean']:.3f} | {r['hpa_attainment_min']:.3f} / "
-                     f"{r['hpa_attainment_mean']:.3f} | {r['replica_s_ratio_mean']:.2f}× / "
-                     f"{r['replica_s_ratio_max']:.2f}× | {r['reactive_bound_attainment_mean']:.3f}, "
-                     f"{r['reactive_bound_replica_s_ratio_mean']:.2f}× | {r['clairvoyant_attainment_mean']:.3f}, "
-                     f"{r['clairvoyant_replica_s_ratio_mean']:.2f}× |")
+        lines.append(
+            f"| {r['trace']} | {r['startup_s']:.0f} s | {r['goodput_attainment_min']:.3f} / "
+            f"{r['goodput_attainment_mean']:.3f} | {r['hpa_attainment_min']:.3f} / "
+            f"{r['hpa_attainment_mean']:.3f} | {r['replica_s_ratio_mean']:.2f}× / "
+            f"{r['replica_s_ratio_max']:.2f}× | {r['reactive_bound_attainment_mean']:.3f}, "
+            f"{r['reactive_bound_replica_s_ratio_mean']:.2f}× | {r['clairvoyant_attainment_mean']:.3f}, "
+            f"{r['clairvoyant_replica_s_ratio_mean']:.2f}× |"
+        )
     lines.append("")
-    for label, key in (("the goodput law", "replica_s_ratio_mean"),
-                       ("the reactive bound", "reactive_bound_replica_s_ratio_mean"),
-                       ("the clairvoyant", "clairvoyant_replica_s_ratio_mean")):
+    for label, key in (
+        ("the goodput law", "replica_s_ratio_mean"),
+        ("the reactive bound", "reactive_bound_replica_s_ratio_mean"),
+        ("the clairvoyant", "clairvoyant_replica_s_ratio_mean"),
+    ):
         mean = sum(r[key] for r in rows) / len(rows)
         lines.append(f"replica-seconds vs the concurrency HPA, mean over traces and start-ups, {label}: {mean:.3f}×")
     return "\n".join(lines)
 
 
 def table(results: dict[str, dict[str, dict]]) -> str:
-    lines = [f"{'trace':<8} {'policy':<16} {'attainment':>10} {'replica-s':>9} {'/static':>7} {'/queue':>7} "
-             f"{'/conc':>7}", "-" * 70]
+    lines = [
+        f"{'trace':<8} {'policy':<16} {'attainment':>10} {'replica-s':>9} {'/static':>7} {'/queue':>7} {'/conc':>7}",
+        "-" * 70,
+    ]
     for name, by_policy in results.items():
         for policy, r in by_policy.items():
             rs = r["replica_seconds"]
             ratios = [rs / by_policy[p]["replica_seconds"] for p in ("static-peak", "queue-hpa", "concurrency-hpa")]
-            lines.append(f"{name:<8} {policy:<16} {r['attainment']:>10.3f} {rs:>9.0f} "
-                         + " ".join(f"{x:>7.2f}" for x in ratios))
+            lines.append(
+                f"{name:<8} {policy:<16} {r['attainment']:>10.3f} {rs:>9.0f} " + " ".join(f"{x:>7.2f}" for x in ratios)
+            )
     return "\n".join(lines)
 
 
@@ -311,14 +376,25 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--max-num-seqs", type=int, default=8, help="the engine's running-sequence cap per replica")
     parser.add_argument("--plots", action="store_true", help="PNG per trace (needs matplotlib)")
-    parser.add_argument("--grid", action="store_true",
-                        help="every trace at start-ups 60 and 180 s, seeds 1-5: the law against the concurrency HPA")
-    parser.add_argument("--seeds", default="1-5", type=parse_seeds,
-                        help="the grid's seeds, `1-20` or `1,3,8`; only the default 1-5 writes autoscale-grid.json")
-    parser.add_argument("--surface", action="store_true",
-                        help="attainment of static replica counts against the load per replica (seeds 1-3)")
-    parser.add_argument("--replay", type=Path,
-                        help="CSV of timestamp,prompt_tokens,output_tokens: run every policy on that log")
+    parser.add_argument(
+        "--grid",
+        action="store_true",
+        help="every trace at start-ups 60 and 180 s, seeds 1-5: the law against the concurrency HPA",
+    )
+    parser.add_argument(
+        "--seeds",
+        default="1-5",
+        type=parse_seeds,
+        help="the grid's seeds, `1-20` or `1,3,8`; only the default 1-5 writes autoscale-grid.json",
+    )
+    parser.add_argument(
+        "--surface",
+        action="store_true",
+        help="attainment of static replica counts against the load per replica (seeds 1-3)",
+    )
+    parser.add_argument(
+        "--replay", type=Path, help="CSV of timestamp,prompt_tokens,output_tokens: run every policy on that log"
+    )
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     if args.grid:
@@ -328,21 +404,41 @@ def main() -> None:
             (RESULTS / "autoscale-grid.json").write_text(json.dumps(rows, indent=2))
         return
     if args.surface:
-        print(surface_table([1, 2, 3, 4, 6, 9, 12, 16], [0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1], [1, 2, 3],
-                            args.max_num_seqs))
+        print(
+            surface_table(
+                [1, 2, 3, 4, 6, 9, 12, 16], [0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1], [1, 2, 3], args.max_num_seqs
+            )
+        )
         return
     if args.replay:
         curve = Curve.load()
         times, works, duration = load_replay(args.replay)
         rate = replay_rate(times)
-        results = {args.replay.stem: {p: run(curve, rate, duration, p, args.startup, args.seed, 1, 20, 0.95,
-                                             args.max_num_seqs, replay=(times, works)) for p in POLICIES}}
+        results = {
+            args.replay.stem: {
+                p: run(
+                    curve,
+                    rate,
+                    duration,
+                    p,
+                    args.startup,
+                    args.seed,
+                    1,
+                    20,
+                    0.95,
+                    args.max_num_seqs,
+                    replay=(times, works),
+                )
+                for p in POLICIES
+            }
+        }
         print(table(results))
         return
     results = simulate(args.duration, args.startup, args.seed, max_num_seqs=args.max_num_seqs)
     print(table(results))
-    summary = {t: {p: {k: v for k, v in r.items() if k != "timeline"} for p, r in by.items()}
-               for t, by in results.items()}
+    summary = {
+        t: {p: {k: v for k, v in r.items() if k != "timeline"} for p, r in by.items()} for t, by in results.items()
+    }
     (RESULTS / "autoscale-sim.json").write_text(json.dumps(summary, indent=2))
     if args.plots:
         for path in plot(results, RESULTS):

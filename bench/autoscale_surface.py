@@ -13,8 +13,16 @@ from collections.abc import Callable
 from bench.autoscale_model import DT, Curve, Request, Service, arrivals
 
 
-def static_attainment(curve: Curve, replicas: int, load: float, seed: int, duration: float = 3600.0,
-                      target: float = 0.95, max_num_seqs: int = 8, warmup: float = 300.0) -> float:
+def static_attainment(
+    curve: Curve,
+    replicas: int,
+    load: float,
+    seed: int,
+    duration: float = 3600.0,
+    target: float = 0.95,
+    max_num_seqs: int = 8,
+    warmup: float = 300.0,
+) -> float:
     """SLO attainment of a fixed `replicas` at a steady Poisson load of `load` × the measured capacity per
     replica each, requests finished after `warmup`: the surface any sizing rule has to fit."""
     base = curve.capacity_point(target)[0]
@@ -36,8 +44,9 @@ def surface_table(replicas: list[int], loads: list[float], seeds: list[int], max
     curve = Curve.load()
     lines = ["replicas " + " ".join(f"{x:>6.2f}" for x in loads)]
     for n in replicas:
-        cells = [sum(static_attainment(curve, n, x, s, max_num_seqs=max_num_seqs) for s in seeds) / len(seeds)
-                 for x in loads]
+        cells = [
+            sum(static_attainment(curve, n, x, s, max_num_seqs=max_num_seqs) for s in seeds) / len(seeds) for x in loads
+        ]
         lines.append(f"{n:>8d} " + " ".join(f"{a:>6.3f}" for a in cells))
     return "\n".join(lines)
 
@@ -56,8 +65,10 @@ def load_limits(target: float, max_num_seqs: int = 8) -> tuple[tuple[int, float]
         low, high = 0.3, 1.3
         for _ in range(7):
             mid = (low + high) / 2
-            met = min(static_attainment(curve, n, mid, seed, duration=1800.0, target=target,
-                                        max_num_seqs=max_num_seqs) for seed in (1, 2))
+            met = min(
+                static_attainment(curve, n, mid, seed, duration=1800.0, target=target, max_num_seqs=max_num_seqs)
+                for seed in (1, 2)
+            )
             low, high = (mid, high) if met >= target + YARDSTICK_MARGIN else (low, mid)
         limits.append((n, low))
     return tuple(limits)
@@ -68,15 +79,27 @@ def replicas_for(rate: float, base: float, limits: tuple[tuple[int, float], ...]
     for n in range(1, high + 1):
         below = max((x for x in limits if x[0] <= n), default=limits[0])
         above = min((x for x in limits if x[0] >= n), default=limits[-1])
-        share = below[1] if above[0] == below[0] else (
-            below[1] + (above[1] - below[1]) * (n - below[0]) / (above[0] - below[0]))
+        share = (
+            below[1]
+            if above[0] == below[0]
+            else (below[1] + (above[1] - below[1]) * (n - below[0]) / (above[0] - below[0]))
+        )
         if rate <= n * base * share:
             return n
     return high
 
 
-def yardstick_policy(trace: Callable[[float], float], base: float, startup: float, target: float, low: int,
-                     high: int, max_num_seqs: int, ahead: bool, period: float) -> Callable[..., int]:
+def yardstick_policy(
+    trace: Callable[[float], float],
+    base: float,
+    startup: float,
+    target: float,
+    low: int,
+    high: int,
+    max_num_seqs: int,
+    ahead: bool,
+    period: float,
+) -> Callable[..., int]:
     """Not policies anyone can run, but bounds to read the others against. Both know the capacity exactly
     (load_limits) and the trace's true rate, so no Poisson noise and no learning:
     `clairvoyant` sizes for the highest rate until a pod asked for now would be ready (it sees the future);
@@ -88,4 +111,5 @@ def yardstick_policy(trace: Callable[[float], float], base: float, startup: floa
         steps = max(1, int(horizon // period))
         rate = max(trace(now + horizon * i / steps) for i in range(steps + 1)) if ahead else trace(now)
         return max(low, replicas_for(rate, base, limits, high))
+
     return law

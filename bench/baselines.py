@@ -42,7 +42,8 @@ def load_model(model_dir: str, attn_implementation: str = "sdpa"):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation=attn_implementation)
+        model_dir, dtype=torch.float32, attn_implementation=attn_implementation
+    )
     return model.eval()
 
 
@@ -74,8 +75,13 @@ def run_transformers_cb(
         t0, cpu0 = time.perf_counter(), time.process_time()
         for item in items:
             # add_request, unlike generate_batch, takes a max_new_tokens per request
-            manager.add_request(input_ids=item.prompt_ids, request_id=f"req-{item.index}",
-                                max_new_tokens=item.max_tokens, record_timestamps=True, eos_token_id=-1)
+            manager.add_request(
+                input_ids=item.prompt_ids,
+                request_id=f"req-{item.index}",
+                max_new_tokens=item.max_tokens,
+                record_timestamps=True,
+                eos_token_id=-1,
+            )
         while len(results) < len(items):
             result = manager.get_result(timeout=1)
             if result is not None and result.is_finished():
@@ -91,17 +97,23 @@ def run_transformers_cb(
     return SystemRun(
         system="transformers-cb",
         wall_s=wall,
-        useful_output_tokens=sum(min(len(r.generated_tokens), i.max_tokens) for r, i in zip(ordered, items,
-                                                                                          strict=True)),
+        useful_output_tokens=sum(
+            min(len(r.generated_tokens), i.max_tokens) for r, i in zip(ordered, items, strict=True)
+        ),
         computed_output_tokens=sum(len(r.generated_tokens) for r in ordered),
         ttft_s=[r.timestamps[0] - t0 for r in ordered],
         e2e_s=[r.timestamps[-1] - t0 for r in ordered],
         outputs=[list(r.generated_tokens) for r in ordered],
         cpu_s=cpu,
-        config={"page_size": page_size, "num_blocks": num_blocks, "max_batch_tokens": max_batch_tokens,
-                "max_requests_per_batch": max_seqs, "attn_implementation": model.config._attn_implementation},
+        config={
+            "page_size": page_size,
+            "num_blocks": num_blocks,
+            "max_batch_tokens": max_batch_tokens,
+            "max_requests_per_batch": max_seqs,
+            "attn_implementation": model.config._attn_implementation,
+        },
         notes="ContinuousBatchingManager.add_request per request (own max_new_tokens); TTFT and e2e from the "
-              "manager's per-token timestamps (record_timestamps=True); warm-up and cache allocation before t=0",
+        "manager's per-token timestamps (record_timestamps=True); warm-up and cache allocation before t=0",
     )
 
 
@@ -127,8 +139,8 @@ def left_pad(batch: list[WorkItem], pad_id: int) -> tuple[torch.Tensor, torch.Te
     mask = torch.zeros((len(batch), width), dtype=torch.long)
     for row, item in enumerate(batch):
         n = len(item.prompt_ids)
-        ids[row, width - n:] = torch.tensor(item.prompt_ids)
-        mask[row, width - n:] = 1
+        ids[row, width - n :] = torch.tensor(item.prompt_ids)
+        mask[row, width - n :] = 1
     return ids, mask  # [B, S] each
 
 
@@ -141,24 +153,24 @@ def run_static(model, items: list[WorkItem], batch_size: int, pad_id: int) -> Sy
     computed = 0
     with torch.inference_mode():
         warm_ids, warm_mask = left_pad(items[:2], pad_id)
-        model.generate(input_ids=warm_ids, attention_mask=warm_mask, max_new_tokens=2, do_sample=False,
-                       pad_token_id=pad_id)
+        model.generate(
+            input_ids=warm_ids, attention_mask=warm_mask, max_new_tokens=2, do_sample=False, pad_token_id=pad_id
+        )
     t0, cpu0 = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         for first in range(0, len(items), batch_size):
-            batch = items[first:first + batch_size]
+            batch = items[first : first + batch_size]
             longest = max(i.max_tokens for i in batch)
             ids, mask = left_pad(batch, pad_id)
             clock = StepClock()
-            config = GenerationConfig(do_sample=False, max_new_tokens=longest,
-                                      eos_token_id=None, pad_token_id=pad_id)
+            config = GenerationConfig(do_sample=False, max_new_tokens=longest, eos_token_id=None, pad_token_id=pad_id)
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config, streamer=clock)
-            generated = out[:, ids.shape[1]:]  # [B, longest]
+            generated = out[:, ids.shape[1] :]  # [B, longest]
             if generated.shape[1] != longest or len(clock.steps) != longest:
                 raise RuntimeError(f"static batch stopped after {generated.shape[1]} of {longest} tokens")
             computed += generated.numel()
             for row, item in enumerate(batch):
-                outputs.append(generated[row, :item.max_tokens].tolist())
+                outputs.append(generated[row, : item.max_tokens].tolist())
                 ttft.append(clock.steps[0] - t0)
                 e2e.append(clock.steps[item.max_tokens - 1] - t0)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
@@ -171,9 +183,8 @@ def run_static(model, items: list[WorkItem], batch_size: int, pad_id: int) -> Sy
         e2e_s=e2e,
         outputs=outputs,
         cpu_s=cpu,
-        config={"batch_size": batch_size, "padding": "left",
-                "attn_implementation": model.config._attn_implementation},
+        config={"batch_size": batch_size, "padding": "left", "attn_implementation": model.config._attn_implementation},
         notes="model.generate per fixed batch in arrival order, max_new_tokens = the batch's longest wanted "
-              "output; TTFT = time of the batch's first generated token (a streamer stamps every step); "
-              "only each request's own wanted tokens count as useful",
+        "output; TTFT = time of the batch's first generated token (a streamer stamps every step); "
+        "only each request's own wanted tokens count as useful",
     )

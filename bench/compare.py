@@ -31,12 +31,28 @@ TARGETS = {"transformers-cb": 1.5, "static-batch": 1.2}  # ours / baseline, outp
 
 def run_ours(args, items, threads: int) -> tuple[SystemRun, dict]:
     longest = max(len(i.prompt_ids) + i.max_tokens for i in items)
-    extra = ["--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_batched_tokens),
-             "--kv-cache-memory", str(kv_cache_bytes(args.model_dir, items, args.block_size)),
-             "--block-size", str(args.block_size), "--max-model-len", str(longest), *args.server_arg]
+    extra = [
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(args.max_batched_tokens),
+        "--kv-cache-memory",
+        str(kv_cache_bytes(args.model_dir, items, args.block_size)),
+        "--block-size",
+        str(args.block_size),
+        "--max-model-len",
+        str(longest),
+        *args.server_arg,
+    ]
     with start_server(args.model_dir, "bench-model", threads, extra, args.log_dir) as server:
-        load = run_load(server.base_url, "bench-model", items, concurrency=len(items), warmup=args.warmup,
-                        max_duration_s=args.max_duration)
+        load = run_load(
+            server.base_url,
+            "bench-model",
+            items,
+            concurrency=len(items),
+            warmup=args.warmup,
+            max_duration_s=args.max_duration,
+        )
         client_cpu, server_cpu = time.process_time(), cpu_seconds(server.pid)
         records, duration = asyncio.run(load)
         client_cpu = time.process_time() - client_cpu
@@ -53,11 +69,10 @@ def run_ours(args, items, threads: int) -> tuple[SystemRun, dict]:
         ttft_s=[r.ttft_s for r in records if r.ttft_s is not None],
         e2e_s=[r.start_s + r.e2e_s for r in records if r.e2e_s is not None],
         outputs=[],
-        config={"server_args": extra, "concurrency": len(items),
-                "cpu_s": {"server": server_cpu, "client": client_cpu}},
+        config={"server_args": extra, "concurrency": len(items), "cpu_s": {"server": server_cpu, "client": client_cpu}},
         cpu_s=None if server_cpu is None else server_cpu + client_cpu,
         notes="python -m goodput_runtime as a subprocess, measured at the client over streaming HTTP "
-              "(the client shares the machine's cores); wall = first request sent to last response done",
+        "(the client shares the machine's cores); wall = first request sent to last response done",
         texts=[r.text for r in records],
     )
     return run, summary
@@ -101,8 +116,10 @@ def agreement(ours_texts: list[str], reference: SystemRun, tokenizer) -> float:
 
     A trailing incomplete UTF-8 sequence is left out of both: a stream may hold it back at the end.
     """
-    same = sum(text.rstrip("\ufffd") == tokenizer.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
-               for text, ids in zip(ours_texts, reference.outputs, strict=True))
+    same = sum(
+        text.rstrip("\ufffd") == tokenizer.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
+        for text, ids in zip(ours_texts, reference.outputs, strict=True)
+    )
     return same / len(ours_texts)
 
 
@@ -123,20 +140,25 @@ def system_row(run: SystemRun) -> dict:
 
 
 def markdown(rows: dict[str, dict], ratios: dict[str, dict]) -> str:
-    lines = ["| system | wall (s) | useful output tok/s | TTFT p50 (s) | TTFT p90 (s) | ours / system (tok/s) "
-             "| cores busy |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| system | wall (s) | useful output tok/s | TTFT p50 (s) | TTFT p90 (s) | ours / system (tok/s) "
+        "| cores busy |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, row in rows.items():
         ratio = ratios.get(name, {}).get("throughput")
         busy = row["cores_busy"]
-        lines.append(f"| {name} | {row['wall_s']:.1f} | {row['output_tokens_per_s']:.1f} | "
-                     f"{row['ttft_s']['p50']:.2f} | {row['ttft_s']['p90']:.2f} | "
-                     f"{'-' if ratio is None else f'{ratio:.2f}x'} | {'-' if busy is None else f'{busy:.2f}'} |")
+        lines.append(
+            f"| {name} | {row['wall_s']:.1f} | {row['output_tokens_per_s']:.1f} | "
+            f"{row['ttft_s']['p50']:.2f} | {row['ttft_s']['p90']:.2f} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}x'} | {'-' if busy is None else f'{busy:.2f}'} |"
+        )
     return "\n".join(lines)
 
 
 def source_revision() -> dict:
     """The commit measured, and whether the runtime had uncommitted changes."""
+
     def git(*cmd: str) -> str:
         done = subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=REPO, check=False)
         return done.stdout.strip()
@@ -178,8 +200,9 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
     ensure_model(args.model_dir, args.shape)
     torch.set_num_threads(args.threads)
-    spec = WorkloadSpec(args.num_requests, parse_range(args.prompt_len), parse_range(args.output_len),
-                        float("inf"), args.seed)
+    spec = WorkloadSpec(
+        args.num_requests, parse_range(args.prompt_len), parse_range(args.output_len), float("inf"), args.seed
+    )
     items = make_workload(spec, prompt_vocabulary(args.model_dir))
     print(f"workload: {describe(items)}; torch threads {args.threads}", flush=True)
 
@@ -195,8 +218,11 @@ def main(argv: list[str] | None = None) -> dict:
                 model = model or load_model(args.model_dir)
             run = run_system(name, args, items, model, tokenizer.pad_token_id)
             all_runs[name].append(run)
-            print(f"  {name}: {run.wall_s:.1f} s, {run.output_tokens_per_s:.1f} useful tok/s, "
-                  f"load average {run.config['loadavg_before_after']}", flush=True)
+            print(
+                f"  {name}: {run.wall_s:.1f} s, {run.output_tokens_per_s:.1f} useful tok/s, "
+                f"load average {run.config['loadavg_before_after']}",
+                flush=True,
+            )
     runs = {name: median_run(done) for name, done in all_runs.items()}
     serve_summary = runs["ours"].config.get("serve_summary") if "ours" in runs else None
 
@@ -220,8 +246,12 @@ def main(argv: list[str] | None = None) -> dict:
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "workload": describe(items),
         "source": source_revision(),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
-                    "transformers": __import__("transformers").__version__},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "transformers": __import__("transformers").__version__,
+        },
         "systems": rows,
         "all_rounds": {name: [system_row(r) for r in done] for name, done in all_runs.items()},
         "ratios_ours_over": ratios,

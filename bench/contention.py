@@ -65,8 +65,9 @@ def main(argv: list[str] | None = None) -> None:
 
     ensure_model(args.model, args.shape)
     low, high = (int(x) for x in args.prompt_len.split("-"))
-    spec = WorkloadSpec(num_requests=args.num_requests, prompt_len=(low, high),
-                        output_len=(args.output_len, args.output_len))
+    spec = WorkloadSpec(
+        num_requests=args.num_requests, prompt_len=(low, high), output_len=(args.output_len, args.output_len)
+    )
     items = make_workload(spec, prompt_vocabulary(args.model))
     kv = kv_cache_bytes(args.model, items, 16)
     results: dict[str, dict[str, list[dict]]] = {}
@@ -75,42 +76,65 @@ def main(argv: list[str] | None = None) -> None:
         chosen = [chosen[int(i) - 1] for i in args.settings.split(",")]
     for name, (env, flags) in chosen:
         print(f"== {name}", flush=True)
-        extra = ["--kv-cache-memory", str(kv), "--max-num-seqs", str(args.concurrency),
-                 "--max-model-len", str(high + args.output_len), *flags]
-        with start_server(args.model, "bench", args.threads, extra, Path("bench/results/logs"),
-                          env_overrides=env) as server:
+        extra = [
+            "--kv-cache-memory",
+            str(kv),
+            "--max-num-seqs",
+            str(args.concurrency),
+            "--max-model-len",
+            str(high + args.output_len),
+            *flags,
+        ]
+        with start_server(
+            args.model, "bench", args.threads, extra, Path("bench/results/logs"), env_overrides=env
+        ) as server:
             asyncio.run(run_load(server.base_url, "bench", items[:4], concurrency=4, warmup=2))
             for r in range(args.rounds):
                 for phase in ("quiet", "busy") if r % 2 == 0 else ("busy", "quiet"):
                     if phase == "busy":
                         with busy_process():
-                            records, duration = asyncio.run(run_load(server.base_url, "bench", items,
-                                                                     concurrency=args.concurrency))
+                            records, duration = asyncio.run(
+                                run_load(server.base_url, "bench", items, concurrency=args.concurrency)
+                            )
                     else:
-                        records, duration = asyncio.run(run_load(server.base_url, "bench", items,
-                                                                 concurrency=args.concurrency))
+                        records, duration = asyncio.run(
+                            run_load(server.base_url, "bench", items, concurrency=args.concurrency)
+                        )
                     summary = summarize(records, duration, None, None)
                     results.setdefault(name, {}).setdefault(phase, []).append(summary)
-                    print(f"   {phase}: TPOT p50 {summary['tpot_s']['p50'] * 1e3:.0f} ms, "
-                          f"{summary['output_tokens_per_s']:.1f} tok/s", flush=True)
+                    print(
+                        f"   {phase}: TPOT p50 {summary['tpot_s']['p50'] * 1e3:.0f} ms, "
+                        f"{summary['output_tokens_per_s']:.1f} tok/s",
+                        flush=True,
+                    )
 
     rows = []
     for name, phases in results.items():
         quiet = statistics.median(s["tpot_s"]["p50"] for s in phases["quiet"])
         busy = statistics.median(s["tpot_s"]["p50"] for s in phases["busy"])
-        rows.append({"setting": name, "quiet_tpot_p50_ms": quiet * 1e3, "busy_tpot_p50_ms": busy * 1e3,
-                     "ratio": busy / quiet,
-                     "quiet_tok_s": statistics.median(s["output_tokens_per_s"] for s in phases["quiet"]),
-                     "busy_tok_s": statistics.median(s["output_tokens_per_s"] for s in phases["busy"])})
+        rows.append(
+            {
+                "setting": name,
+                "quiet_tpot_p50_ms": quiet * 1e3,
+                "busy_tpot_p50_ms": busy * 1e3,
+                "ratio": busy / quiet,
+                "quiet_tok_s": statistics.median(s["output_tokens_per_s"] for s in phases["quiet"]),
+                "busy_tok_s": statistics.median(s["output_tokens_per_s"] for s in phases["busy"]),
+            }
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows, "rounds": results}, indent=2))
-    print(f"\nconcurrency {args.concurrency}, {args.threads} threads, {args.num_requests} requests x "
-          f"{args.output_len} tokens per round, {args.rounds} rounds each")
+    print(
+        f"\nconcurrency {args.concurrency}, {args.threads} threads, {args.num_requests} requests x "
+        f"{args.output_len} tokens per round, {args.rounds} rounds each"
+    )
     print("| setting | TPOT p50 quiet | TPOT p50 busy | busy/quiet | tok/s quiet | tok/s busy |")
     print("|---|---:|---:|---:|---:|---:|")
     for row in rows:
-        print(f"| {row['setting']} | {row['quiet_tpot_p50_ms']:.0f} ms | {row['busy_tpot_p50_ms']:.0f} ms | "
-              f"{row['ratio']:.2f}x | {row['quiet_tok_s']:.1f} | {row['busy_tok_s']:.1f} |")
+        print(
+            f"| {row['setting']} | {row['quiet_tpot_p50_ms']:.0f} ms | {row['busy_tpot_p50_ms']:.0f} ms | "
+            f"{row['ratio']:.2f}x | {row['quiet_tok_s']:.1f} | {row['busy_tok_s']:.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -56,15 +56,17 @@ def attention_part(rounds: int, threads: int) -> list[dict]:
     for start, n in CHUNKS:
         g = torch.Generator().manual_seed(start + n)
         slots = torch.randperm(start + n + 64, generator=g)[: start + n]
-        cache = KVCache([torch.randn(start + n + 64, KV_HEADS, HEAD_DIM, generator=g)],
-                        [torch.randn(start + n + 64, KV_HEADS, HEAD_DIM, generator=g)])
+        cache = KVCache(
+            [torch.randn(start + n + 64, KV_HEADS, HEAD_DIM, generator=g)],
+            [torch.randn(start + n + 64, KV_HEADS, HEAD_DIM, generator=g)],
+        )
         batch = PagedBatch(cache, slots[start:], prefills=[PrefillChunk(slice(0, n), start, slots if start else None)])
         q = torch.randn(n, HEADS, HEAD_DIM, generator=g)
         k, v = torch.randn(n, KV_HEADS, HEAD_DIM, generator=g), torch.randn(n, KV_HEADS, HEAD_DIM, generator=g)
         times: dict[str, list[float]] = {"native": [], "torch": []}
         repeats = max(3, int(3000 / n))
         for r in range(rounds):
-            for variant in (("native", "torch") if r % 2 == 0 else ("torch", "native")):
+            for variant in ("native", "torch") if r % 2 == 0 else ("torch", "native"):
                 attention.PREFILL_KERNEL = "auto" if variant == "native" else "torch"
                 attention.attend(batch, 0, q, k, v)  # untimed: caches, masks
                 started = time.perf_counter()
@@ -91,8 +93,17 @@ def engine_worker(model: str, threads: int) -> dict[str, float]:
     out: dict[str, float] = {}
 
     def body() -> None:
-        core = build_core(EngineConfig(model=model, dtype="float32", max_num_seqs=64, max_num_batched_tokens=2048,
-                                       max_model_len=1024, kv_cache_memory=2 << 30, num_threads=threads))
+        core = build_core(
+            EngineConfig(
+                model=model,
+                dtype="float32",
+                max_num_seqs=64,
+                max_num_batched_tokens=2048,
+                max_model_len=1024,
+                kv_cache_memory=2 << 30,
+                num_threads=threads,
+            )
+        )
         rng = random.Random(0)
         counter = iter(range(1 << 30))
 
@@ -129,42 +140,61 @@ def engine_part(rounds: int, threads: int, model: str) -> dict[str, list[dict]]:
     results: dict[str, list[dict]] = {name: [] for name in SETTINGS}
     names = list(SETTINGS)
     for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            env = {**os.environ, **SETTINGS[name], "OMP_NUM_THREADS": str(threads),
-                   "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-            done = subprocess.run([sys.executable, "-m", "bench.cpu_kernels", "--worker", "--model", model,
-                                   "--threads", str(threads)], cwd=REPO, env=env, capture_output=True, text=True)
+        for name in names if r % 2 == 0 else names[::-1]:
+            env = {
+                **os.environ,
+                **SETTINGS[name],
+                "OMP_NUM_THREADS": str(threads),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            }
+            done = subprocess.run(
+                [sys.executable, "-m", "bench.cpu_kernels", "--worker", "--model", model, "--threads", str(threads)],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
             if done.returncode != 0:
                 raise SystemExit(f"{name} worker failed:\n{done.stderr[-3000:]}")
             figures = json.loads(done.stdout.strip().splitlines()[-1])
             results[name].append(figures)
-            print(f"  round {r + 1} {name}: decode {figures['decode_ms']:.1f} ms, prompt step "
-                  f"{figures['prefill_s']:.3f} s", flush=True)
+            print(
+                f"  round {r + 1} {name}: decode {figures['decode_ms']:.1f} ms, prompt step "
+                f"{figures['prefill_s']:.3f} s",
+                flush=True,
+            )
     return results
 
 
 def tables(attention_rows: list[dict] | None, engine: dict[str, list[dict]] | None) -> str:
     lines = []
     if attention_rows:
-        lines += ["| cached + chunk tokens | kernel ms | GFLOP/s | torch ms | GFLOP/s | torch / kernel |",
-                  "|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            "| cached + chunk tokens | kernel ms | GFLOP/s | torch ms | GFLOP/s | torch / kernel |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         for row in attention_rows:
             kernel, torch_ = row["native"], row["torch"]
-            lines.append(f"| {row['cached']} + {row['tokens']} | {kernel['ms']:.3f} | {kernel['gflops']:.0f} | "
-                         f"{torch_['ms']:.3f} | {torch_['gflops']:.0f} | {torch_['ms'] / kernel['ms']:.2f}x |")
+            lines.append(
+                f"| {row['cached']} + {row['tokens']} | {kernel['ms']:.3f} | {kernel['gflops']:.0f} | "
+                f"{torch_['ms']:.3f} | {torch_['gflops']:.0f} | {torch_['ms'] / kernel['ms']:.2f}x |"
+            )
     if engine:
         if lines:
             lines.append("")
         base = engine["on"]
         decode0 = statistics.median(x["decode_ms"] for x in base)
         prefill0 = statistics.median(x["prefill_s"] for x in base)
-        lines += ["| setting | decode step of 16 (ms) | vs on | prompt step of 2048 tokens (s) | vs on |",
-                  "|---|---:|---:|---:|---:|"]
+        lines += [
+            "| setting | decode step of 16 (ms) | vs on | prompt step of 2048 tokens (s) | vs on |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for name, runs in engine.items():
             decode = statistics.median(x["decode_ms"] for x in runs)
             prefill = statistics.median(x["prefill_s"] for x in runs)
-            lines.append(f"| {name} | {decode:.1f} | {decode / decode0:.2f}x | {prefill:.3f} | "
-                         f"{prefill / prefill0:.2f}x |")
+            lines.append(
+                f"| {name} | {decode:.1f} | {decode / decode0:.2f}x | {prefill:.3f} | {prefill / prefill0:.2f}x |"
+            )
     return "\n".join(lines)
 
 
@@ -181,8 +211,12 @@ def main(argv: list[str] | None = None) -> dict:
         figures = engine_worker(args.model, args.threads)
         print(json.dumps(figures), flush=True)
         return figures
-    payload: dict = {"kind": "cpu_kernels", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                     "threads": args.threads, "loadavg_before": os.getloadavg()}
+    payload: dict = {
+        "kind": "cpu_kernels",
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "threads": args.threads,
+        "loadavg_before": os.getloadavg(),
+    }
     attention_rows = engine = None
     if args.part in ("attention", "both"):
         attention_rows = payload["attention"] = attention_part(args.rounds or 7, args.threads)
@@ -190,6 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
         model = args.model
         if model is None:
             from goodput_runtime.tools import smollm2
+
             cache = REPO / smollm2.DEFAULT_CACHE
             model = str(smollm2.prepare(smollm2.fetch(cache), smollm2.prepared_dir(cache)))
         engine = payload["engine"] = engine_part(args.rounds or 3, args.threads, model)

@@ -50,14 +50,19 @@ def make_case(b: int, context: int, block_size: int, cache_mib: int, seed: int):
     rng.shuffle(order)
     rows, taken = [], 0
     for n in need:
-        rows.append(order[taken:taken + n] + [order[-1]] * (width - n))
+        rows.append(order[taken : taken + n] + [order[-1]] * (width - n))
         taken += n
     group = DecodeGroup(slice(0, b), torch.tensor(rows), torch.tensor(lens), block_size)
     layer_bytes = 2 * num_blocks * block_size * KV_HEADS * HEAD_DIM * 4
     distinct = max(1, min(LAYERS, cache_mib * 2**20 // layer_bytes))
     g = torch.Generator().manual_seed(seed)
-    caches = [(torch.randn(num_blocks * block_size, KV_HEADS, HEAD_DIM, generator=g),
-               torch.randn(num_blocks * block_size, KV_HEADS, HEAD_DIM, generator=g)) for _ in range(distinct)]
+    caches = [
+        (
+            torch.randn(num_blocks * block_size, KV_HEADS, HEAD_DIM, generator=g),
+            torch.randn(num_blocks * block_size, KV_HEADS, HEAD_DIM, generator=g),
+        )
+        for _ in range(distinct)
+    ]
     queries = [torch.randn(b, HEADS, HEAD_DIM, generator=g) for _ in range(LAYERS)]
     return group, caches, queries
 
@@ -112,8 +117,11 @@ def engine(args) -> tuple[list[dict], dict]:
     contexts = [int(c) for c in args.context.split(",")] if args.context else [0]
     rng = random.Random(0)
     # longest first, as plan_step orders a step's decodes (the runner groups them in that order)
-    lens = {(b, c): sorted((c if c else rng.randint(30, 400) + rng.randint(0, 96) for _ in range(b)), reverse=True)
-            for b in batches for c in contexts}
+    lens = {
+        (b, c): sorted((c if c else rng.randint(30, 400) + rng.randint(0, 96) for _ in range(b)), reverse=True)
+        for b in batches
+        for c in contexts
+    }
     blocks_each = -(-(max(max(x) for x in lens.values()) + 1) // BLOCK)
     runner, startup = build(model, "compiled" if args.compiled else "compact", max(batches) * blocks_each)
     print(f"runner ready (compile and warm-up {startup:.1f} s)", flush=True)
@@ -122,8 +130,12 @@ def engine(args) -> tuple[list[dict], dict]:
         for r in range(args.rounds):
             order = VARIANTS if r % 2 == 0 else tuple(reversed(VARIANTS))
             for (b, c), ctx in lens.items():
-                items = [StepItem([rng.randrange(100, 40000)], n - 1,
-                                  list(range(i * blocks_each, (i + 1) * blocks_each)), True) for i, n in enumerate(ctx)]
+                items = [
+                    StepItem(
+                        [rng.randrange(100, 40000)], n - 1, list(range(i * blocks_each, (i + 1) * blocks_each)), True
+                    )
+                    for i, n in enumerate(ctx)
+                ]
                 for variant in order:
                     attention.DECODE_KERNEL = variant
                     runner.execute(items)  # untimed
@@ -141,8 +153,12 @@ def engine(args) -> tuple[list[dict], dict]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", default="1,16,64")
-    p.add_argument("--context", default=None, help="nominal context lengths (default 64,300,1000; with --engine, "
-                   "drawn per sequence as bench/decode_step.py draws them)")
+    p.add_argument(
+        "--context",
+        default=None,
+        help="nominal context lengths (default 64,300,1000; with --engine, "
+        "drawn per sequence as bench/decode_step.py draws them)",
+    )
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=5, help="steps per variant, case and round")
     p.add_argument("--threads", type=int, default=2)
@@ -186,22 +202,43 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
     load_after = [round(x, 2) for x in os.getloadavg()]
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "block_size": block_size,
-                                       "shape": {"layers": LAYERS, "heads": HEADS, "kv_heads": KV_HEADS,
-                                                 "head_dim": HEAD_DIM, "dtype": "float32"},
-                                       "rows": rows, "samples": {f"{v}@{b}x{c}": s for (v, b, c), s in samples.items()},
-                                       "loadavg_before": load_before, "loadavg_after": load_after}, indent=1))
+    args.output.write_text(
+        json.dumps(
+            {
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "block_size": block_size,
+                "shape": {
+                    "layers": LAYERS,
+                    "heads": HEADS,
+                    "kv_heads": KV_HEADS,
+                    "head_dim": HEAD_DIM,
+                    "dtype": "float32",
+                },
+                "rows": rows,
+                "samples": {f"{v}@{b}x{c}": s for (v, b, c), s in samples.items()},
+                "loadavg_before": load_before,
+                "loadavg_after": load_after,
+            },
+            indent=1,
+        )
+    )
     what = "decode forward passes of the model runner" if args.engine else f"attention alone, {LAYERS} layers"
-    print(f"\n{what} per step; {args.rounds} rounds x {args.steps} steps per variant; {args.threads} threads; "
-          f"load average before {load_before}, after {load_after}")
-    print("| B | context | native wall ms | torch wall ms | torch/native wall | native CPU ms | torch CPU ms "
-          "| torch/native CPU | CPU min native / torch |")
+    print(
+        f"\n{what} per step; {args.rounds} rounds x {args.steps} steps per variant; {args.threads} threads; "
+        f"load average before {load_before}, after {load_after}"
+    )
+    print(
+        "| B | context | native wall ms | torch wall ms | torch/native wall | native CPU ms | torch CPU ms "
+        "| torch/native CPU | CPU min native / torch |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         context = f"~{row['context']}" if row["context"] else "30-496"
-        print(f"| {row['batch']} | {context} | {row['native_wall_ms']:.2f} | {row['torch_wall_ms']:.2f} | "
-              f"{row['wall_ratio']:.2f}x | {row['native_cpu_ms']:.2f} | {row['torch_cpu_ms']:.2f} | "
-              f"{row['cpu_ratio']:.2f}x | {row['native_cpu_ms_min']:.2f} / {row['torch_cpu_ms_min']:.2f} |")
+        print(
+            f"| {row['batch']} | {context} | {row['native_wall_ms']:.2f} | {row['torch_wall_ms']:.2f} | "
+            f"{row['wall_ratio']:.2f}x | {row['native_cpu_ms']:.2f} | {row['torch_cpu_ms']:.2f} | "
+            f"{row['cpu_ratio']:.2f}x | {row['native_cpu_ms_min']:.2f} / {row['torch_cpu_ms_min']:.2f} |"
+        )
     print(f"\nwrote {args.output}")
 
 

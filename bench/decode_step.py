@@ -86,9 +86,12 @@ def main(argv: list[str] | None = None) -> None:
         for r in range(args.rounds):
             order = names if r % 2 == 0 else list(reversed(names))
             for b in batches:
-                items = [StepItem([rng.randrange(100, 40000)], ctx - 1,
-                                  list(range(i * blocks_each, (i + 1) * blocks_each)), True)
-                         for i, ctx in enumerate(contexts[b])]
+                items = [
+                    StepItem(
+                        [rng.randrange(100, 40000)], ctx - 1, list(range(i * blocks_each, (i + 1) * blocks_each)), True
+                    )
+                    for i, ctx in enumerate(contexts[b])
+                ]
                 for name in order:
                     runners[name].execute(items)  # one untimed pass: this shape's first
                 for _ in range(args.steps):
@@ -99,24 +102,47 @@ def main(argv: list[str] | None = None) -> None:
                         samples.setdefault((name, b), []).append((wall * 1e3, cpu * 1e3))
             print(f"round {r + 1} done, load average {os.getloadavg()[0]:.2f}", flush=True)
     load_after = [round(x, 2) for x in os.getloadavg()]
-    rows = [{"variant": name, "batch": b, "wall_ms": statistics.median(w for w, _ in samples[(name, b)]),
-             "cpu_ms": statistics.median(c for _, c in samples[(name, b)]),
-             "cpu_ms_min": min(c for _, c in samples[(name, b)]), "startup_s": startup[name]}
-            for name in names for b in batches]
+    rows = [
+        {
+            "variant": name,
+            "batch": b,
+            "wall_ms": statistics.median(w for w, _ in samples[(name, b)]),
+            "cpu_ms": statistics.median(c for _, c in samples[(name, b)]),
+            "cpu_ms_min": min(c for _, c in samples[(name, b)]),
+            "startup_s": startup[name],
+        }
+        for name in names
+        for b in batches
+    ]
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
-                                       "samples": {f"{n}@{b}": s for (n, b), s in samples.items()},
-                                       "loadavg_before": load_before, "loadavg_after": load_after}, indent=1))
-    print(f"\n{args.steps} forward passes per variant, batch and round; {args.rounds} rounds; {args.threads} threads; "
-          f"load average before {load_before}, after {load_after}")
-    print(f"| variant | batch | wall ms/step p50 | CPU ms/step p50 | CPU ms/step min | CPU p50 vs {names[0]} "
-          f"| CPU min vs {names[0]} | compile + warm-up |")
+    args.output.write_text(
+        json.dumps(
+            {
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "rows": rows,
+                "samples": {f"{n}@{b}": s for (n, b), s in samples.items()},
+                "loadavg_before": load_before,
+                "loadavg_after": load_after,
+            },
+            indent=1,
+        )
+    )
+    print(
+        f"\n{args.steps} forward passes per variant, batch and round; {args.rounds} rounds; {args.threads} threads; "
+        f"load average before {load_before}, after {load_after}"
+    )
+    print(
+        f"| variant | batch | wall ms/step p50 | CPU ms/step p50 | CPU ms/step min | CPU p50 vs {names[0]} "
+        f"| CPU min vs {names[0]} | compile + warm-up |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         base = next(x for x in rows if x["variant"] == names[0] and x["batch"] == row["batch"])
-        print(f"| {row['variant']} | {row['batch']} | {row['wall_ms']:.0f} | {row['cpu_ms']:.0f} | "
-              f"{row['cpu_ms_min']:.0f} | {row['cpu_ms'] / base['cpu_ms']:.2f}x | "
-              f"{row['cpu_ms_min'] / base['cpu_ms_min']:.2f}x | {row['startup_s']:.1f} s |")
+        print(
+            f"| {row['variant']} | {row['batch']} | {row['wall_ms']:.0f} | {row['cpu_ms']:.0f} | "
+            f"{row['cpu_ms_min']:.0f} | {row['cpu_ms'] / base['cpu_ms']:.2f}x | "
+            f"{row['cpu_ms_min'] / base['cpu_ms_min']:.2f}x | {row['startup_s']:.1f} s |"
+        )
     print(f"\nwrote {args.output}")
 
 

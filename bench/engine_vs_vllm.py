@@ -74,8 +74,17 @@ def worker_ours(model: str, threads: int, seqs: int) -> dict[str, list[float]]:
     result: dict[str, list[float]] = {}
 
     def body() -> None:
-        core = build_core(EngineConfig(model=model, dtype="float32", max_num_seqs=seqs, max_num_batched_tokens=BUDGET,
-                                       max_model_len=MAX_LEN, kv_cache_memory=2 << 30, num_threads=threads))
+        core = build_core(
+            EngineConfig(
+                model=model,
+                dtype="float32",
+                max_num_seqs=seqs,
+                max_num_batched_tokens=BUDGET,
+                max_model_len=MAX_LEN,
+                kv_cache_memory=2 << 30,
+                num_threads=threads,
+            )
+        )
         gc.collect()
         gc.freeze()  # as the server does once its engine is up
         counter = iter(range(1 << 30))
@@ -113,14 +122,35 @@ def worker_vllm(model: str, threads: int, seqs: int) -> dict[str, list[float]]:
 
 
 def run_worker(system: str, python: str, model: str, threads: int, seqs: int) -> dict[str, list[float]]:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
     if system == "vllm":
-        env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}",
-                   VLLM_CPU_KVCACHE_SPACE="2")
-    done = subprocess.run([python, "-m", "bench.engine_vs_vllm", "--worker", system, "--model", model,
-                           "--threads", str(threads), "--seqs", str(seqs)],
-                          cwd=REPO, env=env, capture_output=True, text=True)
+        env.update(
+            VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}", VLLM_CPU_KVCACHE_SPACE="2"
+        )
+    done = subprocess.run(
+        [
+            python,
+            "-m",
+            "bench.engine_vs_vllm",
+            "--worker",
+            system,
+            "--model",
+            model,
+            "--threads",
+            str(threads),
+            "--seqs",
+            str(seqs),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise SystemExit(f"{system} worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -159,9 +189,11 @@ def main(argv: list[str] | None = None) -> dict:
         return figures
 
     from bench.vs_vllm import vllm_python  # the parent only: workers run in either venv
+
     model = args.model
     if model is None:
         from goodput_runtime.tools import smollm2
+
         cache = REPO / ".cache" / "smollm2"
         model = str(smollm2.prepare(smollm2.fetch(cache), smollm2.prepared_dir(cache)))
     pythons = {"ours": sys.executable, "vllm": vllm_python(args.vllm_python)}
@@ -175,18 +207,27 @@ def main(argv: list[str] | None = None) -> dict:
             rounds.append({"round": r + 1, "system": system, "loadavg_1m_before": load, "figures": figures})
             for key, values in figures.items():
                 merged[system][key] += values
-            print(f"  round {r + 1} {system}: decode {1000 * min(figures['decode']):.1f} ms, "
-                  f"decode_long {1000 * min(figures['decode_long']):.1f} ms, prefill {min(figures['prefill']):.2f} s, "
-                  f"wave {max(figures['wave']):.1f} tok/s (load {load:.2f})", flush=True)
+            print(
+                f"  round {r + 1} {system}: decode {1000 * min(figures['decode']):.1f} ms, "
+                f"decode_long {1000 * min(figures['decode_long']):.1f} ms, prefill {min(figures['prefill']):.2f} s, "
+                f"wave {max(figures['wave']):.1f} tok/s (load {load:.2f})",
+                flush=True,
+            )
     text = table(merged, args.seqs)
     print()
     print(text)
     best = {s: {k: (max(v) if k == "wave" else min(v)) for k, v in figs.items()} for s, figs in merged.items()}
-    payload = {"kind": "engine_vs_vllm", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "model": model, "threads": args.threads, "seqs": args.seqs, "rounds": rounds,
-               "best": best,
-               "median": {s: {k: statistics.median(v) for k, v in figs.items()} for s, figs in merged.items()},
-               "table": text}
+    payload = {
+        "kind": "engine_vs_vllm",
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": model,
+        "threads": args.threads,
+        "seqs": args.seqs,
+        "rounds": rounds,
+        "best": best,
+        "median": {s: {k: statistics.median(v) for k, v in figs.items()} for s, figs in merged.items()},
+        "table": text,
+    }
     out = args.output or REPO / "bench" / "results" / f"engine_vs_vllm-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=1))

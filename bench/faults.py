@@ -29,8 +29,14 @@ TIERS = {
     "runtime": "tests/runtime/test_kv_pressure.py",
     "e2e": "tests/e2e/test_faults.py",
 }
-COLUMNS = (("fault", "fault"), ("tier", "tier"), ("requests", "requests sent"), ("failed", "failed"),
-           ("retried", "retried"), ("converge_s", "converge (s)"))
+COLUMNS = (
+    ("fault", "fault"),
+    ("tier", "tier"),
+    ("requests", "requests sent"),
+    ("failed", "failed"),
+    ("retried", "retried"),
+    ("converge_s", "converge (s)"),
+)
 
 
 def run_tier(path: str, lock: Path | None) -> tuple[list[dict], int, float]:
@@ -41,8 +47,7 @@ def run_tier(path: str, lock: Path | None) -> tuple[list[dict], int, float]:
         command = ["flock", str(lock), *command]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     # pytest's progress dots may share the line
-    rows = [json.loads(line.split("FAULT-ROW ", 1)[1]) for line in result.stdout.splitlines()
-            if "FAULT-ROW " in line]
+    rows = [json.loads(line.split("FAULT-ROW ", 1)[1]) for line in result.stdout.splitlines() if "FAULT-ROW " in line]
     if result.returncode != 0:
         print(result.stdout[-6000:], result.stderr[-3000:], sep="\n", file=sys.stderr)
     return rows, result.returncode, time.monotonic() - started
@@ -51,8 +56,10 @@ def run_tier(path: str, lock: Path | None) -> tuple[list[dict], int, float]:
 def table(rows: list[dict]) -> str:
     cells = [[str(row.get(key, "")) for key, _ in COLUMNS] for row in rows]
     widths = [max(len(title), *(len(c[i]) for c in cells)) for i, (_, title) in enumerate(COLUMNS)]
-    lines = ["| " + " | ".join(title.ljust(w) for (_, title), w in zip(COLUMNS, widths, strict=True)) + " |",
-             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines = [
+        "| " + " | ".join(title.ljust(w) for (_, title), w in zip(COLUMNS, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
     lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in cells]
     return "\n".join(lines)
 
@@ -61,8 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiers", default=",".join(TIERS), help=f"comma-separated, of {', '.join(TIERS)}")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "faults.json")
-    parser.add_argument("--e2e-lock", type=Path, default=None,
-                        help="a file to hold with flock(1) while the e2e tier runs, where the node is shared")
+    parser.add_argument(
+        "--e2e-lock",
+        type=Path,
+        default=None,
+        help="a file to hold with flock(1) while the e2e tier runs, where the node is shared",
+    )
     args = parser.parse_args(argv)
     rows: list[dict] = []
     runs = {}
@@ -72,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         runs[tier] = {"exit_code": code, "seconds": round(seconds, 1), "faults": len(tier_rows)}
         print(f"{tier}: {len(tier_rows)} faults, pytest exit {code}, {seconds:.0f} s", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": runs,
-                                    "rows": rows}, indent=1) + "\n")
+    args.out.write_text(
+        json.dumps({"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": runs, "rows": rows}, indent=1)
+        + "\n"
+    )
     print(table(rows))
     print(f"written to {args.out}")
     return 0 if all(r["exit_code"] == 0 for r in runs.values()) else 1

@@ -37,15 +37,66 @@ import aiohttp
 from bench.server_process import REPO, free_port, gateway_process, start_server
 
 WORDS = [
-    "account", "billing", "customer", "invoice", "payment", "refund", "order", "shipment", "policy", "warranty",
-    "product", "service", "support", "request", "ticket", "escalation", "priority", "response", "resolution",
-    "schedule", "delivery", "address", "contract", "renewal", "subscription", "discount", "region", "warehouse",
-    "inventory", "carrier", "tracking", "return", "exchange", "credit", "balance", "statement", "tax",
-    "compliance", "audit", "record", "history", "note", "summary", "detail", "update", "status", "review",
+    "account",
+    "billing",
+    "customer",
+    "invoice",
+    "payment",
+    "refund",
+    "order",
+    "shipment",
+    "policy",
+    "warranty",
+    "product",
+    "service",
+    "support",
+    "request",
+    "ticket",
+    "escalation",
+    "priority",
+    "response",
+    "resolution",
+    "schedule",
+    "delivery",
+    "address",
+    "contract",
+    "renewal",
+    "subscription",
+    "discount",
+    "region",
+    "warehouse",
+    "inventory",
+    "carrier",
+    "tracking",
+    "return",
+    "exchange",
+    "credit",
+    "balance",
+    "statement",
+    "tax",
+    "compliance",
+    "audit",
+    "record",
+    "history",
+    "note",
+    "summary",
+    "detail",
+    "update",
+    "status",
+    "review",
 ]
-QUESTIONS = ["What is my balance?", "Where is my order?", "Can I get a refund?", "How do I change my address?",
-             "When does my contract renew?", "Why was I charged twice?", "Is this covered by warranty?",
-             "How long does delivery take?", "Can you escalate this?", "What is the return policy?"]
+QUESTIONS = [
+    "What is my balance?",
+    "Where is my order?",
+    "Can I get a refund?",
+    "How do I change my address?",
+    "When does my contract renew?",
+    "Why was I charged twice?",
+    "Is this covered by warranty?",
+    "How long does delivery take?",
+    "Can you escalate this?",
+    "What is the return policy?",
+]
 
 
 def policy_gateway(static: str, log_dir: Path, policy: str) -> AbstractContextManager[tuple[str, int]]:
@@ -70,11 +121,17 @@ async def counters(session: aiohttp.ClientSession, urls: list[str]) -> tuple[flo
     return hits, queries
 
 
-async def one_chat(session: aiohttp.ClientSession, url: str, system: str, question: str,
-                   max_tokens: int) -> tuple[float, float, int]:
+async def one_chat(
+    session: aiohttp.ClientSession, url: str, system: str, question: str, max_tokens: int
+) -> tuple[float, float, int]:
     """(TTFT, end-to-end seconds, tokens) of one streamed chat completion."""
-    body = {"model": "smollm2", "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
+    body = {
+        "model": "smollm2",
+        "stream": True,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+    }
     started = time.perf_counter()
     first, tokens = None, 0
     async with session.post(url + "/v1/chat/completions", json=body) as r:
@@ -89,8 +146,7 @@ async def one_chat(session: aiohttp.ClientSession, url: str, system: str, questi
     return (first or end) - started, end - started, tokens
 
 
-async def run_round(url: str, replicas: list[str], prompts: list[str], args: argparse.Namespace,
-                    seed: int) -> dict:
+async def run_round(url: str, replicas: list[str], prompts: list[str], args: argparse.Namespace, seed: int) -> dict:
     rng = random.Random(seed)
     work = [(rng.choice(prompts), rng.choice(QUESTIONS)) for _ in range(args.requests)]
     results: list[tuple[float, float, int]] = []
@@ -110,10 +166,15 @@ async def run_round(url: str, replicas: list[str], prompts: list[str], args: arg
         hits1, queries1 = await counters(session, replicas)
     ttfts = sorted(r[0] for r in results)
     good = sum(1 for r in results if r[0] <= args.slo_ttft)
-    return {"requests": len(results), "wall_s": wall,
-            "hit_rate": (hits1 - hits0) / max(1.0, queries1 - queries0),
-            "ttft_p50_s": statistics.median(ttfts), "ttft_p90_s": ttfts[int(0.9 * (len(ttfts) - 1))],
-            "goodput_rps": good / wall, "attainment": good / len(results)}
+    return {
+        "requests": len(results),
+        "wall_s": wall,
+        "hit_rate": (hits1 - hits0) / max(1.0, queries1 - queries0),
+        "ttft_p50_s": statistics.median(ttfts),
+        "ttft_p90_s": ttfts[int(0.9 * (len(ttfts) - 1))],
+        "goodput_rps": good / wall,
+        "attainment": good / len(results),
+    }
 
 
 async def added_latency(gateway: str, direct: str, pairs: int) -> dict:
@@ -129,8 +190,12 @@ async def added_latency(gateway: str, direct: str, pairs: int) -> dict:
                 if i >= 10:  # the first few warm the connections
                     times[name].append(time.perf_counter() - started)
     direct_p50, gateway_p50 = statistics.median(times["direct"]), statistics.median(times["gateway"])
-    return {"pairs": pairs, "direct_p50_ms": direct_p50 * 1e3, "gateway_p50_ms": gateway_p50 * 1e3,
-            "added_p50_ms": (gateway_p50 - direct_p50) * 1e3}
+    return {
+        "pairs": pairs,
+        "direct_p50_ms": direct_p50 * 1e3,
+        "gateway_p50_ms": gateway_p50 * 1e3,
+        "added_p50_ms": (gateway_p50 - direct_p50) * 1e3,
+    }
 
 
 # --- concurrent streams against a trivial upstream ------------------------------------------
@@ -194,9 +259,16 @@ async def concurrent_streams(gateway: str, pid: int, streams: int) -> dict:
         wall = time.perf_counter() - started
         watcher.cancel()
     errors = [repr(r) for r in results if isinstance(r, BaseException)]
-    return {"streams": streams, "completed": done, "peak_in_flight": peak, "errors": len(errors),
-            "first_error": errors[0] if errors else None, "wall_s": wall,
-            "ideal_wall_s": EVENTS * EVERY, "gateway_rss_mib": rss_mib(pid)}
+    return {
+        "streams": streams,
+        "completed": done,
+        "peak_in_flight": peak,
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "wall_s": wall,
+        "ideal_wall_s": EVENTS * EVERY,
+        "gateway_rss_mib": rss_mib(pid),
+    }
 
 
 def main() -> int:
@@ -206,9 +278,11 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--slo-ttft", type=float, default=1.0, help="seconds")
-    p.add_argument("--kv-cache-memory", default="160Mi",
-                   help="per replica: room for about 3 of the 8 system prompts, as a cache smaller than the "
-                        "working set is")
+    p.add_argument(
+        "--kv-cache-memory",
+        default="160Mi",
+        help="per replica: room for about 3 of the 8 system prompts, as a cache smaller than the working set is",
+    )
     p.add_argument("--streams", type=int, default=600)
     p.add_argument("--trivial-upstream", type=int, help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gateway_routing.json")
@@ -223,12 +297,20 @@ def main() -> int:
     model = str(smollm2.prepare(smollm2.fetch(cache), smollm2.prepared_dir(cache)))
     log_dir = REPO / "bench" / "results" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    report: dict = {"machine": f"{os.cpu_count()} CPUs, shared", "args": {k: str(v) for k, v in vars(args).items()},
-                    "rounds": []}
+    report: dict = {
+        "machine": f"{os.cpu_count()} CPUs, shared",
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "rounds": [],
+    }
     with ExitStack() as stack:
-        replicas = [stack.enter_context(start_server(
-            model, "smollm2", 1, ["--kv-cache-memory", args.kv_cache_memory, "--max-model-len", "2048"],
-            log_dir)).base_url for _ in range(3)]
+        replicas = [
+            stack.enter_context(
+                start_server(
+                    model, "smollm2", 1, ["--kv-cache-memory", args.kv_cache_memory, "--max-model-len", "2048"], log_dir
+                )
+            ).base_url
+            for _ in range(3)
+        ]
         static = "smollm2=" + ",".join(replicas)
         rng = random.Random(1)
         for r in range(args.rounds):
@@ -238,14 +320,18 @@ def main() -> int:
                     result = asyncio.run(run_round(url, replicas, prompts, args, seed=r))
                 result.update(policy=policy, round=r)
                 report["rounds"].append(result)
-                print(f"  round {r} {policy:>6}: hit rate {result['hit_rate']:.2f}, TTFT p50 "
-                      f"{result['ttft_p50_s']:.3f} s p90 {result['ttft_p90_s']:.3f} s, goodput "
-                      f"{result['goodput_rps']:.2f} req/s", flush=True)
+                print(
+                    f"  round {r} {policy:>6}: hit rate {result['hit_rate']:.2f}, TTFT p50 "
+                    f"{result['ttft_p50_s']:.3f} s p90 {result['ttft_p90_s']:.3f} s, goodput "
+                    f"{result['goodput_rps']:.2f} req/s",
+                    flush=True,
+                )
         with policy_gateway(static, log_dir, "prefix") as (url, _pid):
             report["added_latency"] = asyncio.run(added_latency(url, replicas[0], 300))
     upstream_port = free_port()
-    upstream = subprocess.Popen([sys.executable, "-m", "bench.gateway_routing", "--trivial-upstream",
-                                 str(upstream_port)], cwd=REPO)
+    upstream = subprocess.Popen(
+        [sys.executable, "-m", "bench.gateway_routing", "--trivial-upstream", str(upstream_port)], cwd=REPO
+    )
     try:
         while not _listening(upstream_port):
             time.sleep(0.1)
@@ -258,27 +344,39 @@ def main() -> int:
     def mean(policy: str, key: str) -> float:
         return statistics.fmean(x[key] for x in report["rounds"] if x["policy"] == policy)
 
-    summary = {policy: {k: mean(policy, k) for k in ("hit_rate", "ttft_p50_s", "ttft_p90_s", "goodput_rps",
-                                                      "attainment")} for policy in ("prefix", "random")}
-    summary["ratio"] = {"hit_rate": summary["prefix"]["hit_rate"] / max(1e-9, summary["random"]["hit_rate"]),
-                        "ttft_p90": summary["prefix"]["ttft_p90_s"] / summary["random"]["ttft_p90_s"],
-                        "goodput": summary["prefix"]["goodput_rps"] / max(1e-9, summary["random"]["goodput_rps"])}
+    summary = {
+        policy: {k: mean(policy, k) for k in ("hit_rate", "ttft_p50_s", "ttft_p90_s", "goodput_rps", "attainment")}
+        for policy in ("prefix", "random")
+    }
+    summary["ratio"] = {
+        "hit_rate": summary["prefix"]["hit_rate"] / max(1e-9, summary["random"]["hit_rate"]),
+        "ttft_p90": summary["prefix"]["ttft_p90_s"] / summary["random"]["ttft_p90_s"],
+        "goodput": summary["prefix"]["goodput_rps"] / max(1e-9, summary["random"]["goodput_rps"]),
+    }
     report["summary"] = summary
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
-    print(f"\n| policy | prefix-cache hit rate | TTFT p50 (s) | TTFT p90 (s) | goodput (req/s, TTFT ≤ "
-          f"{args.slo_ttft:g} s) |\n|---|---|---|---|---|")
+    print(
+        f"\n| policy | prefix-cache hit rate | TTFT p50 (s) | TTFT p90 (s) | goodput (req/s, TTFT ≤ "
+        f"{args.slo_ttft:g} s) |\n|---|---|---|---|---|"
+    )
     for policy in ("prefix", "random"):
         s = summary[policy]
-        print(f"| {policy} | {s['hit_rate']:.2f} | {s['ttft_p50_s']:.3f} | {s['ttft_p90_s']:.3f} | "
-              f"{s['goodput_rps']:.2f} |")
+        print(
+            f"| {policy} | {s['hit_rate']:.2f} | {s['ttft_p50_s']:.3f} | {s['ttft_p90_s']:.3f} | "
+            f"{s['goodput_rps']:.2f} |"
+        )
     ratio = summary["ratio"]
     print(f"| prefix / random | {ratio['hit_rate']:.2f}× | | {ratio['ttft_p90']:.2f}× | {ratio['goodput']:.2f}× |")
     a, c = report["added_latency"], report["concurrent_streams"]
-    print(f"\ngateway added p50 latency: {a['added_p50_ms']:.2f} ms (direct {a['direct_p50_ms']:.2f} ms, "
-          f"through the gateway {a['gateway_p50_ms']:.2f} ms, {a['pairs']} pairs)")
-    print(f"concurrent streams: {c['completed']}/{c['streams']} completed, peak {c['peak_in_flight']:.0f} in flight, "
-          f"{c['wall_s']:.1f} s for a {c['ideal_wall_s']:.0f} s stream, gateway RSS {c['gateway_rss_mib']:.0f} MiB")
+    print(
+        f"\ngateway added p50 latency: {a['added_p50_ms']:.2f} ms (direct {a['direct_p50_ms']:.2f} ms, "
+        f"through the gateway {a['gateway_p50_ms']:.2f} ms, {a['pairs']} pairs)"
+    )
+    print(
+        f"concurrent streams: {c['completed']}/{c['streams']} completed, peak {c['peak_in_flight']:.0f} in flight, "
+        f"{c['wall_s']:.1f} s for a {c['ideal_wall_s']:.0f} s stream, gateway RSS {c['gateway_rss_mib']:.0f} MiB"
+    )
     print(f"wrote {args.out}")
     return 0
 

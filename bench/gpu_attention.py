@@ -26,8 +26,17 @@ from goodput_runtime.engine import attention, triton_attention
 from goodput_runtime.engine.attention import DecodeGroup, KVCache, PagedBatch
 
 
-def case(batch: int, context: int, layers: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-         block_size: int, seed: int) -> tuple[PagedBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
+def case(
+    batch: int,
+    context: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    block_size: int,
+    seed: int,
+) -> tuple[PagedBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A decode step of `batch` sequences at about `context` tokens (±25 %), blocks shuffled."""
     g = torch.Generator().manual_seed(seed)
     lens = [max(1, int(context * (0.75 + 0.5 * torch.rand(1, generator=g).item()))) for _ in range(batch)]
@@ -39,8 +48,9 @@ def case(batch: int, context: int, layers: int, heads: int, kv_heads: int, head_
     order = torch.randperm(num_blocks, generator=g)
     blocks = order[: batch * width].view(batch, width).cuda()
     lens_t = torch.tensor(lens).cuda()
-    slots = torch.tensor([int(blocks[i, (n - 1) // block_size]) * block_size + (n - 1) % block_size
-                          for i, n in enumerate(lens)]).cuda()
+    slots = torch.tensor(
+        [int(blocks[i, (n - 1) // block_size]) * block_size + (n - 1) % block_size for i, n in enumerate(lens)]
+    ).cuda()
     group = DecodeGroup(slice(0, batch), blocks, lens_t, block_size)
     q = torch.randn(batch, heads, head_dim, generator=g).to(dtype).cuda()
     k = torch.randn(batch, kv_heads, head_dim, generator=g).to(dtype).cuda()
@@ -50,6 +60,7 @@ def case(batch: int, context: int, layers: int, heads: int, kv_heads: int, head_
 
 def timed(batch: PagedBatch, q, k, v, layers: int, replays: int) -> tuple[float, torch.Tensor]:
     """Seconds per call (graph replays of `layers` calls), and layer 0's output."""
+
     def step():
         return [attention.attend(batch, layer, q, k, v) for layer in range(layers)]
 
@@ -93,10 +104,16 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for b in (int(x) for x in args.batch_sizes.split(",")):
         for context in (int(x) for x in args.contexts.split(",")):
-            batch, q, k, v = case(b, context, args.layers, args.heads, args.kv_heads, args.head_dim, dtype, 16,
-                                  seed=b * 7919 + context)
-            kv_bytes = sum(int(n) for n in batch.decodes[0].lens.tolist()) * args.kv_heads * args.head_dim * 2 \
+            batch, q, k, v = case(
+                b, context, args.layers, args.heads, args.kv_heads, args.head_dim, dtype, 16, seed=b * 7919 + context
+            )
+            kv_bytes = (
+                sum(int(n) for n in batch.decodes[0].lens.tolist())
+                * args.kv_heads
+                * args.head_dim
+                * 2
                 * q.element_size()
+            )
             row: dict = {"batch": b, "context": context, "kv_bytes": kv_bytes}
             attention.DECODE_KERNEL = "torch"
             row["torch_us"], reference = timed(batch, q, k, v, args.layers, args.replays)
@@ -118,22 +135,40 @@ def main(argv: list[str] | None = None) -> None:
                 row[key] *= 1e6
     device = torch.cuda.get_device_name()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"device": device, "dtype": args.dtype, "layers": args.layers,
-                                          "heads": args.heads, "kv_heads": args.kv_heads,
-                                          "head_dim": args.head_dim, "rows": rows}, indent=2))
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "device": device,
+                "dtype": args.dtype,
+                "layers": args.layers,
+                "heads": args.heads,
+                "kv_heads": args.kv_heads,
+                "head_dim": args.head_dim,
+                "rows": rows,
+            },
+            indent=2,
+        )
+    )
     tiles = [int(x) for x in args.tiles.split(",")]
-    print(f"{device}; {args.dtype}; {args.heads} heads on {args.kv_heads} kv heads of {args.head_dim}; "
-          f"us per layer (graph replays of {args.layers} layers)")
+    print(
+        f"{device}; {args.dtype}; {args.heads} heads on {args.kv_heads} kv heads of {args.head_dim}; "
+        f"us per layer (graph replays of {args.layers} layers)"
+    )
     names = [f"triton{t}" for t in tiles] + ["engine"]
-    print("| batch | context | torch path us | " + " | ".join(f"tile {t}, 1 split us" for t in tiles)
-          + " | as the engine runs it us | its speed-up | its GB/s | max abs diff |")
+    print(
+        "| batch | context | torch path us | "
+        + " | ".join(f"tile {t}, 1 split us" for t in tiles)
+        + " | as the engine runs it us | its speed-up | its GB/s | max abs diff |"
+    )
     print("|---:|---:|---:|" + "---:|" * len(tiles) + "---:|---:|---:|---:|")
     for row in rows:
-        print(f"| {row['batch']} | {row['context']} | {row['torch_us']:.1f} | "
-              + " | ".join(f"{row[f'triton{t}_us']:.1f}" for t in tiles)
-              + f" | {row['engine_us']:.1f} (tile {row['engine_tile']}, {row['engine_splits']} splits) | "
-              f"{row['torch_us'] / row['engine_us']:.2f}x | {row['kv_bytes'] / row['engine_us'] / 1e3:.0f} | "
-              f"{max(row[f'{n}_err'] for n in names):.3g} |")
+        print(
+            f"| {row['batch']} | {row['context']} | {row['torch_us']:.1f} | "
+            + " | ".join(f"{row[f'triton{t}_us']:.1f}" for t in tiles)
+            + f" | {row['engine_us']:.1f} (tile {row['engine_tile']}, {row['engine_splits']} splits) | "
+            f"{row['torch_us'] / row['engine_us']:.2f}x | {row['kv_bytes'] / row['engine_us'] / 1e3:.0f} | "
+            f"{max(row[f'{n}_err'] for n in names):.3g} |"
+        )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,15 @@ from goodput_runtime.engine.core import EngineCore
 from goodput_runtime.sampling import SamplingParams
 
 # datasheet HBM bandwidth, bytes/s, by a substring of torch.cuda.get_device_name()
-PEAK_BANDWIDTH = {"H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H100 NVL": 3.9e12, "H200": 4.8e12,
-                  "A100-SXM4-80GB": 2.039e12, "A100-SXM4-40GB": 1.555e12, "L4": 0.3e12}
+PEAK_BANDWIDTH = {
+    "H100 80GB HBM3": 3.35e12,
+    "H100 PCIe": 2.0e12,
+    "H100 NVL": 3.9e12,
+    "H200": 4.8e12,
+    "A100-SXM4-80GB": 2.039e12,
+    "A100-SXM4-40GB": 1.555e12,
+    "L4": 0.3e12,
+}
 
 
 def peak_bandwidth(name: str) -> float | None:
@@ -70,8 +77,7 @@ def decode_round(core: EngineCore, batch: int, prompt_len: int, steps: int, seed
     while core.has_unfinished():
         for out in core.step():
             tokens[out.request_id].extend(out.token_ids)
-    return {"step_s": elapsed / steps, "tokens_per_s": batch * steps / elapsed,
-            "tokens": [tokens[rid] for rid in ids]}
+    return {"step_s": elapsed / steps, "tokens_per_s": batch * steps / elapsed, "tokens": [tokens[rid] for rid in ids]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -97,11 +103,20 @@ def main(argv: list[str] | None = None) -> None:
     load_s = {}
     for mode in ("graphs", "eager"):
         started = time.monotonic()
-        engines[mode] = build_core(EngineConfig(
-            model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.prompt_len + args.steps + 64,
-            max_num_seqs=max(batches), max_num_batched_tokens=max(2048, args.prompt_len * max(batches)),
-            kv_cache_memory=args.kv_cache_memory, enforce_eager=mode == "eager", quantization=args.quantization,
-            compile=args.compile))
+        engines[mode] = build_core(
+            EngineConfig(
+                model=args.model,
+                device=args.device,
+                dtype=args.dtype,
+                max_model_len=args.prompt_len + args.steps + 64,
+                max_num_seqs=max(batches),
+                max_num_batched_tokens=max(2048, args.prompt_len * max(batches)),
+                kv_cache_memory=args.kv_cache_memory,
+                enforce_eager=mode == "eager",
+                quantization=args.quantization,
+                compile=args.compile,
+            )
+        )
         load_s[mode] = time.monotonic() - started
     if args.device == "cpu":
         engines["graphs"].runner.enable_decode_graphs(max(batches), args.prompt_len + args.steps + 64, capture=False)
@@ -135,28 +150,44 @@ def main(argv: list[str] | None = None) -> None:
         row["speedup"] = row["eager_step_ms"] / row["graphs_step_ms"]
         rows.append(row)
 
-    report = {"device": name, "peak_bandwidth": peak, "weight_bytes": weights, "dtype": args.dtype,
-              "quantization": args.quantization, "compile": args.compile,
-              "model": args.model, "prompt_len": args.prompt_len, "steps": args.steps, "rounds": args.rounds,
-              "graphs_captured": len(graphs.graphs), "capture_s": graphs.capture_seconds,
-              "capture_mib": graphs.capture_bytes / 2**20, "load_s": load_s,
-              "greedy_tokens_equal": same_tokens, "rows": rows,
-              "samples": {f"{m}-{b}": v for (m, b), v in samples.items()}}
+    report = {
+        "device": name,
+        "peak_bandwidth": peak,
+        "weight_bytes": weights,
+        "dtype": args.dtype,
+        "quantization": args.quantization,
+        "compile": args.compile,
+        "model": args.model,
+        "prompt_len": args.prompt_len,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "graphs_captured": len(graphs.graphs),
+        "capture_s": graphs.capture_seconds,
+        "capture_mib": graphs.capture_bytes / 2**20,
+        "load_s": load_s,
+        "greedy_tokens_equal": same_tokens,
+        "rows": rows,
+        "samples": {f"{m}-{b}": v for (m, b), v in samples.items()},
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
 
-    print(f"{name}; {weights / 1e9:.2f} GB of weights read per step ({args.dtype}); peak "
-          f"{peak / 1e12 if peak else float('nan'):.2f} TB/s; {len(graphs.graphs)} graphs captured in "
-          f"{graphs.capture_seconds:.1f} s ({graphs.capture_bytes / 2**20:.0f} MiB); "
-          f"weights {args.dtype if args.quantization == 'none' else args.quantization}; compile {args.compile}; "
-          f"greedy tokens equal: {same_tokens}")
+    print(
+        f"{name}; {weights / 1e9:.2f} GB of weights read per step ({args.dtype}); peak "
+        f"{peak / 1e12 if peak else float('nan'):.2f} TB/s; {len(graphs.graphs)} graphs captured in "
+        f"{graphs.capture_seconds:.1f} s ({graphs.capture_bytes / 2**20:.0f} MiB); "
+        f"weights {args.dtype if args.quantization == 'none' else args.quantization}; compile {args.compile}; "
+        f"greedy tokens equal: {same_tokens}"
+    )
     print("| batch | graphs step ms | eager step ms | graphs tok/s | eager tok/s | graphs MBU | eager MBU | speedup |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         mbu = [f"{row[k] * 100:.0f} %" if row[k] is not None else "n/a" for k in ("graphs_mbu", "eager_mbu")]
-        print(f"| {row['batch']} | {row['graphs_step_ms']:.2f} | {row['eager_step_ms']:.2f} | "
-              f"{row['graphs_tokens_per_s']:.0f} | {row['eager_tokens_per_s']:.0f} | {mbu[0]} | {mbu[1]} | "
-              f"{row['speedup']:.2f}x |")
+        print(
+            f"| {row['batch']} | {row['graphs_step_ms']:.2f} | {row['eager_step_ms']:.2f} | "
+            f"{row['graphs_tokens_per_s']:.0f} | {row['eager_tokens_per_s']:.0f} | {mbu[0]} | {mbu[1]} | "
+            f"{row['speedup']:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -46,18 +46,30 @@ def main(argv: list[str] | None = None) -> None:
         x = torch.randn(1, k, dtype=dtype, device=device)
         expected = F.linear(x.double(), weights[0].double())
         tuned, tuned_s = picked.get((n, k), (triton_linear.DEFAULT, float("nan")))  # (a small weight: untimed)
-        error = ((triton_linear.gemv(x, weights[0], None, tuned).double() - expected).abs().max()
-                 / expected.abs().max()).item()
+        error = (
+            (triton_linear.gemv(x, weights[0], None, tuned).double() - expected).abs().max() / expected.abs().max()
+        ).item()
         cublas = triton_linear.replay_seconds([functools.partial(F.linear, x, w) for w in weights])
-        grid = {c: triton_linear.replay_seconds([functools.partial(triton_linear.gemv, x, w, None, c)
-                                                 for w in weights]) for c in GRID}
+        grid = {
+            c: triton_linear.replay_seconds([functools.partial(triton_linear.gemv, x, w, None, c) for w in weights])
+            for c in GRID
+        }
         best = min(grid, key=grid.__getitem__)
         tuned_s = grid.get(tuned, tuned_s)
         bytes_ = n * k * size
-        rows.append({"shape": [n, k], "bytes": bytes_, "cublas_us": cublas * 1e6, "tuned": list(tuned),
-                     "tuned_us": tuned_s * 1e6, "best": list(best), "best_us": grid[best] * 1e6,
-                     "relative_error": error,
-                     "grid_us": {"{}x{}-w{}".format(*c): t * 1e6 for c, t in grid.items()}})
+        rows.append(
+            {
+                "shape": [n, k],
+                "bytes": bytes_,
+                "cublas_us": cublas * 1e6,
+                "tuned": list(tuned),
+                "tuned_us": tuned_s * 1e6,
+                "best": list(best),
+                "best_us": grid[best] * 1e6,
+                "relative_error": error,
+                "grid_us": {"{}x{}-w{}".format(*c): t * 1e6 for c, t in grid.items()},
+            }
+        )
         del weights
         torch.cuda.empty_cache()
     name = torch.cuda.get_device_name()
@@ -68,18 +80,23 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---:|---:|---:|---|---:|---|---:|")
     for r in rows:
         mb = r["bytes"] / 1e6  # MB per µs is TB/s
-        print(f"| {r['shape'][0]} x {r['shape'][1]} | {mb:.1f} | {r['cublas_us']:.1f} ({mb / r['cublas_us']:.2f}) | "
-              f"{r['tuned_us']:.1f} ({mb / r['tuned_us']:.2f}) | {'x'.join(map(str, r['tuned']))} | "
-              f"{r['best_us']:.1f} | {'x'.join(map(str, r['best']))} | {r['cublas_us'] / r['tuned_us']:.2f}x |")
+        print(
+            f"| {r['shape'][0]} x {r['shape'][1]} | {mb:.1f} | {r['cublas_us']:.1f} ({mb / r['cublas_us']:.2f}) | "
+            f"{r['tuned_us']:.1f} ({mb / r['tuned_us']:.2f}) | {'x'.join(map(str, r['tuned']))} | "
+            f"{r['best_us']:.1f} | {'x'.join(map(str, r['best']))} | {r['cublas_us'] / r['tuned_us']:.2f}x |"
+        )
     counts = [args.layers] * (len(rows) - 1) + [1]
     cublas_step = sum(c * r["cublas_us"] for c, r in zip(counts, rows, strict=True))
     tuned_step = sum(c * r["tuned_us"] for c, r in zip(counts, rows, strict=True))
     step_bytes = sum(c * r["bytes"] for c, r in zip(counts, rows, strict=True))
-    print(f"a step's products ({args.layers} layers and the head, {step_bytes / 1e9:.2f} GB): cuBLAS "
-          f"{cublas_step / 1e3:.3f} ms ({step_bytes / cublas_step / 1e6:.2f} TB/s), GEMV {tuned_step / 1e3:.3f} ms "
-          f"({step_bytes / tuned_step / 1e6:.2f} TB/s), {cublas_step / tuned_step:.2f}x")
-    print("max relative error of the tuned GEMV against float64:",
-          ", ".join(f"{r['relative_error']:.1e}" for r in rows))
+    print(
+        f"a step's products ({args.layers} layers and the head, {step_bytes / 1e9:.2f} GB): cuBLAS "
+        f"{cublas_step / 1e3:.3f} ms ({step_bytes / cublas_step / 1e6:.2f} TB/s), GEMV {tuned_step / 1e3:.3f} ms "
+        f"({step_bytes / tuned_step / 1e6:.2f} TB/s), {cublas_step / tuned_step:.2f}x"
+    )
+    print(
+        "max relative error of the tuned GEMV against float64:", ", ".join(f"{r['relative_error']:.1e}" for r in rows)
+    )
 
 
 if __name__ == "__main__":

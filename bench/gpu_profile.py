@@ -71,27 +71,47 @@ def main(argv: list[str] | None = None) -> None:
         triton_linear.FUSE = "nofuse" not in parts  # the layer as a chain of four GEMVs, unless named
         # the GEMVs launched with programmatic dependent launch (engine/triton_linear.PDL)
         triton_linear.PDL = "off" if "nopdl" in parts else "early" if "pdlearly" in parts else "wait"
-        core = build_core(EngineConfig(
-            model=args.model, device="cuda", dtype=args.dtype, max_model_len=args.prompt_len + args.steps + 64,
-            max_num_seqs=max(batches), max_num_batched_tokens=max(2048, args.prompt_len * max(batches)),
-            kv_cache_memory=2 << 30, compile="compile" in parts, quantization="fp8" if "fp8" in parts else "none"))
+        core = build_core(
+            EngineConfig(
+                model=args.model,
+                device="cuda",
+                dtype=args.dtype,
+                max_model_len=args.prompt_len + args.steps + 64,
+                max_num_seqs=max(batches),
+                max_num_batched_tokens=max(2048, args.prompt_len * max(batches)),
+                kv_cache_memory=2 << 30,
+                compile="compile" in parts,
+                quantization="fp8" if "fp8" in parts else "none",
+            )
+        )
         weights = weight_bytes_per_step(core)
         layout = core.runner.layout
         for batch in batches:
-            steps = [decode_round(core, batch, args.prompt_len, args.steps, seed=r)["step_s"]
-                     for r in range(args.rounds)]
+            steps = [
+                decode_round(core, batch, args.prompt_len, args.steps, seed=r)["step_s"] for r in range(args.rounds)
+            ]
             step = statistics.median(steps)
             count, kernel_ms, table = kernel_profile(core, batch, args.prompt_len + args.steps)
             kv = batch * (args.prompt_len + args.steps / 2) * layout.bytes_per_token()
-            rows.append({"variant": variant, "batch": batch, "step_ms": step * 1e3, "tokens_per_s": batch / step,
-                         "mbu": (weights + kv) / step / peak if peak else None, "kernels": count,
-                         "kernel_ms": kernel_ms, "floor_ms": (weights + kv) / peak * 1e3 if peak else None})
+            rows.append(
+                {
+                    "variant": variant,
+                    "batch": batch,
+                    "step_ms": step * 1e3,
+                    "tokens_per_s": batch / step,
+                    "mbu": (weights + kv) / step / peak if peak else None,
+                    "kernels": count,
+                    "kernel_ms": kernel_ms,
+                    "floor_ms": (weights + kv) / peak * 1e3 if peak else None,
+                }
+            )
             tables[f"{variant}-{batch}"] = table
         del core
         torch.cuda.empty_cache()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"device": name, "model": args.model, "dtype": args.dtype, "rows": rows,
-                                          "tables": tables}, indent=2))
+    Path(args.out).write_text(
+        json.dumps({"device": name, "model": args.model, "dtype": args.dtype, "rows": rows, "tables": tables}, indent=2)
+    )
     for key, table in tables.items():
         print(f"--- {key}\n{table}")
     print(f"{name}, {args.dtype}, prompt {args.prompt_len}, {args.steps} decode steps")
@@ -99,8 +119,10 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         mbu = f"{r['mbu'] * 100:.0f} %" if r["mbu"] is not None else "n/a"
-        print(f"| {r['variant']} | {r['batch']} | {r['step_ms']:.2f} | {r['floor_ms']:.2f} | {mbu} | "
-              f"{r['tokens_per_s']:.0f} | {r['kernels']} | {r['kernel_ms']:.2f} |")
+        print(
+            f"| {r['variant']} | {r['batch']} | {r['step_ms']:.2f} | {r['floor_ms']:.2f} | {mbu} | "
+            f"{r['tokens_per_s']:.0f} | {r['kernels']} | {r['kernel_ms']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

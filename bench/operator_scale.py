@@ -58,8 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--empty-probes", type=int, default=5, help="new services applied on the empty cluster")
     p.add_argument("--probe-gap", type=float, default=1.5, help="seconds between probes")
     p.add_argument("--resync-seconds", type=float, default=30.0)
-    p.add_argument("--settle-windows", type=int, default=8,
-                   help="resync windows to wait through at most for the controller-manager to catch up")
+    p.add_argument(
+        "--settle-windows",
+        type=int,
+        default=8,
+        help="resync windows to wait through at most for the controller-manager to catch up",
+    )
     p.add_argument("--deadline", type=float, default=900.0, help="seconds to wait for the initial reconcile")
     p.add_argument("--cluster-dir", type=Path, default=None, help="default: a fresh temporary directory")
     p.add_argument("--keep-cluster", action="store_true")
@@ -77,9 +81,13 @@ class ControlPlane:
     def __init__(self, workdir: Path) -> None:
         self.dir = workdir
         for attempt in range(5):  # on a busy machine the controller-manager may give up waiting for RBAC
-            out = subprocess.run([str(ROOT / "hack" / "cluster.sh"), "up", "--dir", str(workdir)],
-                                 capture_output=True, text=True, timeout=1800,
-                                 env={**os.environ, "GOODPUT_SERVICE_CIDR": SERVICE_CIDR})
+            out = subprocess.run(
+                [str(ROOT / "hack" / "cluster.sh"), "up", "--dir", str(workdir)],
+                capture_output=True,
+                text=True,
+                timeout=1800,
+                env={**os.environ, "GOODPUT_SERVICE_CIDR": SERVICE_CIDR},
+            )
             if out.returncode == 0:
                 break
             self.down()
@@ -104,13 +112,18 @@ class ControlPlane:
         return out.stdout
 
     def down(self) -> None:
-        subprocess.run([str(ROOT / "hack" / "cluster.sh"), "down", "--dir", str(self.dir)],
-                       capture_output=True, text=True, timeout=300)
+        subprocess.run(
+            [str(ROOT / "hack" / "cluster.sh"), "down", "--dir", str(self.dir)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     def write_counts(self) -> dict[str, float]:
         """Writes the API server has served so far, per resource (apiserver_request_total, every client)."""
-        request = self.api.param_serialize("GET", "/metrics", header_params={"Accept": "text/plain"},
-                                           auth_settings=["BearerToken"])
+        request = self.api.param_serialize(
+            "GET", "/metrics", header_params={"Accept": "text/plain"}, auth_settings=["BearerToken"]
+        )
         text = self.api.call_api(*request, _request_timeout=60).read().decode()
         counts: dict[str, float] = {}
         for line in text.splitlines():
@@ -129,22 +142,45 @@ def service_spec(i: int) -> dict[str, Any]:
 
 
 def manifest(namespace: str, name: str, i: int) -> str:
-    return json.dumps({"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService",
-                       "metadata": {"name": name, "namespace": namespace}, "spec": service_spec(i)})
+    return json.dumps(
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "InferenceService",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": service_spec(i),
+        }
+    )
 
 
 class Operator:
     def __init__(self, plane: ControlPlane, log: Path, resync: float) -> None:
         self.metrics_port = free_port()
-        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "RUNTIME_IMAGE": "registry.test/goodput:bench",
-               "RESYNC_SECONDS": str(resync), "HF_ENDPOINT": "http://127.0.0.1:9"}
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(plane.kubeconfig),
+            "RUNTIME_IMAGE": "registry.test/goodput:bench",
+            "RESYNC_SECONDS": str(resync),
+            "HF_ENDPOINT": "http://127.0.0.1:9",
+        }
         env.pop("KUBERNETES_SERVICE_HOST", None)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "operator"), str(ROOT / "contract"),
-                                                           env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(ROOT / "operator"), str(ROOT / "contract"), env.get("PYTHONPATH")])
+        )
         self.log = log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "goodput_operator", "--liveness-port", "0",
-             "--metrics-port", str(self.metrics_port)], env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "goodput_operator",
+                "--liveness-port",
+                "0",
+                "--metrics-port",
+                str(self.metrics_port),
+            ],
+            env=env,
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
         self.rss_peak = 0
         self.rss_last = 0
         self._stop = threading.Event()
@@ -169,9 +205,11 @@ class Operator:
         """The sum of `name`'s series (those whose labels contain `having`, e.g. 'trigger="resync"')."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
             text = r.read().decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name) and not line.startswith("#") and line[len(name)] in " {"
-                   and having in line)
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name) and not line.startswith("#") and line[len(name)] in " {" and having in line
+        )
 
     def wait_started(self) -> None:
         deadline = time.monotonic() + 120
@@ -222,17 +260,23 @@ def count_reconciled(plane: ControlPlane, namespace: str, expected: int) -> tupl
     """(Deployments, services with a status) in the namespace. Light on the control plane it measures:
     the Deployments are counted from a metadata-only list out of the API server's watch cache, and
     the services (whole objects, for their status) are listed only once every Deployment exists."""
-    request = plane.api.param_serialize("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments",
-                                        query_params=[("resourceVersion", "0")],
-                                        header_params={"Accept": METADATA_ONLY}, auth_settings=["BearerToken"])
+    request = plane.api.param_serialize(
+        "GET",
+        f"/apis/apps/v1/namespaces/{namespace}/deployments",
+        query_params=[("resourceVersion", "0")],
+        header_params={"Accept": METADATA_ONLY},
+        auth_settings=["BearerToken"],
+    )
     deployments = plane.api.call_api(*request, _request_timeout=60)
     n_deploy = len(json.loads(deployments.read()).get("items") or ())  # an empty list comes as null
     if n_deploy < expected:
         return n_deploy, 0
-    services = plane.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
-                                                          _preload_content=False, _request_timeout=60)
-    n_status = sum(1 for item in json.loads(services.data)["items"]
-                   if (item.get("status") or {}).get("observedGeneration"))
+    services = plane.custom.list_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, _preload_content=False, _request_timeout=60
+    )
+    n_status = sum(
+        1 for item in json.loads(services.data)["items"] if (item.get("status") or {}).get("observedGeneration")
+    )
     return n_deploy, n_status
 
 
@@ -246,8 +290,11 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"control plane in {workdir} ...", flush=True)
     plane = ControlPlane(workdir)
     operator: Operator | None = None
-    result: dict[str, Any] = {"kind": "operator_scale", "services": args.services,
-                              "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    result: dict[str, Any] = {
+        "kind": "operator_scale",
+        "services": args.services,
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     try:
         plane.kubectl("apply", "-f", str(CRD))
         for attempt in range(10):  # kubectl wait fails outright while the new CRD has no conditions yet
@@ -272,8 +319,12 @@ def main(argv: list[str] | None = None) -> dict:
         created = time.monotonic()
 
         def create(i: int) -> None:
-            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService",
-                    "metadata": {"name": f"svc-{i:05d}"}, "spec": service_spec(i)}
+            body = {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "InferenceService",
+                "metadata": {"name": f"svc-{i:05d}"},
+                "spec": service_spec(i),
+            }
             plane.custom.create_namespaced_custom_object(GROUP, VERSION, "scale", PLURAL, body, _request_timeout=60)
 
         with ThreadPoolExecutor(16) as pool:
@@ -287,8 +338,11 @@ def main(argv: list[str] | None = None) -> dict:
         n_deploy = n_status = 0
         while time.monotonic() - started < args.deadline:
             n_deploy, n_status = count_reconciled(plane, "scale", args.services)
-            print(f"  {time.monotonic() - started:6.1f} s: {n_deploy} Deployments, {n_status} statuses "
-                  f"(RSS {operator.rss_last / 2**20:.0f} MiB)", flush=True)
+            print(
+                f"  {time.monotonic() - started:6.1f} s: {n_deploy} Deployments, {n_status} statuses "
+                f"(RSS {operator.rss_last / 2**20:.0f} MiB)",
+                flush=True,
+            )
             if n_deploy >= args.services and n_status >= args.services:
                 break
             time.sleep(3.0)
@@ -340,8 +394,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     result["empty"] = summary(result.get("empty_probe_s", []))
     result["loaded"] = summary(result.get("loaded_probe_s", []))
-    path = write_json(args.output or RESULTS / f"operator-scale-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json",
-                      result)
+    path = write_json(
+        args.output or RESULTS / f"operator-scale-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json", result
+    )
     print(render(result))
     print(f"\nwrote {path}")
     return result
@@ -352,22 +407,24 @@ def render(r: dict) -> str:
         return "-" if v is None else f"{v:.3f}"
 
     e, loaded = r["empty"], r["loaded"]
-    return "\n".join([
-        f"{'measure':<44}{'value':>12}{'target':>12}",
-        f"{'apply → Deployment, empty cluster, p50 (s)':<44}{s(e['p50']):>12}{'':>12}",
-        f"{'apply → Deployment, empty cluster, p99 (s)':<44}{s(e['p99']):>12}{'':>12}",
-        f"{'apply → Deployment, N present, p50 (s)':<44}{s(loaded['p50']):>12}{'< 0.5':>12}",
-        f"{'apply → Deployment, N present, p99 (s)':<44}{s(loaded['p99']):>12}{'< 1':>12}",
-        f"{'N reconciled from nothing (s)':<44}{s(r.get('from_nothing_s')):>12}{'< 120':>12}",
-        f"{'operator RSS peak (MiB)':<44}{s(r.get('rss_peak_mib')):>12}{'< 300':>12}",
-        f"{'writes by the resync passes (operator)':<44}{s(r.get('resync_operator_writes')):>12}{'0':>12}",
-        f"{'writes, every client, last window':<44}{s(r.get('resync_write_total')):>12}{'':>12}",
-        f"{'  (the controller-manager had caught up)':<44}{r.get('resync_settled', '-')!s:>12}{'':>12}",
-        f"{'last resync of every service (s)':<44}{s(r.get('resync_seconds_last')):>12}{'':>12}",
-        f"{'operator CPU for the pass from nothing (s)':<44}{s(r.get('from_nothing_operator_cpu_s')):>12}{'':>12}",
-        f"{'services reconciled by then':<44}{r.get('from_nothing_reconciled', 0):>12}{'':>12}",
-        f"N = {r['services']}",
-    ])
+    return "\n".join(
+        [
+            f"{'measure':<44}{'value':>12}{'target':>12}",
+            f"{'apply → Deployment, empty cluster, p50 (s)':<44}{s(e['p50']):>12}{'':>12}",
+            f"{'apply → Deployment, empty cluster, p99 (s)':<44}{s(e['p99']):>12}{'':>12}",
+            f"{'apply → Deployment, N present, p50 (s)':<44}{s(loaded['p50']):>12}{'< 0.5':>12}",
+            f"{'apply → Deployment, N present, p99 (s)':<44}{s(loaded['p99']):>12}{'< 1':>12}",
+            f"{'N reconciled from nothing (s)':<44}{s(r.get('from_nothing_s')):>12}{'< 120':>12}",
+            f"{'operator RSS peak (MiB)':<44}{s(r.get('rss_peak_mib')):>12}{'< 300':>12}",
+            f"{'writes by the resync passes (operator)':<44}{s(r.get('resync_operator_writes')):>12}{'0':>12}",
+            f"{'writes, every client, last window':<44}{s(r.get('resync_write_total')):>12}{'':>12}",
+            f"{'  (the controller-manager had caught up)':<44}{r.get('resync_settled', '-')!s:>12}{'':>12}",
+            f"{'last resync of every service (s)':<44}{s(r.get('resync_seconds_last')):>12}{'':>12}",
+            f"{'operator CPU for the pass from nothing (s)':<44}{s(r.get('from_nothing_operator_cpu_s')):>12}{'':>12}",
+            f"{'services reconciled by then':<44}{r.get('from_nothing_reconciled', 0):>12}{'':>12}",
+            f"N = {r['services']}",
+        ]
+    )
 
 
 if __name__ == "__main__":

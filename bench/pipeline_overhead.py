@@ -30,51 +30,90 @@ import yaml
 
 from bench.server_process import REPO, gateway_process, start_server
 
-PROMPT = ("How do I bake bread at home? I have flour, water, yeast and salt, a small oven and one afternoon. "
-          "Give me a simple recipe with the steps in order and the baking time.")
-RULES = {"maxLength": 8000,
-         "deny": [{"name": "credentials", "pattern": "(?i)(password|api[_ -]?key)\\s*[:=]"},
-                  {"name": "internal-url", "pattern": "https?://intranet\\.example\\.com\\S*"},
-                  {"name": "codename", "pattern": "(?i)project\\s+(falcon|osprey|kestrel)", "action": "redact"}],
-         "pii": [{"type": "email", "action": "redact"}, {"type": "phone", "action": "redact"}, {"type": "card"}]}
-TOPIC = "Is this message about food or cooking? Answer yes or no.\n\nMessage: \"{input}\""
+PROMPT = (
+    "How do I bake bread at home? I have flour, water, yeast and salt, a small oven and one afternoon. "
+    "Give me a simple recipe with the steps in order and the baking time."
+)
+RULES = {
+    "maxLength": 8000,
+    "deny": [
+        {"name": "credentials", "pattern": "(?i)(password|api[_ -]?key)\\s*[:=]"},
+        {"name": "internal-url", "pattern": "https?://intranet\\.example\\.com\\S*"},
+        {"name": "codename", "pattern": "(?i)project\\s+(falcon|osprey|kestrel)", "action": "redact"},
+    ],
+    "pii": [{"type": "email", "action": "redact"}, {"type": "phone", "action": "redact"}, {"type": "card"}],
+}
+TOPIC = 'Is this message about food or cooking? Answer yes or no.\n\nMessage: "{input}"'
 GENERATE = {"name": "answer", "kind": "generate", "service": "smol"}
 PIPELINES = {
     "rules": [{"name": "input-rules", "kind": "guard", "rules": RULES}, GENERATE],
-    "template": [{"name": "persona", "kind": "template", "system": "You are a helpful cooking assistant.",
-                  "prompt": "Question from a customer: {input}"}, GENERATE],
-    "output-0": [GENERATE, {"name": "output-rules", "kind": "guard", "stage": "output", "holdBack": 0,
-                            "rules": RULES}],
-    "output-64": [GENERATE, {"name": "output-rules", "kind": "guard", "stage": "output", "holdBack": 64,
-                             "rules": RULES}],
+    "template": [
+        {
+            "name": "persona",
+            "kind": "template",
+            "system": "You are a helpful cooking assistant.",
+            "prompt": "Question from a customer: {input}",
+        },
+        GENERATE,
+    ],
+    "output-0": [GENERATE, {"name": "output-rules", "kind": "guard", "stage": "output", "holdBack": 0, "rules": RULES}],
+    "output-64": [
+        GENERATE,
+        {"name": "output-rules", "kind": "guard", "stage": "output", "holdBack": 64, "rules": RULES},
+    ],
     # the small model's verdict on a long prompt is unreliable, and a refused request streams nothing: both answers
     # allow here, so every request goes on to generate; the classifier's cost is the same whatever it answers
-    "classifier": [{"name": "on-topic", "kind": "guard", "classifier": {
-        "service": "smol", "template": TOPIC, "allow": ["yes", "no"], "block": ["never"], "onUnknown": "allow"}},
-        GENERATE],
+    "classifier": [
+        {
+            "name": "on-topic",
+            "kind": "guard",
+            "classifier": {
+                "service": "smol",
+                "template": TOPIC,
+                "allow": ["yes", "no"],
+                "block": ["never"],
+                "onUnknown": "allow",
+            },
+        },
+        GENERATE,
+    ],
 }
 VARIANTS = ("smol", *PIPELINES)  # "smol": the bare model through the gateway, the baseline
 
 
 def pipelines_yaml(path: Path) -> None:
-    docs = [{"apiVersion": "serving.goodput.dev/v1alpha1", "kind": "InferencePipeline", "metadata": {"name": name},
-             "spec": {"steps": steps}} for name, steps in PIPELINES.items()]
+    docs = [
+        {
+            "apiVersion": "serving.goodput.dev/v1alpha1",
+            "kind": "InferencePipeline",
+            "metadata": {"name": name},
+            "spec": {"steps": steps},
+        }
+        for name, steps in PIPELINES.items()
+    ]
     path.write_text(yaml.safe_dump_all(docs))
 
 
 @contextmanager
 def gateway(static: str, pipelines: Path, log_dir: Path) -> Iterator[str]:
-    with gateway_process(static, log_dir, "pipelines", "--static-pipeline", str(pipelines),
-                         "--log-level", "warning") as (url, _pid):
+    with gateway_process(
+        static, log_dir, "pipelines", "--static-pipeline", str(pipelines), "--log-level", "warning"
+    ) as (url, _pid):
         yield url
 
 
 def ttft(url: str, model: str, max_tokens: int) -> float:
     """Seconds to the first streamed content, as the client sees it."""
-    body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True}
-    request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
+    request = urllib.request.Request(
+        url + "/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     started = time.perf_counter()
     first = None
     try:
@@ -99,11 +138,14 @@ def step_means(url: str) -> dict[str, dict[str, float]]:
         for suffix in ("_sum", "_count"):
             name = "goodput_pipeline_step_duration_seconds" + suffix + "{"
             if line.startswith(name):
-                labels = dict(part.split("=", 1) for part in line[len(name):line.index("}")].split(","))
+                labels = dict(part.split("=", 1) for part in line[len(name) : line.index("}")].split(","))
                 key = tuple(labels[k].strip('"') for k in ("pipeline", "step", "kind"))
                 sums.setdefault(key, {})[suffix] = float(line.rsplit(" ", 1)[1])  # type: ignore[index]
-    return {f"{p}/{s} ({k})": {"mean_ms": 1000 * v["_sum"] / v["_count"], "count": v["_count"]}
-            for (p, s, k), v in sorted(sums.items()) if v.get("_count")}
+    return {
+        f"{p}/{s} ({k})": {"mean_ms": 1000 * v["_sum"] / v["_count"], "count": v["_count"]}
+        for (p, s, k), v in sorted(sums.items())
+        if v.get("_count")
+    }
 
 
 def rules_in_process(iterations: int) -> dict[str, float]:
@@ -118,7 +160,7 @@ def rules_in_process(iterations: int) -> dict[str, float]:
         rules.check(PROMPT)
     per_check = (time.perf_counter() - started) / iterations
     answer = (PROMPT + " ") * 4  # about 800 characters, streamed in 4-character chunks as tokens come
-    chunks = [answer[i:i + 4] for i in range(0, len(answer), 4)]
+    chunks = [answer[i : i + 4] for i in range(0, len(answer), 4)]
     started = time.perf_counter()
     for _ in range(iterations // 10):
         f = OutputFilter(rules, 64)
@@ -126,8 +168,12 @@ def rules_in_process(iterations: int) -> dict[str, float]:
             f.feed(chunk)
         f.finish()
     per_chunk = (time.perf_counter() - started) / (iterations // 10) / len(chunks)
-    return {"input_check_us": per_check * 1e6, "output_chunk_us": per_chunk * 1e6, "prompt_chars": len(PROMPT),
-            "answer_chars": len(answer)}
+    return {
+        "input_check_us": per_check * 1e6,
+        "output_chunk_us": per_chunk * 1e6,
+        "prompt_chars": len(PROMPT),
+        "answer_chars": len(answer),
+    }
 
 
 def main() -> int:
@@ -147,24 +193,40 @@ def main() -> int:
     pipelines = log_dir / "pipelines.yaml"
     pipelines_yaml(pipelines)
     samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    with start_server(model, "smol", args.threads, ["--max-model-len", "1024", "--kv-cache-memory", "64Mi"],
-                      log_dir) as server, gateway(f"smol={server.base_url}", pipelines, log_dir) as url:
+    with (
+        start_server(
+            model, "smol", args.threads, ["--max-model-len", "1024", "--kv-cache-memory", "64Mi"], log_dir
+        ) as server,
+        gateway(f"smol={server.base_url}", pipelines, log_dir) as url,
+    ):
         for variant in VARIANTS:  # warm-up: each prompt's first sight, and the gateway's first connection
             ttft(url, variant, args.max_tokens)
         for r in range(args.rounds):
             order = VARIANTS if r % 2 == 0 else tuple(reversed(VARIANTS))
             for variant in order:
                 samples[variant].append(ttft(url, variant, args.max_tokens))
-            print(f"  round {r}: " + ", ".join(f"{v} {samples[v][-1] * 1000:.0f}" for v in VARIANTS) + " ms",
-                  flush=True)
+            print(
+                f"  round {r}: " + ", ".join(f"{v} {samples[v][-1] * 1000:.0f}" for v in VARIANTS) + " ms", flush=True
+            )
         steps = step_means(url)
     base = statistics.median(samples["smol"])
-    variants = {v: {"ttft_p50_ms": 1000 * statistics.median(s), "added_ms": 1000 * (statistics.median(s) - base),
-                    "ratio": statistics.median(s) / base, "samples_ms": [round(1000 * x, 2) for x in s]}
-                for v, s in samples.items()}
+    variants = {
+        v: {
+            "ttft_p50_ms": 1000 * statistics.median(s),
+            "added_ms": 1000 * (statistics.median(s) - base),
+            "ratio": statistics.median(s) / base,
+            "samples_ms": [round(1000 * x, 2) for x in s],
+        }
+        for v, s in samples.items()
+    }
     in_process = rules_in_process(20000)
-    report = {"machine": f"{os.cpu_count()} CPUs, shared", "args": {k: str(v) for k, v in vars(args).items()},
-              "variants": variants, "gateway_steps": steps, "rules_in_process": in_process}
+    report = {
+        "machine": f"{os.cpu_count()} CPUs, shared",
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "variants": variants,
+        "gateway_steps": steps,
+        "rules_in_process": in_process,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
 
@@ -178,8 +240,10 @@ def main() -> int:
     print(f"|{'-' * 42}|{'-' * 11}|{'-' * 7}|")
     for name, row in steps.items():
         print(f"| {name:<40} | {row['mean_ms']:>9.3f} | {row['count']:>5.0f} |")
-    print(f"\nRules in process: input check {in_process['input_check_us']:.1f} µs "
-          f"({in_process['prompt_chars']} chars), output filter {in_process['output_chunk_us']:.1f} µs per chunk")
+    print(
+        f"\nRules in process: input check {in_process['input_check_us']:.1f} µs "
+        f"({in_process['prompt_chars']} chars), output filter {in_process['output_chunk_us']:.1f} µs per chunk"
+    )
     print(f"wrote {args.out}")
     return 0
 

@@ -45,10 +45,17 @@ class Mode:
     kernel: str | None = None  # None: what quantize_model picks for the device
 
 
-CPU_MODES = [Mode("fp32", "float32", "none"), Mode("int8", "float32", "int8"),
-             Mode("int8-w8a8", "float32", "int8-w8a8")]
-GPU_MODES = [Mode("fp32", "float32", "none"), Mode("bf16", "bfloat16", "none"), Mode("int8", "bfloat16", "int8"),
-             Mode("fp8", "bfloat16", "fp8")]
+CPU_MODES = [
+    Mode("fp32", "float32", "none"),
+    Mode("int8", "float32", "int8"),
+    Mode("int8-w8a8", "float32", "int8-w8a8"),
+]
+GPU_MODES = [
+    Mode("fp32", "float32", "none"),
+    Mode("bf16", "bfloat16", "none"),
+    Mode("int8", "bfloat16", "int8"),
+    Mode("fp8", "bfloat16", "fp8"),
+]
 
 
 def default_model_dir() -> Path:
@@ -79,8 +86,7 @@ def run_closed_loop(core, items: list[WorkItem], concurrency: int) -> dict:
         while pending and len(added) - len(done) < concurrency:
             item = pending.pop()
             rid = str(item.index)
-            core.add(rid, item.prompt_ids, SamplingParams(max_tokens=item.max_tokens, temperature=0.0,
-                                                          ignore_eos=True))
+            core.add(rid, item.prompt_ids, SamplingParams(max_tokens=item.max_tokens, temperature=0.0, ignore_eos=True))
             added[rid], tokens[rid] = time.perf_counter(), []
         for output in core.step():
             now = time.perf_counter()
@@ -97,8 +103,10 @@ def run_closed_loop(core, items: list[WorkItem], concurrency: int) -> dict:
         "wall_s": wall,
         "output_tokens": sum(map(len, tokens.values())),
         "output_tokens_per_s": sum(map(len, tokens.values())) / wall,
-        "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
-        "tpot_p50_s": percentile(tpot, 50), "tpot_p90_s": percentile(tpot, 90),
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p90_s": percentile(ttft, 90),
+        "tpot_p50_s": percentile(tpot, 50),
+        "tpot_p90_s": percentile(tpot, 90),
         "tokens": {r: tokens[r] for r in sorted(tokens, key=int)},
     }
 
@@ -110,10 +118,19 @@ def engine_config(args, mode: Mode, items: list[WorkItem], quantization: str) ->
     head_dim = model_config["hidden_size"] // model_config["num_attention_heads"]
     per_token = 2 * model_config["num_hidden_layers"] * model_config["num_key_value_heads"] * head_dim * 4
     kv = args.concurrency * (longest + 2 * BLOCK_SIZE) * per_token
-    return EngineConfig(model=str(args.model_dir), dtype=mode.dtype, device=args.device, max_model_len=longest,
-                        max_num_seqs=args.concurrency, block_size=BLOCK_SIZE, kv_cache_memory=kv,
-                        enable_prefix_caching=False,  # repeats send the same prompts
-                        quantization=quantization, quantize_lm_head=args.include_lm_head, seed=args.seed)
+    return EngineConfig(
+        model=str(args.model_dir),
+        dtype=mode.dtype,
+        device=args.device,
+        max_model_len=longest,
+        max_num_seqs=args.concurrency,
+        block_size=BLOCK_SIZE,
+        kv_cache_memory=kv,
+        enable_prefix_caching=False,  # repeats send the same prompts
+        quantization=quantization,
+        quantize_lm_head=args.include_lm_head,
+        seed=args.seed,
+    )
 
 
 def start_mode(args, mode: Mode, items: list[WorkItem]) -> tuple[EngineCore, dict]:
@@ -126,7 +143,9 @@ def start_mode(args, mode: Mode, items: list[WorkItem]) -> tuple[EngineCore, dic
     run_closed_loop(core, [WorkItem(-1, items[0].prompt_ids[:16], 4, 0.0)], 1)  # warm-up
     quantized = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
     row = {
-        "mode": mode.name, "dtype": mode.dtype, "method": mode.method,
+        "mode": mode.name,
+        "dtype": mode.dtype,
+        "method": mode.method,
         "kernel": quantized[0].kernel if quantized else "none",
         "num_quantized_linears": len(quantized),
         "weight_bytes": model_bytes(model),
@@ -156,16 +175,20 @@ def markdown(rows: list[dict], concurrency: int) -> str:
         return "-" if value is None else f"{value * 1e3:.0f}"
 
     c = concurrency
-    lines = [f"| mode | kernel | weights (MiB) | KV bytes/token | tok/s c=1 | tok/s c={c} | p90 TTFT c=1 / c={c} (ms) "
-             f"| p90 TPOT c=1 / c={c} (ms) | greedy prefix kept |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| mode | kernel | weights (MiB) | KV bytes/token | tok/s c=1 | tok/s c={c} | p90 TTFT c=1 / c={c} (ms) "
+        f"| p90 TPOT c=1 / c={c} (ms) | greedy prefix kept |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         one, many = row["runs"]
-        lines.append(f"| {row['mode']} | {row['kernel']} | {row['weight_bytes'] / 2**20:.1f} | "
-                     f"{row['kv_bytes_per_token']} | {one['output_tokens_per_s']:.1f} | "
-                     f"{many['output_tokens_per_s']:.1f} | {ms(one['ttft_p90_s'])} / {ms(many['ttft_p90_s'])} | "
-                     f"{ms(one['tpot_p90_s'])} / {ms(many['tpot_p90_s'])} | "
-                     f"{row['greedy_prefix_kept'] * 100:.0f} % |")
+        lines.append(
+            f"| {row['mode']} | {row['kernel']} | {row['weight_bytes'] / 2**20:.1f} | "
+            f"{row['kv_bytes_per_token']} | {one['output_tokens_per_s']:.1f} | "
+            f"{many['output_tokens_per_s']:.1f} | {ms(one['ttft_p90_s'])} / {ms(many['ttft_p90_s'])} | "
+            f"{ms(one['tpot_p90_s'])} / {ms(many['tpot_p90_s'])} | "
+            f"{row['greedy_prefix_kept'] * 100:.0f} % |"
+        )
     return "\n".join(lines)
 
 
@@ -192,8 +215,13 @@ def main(argv: list[str] | None = None) -> dict:
     args.model_dir = args.model_dir or default_model_dir()
     ensure_model(str(args.model_dir), "60m")
     torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else "cpu"
+        if args.device == "auto"
+        else args.device
+    )
     modes = available_modes(device)
     if args.modes:
         wanted = args.modes.split(",")
@@ -208,9 +236,12 @@ def main(argv: list[str] | None = None) -> dict:
         for core, row in started:
             print(f"repeat {repeat + 1}/{args.repeats}: {row['mode']} ...", flush=True)
             load_before = os.getloadavg()
-            row["repeats"].append({"runs": [run_closed_loop(core, single, 1),
-                                            run_closed_loop(core, batch, args.concurrency)],
-                                   "loadavg_1_5_15_before_after": [*load_before, *os.getloadavg()]})
+            row["repeats"].append(
+                {
+                    "runs": [run_closed_loop(core, single, 1), run_closed_loop(core, batch, args.concurrency)],
+                    "loadavg_1_5_15_before_after": [*load_before, *os.getloadavg()],
+                }
+            )
     rows = [row for _, row in started]
     for row in rows:
         row["runs"] = [best([r["runs"][i] for r in row["repeats"]]) for i in range(2)]
@@ -222,7 +253,9 @@ def main(argv: list[str] | None = None) -> dict:
         "model_dir": str(args.model_dir),
         "model": json.loads((args.model_dir / "goodput-model.json").read_text()),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "torch": torch.__version__, "threads": args.threads, "include_lm_head": args.include_lm_head,
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "include_lm_head": args.include_lm_head,
         "revision": source_revision(),
         "workloads": {"concurrency_1": describe(single), f"concurrency_{args.concurrency}": describe(batch)},
         "rows": rows,

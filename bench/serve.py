@@ -128,8 +128,15 @@ async def run_load(
                 records.append(task.result())
             else:
                 task.cancel()
-                records.append(RequestRecord(item.index, len(item.prompt_ids), item.max_tokens,
-                                             item.arrival_s, error="cut off by --max-duration"))
+                records.append(
+                    RequestRecord(
+                        item.index,
+                        len(item.prompt_ids),
+                        item.max_tokens,
+                        item.arrival_s,
+                        error="cut off by --max-duration",
+                    )
+                )
         ends = [r.start_s + r.e2e_s for r in records if r.e2e_s is not None]
         duration = max(ends) if ends else time.perf_counter() - t0
     return records, duration
@@ -161,8 +168,7 @@ def record_dict(record: RequestRecord, keep_text: bool) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root, without /v1")
     parser.add_argument("--model", required=True, help="model name the server expects in requests")
     parser.add_argument("--tokenizer", required=True, help="model directory whose vocabulary prompts use")
@@ -189,12 +195,14 @@ def main(argv: list[str] | None = None) -> dict:
     check_address(args.base_url)
     if args.num_requests < 1 or args.num_requests > 100_000:
         raise SystemExit("--num-requests must be between 1 and 100000")
-    spec = WorkloadSpec(args.num_requests, parse_range(args.prompt_len), parse_range(args.output_len),
-                        args.rate, args.seed)
+    spec = WorkloadSpec(
+        args.num_requests, parse_range(args.prompt_len), parse_range(args.output_len), args.rate, args.seed
+    )
     items = make_workload(spec, prompt_vocabulary(args.tokenizer))
     extra = {k: v for k, v in (("logprobs", args.logprobs), ("n", args.n)) if v is not None}
-    load = run_load(args.base_url, args.model, items, args.concurrency,
-                    args.max_duration, args.request_timeout, args.warmup, extra)
+    load = run_load(
+        args.base_url, args.model, items, args.concurrency, args.max_duration, args.request_timeout, args.warmup, extra
+    )
     try:
         records, duration = asyncio.run(load)
     except RuntimeError as exc:

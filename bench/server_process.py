@@ -111,8 +111,7 @@ def healthy(url: str) -> bool:
         return False
 
 
-def wait_ready(proc: subprocess.Popen, base_url: str, timeout: float, what: str, log_path: Path,
-               every: float) -> None:
+def wait_ready(proc: subprocess.Popen, base_url: str, timeout: float, what: str, log_path: Path, every: float) -> None:
     """Until `base_url`/health answers 200; raises, naming the log, if the process exits or time runs out."""
     deadline = time.monotonic() + timeout
     while not healthy(base_url + "/health"):
@@ -126,14 +125,36 @@ def wait_ready(proc: subprocess.Popen, base_url: str, timeout: float, what: str,
 
 @contextmanager
 def start_server(
-    model_dir: str, served_name: str, threads: int, extra_args: list[str], log_dir: Path,
-    ready_timeout_s: float = 600.0, env_overrides: dict[str, str] | None = None,
+    model_dir: str,
+    served_name: str,
+    threads: int,
+    extra_args: list[str],
+    log_dir: Path,
+    ready_timeout_s: float = 600.0,
+    env_overrides: dict[str, str] | None = None,
 ) -> Iterator[Server]:
     """Yields the running server; stops it with SIGTERM (then SIGKILL) on the way out."""
     port = free_port()
-    cmd = [sys.executable, "-m", "goodput_runtime", "--model", model_dir, "--served-model-name", served_name,
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--device", "cpu",
-           "--log-level", "warning", *extra_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "goodput_runtime",
+        "--model",
+        model_dir,
+        "--served-model-name",
+        served_name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--device",
+        "cpu",
+        "--log-level",
+        "warning",
+        *extra_args,
+    ]
     # torch reads these at start: the server computes on as many threads as the baselines
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), **(env_overrides or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "runtime"), env.get("PYTHONPATH")]))
@@ -156,15 +177,31 @@ def start_server(
 
 
 @contextmanager
-def gateway_process(static: str, log_dir: Path, name: str, *args: str, ready_seconds: float = 30,
-                    stop_seconds: float = 10) -> Iterator[tuple[str, int]]:
+def gateway_process(
+    static: str, log_dir: Path, name: str, *args: str, ready_seconds: float = 30, stop_seconds: float = 10
+) -> Iterator[tuple[str, int]]:
     """A gateway process serving --static-model `static` (plus `args`) on a loopback port: its URL and pid,
     once /health answers; its log goes to `log_dir`/gateway-`name`-HHMMSS.log."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("gateway", "operator", "contract"))}
     log = (log_dir / f"gateway-{name}-{time.strftime('%H%M%S')}.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "goodput_gateway", "--host", "127.0.0.1", "--port", str(port),
-                             "--static-model", static, *args], env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "goodput_gateway",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--static-model",
+            static,
+            *args,
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + ready_seconds
         while not healthy(f"http://127.0.0.1:{port}/health"):

@@ -39,8 +39,13 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 MODEL = "soak"
 KINDS = ("stream", "cancel", "disconnect", "bad", "n")
-PROMPTS = ("Name three colours.", "What is the capital of France?", "Count from one to ten.",
-           "Write a haiku about the sea.", "Explain what a cache is in one sentence.")
+PROMPTS = (
+    "Name three colours.",
+    "What is the capital of France?",
+    "Count from one to ten.",
+    "Write a haiku about the sea.",
+    "Explain what a cache is in one sentence.",
+)
 
 
 def default_model_dir() -> str:
@@ -104,8 +109,9 @@ async def one(session: aiohttp.ClientSession, base: str, kind: str, rng: random.
             return "ok"
     if kind == "disconnect":
         try:
-            async with session.post(url, json=chat(prompt, max_tokens=200),
-                                    timeout=aiohttp.ClientTimeout(total=rng.uniform(0.05, 0.5))) as r:
+            async with session.post(
+                url, json=chat(prompt, max_tokens=200), timeout=aiohttp.ClientTimeout(total=rng.uniform(0.05, 0.5))
+            ) as r:
                 await r.read()
                 return "ok" if r.status == 200 else str(r.status)
         except asyncio.TimeoutError:
@@ -113,8 +119,9 @@ async def one(session: aiohttp.ClientSession, base: str, kind: str, rng: random.
     if kind == "bad":
         choice = rng.randrange(3)
         if choice == 0:
-            r_ctx = session.post(url, data=b'{"model": "soak", "messages": [',
-                                 headers={"Content-Type": "application/json"})
+            r_ctx = session.post(
+                url, data=b'{"model": "soak", "messages": [', headers={"Content-Type": "application/json"}
+            )
         elif choice == 1:
             r_ctx = session.post(url, json=chat(prompt, max_tokens=-1))
         else:
@@ -130,6 +137,7 @@ async def one(session: aiohttp.ClientSession, base: str, kind: str, rng: random.
 async def traffic(base: str, seconds: float, workers: int, seed: int, outcomes: Counter) -> None:
     deadline = time.monotonic() + seconds
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+
         async def worker(index: int) -> None:
             rng = random.Random(seed * 1000 + index)
             turn = index
@@ -188,23 +196,42 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "no_5xx": not server_errors,
         "health_200": health == 200,
     }
-    return {"kind": "soak", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "model_dir": model_dir, "soak_s": soak_s, "requests": sum(outcomes.values()),
-            "outcomes": dict(sorted(outcomes.items())), "rss_before_mib": rss_before / 2**20,
-            "rss_after_mib": rss_after / 2**20, "rss_growth": growth, "state_before": before,
-            "state_after": after, "health": health, "checks": checks, "passed": all(checks.values())}
+    return {
+        "kind": "soak",
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "model_dir": model_dir,
+        "soak_s": soak_s,
+        "requests": sum(outcomes.values()),
+        "outcomes": dict(sorted(outcomes.items())),
+        "rss_before_mib": rss_before / 2**20,
+        "rss_after_mib": rss_after / 2**20,
+        "rss_growth": growth,
+        "state_before": before,
+        "state_after": after,
+        "health": health,
+        "checks": checks,
+        "passed": all(checks.values()),
+    }
 
 
 def render(r: dict[str, Any]) -> str:
     b, a = r["state_before"], r["state_after"]
-    lines = [f"{r['requests']} requests over {r['config']['duration']:.0f} s (warm-up included)",
-             "outcomes: " + ", ".join(f"{k} {v}" for k, v in r["outcomes"].items()),
-             f"{'measure':<26}{'after warm-up':>15}{'after soak':>15}",
-             f"{'RSS (MiB)':<26}{r['rss_before_mib']:>15.1f}{r['rss_after_mib']:>15.1f}"
-             f"   growth {r['rss_growth'] * 100:+.2f} %"]
-    for key in ("asyncio_tasks", "open_files", "kv_blocks_free", "kv_blocks_total", "requests_in_flight",
-                "engine_streams"):
+    lines = [
+        f"{r['requests']} requests over {r['config']['duration']:.0f} s (warm-up included)",
+        "outcomes: " + ", ".join(f"{k} {v}" for k, v in r["outcomes"].items()),
+        f"{'measure':<26}{'after warm-up':>15}{'after soak':>15}",
+        f"{'RSS (MiB)':<26}{r['rss_before_mib']:>15.1f}{r['rss_after_mib']:>15.1f}"
+        f"   growth {r['rss_growth'] * 100:+.2f} %",
+    ]
+    for key in (
+        "asyncio_tasks",
+        "open_files",
+        "kv_blocks_free",
+        "kv_blocks_total",
+        "requests_in_flight",
+        "engine_streams",
+    ):
         lines.append(f"{key:<26}{b[key]:>15}{a[key]:>15}")
     lines.append(f"/health {r['health']}")
     lines += [f"  {'PASS' if ok else 'FAIL'}  {name}" for name, ok in r["checks"].items()]

@@ -33,13 +33,13 @@ PASSAGE = (
     "nodes. If none of the nodes are suitable, the pod remains unscheduled until the scheduler is able to "
     "place it."
 )
-CODE = '''def total_price(items, tax_rate):
+CODE = """def total_price(items, tax_rate):
     total = 0
     for item in items:
         total = total + item.price * item.quantity
     total = total + total * tax_rate
     return round(total, 2)
-'''
+"""
 PROMPTS = [
     f"Rewrite the following passage exactly, word for word, but replace 'pod' with 'workload':\n\n{PASSAGE}",
     f"Rename the function total_price to order_total in this code and return the whole code:\n\n{CODE}",
@@ -53,8 +53,16 @@ def build(model_dir: str, settings: dict, threads: int, device: str = "cpu", dty
     from goodput_runtime.engine.builder import build_core
     from goodput_runtime.metrics import RuntimeMetrics
 
-    config = EngineConfig(model=model_dir, device=device, dtype=dtype, max_model_len=1024,
-                          kv_cache_memory=512 << 20, max_num_seqs=32, num_threads=threads, **settings)
+    config = EngineConfig(
+        model=model_dir,
+        device=device,
+        dtype=dtype,
+        max_model_len=1024,
+        kv_cache_memory=512 << 20,
+        max_num_seqs=32,
+        num_threads=threads,
+        **settings,
+    )
     metrics = RuntimeMetrics("bench", None, None)
     started = time.monotonic()
     core = build_core(config, metrics)
@@ -86,18 +94,25 @@ def run(core, prompts: list[list[int]], max_tokens: int, concurrent: bool) -> di
         wall += time.perf_counter() - started
         cpu += time.process_time() - cpu_started
     tokens = sum(len(t) for t in outputs.values())
-    return {"outputs": [outputs[str(i)] for i in range(len(prompts))], "tokens": tokens,
-            "tokens_per_s": tokens / wall, "tokens_per_cpu_s": tokens / cpu, "tpot_ms": 1000 * statistics.mean(tpots)}
+    return {
+        "outputs": [outputs[str(i)] for i in range(len(prompts))],
+        "tokens": tokens,
+        "tokens_per_s": tokens / wall,
+        "tokens_per_cpu_s": tokens / cpu,
+        "tpot_ms": 1000 * statistics.mean(tpots),
+    }
 
 
 def counters(metrics) -> dict[str, float]:
     def get(name: str, **labels: str) -> float:
         return metrics.registry.get_sample_value(name, {"model": "bench", **labels}) or 0.0
 
-    return {"proposed": get("goodput_spec_decode_num_draft_tokens_total"),
-            "accepted": get("goodput_spec_decode_num_accepted_tokens_total"),
-            "steps_on": get("goodput_spec_decode_steps_total", speculated="true"),
-            "steps_off": get("goodput_spec_decode_steps_total", speculated="false")}
+    return {
+        "proposed": get("goodput_spec_decode_num_draft_tokens_total"),
+        "accepted": get("goodput_spec_decode_num_accepted_tokens_total"),
+        "steps_on": get("goodput_spec_decode_steps_total", speculated="true"),
+        "steps_off": get("goodput_spec_decode_steps_total", speculated="false"),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -110,9 +125,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--draft-layers", type=int, default=4, help="layers of the truncated draft model (0: none)")
-    p.add_argument("--configs", default="baseline,ngram-k3,ngram-k5,draft-k3",
-                   help="also ngram-k<K>-n<MIN>: k proposed tokens, suffixes of at least MIN tokens matched; "
-                        "any config with -always: speculating on every step, whatever the switch would decide")
+    p.add_argument(
+        "--configs",
+        default="baseline,ngram-k3,ngram-k5,draft-k3",
+        help="also ngram-k<K>-n<MIN>: k proposed tokens, suffixes of at least MIN tokens matched; "
+        "any config with -always: speculating on every step, whatever the switch would decide",
+    )
     p.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "spec_decode.json")
     args = p.parse_args(argv)
     from transformers import AutoTokenizer
@@ -125,17 +143,22 @@ def main(argv: list[str] | None = None) -> None:
         cache = REPO / smollm2.DEFAULT_CACHE
         args.model = str(smollm2.prepare(smollm2.fetch(cache), smollm2.prepared_dir(cache)))
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                              add_generation_prompt=True), add_special_tokens=False)
-               for text in PROMPTS]
+    prompts = [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            ),
+            add_special_tokens=False,
+        )
+        for text in PROMPTS
+    ]
     concurrent_prompts = [prompts[i % len(prompts)] for i in range(args.concurrency)]
     draft_dir = Path(tempfile.mkdtemp(prefix="draft-"))
     settings = {
         "baseline": {},
         "ngram-k3": {"speculative_method": "ngram", "num_speculative_tokens": 3},
         "ngram-k5": {"speculative_method": "ngram", "num_speculative_tokens": 5},
-        "draft-k3": {"speculative_method": "draft", "num_speculative_tokens": 3,
-                     "speculative_model": str(draft_dir)},
+        "draft-k3": {"speculative_method": "draft", "num_speculative_tokens": 3, "speculative_model": str(draft_dir)},
     }
     names = args.configs.split(",")
     for name in names:  # ngram-k<K>[-n<MIN>]: prompt lookup with k tokens, matching suffixes of at least MIN
@@ -153,10 +176,16 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         core, metrics, startup = build(args.model, settings[name], args.threads, args.device, args.dtype)
         switch = core.scheduler.switch
-        engines[name] = (core, metrics, {"startup_s": round(startup, 1),
-                                         "max_batch": switch.max_batch if switch else None,
-                                         # prompt lookup's timed cost of a step of 1..k+1 tokens (a decode: 1)
-                                         "step_costs": getattr(core.runner.proposer, "step_costs", None)})
+        engines[name] = (
+            core,
+            metrics,
+            {
+                "startup_s": round(startup, 1),
+                "max_batch": switch.max_batch if switch else None,
+                # prompt lookup's timed cost of a step of 1..k+1 tokens (a decode: 1)
+                "step_costs": getattr(core.runner.proposer, "step_costs", None),
+            },
+        )
     load_before = [round(x, 2) for x in os.getloadavg()]
     results: dict[str, dict[str, list[dict]]] = {n: {"batch1": [], "concurrent": []} for n in names}
     for r in range(args.rounds):
@@ -179,7 +208,8 @@ def main(argv: list[str] | None = None) -> None:
             proposed = sum(x["proposed"] for x in runs)
             steps = sum(x["steps_on"] + x["steps_off"] for x in runs)
             row = {
-                "config": name, "workload": workload,
+                "config": name,
+                "workload": workload,
                 "tokens_per_s": round(statistics.median(x["tokens_per_s"] for x in runs), 1),
                 "tokens_per_cpu_s": round(statistics.median(x["tokens_per_cpu_s"] for x in runs), 1),
                 "tpot_ms": round(statistics.median(x["tpot_ms"] for x in runs), 1),
@@ -190,15 +220,34 @@ def main(argv: list[str] | None = None) -> None:
             row["speedup"] = round(row["tokens_per_s"] / base_tps, 2)
             row["cpu_speedup"] = round(row["tokens_per_cpu_s"] / base_cpu, 2)
             table.append(row)
-    report = {"model": args.model, "rounds": args.rounds, "max_tokens": args.max_tokens,
-              "concurrency": args.concurrency, "threads": args.threads, "device": args.device, "dtype": args.dtype,
-              "draft_layers": args.draft_layers,
-              "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
-              "engines": {n: e[2] for n, e in engines.items()}, "table": table}
+    report = {
+        "model": args.model,
+        "rounds": args.rounds,
+        "max_tokens": args.max_tokens,
+        "concurrency": args.concurrency,
+        "threads": args.threads,
+        "device": args.device,
+        "dtype": args.dtype,
+        "draft_layers": args.draft_layers,
+        "load_before": load_before,
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "engines": {n: e[2] for n, e in engines.items()},
+        "table": table,
+    }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2))
-    cols = ["workload", "config", "tokens_per_s", "speedup", "tokens_per_cpu_s", "cpu_speedup", "tpot_ms",
-            "acceptance", "speculated_steps", "identical_outputs"]
+    cols = [
+        "workload",
+        "config",
+        "tokens_per_s",
+        "speedup",
+        "tokens_per_cpu_s",
+        "cpu_speedup",
+        "tpot_ms",
+        "acceptance",
+        "speculated_steps",
+        "identical_outputs",
+    ]
     print(" | ".join(cols))
     for row in table:
         print(" | ".join(str(row[c]) for c in cols))

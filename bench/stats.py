@@ -58,9 +58,7 @@ def distribution(values: list[float]) -> dict[str, float | None]:
     return out
 
 
-def summarize(
-    records: list[RequestRecord], duration_s: float, slo_ttft: float | None, slo_tpot: float | None
-) -> dict:
+def summarize(records: list[RequestRecord], duration_s: float, slo_ttft: float | None, slo_tpot: float | None) -> dict:
     done = [r for r in records if r.ok]
     output_tokens = sum(r.output_tokens for r in done)
     good = sum(r.meets(slo_ttft, slo_tpot) for r in records)

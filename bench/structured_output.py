@@ -29,22 +29,46 @@ from pathlib import Path
 from bench.serve import default_output, write_json
 from bench.server_process import start_server
 
-ITEM = {"type": "object", "properties": {
-    "city": {"type": "string", "maxLength": 16},
-    "country": {"type": "string", "enum": ["France", "Japan", "Italy", "Spain", "Other"]},
-    "population_millions": {"type": "number"},
-    "coastal": {"type": "boolean"},
-    "location": {"type": "object", "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
-                 "required": ["lat", "lon"]}},
-    "required": ["city", "country", "population_millions", "coastal", "location"]}
+ITEM = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 16},
+        "country": {"type": "string", "enum": ["France", "Japan", "Italy", "Spain", "Other"]},
+        "population_millions": {"type": "number"},
+        "coastal": {"type": "boolean"},
+        "location": {
+            "type": "object",
+            "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
+            "required": ["lat", "lon"],
+        },
+    },
+    "required": ["city", "country", "population_millions", "coastal", "location"],
+}
 LONG_SCHEMA = {"type": "array", "items": ITEM, "minItems": 100}
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
-                                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-           "required": ["city", "unit"]}
-SAMPLE = [{"city": "Paris", "country": "France", "population_millions": 2.1, "coastal": False,
-           "location": {"lat": 48.85, "lon": 2.35}},
-          {"city": "Tokyo", "country": "Japan", "population_millions": 14.0, "coastal": True,
-           "location": {"lat": 35.68, "lon": 139.69}}]
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 30},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+}
+SAMPLE = [
+    {
+        "city": "Paris",
+        "country": "France",
+        "population_millions": 2.1,
+        "coastal": False,
+        "location": {"lat": 48.85, "lon": 2.35},
+    },
+    {
+        "city": "Tokyo",
+        "country": "Japan",
+        "population_millions": 14.0,
+        "coastal": True,
+        "location": {"lat": 35.68, "lon": 139.69},
+    },
+]
 
 
 def schemas_under_test() -> list[tuple[str, dict, str]]:
@@ -53,9 +77,11 @@ def schemas_under_test() -> list[tuple[str, dict, str]]:
     from goodput_runtime.server.protocol import Tool, tool_call_spec
 
     call = json.loads(tool_call_spec((Tool("get_weather", None, WEATHER, {}),), "required", True).source)
-    return [("object", ITEM, json.dumps(SAMPLE[0])), ("array_min100", LONG_SCHEMA, json.dumps(SAMPLE)[:-1]),
-            ("tool_call", call, json.dumps([{"name": "get_weather",
-                                              "parameters": {"city": "Paris", "unit": "celsius"}}]))]
+    return [
+        ("object", ITEM, json.dumps(SAMPLE[0])),
+        ("array_min100", LONG_SCHEMA, json.dumps(SAMPLE)[:-1]),
+        ("tool_call", call, json.dumps([{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}])),
+    ]
 
 
 def engines(model: str, num_schemas: int) -> dict:
@@ -68,8 +94,7 @@ def engines(model: str, num_schemas: int) -> dict:
         # each distinct (a title of its own), so nothing is cached
         schemas = [{**base, "title": f"s-{i}"} for i in range(num_schemas)]
         ids = tokenizer(sample, add_special_tokens=False).input_ids
-        figures: dict = {"replayed_tokens": len(ids),
-                         "llguidance": llguidance_figures(tokenizer, vocab, schemas, ids)}
+        figures: dict = {"replayed_tokens": len(ids), "llguidance": llguidance_figures(tokenizer, vocab, schemas, ids)}
         try:
             figures["xgrammar"] = xgrammar_figures(tokenizer, vocab, schemas, ids)
         except ImportError:
@@ -98,8 +123,9 @@ def step_figures(tokenizer, vocab: int) -> dict:
     for threads in sorted({1, default_threads}):
         torch.set_num_threads(threads)
         for rows in (1, 16):
-            sample_rows = [SampleRow(SamplingParams(max_tokens=1000), ("r", i), [], 0, compiled.matcher())
-                           for i in range(rows)]
+            sample_rows = [
+                SampleRow(SamplingParams(max_tokens=1000), ("r", i), [], 0, compiled.matcher()) for i in range(rows)
+            ]
             logits = torch.randn(rows, vocab)
             times = []
             for token in ids:
@@ -125,13 +151,20 @@ def xgrammar_figures(tokenizer, vocab: int, schemas: list[dict], ids: list[int])
     import xgrammar as xgr
 
     setup = time.perf_counter()
-    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab), max_threads=1,
-                                   cache_enabled=False)
+    compiler = xgr.GrammarCompiler(
+        xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab), max_threads=1, cache_enabled=False
+    )
     setup = time.perf_counter() - setup
     compiled = []
     # strict_mode: objects closed, as the runtime has them with llguidance
-    compile_s = [timed(lambda s=s: compiled.append(compiler.compile_json_schema(
-        json.dumps(s), any_whitespace=False, strict_mode=True))) for s in schemas]
+    compile_s = [
+        timed(
+            lambda s=s: compiled.append(
+                compiler.compile_json_schema(json.dumps(s), any_whitespace=False, strict_mode=True)
+            )
+        )
+        for s in schemas
+    ]
     matcher = xgr.GrammarMatcher(compiled[-1])
     bitmask = xgr.allocate_token_bitmask(1, vocab)
     mask_s = []
@@ -192,21 +225,28 @@ def apply_figures(vocab: int, rows: int = 16, repeats: int = 50) -> dict:
         figures[f"threads_{threads}"] = {
             "runtime_us": wall(lambda t: apply_bitmask(t, bitmask, every)),
             "xgrammar_us": wall(lambda t: xgr.apply_token_bitmask_inplace(t, bitmask, indices=every))
-            if xgr is not None else None}
+            if xgr is not None
+            else None,
+        }
     torch.set_num_threads(default_threads)
     return figures
 
 
 def summary(setup: float, compile_s: list[float], mask_s: list[float]) -> dict:
     ordered = sorted(mask_s)
-    return {"tokenizer_setup_ms": setup * 1e3, "compile_first_ms": compile_s[0] * 1e3,
-            "compile_median_ms": statistics.median(compile_s) * 1e3,
-            "mask_mean_us": statistics.fmean(mask_s) * 1e6,
-            "mask_p99_us": ordered[int(0.99 * (len(ordered) - 1))] * 1e6, "mask_max_us": ordered[-1] * 1e6}
+    return {
+        "tokenizer_setup_ms": setup * 1e3,
+        "compile_first_ms": compile_s[0] * 1e3,
+        "compile_median_ms": statistics.median(compile_s) * 1e3,
+        "mask_mean_us": statistics.fmean(mask_s) * 1e6,
+        "mask_p99_us": ordered[int(0.99 * (len(ordered) - 1))] * 1e6,
+        "mask_max_us": ordered[-1] * 1e6,
+    }
 
 
-async def one_round(base_url: str, model: str, concurrency: int, max_tokens: int, structured: bool,
-                    round_index: int) -> dict:
+async def one_round(
+    base_url: str, model: str, concurrency: int, max_tokens: int, structured: bool, round_index: int
+) -> dict:
     import openai
 
     client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=3600)
@@ -216,9 +256,13 @@ async def one_round(base_url: str, model: str, concurrency: int, max_tokens: int
 
     async def request(i: int) -> int:
         result = await client.chat.completions.create(
-            model=model, max_tokens=max_tokens, temperature=0.7, seed=1000 * round_index + i,
+            model=model,
+            max_tokens=max_tokens,
+            temperature=0.7,
+            seed=1000 * round_index + i,
             messages=[{"role": "user", "content": "List many world cities as JSON, with their details."}],
-            extra_body=extra)
+            extra_body=extra,
+        )
         assert result.choices[0].finish_reason == "length"  # every request runs to max_tokens
         return result.usage.completion_tokens
 
@@ -226,15 +270,26 @@ async def one_round(base_url: str, model: str, concurrency: int, max_tokens: int
     tokens = sum(await asyncio.gather(*(request(i) for i in range(concurrency))))
     wall = time.perf_counter() - start
     await client.close()
-    return {"concurrency": concurrency, "structured": structured, "tokens": tokens, "wall_s": wall,
-            "tokens_per_s": tokens / wall}
+    return {
+        "concurrency": concurrency,
+        "structured": structured,
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+    }
 
 
-def serving(model: str, rounds: int, concurrencies: list[int], max_tokens: int, threads: int,
-            log_dir: Path) -> list[dict]:
+def serving(
+    model: str, rounds: int, concurrencies: list[int], max_tokens: int, threads: int, log_dir: Path
+) -> list[dict]:
     records = []
-    with start_server(model, "bench", threads, ["--max-model-len", "1024", "--kv-cache-memory", "256Mi",
-                                                "--max-num-seqs", "32"], log_dir) as server:
+    with start_server(
+        model,
+        "bench",
+        threads,
+        ["--max-model-len", "1024", "--kv-cache-memory", "256Mi", "--max-num-seqs", "32"],
+        log_dir,
+    ) as server:
         asyncio.run(one_round(server.base_url, "bench", 1, 8, True, -1))  # compiles the schema before timing
         for concurrency in concurrencies:
             for r in range(rounds):
@@ -242,36 +297,56 @@ def serving(model: str, rounds: int, concurrencies: list[int], max_tokens: int, 
                     record = asyncio.run(one_round(server.base_url, "bench", concurrency, max_tokens, structured, r))
                     record["round"] = r
                     records.append(record)
-                    print(f"  c={concurrency} round {r} {'json_schema' if structured else 'plain      '} "
-                          f"{record['tokens_per_s']:.2f} tokens/s", flush=True)
+                    print(
+                        f"  c={concurrency} round {r} {'json_schema' if structured else 'plain      '} "
+                        f"{record['tokens_per_s']:.2f} tokens/s",
+                        flush=True,
+                    )
     return records
 
 
 def serving_table(records: list[dict]) -> tuple[str, list[dict]]:
-    rows, lines = [], ["| concurrency | plain tokens/s | json_schema tokens/s | ratio (schema / plain, per round) |",
-                       "|---|---|---|---|"]
+    rows, lines = (
+        [],
+        [
+            "| concurrency | plain tokens/s | json_schema tokens/s | ratio (schema / plain, per round) |",
+            "|---|---|---|---|",
+        ],
+    )
     for concurrency in sorted({r["concurrency"] for r in records}):
         mine = [r for r in records if r["concurrency"] == concurrency]
         plain = [r["tokens_per_s"] for r in mine if not r["structured"]]
         schema = [r["tokens_per_s"] for r in mine if r["structured"]]
         ratios = [s / p for p, s in zip(plain, schema, strict=True)]
-        rows.append({"concurrency": concurrency, "plain_tokens_per_s": statistics.median(plain),
-                     "json_schema_tokens_per_s": statistics.median(schema), "ratios": ratios,
-                     "median_ratio": statistics.median(ratios)})
-        lines.append(f"| {concurrency} | {statistics.median(plain):.2f} | {statistics.median(schema):.2f} | "
-                     f"{statistics.median(ratios):.3f} ({', '.join(f'{x:.3f}' for x in ratios)}) |")
+        rows.append(
+            {
+                "concurrency": concurrency,
+                "plain_tokens_per_s": statistics.median(plain),
+                "json_schema_tokens_per_s": statistics.median(schema),
+                "ratios": ratios,
+                "median_ratio": statistics.median(ratios),
+            }
+        )
+        lines.append(
+            f"| {concurrency} | {statistics.median(plain):.2f} | {statistics.median(schema):.2f} | "
+            f"{statistics.median(ratios):.3f} ({', '.join(f'{x:.3f}' for x in ratios)}) |"
+        )
     return "\n".join(lines), rows
 
 
 def engines_table(results: dict) -> str:
-    lines = ["| schema | engine | tokenizer setup ms | first compile ms | median compile ms | mask mean µs | "
-             "mask p99 µs |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| schema | engine | tokenizer setup ms | first compile ms | median compile ms | mask mean µs | mask p99 µs |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for schema in ("object", "array_min100", "tool_call"):
         for name in ("xgrammar", "llguidance"):
             f = results[schema].get(name)
             if f:
-                lines.append(f"| {schema} | {name} | {f['tokenizer_setup_ms']:.0f} | {f['compile_first_ms']:.1f} | "
-                             f"{f['compile_median_ms']:.1f} | {f['mask_mean_us']:.1f} | {f['mask_p99_us']:.1f} |")
+                lines.append(
+                    f"| {schema} | {name} | {f['tokenizer_setup_ms']:.0f} | {f['compile_first_ms']:.1f} | "
+                    f"{f['compile_median_ms']:.1f} | {f['mask_mean_us']:.1f} | {f['mask_p99_us']:.1f} |"
+                )
     lines += ["", "| apply a 16-row mask, wall µs | runtime (llguidance masks) | xgrammar's kernel |", "|---|---|---|"]
     for key, f in results["apply_16_rows"].items():
         if key.startswith("threads_"):
@@ -300,8 +375,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(engines_table(figures))
     payload: dict = {"model": args.model, "engines": figures}
     if not args.skip_serving:
-        records = serving(args.model, args.rounds, args.concurrency, args.max_tokens, args.threads,
-                          Path("bench/results/logs"))
+        records = serving(
+            args.model, args.rounds, args.concurrency, args.max_tokens, args.threads, Path("bench/results/logs")
+        )
         table, rows = serving_table(records)
         payload.update(rounds=records, serving=rows)
         print(table)

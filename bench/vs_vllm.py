@@ -61,18 +61,47 @@ def vllm_python(given: str | None) -> str:
 
 
 @contextmanager
-def start_vllm(python: str, model_dir: str, served_name: str, threads: int, kv_bytes: int, extra_args: list[str],
-               log_dir: Path, bind: str | None, ready_timeout_s: float = 900.0) -> Iterator[Server]:
+def start_vllm(
+    python: str,
+    model_dir: str,
+    served_name: str,
+    threads: int,
+    kv_bytes: int,
+    extra_args: list[str],
+    log_dir: Path,
+    bind: str | None,
+    ready_timeout_s: float = 900.0,
+) -> Iterator[Server]:
     """vLLM's OpenAI server on a loopback port, computing on `threads` OpenMP threads (bound to the
     first `threads` CPUs unless `bind` says otherwise); stopped with its whole process group."""
     port = free_port()
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--served-model-name",
-           served_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--gpu-memory-utilization", "0.1", *extra_args]
+    cmd = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_dir,
+        "--served-model-name",
+        served_name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--gpu-memory-utilization",
+        "0.1",
+        *extra_args,
+    ]
     gib = max(1, -(-kv_bytes // 2**30))
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(gib), "OMP_NUM_THREADS": str(threads),
-           "MKL_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": bind or f"0-{threads - 1}",
-           "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": str(gib),
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "VLLM_CPU_OMP_THREADS_BIND": bind or f"0-{threads - 1}",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    }
     env.pop("PYTHONPATH", None)  # its own packages, not this checkout's
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"vllm-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.log"
@@ -108,8 +137,13 @@ def round_items(args, vocabulary: list[int], round_: int, concurrency: int) -> l
     """This (round, concurrency)'s requests: the same for both systems, new prompts for every pair."""
     counts = QUICK_REQUESTS if args.quick else REQUESTS
     n = args.num_requests or counts.get(concurrency, 2 * concurrency)
-    spec = WorkloadSpec(n, parse_range(args.prompt_len), (args.output_len, args.output_len), float("inf"),
-                        args.seed + 1000 * round_ + concurrency)
+    spec = WorkloadSpec(
+        n,
+        parse_range(args.prompt_len),
+        (args.output_len, args.output_len),
+        float("inf"),
+        args.seed + 1000 * round_ + concurrency,
+    )
     return make_workload(spec, vocabulary)
 
 
@@ -128,8 +162,15 @@ def compare_outputs(ours: list[RequestRecord], peer: list[RequestRecord]) -> dic
     for a, b in zip(ours, peer, strict=True):
         if not same_text(a.text, b.text):
             at = first_difference(a.text, b.text)
-            differing.append({"index": a.index, "prompt_tokens": a.prompt_tokens, "first_diff_char": at,
-                              "ours": a.text[max(0, at - 20) : at + 40], "peer": b.text[max(0, at - 20) : at + 40]})
+            differing.append(
+                {
+                    "index": a.index,
+                    "prompt_tokens": a.prompt_tokens,
+                    "first_diff_char": at,
+                    "ours": a.text[max(0, at - 20) : at + 40],
+                    "peer": b.text[max(0, at - 20) : at + 40],
+                }
+            )
     return {"requests": len(ours), "equal": len(ours) - len(differing), "differing": differing}
 
 
@@ -157,27 +198,33 @@ def table_rows(samples: dict[tuple[str, int], list[dict]], levels: list[int], pe
         row["tpot_p50_ratio"] = row["ours_tpot_p50_s"] / row[f"{peer}_tpot_p50_s"]
         row["ttft_p90_ratio"] = row["ours_ttft_p90_s"] / row[f"{peer}_ttft_p90_s"]
         # within each round: ours over the peer measured next to it
-        row["tok_s_ratio_per_round"] = [a["output_tokens_per_s"] / b["output_tokens_per_s"]
-                                        for a, b in zip(ours, theirs, strict=True)]
+        row["tok_s_ratio_per_round"] = [
+            a["output_tokens_per_s"] / b["output_tokens_per_s"] for a, b in zip(ours, theirs, strict=True)
+        ]
         target = THROUGHPUT_TARGET.get(c, THROUGHPUT_TARGET_DEFAULT)
-        row["targets"] = {f"tok/s >= {target}x": row["tok_s_ratio"] >= target,
-                          f"TPOT p50 <= {TPOT_TARGET}x": row["tpot_p50_ratio"] <= TPOT_TARGET,
-                          f"TTFT p90 <= {TTFT_TARGET}x": row["ttft_p90_ratio"] <= TTFT_TARGET}
+        row["targets"] = {
+            f"tok/s >= {target}x": row["tok_s_ratio"] >= target,
+            f"TPOT p50 <= {TPOT_TARGET}x": row["tpot_p50_ratio"] <= TPOT_TARGET,
+            f"TTFT p90 <= {TTFT_TARGET}x": row["ttft_p90_ratio"] <= TTFT_TARGET,
+        }
         rows.append(row)
     return rows
 
 
 def markdown(rows: list[dict], peer: str) -> str:
-    lines = [f"| concurrency | ours tok/s | {peer} tok/s | ratio | ours TPOT p50 | {peer} TPOT p50 | ratio "
-             f"| ours TTFT p90 | {peer} TTFT p90 | ratio | targets met |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        f"| concurrency | ours tok/s | {peer} tok/s | ratio | ours TPOT p50 | {peer} TPOT p50 | ratio "
+        f"| ours TTFT p90 | {peer} TTFT p90 | ratio | targets met |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
         met = ", ".join(f"{'yes' if ok else 'NO'} ({name})" for name, ok in r["targets"].items())
         lines.append(
             f"| {r['concurrency']} | {r['ours_tok_s']:.1f} | {r[f'{peer}_tok_s']:.1f} | {r['tok_s_ratio']:.2f}x | "
             f"{r['ours_tpot_p50_s'] * 1e3:.0f} ms | {r[f'{peer}_tpot_p50_s'] * 1e3:.0f} ms | "
             f"{r['tpot_p50_ratio']:.2f}x | {r['ours_ttft_p90_s']:.2f} s | {r[f'{peer}_ttft_p90_s']:.2f} s | "
-            f"{r['ttft_p90_ratio']:.2f}x | {met} |")
+            f"{r['ttft_p90_ratio']:.2f}x | {met} |"
+        )
     return "\n".join(lines)
 
 
@@ -185,8 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="HF model directory (default: SmolLM2-135M-Instruct, prepared)")
     p.add_argument("--concurrency", default="1,16,64")
-    p.add_argument("--num-requests", type=int, default=None,
-                   help="per round and concurrency (default: 4, 32, 64 for 1, 16, 64; --quick: 2, 16, 64)")
+    p.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="per round and concurrency (default: 4, 32, 64 for 1, 16, 64; --quick: 2, 16, 64)",
+    )
     p.add_argument("--prompt-len", default="30-400")
     p.add_argument("--output-len", type=int, default=96)
     p.add_argument("--rounds", type=int, default=None, help="default 2; --quick: 1")
@@ -200,8 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-arg", action="append", default=[], help="extra flag for our server, repeatable")
     p.add_argument("--peer-arg", action="append", default=[], help="extra flag for the peer server, repeatable")
     p.add_argument("--vllm-python", default=None, help=f"default {VLLM_VENV}/bin/python (hack/vllm-venv.sh)")
-    p.add_argument("--vllm-bind", default=None,
-                   help="VLLM_CPU_OMP_THREADS_BIND (default: the first --threads CPUs; 'auto' is vLLM's own)")
+    p.add_argument(
+        "--vllm-bind",
+        default=None,
+        help="VLLM_CPU_OMP_THREADS_BIND (default: the first --threads CPUs; 'auto' is vLLM's own)",
+    )
     p.add_argument("--output", type=Path, default=None)
     p.add_argument("--log-dir", type=Path, default=REPO / "bench" / "results" / "logs")
     return p
@@ -222,12 +276,21 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"--max-model-len {args.max_model_len} is shorter than the longest request ({longest})")
     # room for the largest round at once, for both systems
     kv = max(kv_cache_bytes(model, items[: max(levels)], 16) for items in plan.values())
-    shared = ["--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-              "--max-model-len", str(args.max_model_len)]
+    shared = [
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(args.max_num_batched_tokens),
+        "--max-model-len",
+        str(args.max_model_len),
+    ]
     ours_args = [*shared, "--kv-cache-memory", str(kv), "--num-threads", str(args.threads), *args.server_arg]
     load_before = [round(x, 2) for x in os.getloadavg()]
-    print(f"model {model}; {rounds} round(s) at concurrency {levels}; {args.threads} threads each; "
-          f"load average {load_before}", flush=True)
+    print(
+        f"model {model}; {rounds} round(s) at concurrency {levels}; {args.threads} threads each; "
+        f"load average {load_before}",
+        flush=True,
+    )
     started = time.monotonic()
     samples: dict[tuple[str, int], list[dict]] = {}
     outputs: dict[str, list[dict]] = {}
@@ -239,9 +302,18 @@ def main(argv: list[str] | None = None) -> dict:
         startup_s["ours"] = time.monotonic() - t
         t = time.monotonic()
         if args.peer == "vllm":
-            servers[peer] = stack.enter_context(start_vllm(
-                vllm_python(args.vllm_python), model, "bench", args.threads, kv, [*shared, *args.peer_arg],
-                args.log_dir, args.vllm_bind))
+            servers[peer] = stack.enter_context(
+                start_vllm(
+                    vllm_python(args.vllm_python),
+                    model,
+                    "bench",
+                    args.threads,
+                    kv,
+                    [*shared, *args.peer_arg],
+                    args.log_dir,
+                    args.vllm_bind,
+                )
+            )
         else:
             peer_args = [*shared, "--kv-cache-memory", str(kv), "--num-threads", str(args.threads), *args.peer_arg]
             servers[peer] = stack.enter_context(start_server(model, "bench", args.threads, peer_args, args.log_dir))
@@ -266,13 +338,22 @@ def main(argv: list[str] | None = None) -> dict:
                     summary["settled_s"] = round(waited, 2)
                     samples.setdefault((name, c), []).append(summary)
                     got[name] = records
-                    print(f"  round {r + 1} c={c} {name}: {summary['output_tokens_per_s']:.1f} tok/s, TPOT p50 "
-                          f"{summary['tpot_s']['p50'] * 1e3:.0f} ms, TTFT p90 {summary['ttft_s']['p90']:.2f} s, "
-                          f"load {summary['loadavg_1m_before_after']}", flush=True)
+                    print(
+                        f"  round {r + 1} c={c} {name}: {summary['output_tokens_per_s']:.1f} tok/s, TPOT p50 "
+                        f"{summary['tpot_s']['p50'] * 1e3:.0f} ms, TTFT p90 {summary['ttft_s']['p90']:.2f} s, "
+                        f"load {summary['loadavg_1m_before_after']}",
+                        flush=True,
+                    )
                 agree = compare_outputs(got["ours"], got[peer])
                 outputs.setdefault(str(c), []).append(agree)
-                per_round.append({"round": r + 1, "concurrency": c, "order": order,
-                                  "outputs_equal": f"{agree['equal']}/{agree['requests']}"})
+                per_round.append(
+                    {
+                        "round": r + 1,
+                        "concurrency": c,
+                        "order": order,
+                        "outputs_equal": f"{agree['equal']}/{agree['requests']}",
+                    }
+                )
     load_after = [round(x, 2) for x in os.getloadavg()]
     rows = table_rows(samples, levels, peer)
     payload = {
@@ -283,8 +364,13 @@ def main(argv: list[str] | None = None) -> dict:
         "peer": peer,
         "server_args": {"ours": ours_args, peer: args.peer_arg},
         "workload": {str(c): describe(plan[(0, c)]) for c in levels},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
-                    "loadavg_before": load_before, "loadavg_after": load_after},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "loadavg_before": load_before,
+            "loadavg_after": load_after,
+        },
         "startup_s": startup_s,
         "wall_s": time.monotonic() - started,
         "rows": rows,

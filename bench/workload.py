@@ -75,4 +75,3 @@ def describe(items: list[WorkItem]) -> dict:
         "output_len_min_max": [min(outputs), max(outputs)],
         "last_arrival_s": items[-1].arrival_s,
     }
-

@@ -31,13 +31,16 @@ def layer_tar(binary: str) -> bytes:
 def image_archive(binary: str, name: str) -> bytes:
     layer = layer_tar(binary)
     diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
-    config = json.dumps({
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {"Entrypoint": ["/" + os.path.basename(binary)], "User": "65535:65535"},
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        "history": [{"created_by": f"hack/single_file_image.py {os.path.basename(binary)}"}],
-    }, sort_keys=True).encode()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": ["/" + os.path.basename(binary)], "User": "65535:65535"},
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+            "history": [{"created_by": f"hack/single_file_image.py {os.path.basename(binary)}"}],
+        },
+        sort_keys=True,
+    ).encode()
     config_name = hashlib.sha256(config).hexdigest() + ".json"
     layer_name = diff_id.split(":")[1] + "/layer.tar"
     manifest = json.dumps([{"Config": config_name, "RepoTags": [name], "Layers": [layer_name]}]).encode()

@@ -44,8 +44,10 @@ def pytest_collection_modifyitems(config, items) -> None:
 
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU, and none is visible here (torch.cuda.is_available() is "
-                                   "False); run `pytest -m gpu` on a machine with one")
+    skip = pytest.mark.skip(
+        reason="needs a CUDA GPU, and none is visible here (torch.cuda.is_available() is "
+        "False); run `pytest -m gpu` on a machine with one"
+    )
     for item in gpu_items:
         item.add_marker(skip)
 

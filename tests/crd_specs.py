@@ -24,10 +24,16 @@ NAMES = st.from_regex(r"[a-z]([-a-z0-9]{0,14}[a-z0-9])?", fullmatch=True)
 LABEL_KEYS = st.from_regex(r"[a-z][a-z0-9]{0,8}(\.[a-z]{2,4}/[a-z][a-z0-9]{0,8})?", fullmatch=True)
 
 # free-form objects under spec.template, by schema path
-VOLUMES = st.builds(lambda name, kind: {"name": name, kind: {"path": "/x"} if kind == "hostPath" else {}},
-                    NAMES, st.sampled_from(["emptyDir", "configMap", "secret", "hostPath", "projected"]))
-ENV = st.builds(lambda name, value: {"name": name, "value": value},
-                st.sampled_from(["FOO", "GOODPUT_API_KEY", "LOG_LEVEL", "VLLM_API_KEY"]), TEXT)
+VOLUMES = st.builds(
+    lambda name, kind: {"name": name, kind: {"path": "/x"} if kind == "hostPath" else {}},
+    NAMES,
+    st.sampled_from(["emptyDir", "configMap", "secret", "hostPath", "projected"]),
+)
+ENV = st.builds(
+    lambda name, value: {"name": name, "value": value},
+    st.sampled_from(["FOO", "GOODPUT_API_KEY", "LOG_LEVEL", "VLLM_API_KEY"]),
+    TEXT,
+)
 FREE_FORM = {
     "spec.template.volumes[]": VOLUMES,
     "spec.template.env[]": ENV,
@@ -48,8 +54,9 @@ def spec_schema() -> dict[str, Any]:
 
 def _pattern(schema: dict[str, Any]) -> st.SearchStrategy[str]:
     pattern = schema["pattern"]
-    body = st.from_regex(re.compile(pattern), fullmatch=True,
-                         alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")))
+    body = st.from_regex(
+        re.compile(pattern), fullmatch=True, alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc"))
+    )
     low, high = schema.get("minLength", 0), schema.get("maxLength", 10**6)
     return body.filter(lambda s: low <= len(s) <= high)
 
@@ -74,25 +81,38 @@ def strategy(schema: dict[str, Any], path: str = "spec") -> st.SearchStrategy[An
         required = set(schema.get("required") or ())
         return st.fixed_dictionaries(
             {k: strategy(v, f"{path}.{k}") for k, v in props.items() if k in required},
-            optional={k: strategy(v, f"{path}.{k}") for k, v in props.items() if k not in required})
+            optional={k: strategy(v, f"{path}.{k}") for k, v in props.items() if k not in required},
+        )
     if kind == "array":
-        return st.lists(strategy(schema["items"], path + "[]"), min_size=schema.get("minItems", 0),
-                        max_size=min(schema.get("maxItems", 2), 2))
+        return st.lists(
+            strategy(schema["items"], path + "[]"),
+            min_size=schema.get("minItems", 0),
+            max_size=min(schema.get("maxItems", 2), 2),
+        )
     if kind == "string":
         if "pattern" in schema:
             return _pattern(schema)
         low = schema.get("minLength", 0)
-        return st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=low,
-                       max_size=max(low, schema.get("maxLength", 12)))
+        return st.text(
+            st.characters(codec="utf-8", exclude_categories=("Cs",)),
+            min_size=low,
+            max_size=max(low, schema.get("maxLength", 12)),
+        )
     if kind == "integer":
         return st.integers(schema.get("minimum", -(2**31)), schema.get("maximum", 2**31))
     if kind == "number":
         low, high = schema.get("minimum", -1e9), schema.get("maximum", 1e9)
-        floats = st.floats(low, high, allow_nan=False, allow_infinity=False,
-                           exclude_min=bool(schema.get("exclusiveMinimum")),
-                           exclude_max=bool(schema.get("exclusiveMaximum")))
+        floats = st.floats(
+            low,
+            high,
+            allow_nan=False,
+            allow_infinity=False,
+            exclude_min=bool(schema.get("exclusiveMinimum")),
+            exclude_max=bool(schema.get("exclusiveMaximum")),
+        )
         return floats.map(lambda x: round(x, 6)).filter(
-            lambda x: (x > low if schema.get("exclusiveMinimum") else x >= low) and x <= high)
+            lambda x: (x > low if schema.get("exclusiveMinimum") else x >= low) and x <= high
+        )
     if kind == "boolean":
         return st.booleans()
     raise AssertionError(f"{path}: no strategy for {schema}")

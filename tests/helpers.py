@@ -12,9 +12,15 @@ from collections.abc import Callable
 from typing import Any
 
 
-def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition", *, every: float = 1.0,
-             explain: Callable[[], str] | None = None,
-             ignore: tuple[type[BaseException], ...] = ()) -> Any:
+def wait_for(
+    check: Callable[[], Any],
+    timeout: float = 30.0,
+    what: str = "condition",
+    *,
+    every: float = 1.0,
+    explain: Callable[[], str] | None = None,
+    ignore: tuple[type[BaseException], ...] = (),
+) -> Any:
     """Poll `check` every `every` seconds until it returns something truthy, and return that.
 
     After `timeout` seconds fail naming `what`, the last of the `ignore`d exceptions `check`

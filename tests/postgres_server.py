@@ -45,14 +45,37 @@ class PostgresServer:
         if os.geteuid() == 0:
             nobody = pwd.getpwnam("nobody")
             os.chown(self.root, nobody.pw_uid, nobody.pw_gid)
-        subprocess.run(self._as_server_user([initdb, "-D", str(self.data), "-U", "postgres", "--auth=trust",
-                                             "--no-sync", "-E", "UTF8"]), check=True, capture_output=True)
+        subprocess.run(
+            self._as_server_user(
+                [initdb, "-D", str(self.data), "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"]
+            ),
+            check=True,
+            capture_output=True,
+        )
         log = (self.root / "server.log").open("wb")
         self.process = subprocess.Popen(
-            self._as_server_user([postgres, "-D", str(self.data), "-p", str(self.port), "-h", "127.0.0.1",
-                                  "-k", str(self.root), "-c", "fsync=off", "-c", "shared_buffers=16MB",
-                                  "-c", "max_connections=40"]),
-            stdout=log, stderr=subprocess.STDOUT)
+            self._as_server_user(
+                [
+                    postgres,
+                    "-D",
+                    str(self.data),
+                    "-p",
+                    str(self.port),
+                    "-h",
+                    "127.0.0.1",
+                    "-k",
+                    str(self.root),
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "shared_buffers=16MB",
+                    "-c",
+                    "max_connections=40",
+                ]
+            ),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         import psycopg
 
         deadline = time.monotonic() + 30

@@ -26,5 +26,7 @@ def architecture_problem(architectures: Sequence[str], where: str) -> str | None
     """Why a model whose config.json (``where``) lists ``architectures`` cannot be served; None when it can."""
     if is_supported(architectures):
         return None
-    return (f"unsupported architecture {', '.join(architectures) or '(none given)'} in {where}; "
-            f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}")
+    return (
+        f"unsupported architecture {', '.join(architectures) or '(none given)'} in {where}; "
+        f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
+    )

@@ -26,11 +26,40 @@ LONG_ARRAY = 64  # arrays longer than this keep only their length (the tokenizer
 
 # GGML tensor types by id (ggml.h), as llama.cpp and the gguf package name them
 GGML_TYPES: dict[int, str] = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
-    10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS",
-    17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS",
-    24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0",
-    35: "TQ2_0", 39: "MXFP4", 40: "NVFP4", 41: "Q1_0",
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    6: "Q5_0",
+    7: "Q5_1",
+    8: "Q8_0",
+    9: "Q8_1",
+    10: "Q2_K",
+    11: "Q3_K",
+    12: "Q4_K",
+    13: "Q5_K",
+    14: "Q6_K",
+    15: "Q8_K",
+    16: "IQ2_XXS",
+    17: "IQ2_XS",
+    18: "IQ3_XXS",
+    19: "IQ1_S",
+    20: "IQ4_NL",
+    21: "IQ3_S",
+    22: "IQ2_S",
+    23: "IQ4_XS",
+    24: "I8",
+    25: "I16",
+    26: "I32",
+    27: "I64",
+    28: "F64",
+    29: "IQ1_M",
+    30: "BF16",
+    34: "TQ1_0",
+    35: "TQ2_0",
+    39: "MXFP4",
+    40: "NVFP4",
+    41: "Q1_0",
 }
 
 # GGUF architecture -> (transformers model_type, config.json architecture)
@@ -156,8 +185,10 @@ def read_header(source: str | Path | bytes | BinaryIO, where: str | None = None)
         raise GGUFError(f"{stream.where} is not a GGUF file (it starts with {magic[:4]!r}, not {MAGIC!r})")
     version = stream.unpack("<I")
     if version not in (2, 3):
-        raise GGUFError(f"{stream.where}: GGUF version {version} is not supported (2 and 3 are; "
-                        "a big-endian file also reads as an unknown version)")
+        raise GGUFError(
+            f"{stream.where}: GGUF version {version} is not supported (2 and 3 are; "
+            "a big-endian file also reads as an unknown version)"
+        )
     num_tensors, num_kv = stream.unpack("<Q"), stream.unpack("<Q")
     metadata: dict[str, Any] = {}
     for _ in range(num_kv):
@@ -234,5 +265,7 @@ def quantization_problem(header: GGUFHeader, supported: Iterable[str], where: st
     if not bad:
         return None
     described = "; ".join(f"{kind} ({len(names)} tensors, e.g. {names[0]})" for kind, names in sorted(bad.items()))
-    return (f"{where} holds tensors of unsupported GGUF quantization type {described}; "
-            f"supported: {', '.join(sorted(set(supported)))}")
+    return (
+        f"{where} holds tensors of unsupported GGUF quantization type {described}; "
+        f"supported: {', '.join(sorted(set(supported)))}"
+    )

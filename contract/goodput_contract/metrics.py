@@ -74,7 +74,6 @@ AUTOSCALER_STARTUP_SECONDS = PREFIX + "autoscaler_startup_seconds"
 AUTOSCALER_ARRIVAL_RATE = PREFIX + "autoscaler_arrival_rate"
 
 
-
 @dataclass(frozen=True)
 class EngineMetrics:
     """One engine's series for each signal the autoscaler and dashboards read.
@@ -98,26 +97,49 @@ class EngineMetrics:
 
 ENGINE_METRICS: dict[str, EngineMetrics] = {
     "goodput": EngineMetrics(
-        "goodput", "model", requests=(REQUESTS,), good=REQUESTS_GOOD, failed=((REQUESTS, "outcome", ("error",)),),
-        running=(REQUESTS_RUNNING,), waiting=(REQUESTS_WAITING,), kv_usage=(KV_CACHE_USAGE,), ttft=(TTFT,),
-        tpot=(TPOT,), rejected=(REQUESTS_REJECTED,)),
+        "goodput",
+        "model",
+        requests=(REQUESTS,),
+        good=REQUESTS_GOOD,
+        failed=((REQUESTS, "outcome", ("error",)),),
+        running=(REQUESTS_RUNNING,),
+        waiting=(REQUESTS_WAITING,),
+        kv_usage=(KV_CACHE_USAGE,),
+        ttft=(TTFT,),
+        tpot=(TPOT,),
+        rejected=(REQUESTS_REJECTED,),
+    ),
     # vLLM 0.32.0 checked by scraping it; older names kept so an upgrade or downgrade breaks nothing
     "vllm": EngineMetrics(
-        "vllm", "model_name", requests=("vllm:request_success_total",), good=None,
+        "vllm",
+        "model_name",
+        requests=("vllm:request_success_total",),
+        good=None,
         failed=(("vllm:request_success_total", "finished_reason", ("abort", "error")),),
-        running=("vllm:num_requests_running",), waiting=("vllm:num_requests_waiting",),
+        running=("vllm:num_requests_running",),
+        waiting=("vllm:num_requests_waiting",),
         kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
         ttft=("vllm:time_to_first_token_seconds",),
         # per-request mean TPOT first (vLLM >= 0.11); the older per-token histograms after it
-        tpot=("vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds",
-              "vllm:inter_token_latency_seconds")),
+        tpot=(
+            "vllm:request_time_per_output_token_seconds",
+            "vllm:time_per_output_token_seconds",
+            "vllm:inter_token_latency_seconds",
+        ),
+    ),
     # SGLang counts aborted requests apart from the finished ones
     "sglang": EngineMetrics(
-        "sglang", "model_name", requests=("sglang:num_requests_total", "sglang:num_aborted_requests_total"),
-        good=None, failed=(("sglang:num_aborted_requests_total", "", ()),),
-        running=("sglang:num_running_reqs",), waiting=("sglang:num_queue_reqs",), kv_usage=("sglang:token_usage",),
+        "sglang",
+        "model_name",
+        requests=("sglang:num_requests_total", "sglang:num_aborted_requests_total"),
+        good=None,
+        failed=(("sglang:num_aborted_requests_total", "", ()),),
+        running=("sglang:num_running_reqs",),
+        waiting=("sglang:num_queue_reqs",),
+        kv_usage=("sglang:token_usage",),
         ttft=("sglang:time_to_first_token_seconds",),
-        tpot=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds")),
+        tpot=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+    ),
 }
 
 # the gateway's series (labels namespace, service), read by the dashboards and by the autoscaler

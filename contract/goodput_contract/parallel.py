@@ -23,8 +23,11 @@ class ModelShape:
 
     def split(self) -> tuple[tuple[str, int], ...]:
         """Each quantity that is split over ranks, with its name as messages spell it."""
-        return (("attention heads", self.num_heads), ("KV heads", self.num_kv_heads),
-                ("MLP intermediate size", self.intermediate_size))
+        return (
+            ("attention heads", self.num_heads),
+            ("KV heads", self.num_kv_heads),
+            ("MLP intermediate size", self.intermediate_size),
+        )
 
 
 def valid_tensor_sizes(shape: ModelShape) -> list[int]:
@@ -46,9 +49,11 @@ def tensor_parallel_problem(shape: ModelShape, tensor: int, field: str) -> str |
     problems = [f"{what} ({n}) is not divisible by {field} {tensor}" for what, n in shape.split() if n % tensor]
     if not problems:
         return None
-    return (f"{'; '.join(problems)}: tensor parallelism splits the model's {shape.num_heads} attention heads, "
-            f"{shape.num_kv_heads} KV heads and MLP intermediate size {shape.intermediate_size} evenly over "
-            f"its ranks, so {field} must be {_one_of(valid_tensor_sizes(shape))}")
+    return (
+        f"{'; '.join(problems)}: tensor parallelism splits the model's {shape.num_heads} attention heads, "
+        f"{shape.num_kv_heads} KV heads and MLP intermediate size {shape.intermediate_size} evenly over "
+        f"its ranks, so {field} must be {_one_of(valid_tensor_sizes(shape))}"
+    )
 
 
 def kv_heads_per_rank(shape: ModelShape, tensor: int) -> int:

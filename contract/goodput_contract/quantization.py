@@ -40,8 +40,7 @@ def requirement(method: str) -> str | None:
     if need is None:
         return None
     generations = f" ({_GENERATIONS[need]})" if need in _GENERATIONS else ""
-    return (f"{method} weights need an NVIDIA GPU with compute capability {need[0]}.{need[1]} or newer"
-            f"{generations}")
+    return f"{method} weights need an NVIDIA GPU with compute capability {need[0]}.{need[1]} or newer{generations}"
 
 
 def supported(method: str, capability: tuple[int, int] | None) -> bool:

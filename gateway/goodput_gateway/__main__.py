@@ -35,43 +35,106 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m goodput_gateway", description=__doc__)
     p.add_argument("--host", default=_env("GATEWAY_HOST", "0.0.0.0"))
     p.add_argument("--port", type=int, default=int(_env("GATEWAY_PORT", "8000")), help="0 picks a free port")
-    p.add_argument("--max-held-requests", type=int, default=int(_env("GATEWAY_MAX_HELD_REQUESTS", "100")),
-                   help="per service: requests held while it has no ready replica; more get 429")
-    p.add_argument("--hold-seconds", type=float, default=float(_env("GATEWAY_HOLD_SECONDS", "600")),
-                   help="how long a held request waits for a ready replica before a 503")
-    p.add_argument("--scrape-seconds", type=float, default=float(_env("GATEWAY_SCRAPE_SECONDS", "1.5")),
-                   help="how often each replica's queue and KV usage are read from its /metrics")
-    p.add_argument("--load-epsilon", type=float, default=float(_env("GATEWAY_LOAD_EPSILON", str(routing.EPSILON))),
-                   help="a replica above (1 + this) x the mean load loses its turn")
-    p.add_argument("--attempts", type=int, default=int(_env("GATEWAY_ATTEMPTS", "3")),
-                   help="replicas tried for a request that fails before response headers")
-    p.add_argument("--shutdown-delay", type=float, default=float(_env("GATEWAY_SHUTDOWN_DELAY", "5")),
-                   help="after SIGTERM: seconds of serving on with /health at 503, while endpoints drop this pod")
-    p.add_argument("--shutdown-grace", type=float, default=float(_env("GATEWAY_SHUTDOWN_GRACE", "45")),
-                   help="then: seconds in-flight requests (streams) get to finish")
+    p.add_argument(
+        "--max-held-requests",
+        type=int,
+        default=int(_env("GATEWAY_MAX_HELD_REQUESTS", "100")),
+        help="per service: requests held while it has no ready replica; more get 429",
+    )
+    p.add_argument(
+        "--hold-seconds",
+        type=float,
+        default=float(_env("GATEWAY_HOLD_SECONDS", "600")),
+        help="how long a held request waits for a ready replica before a 503",
+    )
+    p.add_argument(
+        "--scrape-seconds",
+        type=float,
+        default=float(_env("GATEWAY_SCRAPE_SECONDS", "1.5")),
+        help="how often each replica's queue and KV usage are read from its /metrics",
+    )
+    p.add_argument(
+        "--load-epsilon",
+        type=float,
+        default=float(_env("GATEWAY_LOAD_EPSILON", str(routing.EPSILON))),
+        help="a replica above (1 + this) x the mean load loses its turn",
+    )
+    p.add_argument(
+        "--attempts",
+        type=int,
+        default=int(_env("GATEWAY_ATTEMPTS", "3")),
+        help="replicas tried for a request that fails before response headers",
+    )
+    p.add_argument(
+        "--shutdown-delay",
+        type=float,
+        default=float(_env("GATEWAY_SHUTDOWN_DELAY", "5")),
+        help="after SIGTERM: seconds of serving on with /health at 503, while endpoints drop this pod",
+    )
+    p.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=float(_env("GATEWAY_SHUTDOWN_GRACE", "45")),
+        help="then: seconds in-flight requests (streams) get to finish",
+    )
     p.add_argument("--prefix-chunk-chars", type=int, default=routing.CHUNK_CHARS)
     p.add_argument("--prefix-chunks", type=int, default=routing.PREFIX_CHUNKS)
-    p.add_argument("--static-model", action="append", default=[], metavar="NAME=URL[,URL...]",
-                   help="serve NAME from these replica URLs instead of discovering InferenceServices (no cluster "
-                        "needed; repeatable)")
-    p.add_argument("--static-pipeline", action="append", default=[], metavar="FILE",
-                   help="with --static-model: serve the InferencePipelines in this YAML file (repeatable)")
-    p.add_argument("--static-policy", choices=routing.POLICIES, default="prefix",
-                   help="the routing policy of --static-model services")
-    p.add_argument("--database", default=_env("GATEWAY_DATABASE", ""),
-                   help="the batch API's store: sqlite:///PATH (one gateway, or several sharing the file on one "
-                        "node) or postgresql://... (any number of gateways); unset: the batch API is off")
-    p.add_argument("--batch-file-dir", default=_env("GATEWAY_BATCH_FILE_DIR", ""),
-                   help="keep the bytes of batch files here instead of in the database")
-    p.add_argument("--batch-lease-seconds", type=float, default=float(_env("GATEWAY_BATCH_LEASE_SECONDS", "30")),
-                   help="a batch line claimed by a gateway that stopped returns to the others after this long")
-    p.add_argument("--batch-target-attainment", type=float,
-                   default=float(_env("GATEWAY_BATCH_TARGET_ATTAINMENT", "0.99")),
-                   help="batch concurrency halves while the replicas' online SLO attainment is below this")
-    p.add_argument("--batch-max-per-replica", type=int, default=int(_env("GATEWAY_BATCH_MAX_PER_REPLICA", "32")),
-                   help="the most batch lines in flight per ready replica")
-    p.add_argument("--api-key-ttl", type=float, default=float(_env("GATEWAY_API_KEY_TTL", "30")),
-                   help="seconds a service's API keys, read from its Secret, are kept before reading it again")
+    p.add_argument(
+        "--static-model",
+        action="append",
+        default=[],
+        metavar="NAME=URL[,URL...]",
+        help="serve NAME from these replica URLs instead of discovering InferenceServices (no cluster "
+        "needed; repeatable)",
+    )
+    p.add_argument(
+        "--static-pipeline",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="with --static-model: serve the InferencePipelines in this YAML file (repeatable)",
+    )
+    p.add_argument(
+        "--static-policy",
+        choices=routing.POLICIES,
+        default="prefix",
+        help="the routing policy of --static-model services",
+    )
+    p.add_argument(
+        "--database",
+        default=_env("GATEWAY_DATABASE", ""),
+        help="the batch API's store: sqlite:///PATH (one gateway, or several sharing the file on one "
+        "node) or postgresql://... (any number of gateways); unset: the batch API is off",
+    )
+    p.add_argument(
+        "--batch-file-dir",
+        default=_env("GATEWAY_BATCH_FILE_DIR", ""),
+        help="keep the bytes of batch files here instead of in the database",
+    )
+    p.add_argument(
+        "--batch-lease-seconds",
+        type=float,
+        default=float(_env("GATEWAY_BATCH_LEASE_SECONDS", "30")),
+        help="a batch line claimed by a gateway that stopped returns to the others after this long",
+    )
+    p.add_argument(
+        "--batch-target-attainment",
+        type=float,
+        default=float(_env("GATEWAY_BATCH_TARGET_ATTAINMENT", "0.99")),
+        help="batch concurrency halves while the replicas' online SLO attainment is below this",
+    )
+    p.add_argument(
+        "--batch-max-per-replica",
+        type=int,
+        default=int(_env("GATEWAY_BATCH_MAX_PER_REPLICA", "32")),
+        help="the most batch lines in flight per ready replica",
+    )
+    p.add_argument(
+        "--api-key-ttl",
+        type=float,
+        default=float(_env("GATEWAY_API_KEY_TTL", "30")),
+        help="seconds a service's API keys, read from its Secret, are kept before reading it again",
+    )
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     return p
 
@@ -91,23 +154,41 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         kube = Kube(api, "goodput-gateway")
         watches = [*await start_watches(kube=kube, registry=registry), *await start_watch(kube, pipelines)]
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=30)
-    session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
-                                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
-    scraper = LoadScraper(session, lambda: {u for k in registry.services for u in registry.ready(k)},
-                          args.scrape_seconds)
+    session = aiohttp.ClientSession(
+        connector=connector, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None, sock_connect=5)
+    )
+    scraper = LoadScraper(
+        session, lambda: {u for k in registry.services for u in registry.ready(k)}, args.scrape_seconds
+    )
     holds = Holds(registry, metrics, args.max_held_requests, args.hold_seconds)
-    settings = ProxySettings(epsilon=args.load_epsilon, attempts=max(1, args.attempts),
-                             chunk_chars=args.prefix_chunk_chars, prefix_chunks=args.prefix_chunks)
-    gateway = Gateway(registry, Proxy(registry, holds, scraper, session, metrics, settings), metrics,
-                      ServiceKeys(kube, args.api_key_ttl))
+    settings = ProxySettings(
+        epsilon=args.load_epsilon,
+        attempts=max(1, args.attempts),
+        chunk_chars=args.prefix_chunk_chars,
+        prefix_chunks=args.prefix_chunks,
+    )
+    gateway = Gateway(
+        registry,
+        Proxy(registry, holds, scraper, session, metrics, settings),
+        metrics,
+        ServiceKeys(kube, args.api_key_ttl),
+    )
     install(gateway, pipelines)
     batch_settings = batch.BatchSettings(
-        database=args.database, file_dir=Path(args.batch_file_dir) if args.batch_file_dir else None,
-        dispatch=batch.DispatchSettings(lease_seconds=args.batch_lease_seconds,
-                                        target_attainment=args.batch_target_attainment,
-                                        per_replica_cap=args.batch_max_per_replica))
-    runner = web.AppRunner(build_app(gateway, batch_settings), handler_cancellation=True, access_log=None,
-                           shutdown_timeout=args.shutdown_grace)
+        database=args.database,
+        file_dir=Path(args.batch_file_dir) if args.batch_file_dir else None,
+        dispatch=batch.DispatchSettings(
+            lease_seconds=args.batch_lease_seconds,
+            target_attainment=args.batch_target_attainment,
+            per_replica_cap=args.batch_max_per_replica,
+        ),
+    )
+    runner = web.AppRunner(
+        build_app(gateway, batch_settings),
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=args.shutdown_grace,
+    )
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port, backlog=2048).start()
     logger.info("Listening on http://%s:%d", args.host, runner.addresses[0][1])

@@ -24,8 +24,9 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 class Gateway:
-    def __init__(self, registry: Registry, proxy: Proxy, metrics: GatewayMetrics,
-                 keys: ServiceKeys | None = None) -> None:
+    def __init__(
+        self, registry: Registry, proxy: Proxy, metrics: GatewayMetrics, keys: ServiceKeys | None = None
+    ) -> None:
         self.registry, self.proxy, self.metrics = registry, proxy, metrics
         self.keys = keys or ServiceKeys(None)
         self.created = int(time.time())
@@ -40,8 +41,9 @@ class Gateway:
             raise model_not_found(model)
         if len(found) > 1:
             names = ", ".join(f"{s.namespace}/{s.served_name}" for s in found)
-            raise invalid(f"The model '{model}' is served in several namespaces; name one of {names}", "model",
-                          "ambiguous_model")
+            raise invalid(
+                f"The model '{model}' is served in several namespaces; name one of {names}", "model", "ambiguous_model"
+            )
         svc = found[0]
         self.metrics.service_seen(svc.namespace, svc.name)
         return svc
@@ -52,8 +54,9 @@ class Gateway:
         body = parse_body(raw)
         model = body.get("model")
         if model is None:
-            raise invalid("'model' is a required property: the gateway routes by it", "model",
-                          "missing_required_parameter")
+            raise invalid(
+                "'model' is a required property: the gateway routes by it", "model", "missing_required_parameter"
+            )
         if not isinstance(model, str):
             raise invalid("'model' must be a string", "model", "invalid_type")
         if self.pipelines is not None and (pipeline := self.pipelines.find(model)) is not None:
@@ -66,8 +69,9 @@ class Gateway:
         in_flight.inc()
         status = 500
         try:
-            response = await self.proxy.forward(request, svc, model, rewrite_model(raw, body, svc.served_name), body,
-                                                upstream_auth)
+            response = await self.proxy.forward(
+                request, svc, model, rewrite_model(raw, body, svc.served_name), body, upstream_auth
+            )
             status = response.status
             return response
         except APIError as err:
@@ -79,10 +83,18 @@ class Gateway:
             self.metrics.duration.labels(*labels).observe(time.monotonic() - started)
 
     def card(self, svc: Service) -> dict[str, Any]:
-        return {"id": self.registry.model_id(svc), "object": "model", "created": self.created,
-                "owned_by": "goodput", "root": svc.served_name, "parent": None,
-                "namespace": svc.namespace, "service": svc.name, "replicas": svc.replicas,
-                "ready_replicas": len(self.registry.ready((svc.namespace, svc.name)))}
+        return {
+            "id": self.registry.model_id(svc),
+            "object": "model",
+            "created": self.created,
+            "owned_by": "goodput",
+            "root": svc.served_name,
+            "parent": None,
+            "namespace": svc.namespace,
+            "service": svc.name,
+            "replicas": svc.replicas,
+            "ready_replicas": len(self.registry.ready((svc.namespace, svc.name))),
+        }
 
     async def list_models(self, request: web.Request) -> web.Response:
         """Every service the caller may use: those that ask for no key, and those whose key it sent."""

@@ -23,8 +23,11 @@ TTL_SECONDS = 30.0
 
 
 def unauthorized(missing: bool) -> APIError:
-    message = ("You didn't provide an API key. Send it as a bearer token: 'Authorization: Bearer <key>'"
-               if missing else "Incorrect API key provided")
+    message = (
+        "You didn't provide an API key. Send it as a bearer token: 'Authorization: Bearer <key>'"
+        if missing
+        else "Incorrect API key provided"
+    )
     return APIError(401, message, "invalid_request_error", None, "invalid_api_key")
 
 
@@ -45,13 +48,13 @@ class ServiceKeys:
         try:
             value = await self.kube.secret_value(svc.namespace, name, key)
         except ApiError as err:
-            logger.warning("Cannot read Secret %s/%s for %s/%s: %s", svc.namespace, name, svc.namespace, svc.name,
-                           err)
+            logger.warning("Cannot read Secret %s/%s for %s/%s: %s", svc.namespace, name, svc.namespace, svc.name, err)
             value = None
         keys = split_keys([value or ""])
         if not keys:
-            raise unavailable(f"The API key of '{svc.served_name}' cannot be read (Secret {name}, key {key})",
-                              "api_key_unavailable")
+            raise unavailable(
+                f"The API key of '{svc.served_name}' cannot be read (Secret {name}, key {key})", "api_key_unavailable"
+            )
         self._cache[(svc.namespace, name, key)] = (time.monotonic() + self.ttl, keys)
         return keys
 

@@ -64,8 +64,9 @@ class Registry:
         if "/" in model:
             namespace, _, served = model.partition("/")
             return [s for s in self.services.values() if s.namespace == namespace and s.served_name == served]
-        return sorted((s for s in self.services.values() if s.served_name == model),
-                      key=lambda s: (s.namespace, s.name))
+        return sorted(
+            (s for s in self.services.values() if s.served_name == model), key=lambda s: (s.namespace, s.name)
+        )
 
     def model_id(self, svc: Service) -> str:
         shared = sum(1 for s in self.services.values() if s.served_name == svc.served_name) > 1
@@ -81,8 +82,10 @@ class Registry:
 
     def set_static(self, models: dict[str, tuple[str, ...]], policy: str) -> None:
         """Fixed services outside any cluster: served name -> replica URLs."""
-        self.services = {("static", name): Service("static", name, name, policy, len(urls), len(urls))
-                         for name, urls in models.items()}
+        self.services = {
+            ("static", name): Service("static", name, name, policy, len(urls), len(urls))
+            for name, urls in models.items()
+        }
         self.slices = {("static", name): (("static", name), urls) for name, urls in models.items()}
         self.synced.update(("services", "slices"))
         self._notify()
@@ -114,10 +117,17 @@ class Registry:
             self.services.pop(key, None)
             return
         secret = spec.auth.api_key_secret
-        self.services[key] = Service(key[0], key[1], spec.model.served_name, spec.routing.policy,
-                                     spec.autoscaling.min_replicas, spec.desired_replicas,
-                                     spec.slo.ttft_seconds, spec.slo.tpot_seconds,
-                                     (secret.name, secret.key) if secret else None)
+        self.services[key] = Service(
+            key[0],
+            key[1],
+            spec.model.served_name,
+            spec.routing.policy,
+            spec.autoscaling.min_replicas,
+            spec.desired_replicas,
+            spec.slo.ttft_seconds,
+            spec.slo.tpot_seconds,
+            (secret.name, secret.key) if secret else None,
+        )
 
     def reset_slices(self, items: list[dict[str, Any]]) -> None:
         self.slices = {}
@@ -163,8 +173,15 @@ def ready_urls(piece: dict[str, Any]) -> tuple[str, ...]:
 class Watch:
     """List, then watch from the list's resourceVersion; on any failure list again. In a daemon thread."""
 
-    def __init__(self, kube: Kube, path: str, selector: str, loop: asyncio.AbstractEventLoop,
-                 reset: Callable[[list[dict[str, Any]]], None], event: Callable[[str, dict[str, Any]], None]) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        path: str,
+        selector: str,
+        loop: asyncio.AbstractEventLoop,
+        reset: Callable[[list[dict[str, Any]]], None],
+        event: Callable[[str, dict[str, Any]], None],
+    ) -> None:
         self.kube, self.path, self.selector, self.loop = kube, path, selector, loop
         self.reset, self.event = reset, event
         self.stopping = threading.Event()
@@ -189,13 +206,21 @@ class Watch:
     def _watch(self, version: str) -> None:
         api = self.kube._api
         while not self.stopping.is_set():
-            query = [("watch", "true"), ("resourceVersion", version), ("allowWatchBookmarks", "true"),
-                     ("timeoutSeconds", str(WATCH_SECONDS))]
+            query = [
+                ("watch", "true"),
+                ("resourceVersion", version),
+                ("allowWatchBookmarks", "true"),
+                ("timeoutSeconds", str(WATCH_SECONDS)),
+            ]
             if self.selector:
                 query.append(("labelSelector", self.selector))
-            request = api.param_serialize("GET", self.path, query_params=query,
-                                          header_params={"Accept": "application/json"},
-                                          auth_settings=["BearerToken"])
+            request = api.param_serialize(
+                "GET",
+                self.path,
+                query_params=query,
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+            )
             response = api.call_api(*request, _request_timeout=(10, WATCH_SECONDS + 10))
             if response.status != 200:
                 raise ApiError(response.status, response.reason or "", response.read().decode(errors="replace"))
@@ -224,6 +249,7 @@ async def start_watches(kube: Kube, registry: Registry) -> list[Watch]:
     version = await slice_api(kube)
     return [
         Watch(kube, owner_collection(None), "", loop, registry.reset_services, registry.service_event).start(),
-        Watch(kube, f"/apis/{version}/endpointslices", SERVICE_LABEL, loop, registry.reset_slices,
-              registry.slice_event).start(),
+        Watch(
+            kube, f"/apis/{version}/endpointslices", SERVICE_LABEL, loop, registry.reset_slices, registry.slice_event
+        ).start(),
     ]

@@ -8,8 +8,15 @@ from aiohttp import web
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, retry_after: int | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
         self.retry_after = retry_after
@@ -17,8 +24,7 @@ class APIError(Exception):
     def response(self) -> web.Response:
         headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
         body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return web.Response(text=json.dumps(body), status=self.status, content_type="application/json",
-                            headers=headers)
+        return web.Response(text=json.dumps(body), status=self.status, content_type="application/json", headers=headers)
 
 
 def invalid(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
@@ -26,8 +32,13 @@ def invalid(message: str, param: str | None = None, code: str = "invalid_value")
 
 
 def model_not_found(model: str) -> APIError:
-    return APIError(404, f"The model '{model}' does not exist or you do not have access to it.",
-                    "invalid_request_error", None, "model_not_found")
+    return APIError(
+        404,
+        f"The model '{model}' does not exist or you do not have access to it.",
+        "invalid_request_error",
+        None,
+        "model_not_found",
+    )
 
 
 def unavailable(message: str, code: str, retry_after: int = 1) -> APIError:

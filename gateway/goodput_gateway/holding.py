@@ -30,8 +30,11 @@ class Holds:
         retry_after = max(1, min(30, round(self.seconds / 10)))
         if self.held[key] >= self.limit:
             self.metrics.refused.labels(*key, "queue_full").inc()
-            raise too_many(f"The model '{model}' has no ready replica and {self.held[key]} requests are already "
-                           "waiting for one; retry later", retry_after)
+            raise too_many(
+                f"The model '{model}' has no ready replica and {self.held[key]} requests are already "
+                "waiting for one; retry later",
+                retry_after,
+            )
         self.held[key] += 1
         gauge = self.metrics.waiting.labels(*key)
         gauge.inc()
@@ -44,8 +47,11 @@ class Holds:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self.metrics.refused.labels(*key, "hold_timeout").inc()
-                    raise unavailable(f"The model '{model}' had no ready replica within {self.seconds:g} s; "
-                                      "retry later", "no_ready_replica", retry_after)
+                    raise unavailable(
+                        f"The model '{model}' had no ready replica within {self.seconds:g} s; retry later",
+                        "no_ready_replica",
+                        retry_after,
+                    )
                 try:
                     await asyncio.wait_for(self.registry.changed.wait(), remaining)
                 except asyncio.TimeoutError:

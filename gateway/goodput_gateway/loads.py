@@ -42,8 +42,7 @@ class LoadScraper:
     """Keeps `scraped[url] = (waiting, kv usage)` for the replicas `targets()` names; a replica whose
     /metrics cannot be read counts as neither queued nor full (its outstanding requests still count)."""
 
-    def __init__(self, session: aiohttp.ClientSession, targets: Callable[[], Iterable[str]],
-                 period: float) -> None:
+    def __init__(self, session: aiohttp.ClientSession, targets: Callable[[], Iterable[str]], period: float) -> None:
         self.session, self.targets, self.period = session, targets, period
         self.scraped: dict[str, tuple[float, float]] = {}
 

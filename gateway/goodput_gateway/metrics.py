@@ -15,35 +15,60 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(names.GATEWAY_REQUESTS, "Requests answered, by HTTP status code",
-                                [*SERVICE, "code"], registry=r)
-        self.duration = Histogram(names.GATEWAY_REQUEST_DURATION,
-                                  "Seconds from a request's arrival to the end of its response, holding included",
-                                  SERVICE, buckets=LATENCY_BUCKETS, registry=r)
-        self.decisions = Counter(names.GATEWAY_ROUTING_DECISIONS,
-                                 "Replica choices: affinity (the prefix's own replica), overflow (it was over the "
-                                 "load bound), least_load, random, retry (after a failure before response headers)",
-                                 [*SERVICE, "decision"], registry=r)
-        self.retries = Counter(names.GATEWAY_RETRIES,
-                               "Requests sent on to another replica after one failed before the client got a byte: "
-                               "connect (refused), reset (dropped before the body's first byte), unavailable (503)",
-                               [*SERVICE, "reason"], registry=r)
-        self.refused = Counter(names.GATEWAY_REQUESTS_REFUSED,
-                               "Requests the gateway turned away unserved: queue_full (429, the held queue is "
-                               "full), hold_timeout (503, no replica became ready in time), upstream_unavailable "
-                               "(503, no replica answered after every attempt); demand the autoscaler counts",
-                               [*SERVICE, "reason"], registry=r)
-        self.waiting = Gauge(names.GATEWAY_REQUESTS_WAITING,
-                             "Requests held because the service has no ready replica (at zero, or starting)",
-                             SERVICE, registry=r)
-        self.hold = Histogram(names.GATEWAY_HOLD_DURATION,
-                              "Seconds a held request waited for a ready replica (a cold start, seen by a client)",
-                              SERVICE, buckets=HOLD_BUCKETS, registry=r)
-        self.in_flight = Gauge(names.GATEWAY_REQUESTS_IN_FLIGHT, "Requests being answered now, held ones included",
-                               SERVICE, registry=r)
-        self.last_request = Gauge(names.GATEWAY_LAST_REQUEST,
-                                  "Unix time of the service's latest request at this gateway (the idle signal)",
-                                  SERVICE, registry=r)
+        self.requests = Counter(
+            names.GATEWAY_REQUESTS, "Requests answered, by HTTP status code", [*SERVICE, "code"], registry=r
+        )
+        self.duration = Histogram(
+            names.GATEWAY_REQUEST_DURATION,
+            "Seconds from a request's arrival to the end of its response, holding included",
+            SERVICE,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.decisions = Counter(
+            names.GATEWAY_ROUTING_DECISIONS,
+            "Replica choices: affinity (the prefix's own replica), overflow (it was over the "
+            "load bound), least_load, random, retry (after a failure before response headers)",
+            [*SERVICE, "decision"],
+            registry=r,
+        )
+        self.retries = Counter(
+            names.GATEWAY_RETRIES,
+            "Requests sent on to another replica after one failed before the client got a byte: "
+            "connect (refused), reset (dropped before the body's first byte), unavailable (503)",
+            [*SERVICE, "reason"],
+            registry=r,
+        )
+        self.refused = Counter(
+            names.GATEWAY_REQUESTS_REFUSED,
+            "Requests the gateway turned away unserved: queue_full (429, the held queue is "
+            "full), hold_timeout (503, no replica became ready in time), upstream_unavailable "
+            "(503, no replica answered after every attempt); demand the autoscaler counts",
+            [*SERVICE, "reason"],
+            registry=r,
+        )
+        self.waiting = Gauge(
+            names.GATEWAY_REQUESTS_WAITING,
+            "Requests held because the service has no ready replica (at zero, or starting)",
+            SERVICE,
+            registry=r,
+        )
+        self.hold = Histogram(
+            names.GATEWAY_HOLD_DURATION,
+            "Seconds a held request waited for a ready replica (a cold start, seen by a client)",
+            SERVICE,
+            buckets=HOLD_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            names.GATEWAY_REQUESTS_IN_FLIGHT, "Requests being answered now, held ones included", SERVICE, registry=r
+        )
+        self.last_request = Gauge(
+            names.GATEWAY_LAST_REQUEST,
+            "Unix time of the service's latest request at this gateway (the idle signal)",
+            SERVICE,
+            registry=r,
+        )
 
     def service_seen(self, namespace: str, service: str) -> None:
         """Series a dashboard or the autoscaler reads exist at zero from the service's first appearance."""

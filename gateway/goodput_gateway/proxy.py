@@ -35,12 +35,23 @@ from goodput_gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger(__name__)
 
-HOP_BY_HOP = frozenset(h.lower() for h in (
-    hdrs.CONNECTION, hdrs.KEEP_ALIVE, hdrs.PROXY_AUTHENTICATE, hdrs.PROXY_AUTHORIZATION, hdrs.TE, hdrs.TRAILER,
-    hdrs.TRANSFER_ENCODING, hdrs.UPGRADE, hdrs.HOST, hdrs.CONTENT_LENGTH))
+HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        hdrs.CONNECTION,
+        hdrs.KEEP_ALIVE,
+        hdrs.PROXY_AUTHENTICATE,
+        hdrs.PROXY_AUTHORIZATION,
+        hdrs.TE,
+        hdrs.TRAILER,
+        hdrs.TRANSFER_ENCODING,
+        hdrs.UPGRADE,
+        hdrs.HOST,
+        hdrs.CONTENT_LENGTH,
+    )
+)
 NOT_COPIED_BACK = HOP_BY_HOP - {hdrs.CONTENT_LENGTH.lower()} | {hdrs.SERVER.lower(), hdrs.DATE.lower()}
-RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
-             ConnectionResetError)
+RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError)
 FIRST_BYTE_LOST = (*RETRYABLE, aiohttp.ClientPayloadError)
 
 
@@ -54,8 +65,15 @@ class ProxySettings:
 
 
 class Proxy:
-    def __init__(self, registry: Registry, holds: Holds, scraper: LoadScraper, session: aiohttp.ClientSession,
-                 metrics: GatewayMetrics, settings: ProxySettings) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        holds: Holds,
+        scraper: LoadScraper,
+        session: aiohttp.ClientSession,
+        metrics: GatewayMetrics,
+        settings: ProxySettings,
+    ) -> None:
         self.registry, self.holds, self.scraper, self.session = registry, holds, scraper, session
         self.metrics, self.settings = metrics, settings
         self.outstanding: Counter[str] = Counter()
@@ -83,18 +101,34 @@ class Proxy:
         if tried:
             return routing.Choice(routing.least_loaded(usable, loads, self.rng), routing.RETRY)
         ring = self.ring(usable) if svc.policy == "prefix" else None
-        return routing.choose(svc.policy, usable, loads, key, ring=ring, epsilon=self.settings.epsilon,
-                              rng=self.rng)
+        return routing.choose(svc.policy, usable, loads, key, ring=ring, epsilon=self.settings.epsilon, rng=self.rng)
 
-    async def forward(self, request: web.Request, svc: Service, model: str, raw: bytes,
-                      body: dict[str, Any], authorization: str | None = None) -> web.StreamResponse:
-        async with self.open(request.method, request.path_qs, request.headers, svc, model, raw, body,
-                             authorization) as upstream:
+    async def forward(
+        self,
+        request: web.Request,
+        svc: Service,
+        model: str,
+        raw: bytes,
+        body: dict[str, Any],
+        authorization: str | None = None,
+    ) -> web.StreamResponse:
+        async with self.open(
+            request.method, request.path_qs, request.headers, svc, model, raw, body, authorization
+        ) as upstream:
             return await self.stream(request, upstream)
 
     @contextlib.asynccontextmanager
-    async def open(self, method: str, path_qs: str, client_headers: Mapping[str, str], svc: Service, model: str,
-                   raw: bytes, body: dict[str, Any], authorization: str | None = None) -> AsyncIterator[Upstream]:
+    async def open(
+        self,
+        method: str,
+        path_qs: str,
+        client_headers: Mapping[str, str],
+        svc: Service,
+        model: str,
+        raw: bytes,
+        body: dict[str, Any],
+        authorization: str | None = None,
+    ) -> AsyncIterator[Upstream]:
         """One replica of `svc`'s response, its body's first bytes read (retried elsewhere as above); the
         replica counts as carrying the request until the block ends. `authorization`, when given,
         replaces the client's header: the runtime's own key."""
@@ -153,8 +187,10 @@ class Proxy:
                 response.close()  # a no-op after a full read (the connection went back to the pool)
             return
         self.metrics.refused.labels(*key, "upstream_unavailable").inc()
-        raise unavailable(f"No replica of '{model}' answered after {self.settings.attempts} attempts ({failure})",
-                          "upstream_unavailable")
+        raise unavailable(
+            f"No replica of '{model}' answered after {self.settings.attempts} attempts ({failure})",
+            "upstream_unavailable",
+        )
 
     def failed(self, key: tuple[str, str], url: str, tried: set[str], failure: str) -> str:
         """`url` sits out the cooldown and is not tried again for this request."""
@@ -213,9 +249,12 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
-        raise APIError(400, "We could not parse the JSON body of your request. (HINT: This likely means you "
-                       "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload.)",
-                       code="invalid_json") from None
+        raise APIError(
+            400,
+            "We could not parse the JSON body of your request. (HINT: This likely means you "
+            "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload.)",
+            code="invalid_json",
+        ) from None
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object", code="invalid_type")
     return body
@@ -226,5 +265,3 @@ def rewrite_model(raw: bytes, body: dict[str, Any], served_name: str) -> bytes:
     if body.get("model") == served_name:
         return raw
     return json.dumps({**body, "model": served_name}).encode()
-
-

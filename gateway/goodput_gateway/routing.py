@@ -118,8 +118,16 @@ def least_loaded(replicas: Sequence[str], loads: Mapping[str, float], rng: rando
     return rng.choice([r for r in replicas if loads.get(r, 0.0) == low])
 
 
-def choose(policy: str, replicas: Sequence[str], loads: Mapping[str, float], key: int, *,
-           ring: Ring | None = None, epsilon: float = EPSILON, rng: random.Random | None = None) -> Choice:
+def choose(
+    policy: str,
+    replicas: Sequence[str],
+    loads: Mapping[str, float],
+    key: int,
+    *,
+    ring: Ring | None = None,
+    epsilon: float = EPSILON,
+    rng: random.Random | None = None,
+) -> Choice:
     """The replica for one request under `policy`; `replicas` must not be empty."""
     rng = rng or random.Random()
     if policy == "least-load":

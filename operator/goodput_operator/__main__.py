@@ -21,23 +21,47 @@ from goodput_operator.settings import Settings
 
 def parse_args(argv: list[str] | None, defaults: Settings) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m goodput_operator", description=__doc__)
-    parser.add_argument("--namespace", default=defaults.namespace,
-                        help="watch one namespace (default: all; env WATCH_NAMESPACE)")
+    parser.add_argument(
+        "--namespace", default=defaults.namespace, help="watch one namespace (default: all; env WATCH_NAMESPACE)"
+    )
     parser.add_argument("--runtime-image", default=defaults.runtime_image, help="env RUNTIME_IMAGE")
     parser.add_argument("--vllm-image", default=defaults.vllm_image, help="engine.kind vllm (env VLLM_IMAGE)")
-    parser.add_argument("--vllm-cpu-image", default=defaults.vllm_cpu_image,
-                        help="engine.kind vllm with resources.gpu 0 (env VLLM_CPU_IMAGE)")
+    parser.add_argument(
+        "--vllm-cpu-image",
+        default=defaults.vllm_cpu_image,
+        help="engine.kind vllm with resources.gpu 0 (env VLLM_CPU_IMAGE)",
+    )
     parser.add_argument("--sglang-image", default=defaults.sglang_image, help="engine.kind sglang (env SGLANG_IMAGE)")
-    parser.add_argument("--liveness-port", type=int, default=defaults.liveness_port,
-                        help="port of /healthz, 0 for none (env LIVENESS_PORT)")
-    parser.add_argument("--metrics-port", type=int, default=defaults.metrics_port,
-                        help="port of /metrics, 0 for none (env METRICS_PORT)")
-    parser.add_argument("--resync-seconds", type=float, default=defaults.resync_seconds,
-                        help="reconcile every service at least this often (env RESYNC_SECONDS)")
-    parser.add_argument("--autoscaler-period-seconds", type=float, default=defaults.autoscaler_period_seconds,
-                        help="goodput autoscaler period (env AUTOSCALER_PERIOD_SECONDS)")
-    parser.add_argument("--autoscaler-window-seconds", type=float, default=defaults.autoscaler_window_seconds,
-                        help="window for rates and attainment, the long one 5x (env AUTOSCALER_WINDOW_SECONDS)")
+    parser.add_argument(
+        "--liveness-port",
+        type=int,
+        default=defaults.liveness_port,
+        help="port of /healthz, 0 for none (env LIVENESS_PORT)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=defaults.metrics_port,
+        help="port of /metrics, 0 for none (env METRICS_PORT)",
+    )
+    parser.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=defaults.resync_seconds,
+        help="reconcile every service at least this often (env RESYNC_SECONDS)",
+    )
+    parser.add_argument(
+        "--autoscaler-period-seconds",
+        type=float,
+        default=defaults.autoscaler_period_seconds,
+        help="goodput autoscaler period (env AUTOSCALER_PERIOD_SECONDS)",
+    )
+    parser.add_argument(
+        "--autoscaler-window-seconds",
+        type=float,
+        default=defaults.autoscaler_window_seconds,
+        help="window for rates and attainment, the long one 5x (env AUTOSCALER_WINDOW_SECONDS)",
+    )
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     return parser.parse_args(argv)
 

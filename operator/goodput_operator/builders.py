@@ -100,9 +100,7 @@ def _env(svc: ServiceSpec, settings: Settings) -> list[dict[str, Any]]:
 
 def _volumes(svc: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     cache: dict[str, Any] = (
-        {"persistentVolumeClaim": {"claimName": svc.model.cache_claim}}
-        if svc.model.cache_claim
-        else {"emptyDir": {}}
+        {"persistentVolumeClaim": {"claimName": svc.model.cache_claim}} if svc.model.cache_claim else {"emptyDir": {}}
     )
     volumes: list[dict[str, Any]] = [{"name": "model-cache", **cache}, {"name": "tmp", "emptyDir": {}}]
     mounts: list[dict[str, Any]] = [
@@ -260,14 +258,29 @@ def metric_relabelings(svc: ServiceSpec) -> list[dict[str, Any]]:
     engine = ENGINE_METRICS[svc.engine.kind]
     if engine.good is not None:
         return []
-    out: list[dict[str, Any]] = [{"sourceLabels": [engine.model_label], "regex": "(.+)", "targetLabel": "model",
-                                  "replacement": "$1", "action": "replace"}]
-    for tag, target, series in (("ttft", svc.slo.ttft_seconds, engine.ttft[0]),
-                                ("tpot", svc.slo.tpot_seconds, engine.tpot[0])):
+    out: list[dict[str, Any]] = [
+        {
+            "sourceLabels": [engine.model_label],
+            "regex": "(.+)",
+            "targetLabel": "model",
+            "replacement": "$1",
+            "action": "replace",
+        }
+    ]
+    for tag, target, series in (
+        ("ttft", svc.slo.ttft_seconds, engine.ttft[0]),
+        ("tpot", svc.slo.tpot_seconds, engine.tpot[0]),
+    ):
         if target is not None:  # the engine prints `le` as prometheus_client does
-            out.append({"sourceLabels": ["__name__", "le"], "targetLabel": "slo", "replacement": tag,
-                        "regex": f"{re.escape(series)}_bucket;{re.escape(floatToGoString(target))}",
-                        "action": "replace"})
+            out.append(
+                {
+                    "sourceLabels": ["__name__", "le"],
+                    "targetLabel": "slo",
+                    "replacement": tag,
+                    "regex": f"{re.escape(series)}_bucket;{re.escape(floatToGoString(target))}",
+                    "action": "replace",
+                }
+            )
     return out
 
 
@@ -299,4 +312,3 @@ def build_pod_monitor(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
             "podMetricsEndpoints": [endpoint],
         },
     }
-

@@ -66,7 +66,8 @@ def quantization_problem(method: str, r: Resources) -> str | None:
     if capability is None:
         return None
     return quant.capability_problem(
-        method, capability, f"resources.gpuProduct {r.gpu_product} has {capability[0]}.{capability[1]}")
+        method, capability, f"resources.gpuProduct {r.gpu_product} has {capability[0]}.{capability[1]}"
+    )
 
 
 @dataclass(frozen=True)

@@ -36,22 +36,25 @@ def derive_ready(conditions: Iterable[Condition]) -> Condition:
     return Condition(READY, TRUE, "Serving", available.message)
 
 
-def merge(existing: list[dict[str, Any]] | None, current: Iterable[Condition], generation: int,
-          now: str) -> list[dict[str, Any]]:
+def merge(
+    existing: list[dict[str, Any]] | None, current: Iterable[Condition], generation: int, now: str
+) -> list[dict[str, Any]]:
     """The new condition list; a condition keeps its lastTransitionTime unless its status flipped."""
     previous = {c.get("type"): c for c in existing or ()}
     out = []
     for c in sorted(current, key=lambda c: ORDER.index(c.type) if c.type in ORDER else len(ORDER)):
         before = previous.get(c.type)
         flipped = before is None or before.get("status") != c.status
-        out.append({
-            "type": c.type,
-            "status": c.status,
-            "reason": c.reason,
-            "message": c.message,
-            "observedGeneration": generation,
-            "lastTransitionTime": now if flipped or before is None else before.get("lastTransitionTime", now),
-        })
+        out.append(
+            {
+                "type": c.type,
+                "status": c.status,
+                "reason": c.reason,
+                "message": c.message,
+                "observedGeneration": generation,
+                "lastTransitionTime": now if flipped or before is None else before.get("lastTransitionTime", now),
+            }
+        )
     return out
 
 

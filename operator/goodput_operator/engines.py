@@ -31,14 +31,96 @@ SHUTDOWN_DELAY_SECONDS = 5
 
 # The SLO is put on a bucket boundary of the engines' latency histograms, so the share of requests
 # within it is read exactly rather than interpolated. The rest are each engine's own defaults.
-VLLM_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                     10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-VLLM_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                     20.0, 40.0, 80.0)
-SGLANG_TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
-                       200.0, 400.0)
-SGLANG_TPOT_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08,
-                       0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0)
+VLLM_TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+VLLM_TPOT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+SGLANG_TTFT_BUCKETS = (
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1.0,
+    2.0,
+    4.0,
+    6.0,
+    8.0,
+    10.0,
+    20.0,
+    40.0,
+    60.0,
+    80.0,
+    100.0,
+    200.0,
+    400.0,
+)
+SGLANG_TPOT_BUCKETS = (
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.035,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1.0,
+    2.0,
+    4.0,
+    6.0,
+    8.0,
+)
 
 
 @dataclass(frozen=True)
@@ -88,37 +170,44 @@ def with_boundary(buckets: tuple[float, ...], *extra: float | None) -> list[floa
 
 # --- Goodput's runtime ----------------------------------------------------------------------------
 
+
 def goodput_args(svc: ServiceSpec) -> list[str]:
     """The runtime's command line: each CR field under the flag the contract
     (goodput_contract.flags) names for it; unset fields leave the runtime's default."""
     m, e = svc.model, svc.engine
-    args = flags.to_args({
-        "model.source": model_path(svc),
-        "model.servedName": m.served_name,
-        "model.revision": m.revision if m.source.scheme == "hf" else None,
-    })
+    args = flags.to_args(
+        {
+            "model.source": model_path(svc),
+            "model.servedName": m.served_name,
+            "model.revision": m.revision if m.source.scheme == "hf" else None,
+        }
+    )
     args += [flags.HOST, "0.0.0.0", flags.PORT, str(RUNTIME_PORT)]
-    args += flags.to_args({
-        "resources.gpu": "cuda" if svc.resources.gpu else "cpu",
-        "model.dtype": m.dtype,
-        "model.maxModelLen": m.max_model_len,
-        "engine.maxNumSeqs": e.max_num_seqs,
-        "engine.maxBatchedTokens": e.max_batched_tokens,
-        "engine.gpuMemoryUtilization": e.gpu_memory_utilization,
-        "engine.prefixCaching": e.prefix_caching,
-        "engine.maxQueue": e.max_queue,
-        "slo.ttft": svc.slo.ttft_seconds,
-        "slo.tpot": svc.slo.tpot_seconds,
-        "parallelism.tensor": svc.tensor_parallel,
-        "model.quantization": m.quantization,
-    })
+    args += flags.to_args(
+        {
+            "resources.gpu": "cuda" if svc.resources.gpu else "cpu",
+            "model.dtype": m.dtype,
+            "model.maxModelLen": m.max_model_len,
+            "engine.maxNumSeqs": e.max_num_seqs,
+            "engine.maxBatchedTokens": e.max_batched_tokens,
+            "engine.gpuMemoryUtilization": e.gpu_memory_utilization,
+            "engine.prefixCaching": e.prefix_caching,
+            "engine.maxQueue": e.max_queue,
+            "slo.ttft": svc.slo.ttft_seconds,
+            "slo.tpot": svc.slo.tpot_seconds,
+            "parallelism.tensor": svc.tensor_parallel,
+            "model.quantization": m.quantization,
+        }
+    )
     if e.speculative is not None:  # the draft model is fetched into the same cache, with the same token
         draft = e.speculative.draft_model
-        args += flags.to_args({
-            "engine.speculative.method": e.speculative.method,
-            "engine.speculative.tokens": e.speculative.tokens,
-            "engine.speculative.draftModel": model_path(svc, draft) if draft else None,
-        })
+        args += flags.to_args(
+            {
+                "engine.speculative.method": e.speculative.method,
+                "engine.speculative.tokens": e.speculative.tokens,
+                "engine.speculative.draftModel": model_path(svc, draft) if draft else None,
+            }
+        )
     args += [flags.SHUTDOWN_DELAY, str(SHUTDOWN_DELAY_SECONDS)]
     return args + list(e.extra_args)
 
@@ -194,21 +283,29 @@ def vllm_args(svc: ServiceSpec) -> list[str]:
 def _vllm_refusals(svc: ServiceSpec) -> list[tuple[str, str]]:
     out = []
     if svc.model.quantization not in VLLM_QUANTIZATIONS:
-        out.append(("model.quantization", f"{svc.model.quantization} is Goodput's own load-time quantization; "
-                    "vLLM quantizes at load time only to fp8 (or serves a checkpoint quantized beforehand)"))
+        out.append(
+            (
+                "model.quantization",
+                f"{svc.model.quantization} is Goodput's own load-time quantization; "
+                "vLLM quantizes at load time only to fp8 (or serves a checkpoint quantized beforehand)",
+            )
+        )
     if svc.engine.max_queue is not None:
         out.append(("engine.maxQueue", "vLLM has no bounded queue; leave it out or use engine.kind goodput or sglang"))
     if svc.model.source.file:
         out.append(("model.source", "names one GGUF file; vLLM needs a model directory or a Hub repository here"))
     if svc.engine.speculative is not None:
-        out.append(("engine.speculative", "is Goodput's runtime's; for vLLM pass --speculative-config in "
-                    "engine.extraArgs"))
+        out.append(
+            ("engine.speculative", "is Goodput's runtime's; for vLLM pass --speculative-config in engine.extraArgs")
+        )
     return out
 
 
 def _vllm_env(svc: ServiceSpec) -> list[dict[str, str]]:
-    return [{"name": "VLLM_NO_USAGE_STATS", "value": "1"}, {"name": "VLLM_CACHE_ROOT",
-                                                            "value": f"{MODEL_CACHE_DIR}/vllm"}]
+    return [
+        {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+        {"name": "VLLM_CACHE_ROOT", "value": f"{MODEL_CACHE_DIR}/vllm"},
+    ]
 
 
 # --- SGLang ---------------------------------------------------------------------------------------
@@ -249,15 +346,24 @@ def sglang_args(svc: ServiceSpec) -> list[str]:
 def _sglang_refusals(svc: ServiceSpec) -> list[tuple[str, str]]:
     out = []
     if svc.model.quantization not in SGLANG_QUANTIZATIONS:
-        out.append(("model.quantization", f"{svc.model.quantization} is Goodput's own load-time quantization; "
-                    "SGLang quantizes at load time only to fp8 (or serves a checkpoint quantized beforehand)"))
+        out.append(
+            (
+                "model.quantization",
+                f"{svc.model.quantization} is Goodput's own load-time quantization; "
+                "SGLang quantizes at load time only to fp8 (or serves a checkpoint quantized beforehand)",
+            )
+        )
     if not svc.resources.gpu:
         out.append(("resources.gpu", "is 0 (CPU), but SGLang's published images serve on GPUs only"))
     if svc.model.source.file:
         out.append(("model.source", "names one GGUF file; SGLang needs a model directory or a Hub repository here"))
     if svc.engine.speculative is not None:
-        out.append(("engine.speculative", "is Goodput's runtime's; for SGLang pass --speculative-algorithm and its "
-                    "flags in engine.extraArgs"))
+        out.append(
+            (
+                "engine.speculative",
+                "is Goodput's runtime's; for SGLang pass --speculative-algorithm and its flags in engine.extraArgs",
+            )
+        )
     return out
 
 
@@ -281,7 +387,9 @@ ENGINES: dict[str, Engine] = {
         health_path="/health",
         metrics_path="/metrics",
         metric_prefix="goodput_",
-        startup=_LOAD, readiness=_READY, liveness=_LIVE,
+        startup=_LOAD,
+        readiness=_READY,
+        liveness=_LIVE,
         shared_memory=False,  # only tensor-parallel workers share memory (added below)
         pre_stop_sleep=False,  # --shutdown-delay does it
         api_key_env=api_keys.RUNTIME_VARIABLE,
@@ -296,7 +404,9 @@ ENGINES: dict[str, Engine] = {
         health_path="/health",
         metrics_path="/metrics",
         metric_prefix="vllm:",
-        startup=_LOAD, readiness=_READY, liveness=_LIVE,
+        startup=_LOAD,
+        readiness=_READY,
+        liveness=_LIVE,
         shared_memory=True,  # the API server and the engine core talk through shared memory
         pre_stop_sleep=True,
         env=_vllm_env,
@@ -311,7 +421,9 @@ ENGINES: dict[str, Engine] = {
         health_path="/health",
         metrics_path="/metrics",
         metric_prefix="sglang:",
-        startup=_LOAD, readiness=_READY, liveness=_LIVE,
+        startup=_LOAD,
+        readiness=_READY,
+        liveness=_LIVE,
         shared_memory=True,
         pre_stop_sleep=True,
         env=_sglang_env,
@@ -327,18 +439,24 @@ def engine_of(svc: ServiceSpec) -> Engine:
 def validate(svc: ServiceSpec) -> None:
     """SpecError naming the first field the service's engine cannot honour."""
     if svc.engine.kind not in ENGINES:
-        raise SpecError("engine.kind", f"{svc.engine.kind!r} is not one of {', '.join(KINDS)}",
-                        reason="EngineUnknown")
+        raise SpecError("engine.kind", f"{svc.engine.kind!r} is not one of {', '.join(KINDS)}", reason="EngineUnknown")
     if svc.image and svc.engine.image and svc.image != svc.engine.image:
-        raise SpecError("engine.image", f"is {svc.engine.image!r} but spec.image is {svc.image!r}; set one of them",
-                        reason="ImageConflict")
+        raise SpecError(
+            "engine.image",
+            f"is {svc.engine.image!r} but spec.image is {svc.image!r}; set one of them",
+            reason="ImageConflict",
+        )
     if svc.auth.api_key_secret and engine_of(svc).api_key_env is None:
-        raise SpecError("auth.apiKeySecretRef", f"cannot be honoured by engine.kind {svc.engine.kind}: it takes "
-                        "its API key only on the command line, where the pod spec would show it",
-                        reason="EngineUnsupportedField")
+        raise SpecError(
+            "auth.apiKeySecretRef",
+            f"cannot be honoured by engine.kind {svc.engine.kind}: it takes "
+            "its API key only on the command line, where the pod spec would show it",
+            reason="EngineUnsupportedField",
+        )
     for field, why in engine_of(svc).refusals(svc):
-        raise SpecError(field, f"cannot be honoured by engine.kind {svc.engine.kind}: {why}",
-                        reason="EngineUnsupportedField")
+        raise SpecError(
+            field, f"cannot be honoured by engine.kind {svc.engine.kind}: {why}", reason="EngineUnsupportedField"
+        )
 
 
 def image(svc: ServiceSpec, settings: Settings) -> str:

@@ -104,14 +104,19 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
     @kopf.on.startup(id="startup", registry=registry)
     async def startup(memo: kopf.Memo, **_: Any) -> None:
         kube = Kube(load_config(), settings.field_manager)
-        fetcher = ConfigFetcher(settings.hf_endpoint, settings.hub_timeout_seconds,
-                                on_ready=lambda waiters: reconcile_soon(memo.ctx, waiters))
+        fetcher = ConfigFetcher(
+            settings.hf_endpoint,
+            settings.hub_timeout_seconds,
+            on_ready=lambda waiters: reconcile_soon(memo.ctx, waiters),
+        )
         memo.ctx = Context(kube, settings, fetcher, instance=os.environ.get("POD_NAME") or socket.gethostname())
         # A plain loop rather than a kopf timer: timers put a finalizer on every service.
         workers = [asyncio.create_task(side_reconciles(memo.ctx), name=f"side-{i}") for i in range(SIDE_WORKERS)]
-        for task in (asyncio.create_task(resync_forever(memo.ctx), name="resync"),
-                     asyncio.create_task(Autoscaler.from_context(memo.ctx).run_forever(), name="autoscaler"),
-                     *workers):
+        for task in (
+            asyncio.create_task(resync_forever(memo.ctx), name="resync"),
+            asyncio.create_task(Autoscaler.from_context(memo.ctx).run_forever(), name="autoscaler"),
+            *workers,
+        ):
             background.add(task)
             task.add_done_callback(background.discard)
         if settings.metrics_port:
@@ -143,13 +148,15 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
         except ApiError as err:
             if err.status != 404 and not err.namespace_going:  # 404: the pipeline CRD is not installed
                 meta = obj.get("metadata") or {}
-                logger.warning("Updating the pipelines that call %s/%s failed: %s", meta.get("namespace"),
-                               meta.get("name"), err)
+                logger.warning(
+                    "Updating the pipelines that call %s/%s failed: %s", meta.get("namespace"), meta.get("name"), err
+                )
         priority = pass_needed(ctx, type_, obj)
         if priority is not None:
             await reconcile_or_retry(ctx, obj, priority, background)
 
     for resource in CHILD_RESOURCES:
+
         @kopf.on.event(**resource, id="child", labels=OWNED, registry=registry)  # type: ignore[arg-type]
         async def child_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
             owner = _owner_of(body)
@@ -196,12 +203,18 @@ async def reconcile_or_retry(ctx: Context, obj: dict[str, Any], priority: int, t
     except Exception as err:
         if isinstance(err, ApiError) and err.namespace_going:
             return
-        logger.warning("Reconciling %s/%s failed, retrying in %.0f s: %s", meta["namespace"], meta["name"],
-                       RETRY_BACKOFF_SECONDS, err)
+        logger.warning(
+            "Reconciling %s/%s failed, retrying in %.0f s: %s",
+            meta["namespace"],
+            meta["name"],
+            RETRY_BACKOFF_SECONDS,
+            err,
+        )
 
         async def later() -> None:
             await asyncio.sleep(RETRY_BACKOFF_SECONDS)
             ctx.side.add(meta["namespace"], meta["name"])
+
         task = asyncio.create_task(later())
         tasks.add(task)
         task.add_done_callback(tasks.discard)

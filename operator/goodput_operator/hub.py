@@ -56,8 +56,9 @@ class ConfigFetcher:
     def url(self, repo: str, revision: str, file: str = "config.json") -> str:
         return f"{self._endpoint}/{repo}/resolve/{revision}/{file}"
 
-    def lookup(self, repo: str, revision: str, token: TokenSource, waiter: Waiter,
-               file: str = "") -> FetchResult | None:
+    def lookup(
+        self, repo: str, revision: str, token: TokenSource, waiter: Waiter, file: str = ""
+    ) -> FetchResult | None:
         """The cached answer; starts a fetch when there is none, or when an error is old enough.
         ``file``: a GGUF file of the repository, sized from config.json or else its own header."""
         key = (repo, revision, file)
@@ -67,8 +68,9 @@ class ConfigFetcher:
             return result
         self._waiters.setdefault(key, set()).add(waiter)
         if key not in self._tasks:
-            self._tasks[key] = asyncio.create_task(self._fetch(key, token),
-                                                   name=f"config {repo}{'/' + file if file else ''}@{revision}")
+            self._tasks[key] = asyncio.create_task(
+                self._fetch(key, token), name=f"config {repo}{'/' + file if file else ''}@{revision}"
+            )
         return result
 
     async def close(self) -> None:
@@ -112,21 +114,25 @@ class ConfigFetcher:
         except (ValueError, TypeError) as err:
             return FetchResult(error=f"config.json of {repo}: {err}")
 
-    async def _gguf_header(self, session: aiohttp.ClientSession, repo: str, revision: str, file: str,
-                           headers: dict[str, str]) -> FetchResult:
+    async def _gguf_header(
+        self, session: aiohttp.ClientSession, repo: str, revision: str, file: str, headers: dict[str, str]
+    ) -> FetchResult:
         """The shape from the GGUF file's own header: its first bytes, by a range request."""
         url = self.url(repo, revision, file)
         ranged = {**headers, "Range": f"bytes=0-{GGUF_HEADER_BYTES - 1}"}
         async with session.get(url, headers=ranged) as response:
             if response.status not in (200, 206):
-                return FetchResult(error=f"{repo} has no config.json, and its GGUF file answered HTTP "
-                                         f"{response.status} from {url}")
+                return FetchResult(
+                    error=f"{repo} has no config.json, and its GGUF file answered HTTP {response.status} from {url}"
+                )
             data = await response.content.read(GGUF_HEADER_BYTES)  # a server ignoring Range: stop here
         try:
             header = gguf.read_header(data, f"{repo}/{file}")
             return FetchResult(config=ModelConfig.from_dict(gguf.hf_config(header)))
         except gguf.GGUFError as err:
-            return FetchResult(error=f"{repo} has no config.json, and the header of {file} cannot be read from "
-                                     f"its first {GGUF_HEADER_BYTES:,} bytes: {err}")
+            return FetchResult(
+                error=f"{repo} has no config.json, and the header of {file} cannot be read from "
+                f"its first {GGUF_HEADER_BYTES:,} bytes: {err}"
+            )
         except (ValueError, TypeError) as err:
             return FetchResult(error=f"the GGUF metadata of {repo}/{file}: {err}")

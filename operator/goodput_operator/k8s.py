@@ -88,8 +88,9 @@ def now_timestamp() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def build_event(body: dict[str, Any], type_: str, reason: str, message: str, instance: str,
-                now: str | None = None) -> dict[str, Any]:
+def build_event(
+    body: dict[str, Any], type_: str, reason: str, message: str, instance: str, now: str | None = None
+) -> dict[str, Any]:
     """A core/v1 Event about the object `body` (type Normal or Warning), posted by goodput-operator."""
     meta = body["metadata"]
     now = now or now_timestamp()
@@ -122,8 +123,11 @@ def is_subset(desired: Any, live: Any) -> bool:
     if isinstance(desired, dict):
         return isinstance(live, dict) and all(k in live and is_subset(v, live[k]) for k, v in desired.items())
     if isinstance(desired, list):
-        return (isinstance(live, list) and len(desired) == len(live)
-                and all(is_subset(d, x) for d, x in zip(desired, live, strict=True)))
+        return (
+            isinstance(live, list)
+            and len(desired) == len(live)
+            and all(is_subset(d, x) for d, x in zip(desired, live, strict=True))
+        )
     if isinstance(desired, bool) or isinstance(live, bool):
         return desired is live
     if isinstance(desired, int | float | str) and isinstance(live, int | float | str):
@@ -139,6 +143,7 @@ _SURROGATE_PAIR = re.compile(r"(?<!\\)((?:\\\\)*)\\u(d[89ab][0-9a-f]{2})\\u(d[c-
 def apply_body(manifest: dict[str, Any]) -> bytes:
     """A manifest for server-side apply, which the server reads as YAML: JSON is YAML, except
     that YAML has no surrogate pairs, so a character beyond the BMP is written as \\UXXXXXXXX."""
+
     def one_escape(match: re.Match[str]) -> str:
         high, low = int(match[2], 16), int(match[3], 16)
         return f"{match[1]}\\U{0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00):08x}"
@@ -154,10 +159,17 @@ class Kube:
         # reconcile slot may have several calls out at once
         self._pool = ThreadPoolExecutor(API_THREADS, thread_name_prefix="kube")
 
-    def _call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
-              content_type: str = "application/json") -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
         request = self._api.param_serialize(
-            method, path,
+            method,
+            path,
             query_params=list((query or {}).items()),
             header_params={"Accept": "application/json", "Content-Type": content_type},
             body=body,
@@ -175,15 +187,15 @@ class Kube:
     async def request(self, method: str, path: str, **kwargs: Any) -> Any:
         if method != "GET":
             metrics.API_WRITES.labels(verb=method, trigger=metrics.TRIGGER.get()).inc()
-        return await asyncio.get_running_loop().run_in_executor(self._pool, partial(self._call, method, path,
-                                                                                    **kwargs))
+        return await asyncio.get_running_loop().run_in_executor(self._pool, partial(self._call, method, path, **kwargs))
 
     async def get(self, path: str, any_version: bool = False) -> dict[str, Any] | None:
         """The object, or None when absent. `any_version`: as the API server's watch cache holds it
         (resourceVersion=0: no etcd read, possibly a moment old)."""
         try:
-            result: dict[str, Any] = await self.request("GET", path,
-                                                        query={"resourceVersion": "0"} if any_version else None)
+            result: dict[str, Any] = await self.request(
+                "GET", path, query={"resourceVersion": "0"} if any_version else None
+            )
         except ApiError as err:
             if err.status == 404:
                 return None
@@ -204,7 +216,10 @@ class Kube:
         meta = manifest["metadata"]
         path = resource_path(manifest["apiVersion"], manifest["kind"], meta.get("namespace"), meta["name"])
         current = await self.request(
-            "PATCH", path, body=apply_body(manifest), content_type="application/apply-patch+yaml",
+            "PATCH",
+            path,
+            body=apply_body(manifest),
+            content_type="application/apply-patch+yaml",
             query={"fieldManager": self.field_manager, "force": "true"},
         )
         return ("created" if live is None else "updated"), current
@@ -224,7 +239,9 @@ class Kube:
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         """The object as the server holds it after the patch."""
         return await self.request(
-            "PATCH", owner_path(namespace, name) + "/status", body={"status": status},
+            "PATCH",
+            owner_path(namespace, name) + "/status",
+            body={"status": status},
             content_type="application/merge-patch+json",
         )
 

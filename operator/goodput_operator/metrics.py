@@ -10,10 +10,12 @@ from goodput_contract import metrics as names
 
 RECONCILES = Counter(
     "goodput_operator_reconciles_total",
-    "Reconcile passes by result (ok, invalid, error, skipped: the namespace is being deleted).", ["result"],
+    "Reconcile passes by result (ok, invalid, error, skipped: the namespace is being deleted).",
+    ["result"],
 )
 RECONCILE_SECONDS = Histogram(
-    "goodput_operator_reconcile_duration_seconds", "Time one reconcile pass took.",
+    "goodput_operator_reconcile_duration_seconds",
+    "Time one reconcile pass took.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
 CHILD_WRITES = Counter(
@@ -26,7 +28,8 @@ API_WRITES = Counter(
     "goodput_operator_api_writes_total",
     "Writes the operator sent to the API server, by verb and by what started the pass that sent them: change (a "
     "user's create or update), resume (start-up), side (a child, pod or config fetch), resync, other (the "
-    "autoscaler, pipelines, events outside a pass).", ["verb", "trigger"]
+    "autoscaler, pipelines, events outside a pass).",
+    ["verb", "trigger"],
 )
 # what started the pass now running in this task (the label above); set by reconcile.reconcile
 TRIGGER: contextvars.ContextVar[str] = contextvars.ContextVar("trigger", default="other")
@@ -34,18 +37,21 @@ RESYNCS = Counter("goodput_operator_resyncs_total", "Resyncs of every service fi
 RESYNC_SECONDS = Gauge("goodput_operator_resync_duration_seconds", "Time the last resync of every service took.")
 RUNTIME_FAILURES = Counter(
     "goodput_operator_runtime_failures_total",
-    "Distinct pod failures reported (one Warning Event each), by reason.", ["reason"],
+    "Distinct pod failures reported (one Warning Event each), by reason.",
+    ["reason"],
 )
 
 AUTOSCALER_DESIRED = Gauge(
     names.AUTOSCALER_DESIRED_REPLICAS, "Replicas the goodput autoscaler wants, per service.", ["namespace", "name"]
 )
 AUTOSCALER_ATTAINMENT = Gauge(
-    names.AUTOSCALER_SLO_ATTAINMENT, "SLO attainment the autoscaler saw over its short window.",
+    names.AUTOSCALER_SLO_ATTAINMENT,
+    "SLO attainment the autoscaler saw over its short window.",
     ["namespace", "name"],
 )
 AUTOSCALER_SCALE_EVENTS = Counter(
-    names.AUTOSCALER_SCALE_EVENTS, "Replica changes the autoscaler wrote, by direction and cause.",
+    names.AUTOSCALER_SCALE_EVENTS,
+    "Replica changes the autoscaler wrote, by direction and cause.",
     ["direction", "reason"],
 )
 AUTOSCALER_METRIC_ERRORS = Counter(
@@ -58,11 +64,13 @@ AUTOSCALER_WRITE_ERRORS = Counter(
     ["target"],
 )
 AUTOSCALER_REPLICAS = Gauge(
-    names.AUTOSCALER_REPLICAS, "Replica counts the autoscaler works with: current, ready, starting, min, max.",
+    names.AUTOSCALER_REPLICAS,
+    "Replica counts the autoscaler works with: current, ready, starting, min, max.",
     ["namespace", "name", "kind"],
 )
 AUTOSCALER_CAPACITY = Gauge(
-    names.AUTOSCALER_CAPACITY_PER_REPLICA, "Requests per second one replica serves within the SLO, as learnt.",
+    names.AUTOSCALER_CAPACITY_PER_REPLICA,
+    "Requests per second one replica serves within the SLO, as learnt.",
     ["namespace", "name"],
 )
 AUTOSCALER_ARRIVAL = Gauge(
@@ -72,6 +80,7 @@ AUTOSCALER_ARRIVAL = Gauge(
     ["namespace", "name", "kind"],
 )
 AUTOSCALER_STARTUP = Gauge(
-    names.AUTOSCALER_STARTUP_SECONDS, "Seconds from a replica asked for to it ready, averaged: the forecast horizon.",
+    names.AUTOSCALER_STARTUP_SECONDS,
+    "Seconds from a replica asked for to it ready, averaged: the forecast horizon.",
     ["namespace", "name"],
 )

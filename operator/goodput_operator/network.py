@@ -27,9 +27,14 @@ def namespace_selector(namespace: str) -> dict[str, Any]:
 def build_network_policy(svc: ServiceSpec, settings: Settings, owner: dict[str, Any]) -> Manifest:
     peers: list[dict[str, Any]] = [
         {"podSelector": {}},  # this namespace
-        {"namespaceSelector": namespace_selector(settings.gateway_namespace),
-         "podSelector": {"matchExpressions": [{"key": "app.kubernetes.io/name", "operator": "In",
-                                               "values": list(SYSTEM_COMPONENTS)}]}},
+        {
+            "namespaceSelector": namespace_selector(settings.gateway_namespace),
+            "podSelector": {
+                "matchExpressions": [
+                    {"key": "app.kubernetes.io/name", "operator": "In", "values": list(SYSTEM_COMPONENTS)}
+                ]
+            },
+        },
         {"namespaceSelector": namespace_selector(settings.monitoring_namespace)},
     ]
     return {

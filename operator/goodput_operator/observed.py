@@ -29,8 +29,10 @@ def trimmed(obj: dict[str, Any]) -> dict[str, Any]:
 def trimmed_pod(pod: dict[str, Any]) -> dict[str, Any]:
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
-    return {"metadata": {k: meta[k] for k in ("name", "deletionTimestamp") if k in meta},
-            "status": {k: status[k] for k in POD_STATUS_FIELDS if k in status}}
+    return {
+        "metadata": {k: meta[k] for k in ("name", "deletionTimestamp") if k in meta},
+        "status": {k: status[k] for k in POD_STATUS_FIELDS if k in status},
+    }
 
 
 class Observed:
@@ -55,8 +57,7 @@ class Observed:
             self._services.pop(key, None)
             return
         held = self._services.get(key)
-        if held is not None and held["metadata"].get("uid") == meta.get("uid") and \
-                version(held) > version(obj):
+        if held is not None and held["metadata"].get("uid") == meta.get("uid") and version(held) > version(obj):
             return
         self._services[key] = trimmed(obj)
 

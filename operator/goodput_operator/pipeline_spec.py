@@ -21,9 +21,15 @@ INPUT_PLACEHOLDER = "{input}"
 DEFAULT_HOLD_BACK = 64  # characters of generated text held until no rule can match across them
 DEFAULT_REPLACEMENT = "[REDACTED]"
 # spec.steps[].defaults: CR field -> the OpenAI request field it fills when the request leaves it out
-SAMPLING_DEFAULTS = {"temperature": "temperature", "topP": "top_p", "maxTokens": "max_tokens",
-                     "presencePenalty": "presence_penalty", "frequencyPenalty": "frequency_penalty",
-                     "seed": "seed", "stop": "stop"}
+SAMPLING_DEFAULTS = {
+    "temperature": "temperature",
+    "topP": "top_p",
+    "maxTokens": "max_tokens",
+    "presencePenalty": "presence_penalty",
+    "frequencyPenalty": "frequency_penalty",
+    "seed": "seed",
+    "stop": "stop",
+}
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -171,8 +177,9 @@ def _classifier(value: Any, where: str) -> Classifier:
     timeout = value.get("timeoutSeconds", 10)
     if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
         raise SpecError(f"{where}.timeoutSeconds", f"must be a positive number, got {timeout!r}")
-    return Classifier(_str(value.get("service"), f"{where}.service"), template, allow, block, on_unknown,
-                      float(timeout))
+    return Classifier(
+        _str(value.get("service"), f"{where}.service"), template, allow, block, on_unknown, float(timeout)
+    )
 
 
 def _defaults(value: Any, where: str) -> tuple[tuple[str, Any], ...]:
@@ -198,14 +205,25 @@ def _step(value: Any, index: int) -> Step:
     name = value.get("name") or f"{kind}-{index}"
     if not isinstance(name, str) or not _NAME.match(name):
         raise SpecError(f"{where}.name", f"must be a lowercase DNS label, got {name!r}")
-    allowed = {"name", "kind", *{GUARD: ("stage", "rules", "classifier", "holdBack"), TEMPLATE: ("system", "prompt"),
-                                 GENERATE: ("service", "defaults")}[kind]}
+    allowed = {
+        "name",
+        "kind",
+        *{
+            GUARD: ("stage", "rules", "classifier", "holdBack"),
+            TEMPLATE: ("system", "prompt"),
+            GENERATE: ("service", "defaults"),
+        }[kind],
+    }
     stray = sorted(set(value) - allowed)
     if stray:
         raise SpecError(f"{where}.{stray[0]}", f"does not apply to a {kind} step")
     if kind == GENERATE:
-        return Step(name, kind, service=_str(value.get("service"), f"{where}.service"),
-                    defaults=_defaults(value.get("defaults"), f"{where}.defaults"))
+        return Step(
+            name,
+            kind,
+            service=_str(value.get("service"), f"{where}.service"),
+            defaults=_defaults(value.get("defaults"), f"{where}.defaults"),
+        )
     if kind == TEMPLATE:
         system = value.get("system")
         prompt = value.get("prompt")

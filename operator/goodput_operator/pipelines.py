@@ -38,16 +38,20 @@ def service_ready(service: dict[str, Any] | None) -> tuple[bool, str]:
         return False, "has no status yet"
     if ready.get("status") != TRUE:
         return False, f"is not Ready ({ready.get('reason') or 'Unknown'}: {ready.get('message') or ''})".replace(
-            ": )", ")")
+            ": )", ")"
+        )
     return True, ""
 
 
-def pipeline_conditions(spec: PipelineSpec | SpecError,
-                        services: dict[str, dict[str, Any] | None]) -> tuple[list[Condition], list[dict[str, Any]]]:
+def pipeline_conditions(
+    spec: PipelineSpec | SpecError, services: dict[str, dict[str, Any] | None]
+) -> tuple[list[Condition], list[dict[str, Any]]]:
     """Pure: the conditions and the per-service list, from the parsed spec and the services it names."""
     if isinstance(spec, SpecError):
-        return [Condition(VALID, FALSE, spec.reason, str(spec)),
-                Condition(READY, FALSE, spec.reason, "the spec is not valid")], []
+        return [
+            Condition(VALID, FALSE, spec.reason, str(spec)),
+            Condition(READY, FALSE, spec.reason, "the spec is not valid"),
+        ], []
     listed, missing, waiting = [], [], []
     for name in spec.services:
         ready, why = service_ready(services.get(name))
@@ -86,8 +90,12 @@ async def reconcile_pipeline(ctx: Context, body: dict[str, Any]) -> None:
         new["steps"] = spec.summary
     if all(status.get(k) == v for k, v in new.items()):
         return
-    await ctx.kube.request("PATCH", pipeline_path(namespace, name) + "/status", body={"status": new},
-                           content_type="application/merge-patch+json")
+    await ctx.kube.request(
+        "PATCH",
+        pipeline_path(namespace, name) + "/status",
+        body={"status": new},
+        content_type="application/merge-patch+json",
+    )
     ready = conditions.find(merged, READY) or {}
     logger.info("InferencePipeline %s/%s: Ready=%s (%s)", namespace, name, ready.get("status"), ready.get("message"))
 
@@ -131,8 +139,9 @@ def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.create(GROUP, VERSION, PIPELINES, id="pipeline", registry=registry)
     @kopf.on.update(GROUP, VERSION, PIPELINES, id="pipeline", registry=registry)
     async def pipeline_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await reconcile_pipeline(memo.ctx, {"metadata": dict(body.metadata), "spec": dict(body.spec),
-                                            "status": dict(body.status)})
+        await reconcile_pipeline(
+            memo.ctx, {"metadata": dict(body.metadata), "spec": dict(body.spec), "status": dict(body.status)}
+        )
 
     @kopf.on.event(GROUP, VERSION, PIPELINES, id="pipeline-calls", registry=registry)
     async def pipeline_watched(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:

@@ -17,8 +17,9 @@ IMAGE_PULL_FAILED = "ImagePullFailed"
 UNSCHEDULABLE = "Unschedulable"
 SEVERITY = (RUNTIME_FAILING, CONTAINER_CONFIG_ERROR, IMAGE_PULL_FAILED, UNSCHEDULABLE)
 
-IMAGE_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
-                           "RegistryUnavailable"})
+IMAGE_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable"}
+)
 CONFIG_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
 MAX_DETAIL = 300
 

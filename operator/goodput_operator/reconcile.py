@@ -53,8 +53,11 @@ async def reconcile(ctx: Context, body: dict[str, Any], priority: int = CHANGE) 
     namespace, name = meta["namespace"], meta["name"]
     async with ctx.lock(namespace, name), ctx.slots.hold(priority):
         newer = ctx.observed.service(namespace, name)  # the watch delivered a later copy while this pass waited
-        if newer is not None and newer["metadata"].get("uid") == meta.get("uid") and \
-                observed.version(newer) > observed.version(body):
+        if (
+            newer is not None
+            and newer["metadata"].get("uid") == meta.get("uid")
+            and observed.version(newer) > observed.version(body)
+        ):
             body, meta = newer, newer["metadata"]
         started = time.monotonic()
         trigger = metrics.TRIGGER.set(TRIGGERS[priority])
@@ -123,8 +126,9 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
     return "ok"
 
 
-async def _report_failure(ctx: Context, body: dict[str, Any], failure: pods.Failure | None,
-                          old: list[dict[str, Any]] | None) -> None:
+async def _report_failure(
+    ctx: Context, body: dict[str, Any], failure: pods.Failure | None, old: list[dict[str, Any]] | None
+) -> None:
     """One Warning Event per distinct pod failure, not one per reconcile.
 
     Remembered in memory; after an operator restart the Available condition stands in
@@ -149,8 +153,9 @@ async def _report_failure(ctx: Context, body: dict[str, Any], failure: pods.Fail
     await ctx.event(body, "Warning", failure.reason, failure.message)
 
 
-async def _refuse(ctx: Context, body: dict[str, Any], before: dict[str, Any], err: SpecError, generation: int,
-                  fits: Condition | None) -> None:
+async def _refuse(
+    ctx: Context, body: dict[str, Any], before: dict[str, Any], err: SpecError, generation: int, fits: Condition | None
+) -> None:
     """Report an invalid spec, and the model's fit where it was worked out; children stay as they are."""
     conditions = [Condition(VALID, FALSE, err.reason, str(err))]
     if fits is not None:
@@ -176,12 +181,13 @@ def _flipped(old: list[dict[str, Any]] | None, type_: str, status: str) -> bool:
 async def _model_fit(ctx: Context, svc: ServiceSpec) -> Fit:
     problem = capacity.quantization_problem(svc.model.quantization, svc.resources)
     if problem:
-        return Fit(Condition(MODEL_FITS, FALSE, "QuantizationUnsupported", problem),
-                   invalid=SpecError("model.quantization", problem, reason="QuantizationUnsupported"))
+        return Fit(
+            Condition(MODEL_FITS, FALSE, "QuantizationUnsupported", problem),
+            invalid=SpecError("model.quantization", problem, reason="QuantizationUnsupported"),
+        )
     source = svc.model.source
     if source.scheme != "hf":
-        return Fit(Condition(MODEL_FITS, UNKNOWN, "ConfigNotFetched",
-                             "config.json is only fetched for hf:// sources"))
+        return Fit(Condition(MODEL_FITS, UNKNOWN, "ConfigNotFetched", "config.json is only fetched for hf:// sources"))
 
     async def token() -> str | None:
         ref = svc.model.token_secret
@@ -189,8 +195,11 @@ async def _model_fit(ctx: Context, svc: ServiceSpec) -> Fit:
 
     result = ctx.fetcher.lookup(source.repo, svc.model.revision, token, (svc.namespace, svc.name), source.file)
     if result is None:
-        what = f"config.json or the GGUF header of {source.repo}/{source.file}" if source.file else \
-            f"config.json of {source.repo}"
+        what = (
+            f"config.json or the GGUF header of {source.repo}/{source.file}"
+            if source.file
+            else f"config.json of {source.repo}"
+        )
         return Fit(Condition(MODEL_FITS, UNKNOWN, "FetchingConfig", f"fetching {what}"))
     if result.config is None:
         return Fit(Condition(MODEL_FITS, UNKNOWN, "ConfigUnavailable", result.error or ""))
@@ -198,32 +207,51 @@ async def _model_fit(ctx: Context, svc: ServiceSpec) -> Fit:
     # other engines serve architectures of their own; they say so at start-up
     problem = capacity.architecture_problem(config) if svc.engine.kind == engines.GOODPUT else None
     if problem:
-        return Fit(Condition(MODEL_FITS, FALSE, "ArchitectureUnsupported", problem),
-                   invalid=SpecError("model.source", problem, reason="ArchitectureUnsupported"))
+        return Fit(
+            Condition(MODEL_FITS, FALSE, "ArchitectureUnsupported", problem),
+            invalid=SpecError("model.source", problem, reason="ArchitectureUnsupported"),
+        )
     problem = capacity.tensor_parallel_problem(config, svc.tensor_parallel)
     if problem:
-        return Fit(Condition(MODEL_FITS, FALSE, "TensorParallelMismatch", problem),
-                   invalid=SpecError("parallelism.tensor", problem, reason="TensorParallelMismatch"))
+        return Fit(
+            Condition(MODEL_FITS, FALSE, "TensorParallelMismatch", problem),
+            invalid=SpecError("parallelism.tensor", problem, reason="TensorParallelMismatch"),
+        )
     draft_source = svc.engine.speculative.draft_model if svc.engine.speculative else None
     draft = None
     if draft_source is not None and draft_source.scheme == "hf":  # the draft model counts in the plan too
         fetched = ctx.fetcher.lookup(draft_source.repo, "main", token, (svc.namespace, svc.name), draft_source.file)
         if fetched is None:
-            return Fit(Condition(MODEL_FITS, UNKNOWN, "FetchingConfig",
-                                 f"fetching config.json of the draft model {draft_source.repo}"))
+            return Fit(
+                Condition(
+                    MODEL_FITS,
+                    UNKNOWN,
+                    "FetchingConfig",
+                    f"fetching config.json of the draft model {draft_source.repo}",
+                )
+            )
         if fetched.config is None:
             return Fit(Condition(MODEL_FITS, UNKNOWN, "ConfigUnavailable", f"draft model: {fetched.error or ''}"))
         draft = fetched.config
         if draft.vocab_size != config.vocab_size:
-            problem = (f"has a vocabulary of {draft.vocab_size} tokens, the model {config.vocab_size}: a draft model "
-                       "needs the model's tokenizer")
-            return Fit(Condition(MODEL_FITS, FALSE, "DraftModelMismatch", problem),
-                       invalid=SpecError("engine.speculative.draftModel", problem, reason="DraftModelMismatch"))
+            problem = (
+                f"has a vocabulary of {draft.vocab_size} tokens, the model {config.vocab_size}: a draft model "
+                "needs the model's tokenizer"
+            )
+            return Fit(
+                Condition(MODEL_FITS, FALSE, "DraftModelMismatch", problem),
+                invalid=SpecError("engine.speculative.draftModel", problem, reason="DraftModelMismatch"),
+            )
     utilization = svc.engine.gpu_memory_utilization
     plan = capacity.plan(
-        config, dtype=svc.model.dtype, quantization=svc.model.quantization, tensor=svc.tensor_parallel,
-        max_model_len=svc.model.max_model_len, device_memory_bytes=capacity.device_memory_bytes(svc.resources),
-        utilization=utilization, draft=draft,
+        config,
+        dtype=svc.model.dtype,
+        quantization=svc.model.quantization,
+        tensor=svc.tensor_parallel,
+        max_model_len=svc.model.max_model_len,
+        device_memory_bytes=capacity.device_memory_bytes(svc.resources),
+        utilization=utilization,
+        draft=draft,
     )
     message = plan.describe(utilization)
     if plan.fits is None:
@@ -235,8 +263,9 @@ async def _model_fit(ctx: Context, svc: ServiceSpec) -> Fit:
     return Fit(condition, plan.as_status())
 
 
-async def _desired_children(ctx: Context, svc: ServiceSpec,
-                            owner: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+async def _desired_children(
+    ctx: Context, svc: ServiceSpec, owner: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[str]]:
     """The manifests to apply, and the paths of optional children this spec no longer wants."""
     discovered = await ctx.discovery()
     desired: list[dict[str, Any]] = [
@@ -248,27 +277,48 @@ async def _desired_children(ctx: Context, svc: ServiceSpec,
     elif discovered.pod_monitors:
         desired.append(builders.build_pod_monitor(svc, owner))
     if svc.autoscaling.mode == "keda" and not discovered.scaled_objects:
-        raise SpecError("autoscaling.mode", "is keda, but the cluster serves no keda.sh/v1alpha1 ScaledObjects",
-                        reason="KEDANotInstalled")
+        raise SpecError(
+            "autoscaling.mode",
+            "is keda, but the cluster serves no keda.sh/v1alpha1 ScaledObjects",
+            reason="KEDANotInstalled",
+        )
     optional = [
-        (builders.build_pdb(svc, owner, discovered.pdb_api_version),
-         resource_path(discovered.pdb_api_version, "PodDisruptionBudget", svc.namespace,
-                       builders.deployment_name(svc))),
-        (external.build_hpa(svc, owner, discovered.hpa_api_version),
-         resource_path(discovered.hpa_api_version, "HorizontalPodAutoscaler", svc.namespace, svc.name)),
-        (network.build_network_policy(svc, ctx.settings, owner) if svc.network_policy else None,
-         resource_path(network.API_VERSION, "NetworkPolicy", svc.namespace, builders.deployment_name(svc))),
+        (
+            builders.build_pdb(svc, owner, discovered.pdb_api_version),
+            resource_path(
+                discovered.pdb_api_version, "PodDisruptionBudget", svc.namespace, builders.deployment_name(svc)
+            ),
+        ),
+        (
+            external.build_hpa(svc, owner, discovered.hpa_api_version),
+            resource_path(discovered.hpa_api_version, "HorizontalPodAutoscaler", svc.namespace, svc.name),
+        ),
+        (
+            network.build_network_policy(svc, ctx.settings, owner) if svc.network_policy else None,
+            resource_path(network.API_VERSION, "NetworkPolicy", svc.namespace, builders.deployment_name(svc)),
+        ),
     ]
     if discovered.scaled_objects:
-        optional.append((external.build_scaled_object(svc, owner),
-                         resource_path("keda.sh/v1alpha1", "ScaledObject", svc.namespace, svc.name)))
+        optional.append(
+            (
+                external.build_scaled_object(svc, owner),
+                resource_path("keda.sh/v1alpha1", "ScaledObject", svc.namespace, svc.name),
+            )
+        )
     desired += [manifest for manifest, _ in optional if manifest]
     return desired, [path for manifest, path in optional if not manifest]
 
 
-async def _apply_children(ctx: Context, body: dict[str, Any], desired: list[dict[str, Any]],
-                          unwanted: list[str], svc: ServiceSpec, owner: dict[str, Any]) -> dict[str, Any]:
+async def _apply_children(
+    ctx: Context,
+    body: dict[str, Any],
+    desired: list[dict[str, Any]],
+    unwanted: list[str],
+    svc: ServiceSpec,
+    owner: dict[str, Any],
+) -> dict[str, Any]:
     """Apply every desired child; remove the ones no longer wanted; return the live Deployment."""
+
     # Look before writing anything: a name held by someone else's object stops the whole pass.
     # The watches' copy when they delivered one; else the server's (absent or predating the watch).
     # The reads, and then the writes, go out together: a pass waits for one round trip of each, not one per child.
@@ -276,8 +326,9 @@ async def _apply_children(ctx: Context, body: dict[str, Any], desired: list[dict
         meta = manifest["metadata"]
         live = ctx.observed.child(manifest["kind"], svc.namespace, meta["name"])
         if live is None:  # the watches hold every child of ours they have seen, so this is mostly a new one
-            live = await ctx.kube.get(resource_path(manifest["apiVersion"], manifest["kind"], svc.namespace,
-                                                    meta["name"]), any_version=True)
+            live = await ctx.kube.get(
+                resource_path(manifest["apiVersion"], manifest["kind"], svc.namespace, meta["name"]), any_version=True
+            )
         return live
 
     lives = await asyncio.gather(*(look(manifest) for manifest in desired))
@@ -290,14 +341,16 @@ async def _apply_children(ctx: Context, body: dict[str, Any], desired: list[dict
 
     deployment: dict[str, Any] = {}
     written: dict[str, list[str]] = {}  # verb -> "Kind name" of each child written, one Event per verb
-    applied = await asyncio.gather(*(ctx.kube.apply(manifest, live) for manifest, live in zip(desired, lives,
-                                                                                               strict=True)))
+    applied = await asyncio.gather(
+        *(ctx.kube.apply(manifest, live) for manifest, live in zip(desired, lives, strict=True))
+    )
     for manifest, (action, current) in zip(desired, applied, strict=True):
         meta = manifest["metadata"]
         if action != "unchanged":
             ctx.observed.remember(current)
-            ctx.observed.mark_absent(resource_path(manifest["apiVersion"], manifest["kind"], svc.namespace,
-                                                   meta["name"]), absent=False)
+            ctx.observed.mark_absent(
+                resource_path(manifest["apiVersion"], manifest["kind"], svc.namespace, meta["name"]), absent=False
+            )
             metrics.CHILD_WRITES.labels(kind=manifest["kind"], action=action).inc()
             verb = action.capitalize()
             written.setdefault(verb, []).append(f"{manifest['kind']} {meta['name']}")
@@ -349,8 +402,9 @@ def _available(deployment: dict[str, Any], desired: int, failure: pods.Failure |
     conditions = status.get("conditions") or ()
     progressing: dict[str, Any] = next((c for c in conditions if c.get("type") == "Progressing"), {})
     if progressing.get("reason") == "ProgressDeadlineExceeded":
-        return Condition(AVAILABLE, FALSE, "ProgressDeadlineExceeded",
-                         f"{counts}; {progressing.get('message', '')}{also}")
+        return Condition(
+            AVAILABLE, FALSE, "ProgressDeadlineExceeded", f"{counts}; {progressing.get('message', '')}{also}"
+        )
     if ready >= 1:
         return Condition(AVAILABLE, TRUE, "MinimumReplicasAvailable", counts + also)
     return Condition(AVAILABLE, FALSE, "ReplicasNotReady", counts)

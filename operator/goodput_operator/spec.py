@@ -23,8 +23,9 @@ _HF = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*(?:/[\w.-]+)?)(?:/(?P<file>[
 _PVC = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?P<path>/.*)?$")
 ROUTING_POLICIES = ("prefix", "least-load", "random")
 # Volume types the restricted Pod Security profile admits (besides the name)
-RESTRICTED_VOLUME_TYPES = frozenset({"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
-                                     "persistentVolumeClaim", "projected", "secret"})
+RESTRICTED_VOLUME_TYPES = frozenset(
+    {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
+)
 API_KEY_VARIABLES = frozenset({"GOODPUT_API_KEY", "VLLM_API_KEY"})  # what spec.auth sets; never a literal
 # The runtime pod's own volumes and mount paths (builders.py), which template.volumes must not reuse
 RESERVED_VOLUMES = frozenset({"model-cache", "tmp", "model-source", "dshm"})
@@ -195,8 +196,9 @@ def parse_source(uri: str) -> ModelSource:
         return ModelSource("pvc", claim=match["claim"], path=(match["path"] or "/").rstrip("/") or "/")
     if match := _FILE.match(uri):
         return ModelSource("file", path=match["path"])
-    raise SpecError("model.source", f"{uri!r} is not hf://org/name, hf://org/name/file.gguf, pvc://claim/path or "
-                    "file:///path")
+    raise SpecError(
+        "model.source", f"{uri!r} is not hf://org/name, hf://org/name/file.gguf, pvc://claim/path or file:///path"
+    )
 
 
 def _quantity(value: Any, field_path: str) -> str | None:
@@ -298,19 +300,19 @@ def _autoscaling(raw: dict[str, Any]) -> Autoscaling:
             reason="ReplicaBoundsInverted",
         )
     if mode == "hpa" and low < 1:
-        raise SpecError("autoscaling.minReplicas", "must be at least 1 in hpa mode (use keda to scale to zero)",
-                        reason="HPACannotScaleToZero")
+        raise SpecError(
+            "autoscaling.minReplicas",
+            "must be at least 1 in hpa mode (use keda to scale to zero)",
+            reason="HPACannotScaleToZero",
+        )
     if mode == "keda" and not raw.get("prometheusAddress"):
-        raise SpecError("autoscaling.prometheusAddress", "is required in keda mode",
-                        reason="PrometheusAddressMissing")
+        raise SpecError("autoscaling.prometheusAddress", "is required in keda mode", reason="PrometheusAddressMissing")
     return Autoscaling(
         mode=mode,
         min_replicas=low,
         max_replicas=high,
         scale_up_window_seconds=parse_duration(raw.get("scaleUpWindow", "0s"), "autoscaling.scaleUpWindow"),
-        scale_down_window_seconds=parse_duration(
-            raw.get("scaleDownWindow", "5m"), "autoscaling.scaleDownWindow"
-        ),
+        scale_down_window_seconds=parse_duration(raw.get("scaleDownWindow", "5m"), "autoscaling.scaleDownWindow"),
         prometheus_address=raw.get("prometheusAddress"),
         capacity_per_replica=float(capacity) if capacity is not None else None,
         target_utilization=float(raw.get("targetUtilization", 0.8)),
@@ -323,11 +325,17 @@ def _batch(raw: dict[str, Any], autoscaling: Autoscaling) -> Batch:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise SpecError("batch.maxReplicas", f"is {value!r}, not a whole number of replicas")
     if value and autoscaling.mode == "none":
-        raise SpecError("batch.maxReplicas", "needs an autoscaling.mode that decides replicas (goodput, hpa or keda)",
-                        reason="BatchReplicasWithoutAutoscaling")
+        raise SpecError(
+            "batch.maxReplicas",
+            "needs an autoscaling.mode that decides replicas (goodput, hpa or keda)",
+            reason="BatchReplicasWithoutAutoscaling",
+        )
     if value > autoscaling.max_replicas:
-        raise SpecError("batch.maxReplicas", f"is {value}, above autoscaling.maxReplicas={autoscaling.max_replicas}",
-                        reason="BatchReplicasAboveMax")
+        raise SpecError(
+            "batch.maxReplicas",
+            f"is {value}, above autoscaling.maxReplicas={autoscaling.max_replicas}",
+            reason="BatchReplicasAboveMax",
+        )
     return Batch(max_replicas=value)
 
 
@@ -367,18 +375,27 @@ def _check_mounts(raw: dict[str, Any]) -> None:
     for i, name in enumerate(volumes):
         _check(f"template.volumes[{i}].name", names.dns_label(name))
         if name in RESERVED_VOLUMES or name in volumes[:i]:
-            raise SpecError(f"template.volumes[{i}].name", f"{name!r} is taken (the runtime pod's own volumes are "
-                            f"{', '.join(sorted(RESERVED_VOLUMES))})", reason="VolumeNameTaken")
+            raise SpecError(
+                f"template.volumes[{i}].name",
+                f"{name!r} is taken (the runtime pod's own volumes are {', '.join(sorted(RESERVED_VOLUMES))})",
+                reason="VolumeNameTaken",
+            )
     paths: list[str] = []
     for i, mount in enumerate(raw.get("volumeMounts") or ()):
         if mount["name"] not in volumes:
-            raise SpecError(f"template.volumeMounts[{i}].name", f"{mount['name']!r} is not one of template.volumes",
-                            reason="VolumeNotFound")
+            raise SpecError(
+                f"template.volumeMounts[{i}].name",
+                f"{mount['name']!r} is not one of template.volumes",
+                reason="VolumeNotFound",
+            )
         path = str(mount["mountPath"]).rstrip("/") or "/"
         if not path.startswith("/") or ":" in path or path in RESERVED_MOUNT_PATHS or path in paths:
-            raise SpecError(f"template.volumeMounts[{i}].mountPath",
-                            f"{mount['mountPath']!r} must be an absolute path, used once, and none of the runtime's "
-                            f"own ({', '.join(sorted(RESERVED_MOUNT_PATHS))})", reason="MountPathTaken")
+            raise SpecError(
+                f"template.volumeMounts[{i}].mountPath",
+                f"{mount['mountPath']!r} must be an absolute path, used once, and none of the runtime's "
+                f"own ({', '.join(sorted(RESERVED_MOUNT_PATHS))})",
+                reason="MountPathTaken",
+            )
         paths.append(path)
 
 
@@ -388,15 +405,20 @@ def _check_template(raw: dict[str, Any]) -> None:
     for i, volume in enumerate(raw.get("volumes") or ()):
         kinds = set(volume) - {"name"}
         if kinds - RESTRICTED_VOLUME_TYPES:
-            raise SpecError(f"template.volumes[{i}]",
-                            f"{', '.join(sorted(kinds - RESTRICTED_VOLUME_TYPES))} volumes break the restricted Pod "
-                            f"Security profile; use one of {', '.join(sorted(RESTRICTED_VOLUME_TYPES))}",
-                            reason="VolumeTypeNotAllowed")
+            raise SpecError(
+                f"template.volumes[{i}]",
+                f"{', '.join(sorted(kinds - RESTRICTED_VOLUME_TYPES))} volumes break the restricted Pod "
+                f"Security profile; use one of {', '.join(sorted(RESTRICTED_VOLUME_TYPES))}",
+                reason="VolumeTypeNotAllowed",
+            )
     for i, var in enumerate(raw.get("env") or ()):
         if var.get("name") in API_KEY_VARIABLES:
-            raise SpecError(f"template.env[{i}]", f"sets {var['name']}, which spec.auth.apiKeySecretRef sets from a "
-                            "Secret (a key in the spec would be readable by anyone who can read the spec)",
-                            reason="APIKeyInSpec")
+            raise SpecError(
+                f"template.env[{i}]",
+                f"sets {var['name']}, which spec.auth.apiKeySecretRef sets from a "
+                "Secret (a key in the spec would be readable by anyone who can read the spec)",
+                reason="APIKeyInSpec",
+            )
         _check(f"template.env[{i}].name", names.env_name(str(var.get("name"))))
     _check_mounts(raw)
     _check_labels("template.nodeSelector", raw.get("nodeSelector") or {})
@@ -423,9 +445,11 @@ def _check_references(spec: dict[str, Any], parsed: ServiceSpec) -> None:
         _check("resources.gpuResourceName", names.extended_resource(parsed.resources.gpu_resource_name))
         if parsed.resources.gpu_product:
             _check("resources.gpuProduct", names.label_value(parsed.resources.gpu_product))
-    for field_path, count in (("replicas", parsed.replicas), ("autoscaling.minReplicas",
-                                                              parsed.autoscaling.min_replicas),
-                              ("autoscaling.maxReplicas", parsed.autoscaling.max_replicas)):
+    for field_path, count in (
+        ("replicas", parsed.replicas),
+        ("autoscaling.minReplicas", parsed.autoscaling.min_replicas),
+        ("autoscaling.maxReplicas", parsed.autoscaling.max_replicas),
+    ):
         if count is not None and count > INT32_MAX:
             raise SpecError(field_path, f"is {count}, above {INT32_MAX}", reason="TooLarge")
 
@@ -476,12 +500,16 @@ def parse(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
     )
     speculative = parsed.engine.speculative
     draft = speculative.draft_model if speculative else None
-    if draft is not None and draft.scheme == "pvc" and (parsed.model.source.scheme != "pvc"
-                                                         or draft.claim != parsed.model.source.claim):
-        raise SpecError("engine.speculative.draftModel",
-                        "may name a claim only when it is the model's own (pvc:// of model.source), which the pod "
-                        "mounts",
-                        reason="DraftClaimNotMounted")
+    if (
+        draft is not None
+        and draft.scheme == "pvc"
+        and (parsed.model.source.scheme != "pvc" or draft.claim != parsed.model.source.claim)
+    ):
+        raise SpecError(
+            "engine.speculative.draftModel",
+            "may name a claim only when it is the model's own (pvc:// of model.source), which the pod mounts",
+            reason="DraftClaimNotMounted",
+        )
     _check_references(spec, parsed)
     if parsed.model.source.scheme == "pvc" and parsed.model.cache_claim == parsed.model.source.claim:
         raise SpecError(

@@ -20,8 +20,18 @@ from goodput_runtime.server.auth import API_KEY_ENV, split_keys
 if TYPE_CHECKING:
     from goodput_runtime.server.admission import AdmissionSettings
 
-BYTE_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-              "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "m": 10**6,
+    "g": 10**9,
+    "t": 10**12,
+    "ki": 2**10,
+    "mi": 2**20,
+    "gi": 2**30,
+    "ti": 2**40,
+}
 log = logging.getLogger("goodput_runtime")
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 TERMINATION_MESSAGE_BYTES = 4000  # Kubernetes keeps 4 KiB of it
@@ -35,8 +45,10 @@ def write_termination_message(path: str, reason: str) -> None:
     """
     try:
         target = Path(path)
-        if not (target.is_file() or (not target.exists() and target.parent.is_dir()
-                                     and target.parent.resolve() != Path("/dev"))):
+        if not (
+            target.is_file()
+            or (not target.exists() and target.parent.is_dir() and target.parent.resolve() != Path("/dev"))
+        ):
             return
         line = " ".join(reason.split()).encode()[:TERMINATION_MESSAGE_BYTES].decode(errors="ignore")
         target.write_text(line + "\n")
@@ -150,117 +162,220 @@ def fraction(text: str) -> float:
 
 
 def build_parser() -> ReasonedArgumentParser:
-    p = ReasonedArgumentParser(prog="python -m goodput_runtime", description=__doc__,
-                               formatter_class=DefaultsHelpFormatter)
+    p = ReasonedArgumentParser(
+        prog="python -m goodput_runtime", description=__doc__, formatter_class=DefaultsHelpFormatter
+    )
     model = p.add_argument_group("model")
-    model.add_argument("--model", required=True,
-                       help="local model directory, a .gguf file (or a directory holding one), a Hugging Face id "
-                            "(org/name) or one GGUF file of a Hub repository (hf://org/name/file.gguf)")
+    model.add_argument(
+        "--model",
+        required=True,
+        help="local model directory, a .gguf file (or a directory holding one), a Hugging Face id "
+        "(org/name) or one GGUF file of a Hub repository (hf://org/name/file.gguf)",
+    )
     model.add_argument("--served-model-name", help="the name clients send as 'model' (default: --model)")
     model.add_argument("--revision", help="Hugging Face revision (branch, tag or commit)")
-    model.add_argument("--dtype", default=default("dtype"),
-                       choices=["auto", "float32", "bfloat16", "float16"])
+    model.add_argument("--dtype", default=default("dtype"), choices=["auto", "float32", "bfloat16", "float16"])
     model.add_argument("--device", default=default("device"), choices=["auto", "cpu", "cuda"])
     model.add_argument("--max-model-len", type=positive_int, help="context length (default: the model's)")
-    model.add_argument("--quantization", default="none", choices=list(quantization_rules.METHODS),
-                       help="int8: weight-only int8 with per-channel scales (closest to the unquantized model); "
-                            "int8-w8a8: int8 weights and per-token int8 activations (faster on CPU, less accurate); "
-                            "fp8: e4m3 weights (GPUs of compute capability 8.9+)")
+    model.add_argument(
+        "--quantization",
+        default="none",
+        choices=list(quantization_rules.METHODS),
+        help="int8: weight-only int8 with per-channel scales (closest to the unquantized model); "
+        "int8-w8a8: int8 weights and per-token int8 activations (faster on CPU, less accurate); "
+        "fp8: e4m3 weights (GPUs of compute capability 8.9+)",
+    )
     model.add_argument("--quantize-lm-head", action="store_true", help="quantize the LM head too")
-    model.add_argument("--tensor-parallel-size", type=positive_int, default=1,
-                       help="ranks the model is split over, one process each (gloo on CPU, NCCL on GPU)")
+    model.add_argument(
+        "--tensor-parallel-size",
+        type=positive_int,
+        default=1,
+        help="ranks the model is split over, one process each (gloo on CPU, NCCL on GPU)",
+    )
     engine = p.add_argument_group("engine")
-    engine.add_argument("--max-num-seqs", type=positive_int, default=default("max_num_seqs"),
-                        help="most requests running at once")
-    engine.add_argument("--max-num-batched-tokens", type=positive_int,
-                        default=default("max_num_batched_tokens"), help="token budget of one step")
-    engine.add_argument("--block-size", type=positive_int, default=default("block_size"),
-                        help="tokens per KV cache block")
-    engine.add_argument("--kv-cache-memory", type=byte_size,
-                        help="KV cache size on CPU, in bytes (512Mi, 2Gi); default a quarter of free memory "
-                             "(within the container's memory limit), at most 4Gi")
-    engine.add_argument("--gpu-memory-utilization", type=fraction, default=default("gpu_memory_utilization"),
-                        help="share of GPU memory for weights, activations and KV cache")
-    engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                        default=default("enable_prefix_caching"), help="share KV blocks of common prefixes")
-    engine.add_argument("--max-queue", type=positive_int, default=default("max_queue"),
-                        help="most requests waiting; beyond it requests get 429")
+    engine.add_argument(
+        "--max-num-seqs", type=positive_int, default=default("max_num_seqs"), help="most requests running at once"
+    )
+    engine.add_argument(
+        "--max-num-batched-tokens",
+        type=positive_int,
+        default=default("max_num_batched_tokens"),
+        help="token budget of one step",
+    )
+    engine.add_argument(
+        "--block-size", type=positive_int, default=default("block_size"), help="tokens per KV cache block"
+    )
+    engine.add_argument(
+        "--kv-cache-memory",
+        type=byte_size,
+        help="KV cache size on CPU, in bytes (512Mi, 2Gi); default a quarter of free memory "
+        "(within the container's memory limit), at most 4Gi",
+    )
+    engine.add_argument(
+        "--gpu-memory-utilization",
+        type=fraction,
+        default=default("gpu_memory_utilization"),
+        help="share of GPU memory for weights, activations and KV cache",
+    )
+    engine.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=default("enable_prefix_caching"),
+        help="share KV blocks of common prefixes",
+    )
+    engine.add_argument(
+        "--max-queue",
+        type=positive_int,
+        default=default("max_queue"),
+        help="most requests waiting; beyond it requests get 429",
+    )
     engine.add_argument("--seed", type=int, default=default("seed"))
-    engine.add_argument("--num-threads", type=positive_int,
-                        help="CPU threads per forward pass (per rank under tensor parallelism); default: the "
-                             "container's CPU limit (cgroup quota), else every usable core")
-    engine.add_argument("--step-tuning", default=default("step_tuning"), choices=["auto", "off"],
-                        help="on CPU with the compact modules: time decode steps of 1 to 64 sequences at start "
-                             "(about a second per 100 ms of step) and run each size with the threads (all or one) "
-                             "and matrix-product form that ran it fastest; off: all threads, F.linear")
-    engine.add_argument("--cpu-contention", default=default("cpu_contention"), choices=["auto", "off"],
-                        help="on CPU with the compact modules: run steps on one thread while other processes take "
-                             "the cores (the kernel's run delay of the compute threads over 20%% of their time for "
-                             "3 s), trying the planned threads again after 2 s, then at doubling gaps up to 20 s; off: "
-                             "always the planned threads")
-    engine.add_argument("--pooling", choices=["last", "mean"],
-                        help="how /v1/embeddings pools the model's final hidden states: the last token's, or the "
-                             "mean over every token (default: last, as for every decoder-only causal LM)")
-    engine.add_argument("--tool-call-parser", choices=["hermes", "llama3_json", "mistral"],
-                        help="the format of the model's tool calls (default: the one its chat template teaches, "
-                             "else hermes)")
-    engine.add_argument("--enforce-eager", action="store_true",
-                        help="on GPU, run decode steps eagerly instead of replaying captured CUDA graphs")
-    engine.add_argument("--model-impl", default=default("model_impl"), choices=["auto", "transformers"],
-                        help="auto: the runtime's compact modules for Llama, Mistral and Qwen2 (fused projections), "
-                             "transformers' modules for the rest; transformers: transformers' modules always")
-    engine.add_argument("--compile", action="store_true", default=default("compile"),
-                        help="compile the compact modules' stack of decoder layers into one torch.compile graph "
-                             "per step of up to 256 tokens (inductor; on a GPU under the decode CUDA graphs) and warm "
-                             "it up at start")
+    engine.add_argument(
+        "--num-threads",
+        type=positive_int,
+        help="CPU threads per forward pass (per rank under tensor parallelism); default: the "
+        "container's CPU limit (cgroup quota), else every usable core",
+    )
+    engine.add_argument(
+        "--step-tuning",
+        default=default("step_tuning"),
+        choices=["auto", "off"],
+        help="on CPU with the compact modules: time decode steps of 1 to 64 sequences at start "
+        "(about a second per 100 ms of step) and run each size with the threads (all or one) "
+        "and matrix-product form that ran it fastest; off: all threads, F.linear",
+    )
+    engine.add_argument(
+        "--cpu-contention",
+        default=default("cpu_contention"),
+        choices=["auto", "off"],
+        help="on CPU with the compact modules: run steps on one thread while other processes take "
+        "the cores (the kernel's run delay of the compute threads over 20%% of their time for "
+        "3 s), trying the planned threads again after 2 s, then at doubling gaps up to 20 s; off: "
+        "always the planned threads",
+    )
+    engine.add_argument(
+        "--pooling",
+        choices=["last", "mean"],
+        help="how /v1/embeddings pools the model's final hidden states: the last token's, or the "
+        "mean over every token (default: last, as for every decoder-only causal LM)",
+    )
+    engine.add_argument(
+        "--tool-call-parser",
+        choices=["hermes", "llama3_json", "mistral"],
+        help="the format of the model's tool calls (default: the one its chat template teaches, else hermes)",
+    )
+    engine.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="on GPU, run decode steps eagerly instead of replaying captured CUDA graphs",
+    )
+    engine.add_argument(
+        "--model-impl",
+        default=default("model_impl"),
+        choices=["auto", "transformers"],
+        help="auto: the runtime's compact modules for Llama, Mistral and Qwen2 (fused projections), "
+        "transformers' modules for the rest; transformers: transformers' modules always",
+    )
+    engine.add_argument(
+        "--compile",
+        action="store_true",
+        default=default("compile"),
+        help="compile the compact modules' stack of decoder layers into one torch.compile graph "
+        "per step of up to 256 tokens (inductor; on a GPU under the decode CUDA graphs) and warm "
+        "it up at start",
+    )
     spec = p.add_argument_group("speculative decoding")
-    spec.add_argument("--speculative-method", choices=["ngram", "draft"],
-                      help="propose tokens for the target model to verify: ngram (prompt lookup in the request's "
-                           "own tokens) or draft (--speculative-model); default: off")
-    spec.add_argument("--num-speculative-tokens", type=positive_int, default=default("num_speculative_tokens"),
-                      help="tokens proposed per step and request")
-    spec.add_argument("--speculative-model",
-                      help="the draft model for --speculative-method draft (a directory, .gguf or Hub id), with "
-                           "the target's tokenizer")
-    spec.add_argument("--ngram-min", type=positive_int, default=default("ngram_min"),
-                      help="shortest suffix prompt lookup matches")
-    spec.add_argument("--ngram-max", type=positive_int, default=default("ngram_max"),
-                      help="longest suffix prompt lookup matches")
-    spec.add_argument("--speculative-max-batch", type=non_negative_int,
-                      help="speculate only while at most this many requests run (0: never); default: timed at "
-                           "start-up, the largest batch at which verifying the proposals costs less than it saves")
+    spec.add_argument(
+        "--speculative-method",
+        choices=["ngram", "draft"],
+        help="propose tokens for the target model to verify: ngram (prompt lookup in the request's "
+        "own tokens) or draft (--speculative-model); default: off",
+    )
+    spec.add_argument(
+        "--num-speculative-tokens",
+        type=positive_int,
+        default=default("num_speculative_tokens"),
+        help="tokens proposed per step and request",
+    )
+    spec.add_argument(
+        "--speculative-model",
+        help="the draft model for --speculative-method draft (a directory, .gguf or Hub id), with "
+        "the target's tokenizer",
+    )
+    spec.add_argument(
+        "--ngram-min", type=positive_int, default=default("ngram_min"), help="shortest suffix prompt lookup matches"
+    )
+    spec.add_argument(
+        "--ngram-max", type=positive_int, default=default("ngram_max"), help="longest suffix prompt lookup matches"
+    )
+    spec.add_argument(
+        "--speculative-max-batch",
+        type=non_negative_int,
+        help="speculate only while at most this many requests run (0: never); default: timed at "
+        "start-up, the largest batch at which verifying the proposals costs less than it saves",
+    )
     serving = p.add_argument_group("serving")
     serving.add_argument("--host", default="0.0.0.0")
     serving.add_argument("--port", type=port_number, default=8000, help="0 picks a free port")
     serving.add_argument("--slo-ttft", type=positive_seconds, help="time-to-first-token target, seconds")
     serving.add_argument("--slo-tpot", type=positive_seconds, help="time-per-output-token target, seconds")
-    serving.add_argument("--batch-cap", choices=["auto", "off"], default=default("batch_cap"),
-                         help="cap the batch (priority above 0) sequences that step beside online ones so a step, "
-                              "timed as it runs, stays within --slo-tpot × (1 − --batch-cap-margin); the others "
-                              "pause until the online ones leave; auto: on when --slo-tpot is set")
-    serving.add_argument("--batch-cap-margin", type=margin_fraction, default=default("batch_cap_margin"),
-                         help="share of --slo-tpot the batch cap keeps free (steps that admit an online request "
-                              "run longer)")
-    serving.add_argument("--admission", choices=["auto", "on", "off"], default="auto",
-                         help="refuse with 429 and Retry-After, at once, a request whose predicted time to first "
-                              "token (from the measured prefill and decode rates, the queue ahead and the free KV "
-                              "cache) exceeds --slo-ttft; auto: on when --slo-ttft is set")
-    serving.add_argument("--admission-margin", type=margin_fraction, default=0.1,
-                         help="safety margin of admission: refuse when the predicted TTFT exceeds "
-                              "--slo-ttft × (1 − margin)")
-    serving.add_argument("--shutdown-grace", type=seconds, default=30.0,
-                         help="seconds in-flight requests get to finish after SIGTERM (after --shutdown-delay)")
-    serving.add_argument("--shutdown-delay", type=seconds, default=0.0,
-                         help="seconds after SIGTERM during which /health is 503 but new requests are still "
-                              "served, each with Connection: close, while Kubernetes removes the pod from its "
-                              "endpoints; then new requests get 503 and --shutdown-grace begins")
-    serving.add_argument("--termination-message-path", default=TERMINATION_MESSAGE_PATH,
-                         help="file that gets a one-line reason when the runtime cannot start; written only "
-                              "if it exists, or if its directory exists and is not /dev")
-    serving.add_argument("--api-key", action="append", default=[], metavar="KEY",
-                         help="ask every request but /health and /metrics for 'Authorization: Bearer KEY' "
-                              "(repeatable; default: the comma-separated keys in $GOODPUT_API_KEY, if set). "
-                              "The environment keeps keys out of the process list")
+    serving.add_argument(
+        "--batch-cap",
+        choices=["auto", "off"],
+        default=default("batch_cap"),
+        help="cap the batch (priority above 0) sequences that step beside online ones so a step, "
+        "timed as it runs, stays within --slo-tpot × (1 − --batch-cap-margin); the others "
+        "pause until the online ones leave; auto: on when --slo-tpot is set",
+    )
+    serving.add_argument(
+        "--batch-cap-margin",
+        type=margin_fraction,
+        default=default("batch_cap_margin"),
+        help="share of --slo-tpot the batch cap keeps free (steps that admit an online request run longer)",
+    )
+    serving.add_argument(
+        "--admission",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="refuse with 429 and Retry-After, at once, a request whose predicted time to first "
+        "token (from the measured prefill and decode rates, the queue ahead and the free KV "
+        "cache) exceeds --slo-ttft; auto: on when --slo-ttft is set",
+    )
+    serving.add_argument(
+        "--admission-margin",
+        type=margin_fraction,
+        default=0.1,
+        help="safety margin of admission: refuse when the predicted TTFT exceeds --slo-ttft × (1 − margin)",
+    )
+    serving.add_argument(
+        "--shutdown-grace",
+        type=seconds,
+        default=30.0,
+        help="seconds in-flight requests get to finish after SIGTERM (after --shutdown-delay)",
+    )
+    serving.add_argument(
+        "--shutdown-delay",
+        type=seconds,
+        default=0.0,
+        help="seconds after SIGTERM during which /health is 503 but new requests are still "
+        "served, each with Connection: close, while Kubernetes removes the pod from its "
+        "endpoints; then new requests get 503 and --shutdown-grace begins",
+    )
+    serving.add_argument(
+        "--termination-message-path",
+        default=TERMINATION_MESSAGE_PATH,
+        help="file that gets a one-line reason when the runtime cannot start; written only "
+        "if it exists, or if its directory exists and is not /dev",
+    )
+    serving.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="ask every request but /health and /metrics for 'Authorization: Bearer KEY' "
+        "(repeatable; default: the comma-separated keys in $GOODPUT_API_KEY, if set). "
+        "The environment keeps keys out of the process list",
+    )
     serving.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -314,16 +429,27 @@ async def run(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-    return await serve(config, metrics, args.host, args.port, args.shutdown_grace, stop, force,
-                       shutdown_delay=args.shutdown_delay, api_keys=args.api_keys,
-                       admission=admission_settings(args), freeze_heap=True,
-                       on_failure=lambda reason: write_termination_message(args.termination_message_path, reason))
+    return await serve(
+        config,
+        metrics,
+        args.host,
+        args.port,
+        args.shutdown_grace,
+        stop,
+        force,
+        shutdown_delay=args.shutdown_delay,
+        api_keys=args.api_keys,
+        admission=admission_settings(args),
+        freeze_heap=True,
+        on_failure=lambda reason: write_termination_message(args.termination_message_path, reason),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         return asyncio.run(run(args))
     except Exception as exc:

@@ -48,8 +48,9 @@ class ThreadChoice:
     reason: str
 
 
-def pick_threads(requested: int | None = None, ranks: int = 1, root: Path = CGROUP_ROOT,
-                 cpus: int | None = None) -> ThreadChoice:
+def pick_threads(
+    requested: int | None = None, ranks: int = 1, root: Path = CGROUP_ROOT, cpus: int | None = None
+) -> ThreadChoice:
     """Intra-op threads for each of `ranks` processes sharing this container."""
     if requested:
         return ThreadChoice(requested, "--num-threads")

@@ -44,8 +44,10 @@ def resolve_model_path(model: str, revision: str | None = None) -> Path:
         return local
     if local.is_file():
         if local.suffix != gguf.SUFFIX:
-            raise ModelLoadError(f"{model} is a file but not a GGUF file (.gguf); give a model directory, "
-                                 "a .gguf file or a Hugging Face id")
+            raise ModelLoadError(
+                f"{model} is a file but not a GGUF file (.gguf); give a model directory, "
+                "a .gguf file or a Hugging Face id"
+            )
         check_readable(local.parent, [local])
         return local
     if model.startswith(("/", ".", "~")):
@@ -86,8 +88,10 @@ def gguf_file(model_path: Path) -> Path | None:
         return None
     found = sorted(p for p in model_path.glob(f"*{gguf.SUFFIX}") if p.is_file())
     if len(found) > 1:
-        raise ModelLoadError(f"{model_path} holds {len(found)} GGUF files ({', '.join(p.name for p in found)}); "
-                             f"give the one to serve as --model {model_path}/<file>.gguf")
+        raise ModelLoadError(
+            f"{model_path} holds {len(found)} GGUF files ({', '.join(p.name for p in found)}); "
+            f"give the one to serve as --model {model_path}/<file>.gguf"
+        )
     return found[0] if found else None
 
 
@@ -172,8 +176,9 @@ def load_model(model_path: Path, dtype, device, attn_implementation: str):
 
     check_architecture(model_path)
     directory, kwargs = pretrained_args(model_path)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation=attn_implementation,
-                                                 **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(
+        directory, dtype=dtype, attn_implementation=attn_implementation, **kwargs
+    )
     model.to(device)
     model.eval()
     log.info("Loaded %s (%s) on %s as %s", model_path, type(model).__name__, device, dtype)

@@ -15,12 +15,74 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from goodput_contract import metrics as names
 from goodput_runtime.request_times import RequestTimes
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
-                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
-                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+TPOT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 GRAMMAR_COMPILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PREFIX = names.PREFIX
 # 429 error codes, and the reason label each is counted under
@@ -47,8 +109,9 @@ def priority_class(priority: int) -> str:
 
 
 class RuntimeMetrics:
-    def __init__(self, model: str, slo_ttft: float | None, slo_tpot: float | None,
-                 registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, model: str, slo_ttft: float | None, slo_tpot: float | None, registry: CollectorRegistry | None = None
+    ) -> None:
         self.model = model
         self.slo_ttft = slo_ttft
         self.slo_tpot = slo_tpot
@@ -68,71 +131,111 @@ class RuntimeMetrics:
         def counter(name: str, doc: str) -> Counter:
             return Counter(counter_name(name), doc, labels, registry=r).labels(model)
 
-        self.ttft = histogram(names.TTFT, "Time from arrival to the first output token.",
-                              with_boundary(TTFT_BUCKETS, slo_ttft))
-        self.tpot = histogram(names.TPOT, "Mean time per output token after the first, per request.",
-                              with_boundary(TPOT_BUCKETS, slo_tpot))
+        self.ttft = histogram(
+            names.TTFT, "Time from arrival to the first output token.", with_boundary(TTFT_BUCKETS, slo_ttft)
+        )
+        self.tpot = histogram(
+            names.TPOT,
+            "Mean time per output token after the first, per request.",
+            with_boundary(TPOT_BUCKETS, slo_tpot),
+        )
         self.e2e = histogram(names.E2E_LATENCY, "Time from arrival to the last token.", REQUEST_LATENCY_BUCKETS)
-        self.queue_time = histogram(names.QUEUE_TIME, "Time from arrival to first scheduling.",
-                                    REQUEST_LATENCY_BUCKETS)
+        self.queue_time = histogram(names.QUEUE_TIME, "Time from arrival to first scheduling.", REQUEST_LATENCY_BUCKETS)
         self.running = gauge(names.REQUESTS_RUNNING, "Requests in the running batch.")
         self.waiting = gauge(names.REQUESTS_WAITING, "Online requests waiting to be scheduled.")
         self.kv_usage = gauge(names.KV_CACHE_USAGE, "Share of KV cache blocks in use (0-1).")
-        self.requests = Counter(counter_name(names.REQUESTS), "Finished online requests by outcome.",
-                                ["model", "outcome"], registry=r)
+        self.requests = Counter(
+            counter_name(names.REQUESTS), "Finished online requests by outcome.", ["model", "outcome"], registry=r
+        )
         self.good = counter(names.REQUESTS_GOOD, "Requests that succeeded and met both the TTFT and TPOT SLOs.")
-        self.violations = Counter(counter_name(names.SLO_VIOLATIONS), "Successful requests that missed an SLO target.",
-                                  ["model", "slo"], registry=r)
-        self.by_priority = Counter(counter_name(names.REQUESTS_BY_PRIORITY),
-                                   "Finished requests by priority class (online: priority <= 0, batch: above) and "
-                                   "outcome.", ["model", "priority", "outcome"], registry=r)
-        self.good_by_priority = Counter(counter_name(names.REQUESTS_GOOD_BY_PRIORITY),
-                                        "Requests that met both SLOs, by priority class.", ["model", "priority"],
-                                        registry=r)
-        self.waiting_by_priority = Gauge(names.REQUESTS_WAITING_BY_PRIORITY,
-                                         "Requests waiting to be scheduled, by priority class.",
-                                         ["model", "priority"], registry=r)
-        self.rejected = Counter(counter_name(names.REQUESTS_REJECTED),
-                                "Requests answered 429 before they were queued, by reason.",
-                                ["model", "reason"], registry=r)
+        self.violations = Counter(
+            counter_name(names.SLO_VIOLATIONS),
+            "Successful requests that missed an SLO target.",
+            ["model", "slo"],
+            registry=r,
+        )
+        self.by_priority = Counter(
+            counter_name(names.REQUESTS_BY_PRIORITY),
+            "Finished requests by priority class (online: priority <= 0, batch: above) and outcome.",
+            ["model", "priority", "outcome"],
+            registry=r,
+        )
+        self.good_by_priority = Counter(
+            counter_name(names.REQUESTS_GOOD_BY_PRIORITY),
+            "Requests that met both SLOs, by priority class.",
+            ["model", "priority"],
+            registry=r,
+        )
+        self.waiting_by_priority = Gauge(
+            names.REQUESTS_WAITING_BY_PRIORITY,
+            "Requests waiting to be scheduled, by priority class.",
+            ["model", "priority"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            counter_name(names.REQUESTS_REJECTED),
+            "Requests answered 429 before they were queued, by reason.",
+            ["model", "reason"],
+            registry=r,
+        )
         self.prompt_tokens = counter(names.PROMPT_TOKENS, "Prompt tokens processed (prefill).")
         self.generation_tokens = counter(names.GENERATION_TOKENS, "Tokens generated.")
         self.preemptions = counter(names.PREEMPTIONS, "Requests preempted for lack of KV cache blocks.")
         self.prefix_queries = counter(names.PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter(names.PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.")
-        self.structured = Counter(counter_name(names.STRUCTURED_OUTPUT_REQUESTS),
-                                  "Requests whose output a grammar constrained, by what asked for it.",
-                                  ["model", "type"], registry=r)
+        self.structured = Counter(
+            counter_name(names.STRUCTURED_OUTPUT_REQUESTS),
+            "Requests whose output a grammar constrained, by what asked for it.",
+            ["model", "type"],
+            registry=r,
+        )
         self.tool_calls = counter(names.TOOL_CALLS, "Tool calls returned to clients.")
-        self.grammar_compile = histogram(names.GRAMMAR_COMPILE_TIME, "Time to compile a grammar not in the cache.",
-                                         GRAMMAR_COMPILE_BUCKETS)
+        self.grammar_compile = histogram(
+            names.GRAMMAR_COMPILE_TIME, "Time to compile a grammar not in the cache.", GRAMMAR_COMPILE_BUCKETS
+        )
         self.spec_drafts = counter(names.SPEC_DECODE_DRAFTS, "Proposals verified by speculative decoding.")
         self.spec_draft_tokens = counter(names.SPEC_DECODE_DRAFT_TOKENS, "Proposed tokens verified.")
         self.spec_accepted = counter(names.SPEC_DECODE_ACCEPTED_TOKENS, "Proposed tokens the target model accepted.")
-        self.spec_accepted_per_pos = Counter(counter_name(names.SPEC_DECODE_ACCEPTED_TOKENS_PER_POS),
-                                             "Accepted proposed tokens by their position in the proposal (0 first).",
-                                             ["model", "position"], registry=r)
-        self.spec_emitted = counter(names.SPEC_DECODE_EMITTED_TOKENS,
-                                    "Tokens emitted by verification steps: the accepted ones and the target's own.")
-        self.spec_steps = Counter(counter_name(names.SPEC_DECODE_STEPS),
-                                  "Engine steps by whether speculative decoding was on for them.",
-                                  ["model", "speculated"], registry=r)
-        self.cpu_contended = gauge(names.CPU_CONTENDED, "1 while other processes take the runtime's cores and its "
-                                   "CPU steps run on one thread (--cpu-contention).")
-        self.cpu_contention_switches = counter(names.CPU_CONTENTION_SWITCHES,
-                                               "Moves of the CPU steps to one thread under contention, and back.")
+        self.spec_accepted_per_pos = Counter(
+            counter_name(names.SPEC_DECODE_ACCEPTED_TOKENS_PER_POS),
+            "Accepted proposed tokens by their position in the proposal (0 first).",
+            ["model", "position"],
+            registry=r,
+        )
+        self.spec_emitted = counter(
+            names.SPEC_DECODE_EMITTED_TOKENS,
+            "Tokens emitted by verification steps: the accepted ones and the target's own.",
+        )
+        self.spec_steps = Counter(
+            counter_name(names.SPEC_DECODE_STEPS),
+            "Engine steps by whether speculative decoding was on for them.",
+            ["model", "speculated"],
+            registry=r,
+        )
+        self.cpu_contended = gauge(
+            names.CPU_CONTENDED,
+            "1 while other processes take the runtime's cores and its CPU steps run on one thread (--cpu-contention).",
+        )
+        self.cpu_contention_switches = counter(
+            names.CPU_CONTENTION_SWITCHES, "Moves of the CPU steps to one thread under contention, and back."
+        )
         self.spec_active = gauge(names.SPEC_DECODE_ACTIVE, "1 while speculative decoding is on for the running batch.")
-        self.spec_max_batch = gauge(names.SPEC_DECODE_MAX_BATCH,
-                                    "The running batch up to which speculative decoding is on (absent when off).")
-        self.batch_running_cap = gauge(names.BATCH_RUNNING_CAP,
-                                       "Batch sequences allowed to step beside the online ones in the last step, "
-                                       "from the TPOT target and the measured step time (--max-num-seqs while no "
-                                       "online sequence runs).")
+        self.spec_max_batch = gauge(
+            names.SPEC_DECODE_MAX_BATCH, "The running batch up to which speculative decoding is on (absent when off)."
+        )
+        self.batch_running_cap = gauge(
+            names.BATCH_RUNNING_CAP,
+            "Batch sequences allowed to step beside the online ones in the last step, "
+            "from the TPOT target and the measured step time (--max-num-seqs while no "
+            "online sequence runs).",
+        )
         self.batch_running = gauge(names.BATCH_RUNNING, "Batch sequences in the last step.")
-        self.batch_paused = gauge(names.BATCH_PAUSED,
-                                  "Running batch sequences the cap kept out of the last step (their blocks kept).")
-        self.batch_pauses = counter(names.BATCH_PAUSES,
-                                    "Steps batch sequences sat out for the cap beside online work, summed over them.")
+        self.batch_paused = gauge(
+            names.BATCH_PAUSED, "Running batch sequences the cap kept out of the last step (their blocks kept)."
+        )
+        self.batch_pauses = counter(
+            names.BATCH_PAUSES, "Steps batch sequences sat out for the cap beside online work, summed over them."
+        )
         for name, value in ((names.SLO_TTFT, slo_ttft), (names.SLO_TPOT, slo_tpot)):
             g = gauge(name, "Configured SLO target in seconds (absent when no target is set).")
             if value is not None:
@@ -202,8 +305,16 @@ class RuntimeMetrics:
             return True
         return False
 
-    def record_step(self, running: int, waiting: int, kv_usage: float, prompt_tokens: int,
-                    generation_tokens: int, preemptions: int, waiting_batch: int = 0) -> None:
+    def record_step(
+        self,
+        running: int,
+        waiting: int,
+        kv_usage: float,
+        prompt_tokens: int,
+        generation_tokens: int,
+        preemptions: int,
+        waiting_batch: int = 0,
+    ) -> None:
         self.running.set(running)
         self.waiting.set(waiting - waiting_batch)  # online requests: the queue the autoscaler reads
         self.waiting_by_priority.labels(self.model, "online").set(waiting - waiting_batch)

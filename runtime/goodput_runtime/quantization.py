@@ -62,8 +62,10 @@ class QuantizationReport:
     def __str__(self) -> str:
         if self.method == "none":
             return f"Weights not quantized: {self.weight_bytes_before / 2**20:.1f} MiB"
-        return (f"Quantized {self.num_linears} linear layers to {self.method} ({self.kernel} kernel): weights "
-                f"{self.weight_bytes_before / 2**20:.1f} MiB -> {self.weight_bytes_after / 2**20:.1f} MiB")
+        return (
+            f"Quantized {self.num_linears} linear layers to {self.method} ({self.kernel} kernel): weights "
+            f"{self.weight_bytes_before / 2**20:.1f} MiB -> {self.weight_bytes_after / 2**20:.1f} MiB"
+        )
 
 
 def quantize_weight(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,8 +109,10 @@ class QuantizedLinear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"weight={self.weight.dtype}, kernel={self.kernel}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"weight={self.weight.dtype}, kernel={self.kernel}"
+        )
 
 
 def _int8_int_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -171,8 +175,10 @@ def check_method(method: str, device: torch.device) -> None:
     if problem is None and rules.requirement(method) is not None:
         others = [m for m in METHODS if rules.supported(m, None)]
         problem = rules.capability_problem(
-            method, nvidia_capability(device),
-            f"this machine has {_gpu_description(device)}; use {flags.QUANTIZATION} {' or '.join(reversed(others))}")
+            method,
+            nvidia_capability(device),
+            f"this machine has {_gpu_description(device)}; use {flags.QUANTIZATION} {' or '.join(reversed(others))}",
+        )
     if problem:
         raise QuantizationError(problem)
 
@@ -214,8 +220,12 @@ def _targets(model: nn.Module, include_lm_head: bool) -> list[tuple[nn.Module, s
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise QuantizationError(f"{type(model).__name__} has no decoder layers at model.model.layers")
-    targets = [(parent, name, child) for parent in layers.modules()
-               for name, child in parent.named_children() if isinstance(child, nn.Linear)]
+    targets = [
+        (parent, name, child)
+        for parent in layers.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    ]
     head = getattr(model, "lm_head", None)
     if include_lm_head and isinstance(head, nn.Linear):
         input_embeddings = getattr(model, "get_input_embeddings", None)
@@ -233,8 +243,9 @@ def _replace(parent: nn.Module, name: str, old: nn.Linear, new: QuantizedLinear)
     setattr(parent, name, new)
 
 
-def quantize_model(model: nn.Module, method: str, device: torch.device, include_lm_head: bool = False,
-                   kernel: str | None = None) -> QuantizationReport:
+def quantize_model(
+    model: nn.Module, method: str, device: torch.device, include_lm_head: bool = False, kernel: str | None = None
+) -> QuantizationReport:
     """Quantize the decoder's linear layers in place (and the LM head if asked); the weight memory.
 
     ``kernel`` overrides the automatic choice (``int_mm``, ``scaled_mm`` or ``dequant``), for comparisons.

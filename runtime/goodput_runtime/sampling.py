@@ -46,8 +46,13 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         """True when the logits are changed before sampling (penalties, bias, a minimum length)."""
-        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.logit_bias or self.min_tokens)
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+            or self.min_tokens
+        )
 
     def choice_seed(self, index: int) -> int | None:
         """Choice `index`'s own seed: the request's seed plus its index, within 64 bits."""
@@ -75,8 +80,10 @@ def generation_defaults(generation_config: Any) -> dict[str, float | int]:
         if isinstance(value, int | float) and not isinstance(value, bool):
             defaults["max_tokens" if key == "max_new_tokens" else key] = value
     if defaults:
-        log.info("Sampling defaults from the model's generation_config.json, used where a request is silent: %s",
-                 ", ".join(f"{k}={v}" for k, v in defaults.items()))
+        log.info(
+            "Sampling defaults from the model's generation_config.json, used where a request is silent: %s",
+            ", ".join(f"{k}={v}" for k, v in defaults.items()),
+        )
     else:
         log.info("The model's generation_config.json sets no sampling defaults; OpenAI's defaults apply")
     return defaults

@@ -56,10 +56,15 @@ def installed(node: Node) -> Node:
     node.apply_kustomization(ROOT / "manifests")
     if node.borrowed:  # the operator may run an image older than the one just built under the same tag
         node.kubectl("rollout", "restart", "deployment/goodput-operator", "-n", OPERATOR_NAMESPACE)
-        node.kubectl("rollout", "status", "deployment/goodput-operator", "-n", OPERATOR_NAMESPACE,
-                     "--timeout=300s", timeout=320)
-    wait_for(lambda: deployment_available(node, OPERATOR_NAMESPACE, "goodput-operator"), OPERATOR_READY_SECONDS,
-             "the operator Deployment to become Available", explain=lambda: node.describe(OPERATOR_NAMESPACE))
+        node.kubectl(
+            "rollout", "status", "deployment/goodput-operator", "-n", OPERATOR_NAMESPACE, "--timeout=300s", timeout=320
+        )
+    wait_for(
+        lambda: deployment_available(node, OPERATOR_NAMESPACE, "goodput-operator"),
+        OPERATOR_READY_SECONDS,
+        "the operator Deployment to become Available",
+        explain=lambda: node.describe(OPERATOR_NAMESPACE),
+    )
     return node
 
 
@@ -88,29 +93,36 @@ def models(node: Node, tiny_model_dir: Path) -> dict[str, Path]:
     unreadable = copy_model(tiny_model_dir, root / "unreadable")
     (unreadable / "model.safetensors").chmod(0o600)  # root's; the runtime runs as another user
     root.chmod(0o755)
-    node.apply([
-        {
-            "apiVersion": "v1", "kind": "PersistentVolume",
-            "metadata": {"name": MODELS_PV},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadOnlyMany", "ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": "",
-                "hostPath": {"path": str(root), "type": "Directory"},
+    node.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": MODELS_PV},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadOnlyMany", "ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "",
+                    "hostPath": {"path": str(root), "type": "Directory"},
+                },
             },
-        },
-        {
-            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": MODELS_CLAIM},
-            "spec": {
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "volumeName": MODELS_PV,
-                "resources": {"requests": {"storage": "1Gi"}},
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": MODELS_CLAIM},
+                "spec": {
+                    "accessModes": ["ReadOnlyMany"],
+                    "storageClassName": "",
+                    "volumeName": MODELS_PV,
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
             },
-        },
-    ])
-    wait_for(lambda: (node.get("pvc", MODELS_CLAIM) or {}).get("status", {}).get("phase") == "Bound", 60,
-             "the models claim to bind")
+        ]
+    )
+    wait_for(
+        lambda: (node.get("pvc", MODELS_CLAIM) or {}).get("status", {}).get("phase") == "Bound",
+        60,
+        "the models claim to bind",
+    )
     return {"tiny": tiny, "unknown-arch": unknown, "unreadable": unreadable}

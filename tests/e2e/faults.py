@@ -52,8 +52,9 @@ class SteadyLoad:
         try:
             if stream:
                 finished = False
-                for chunk in client.chat.completions.create(model=self.model, messages=messages, stream=True,
-                                                            max_tokens=self.max_tokens, temperature=0):
+                for chunk in client.chat.completions.create(
+                    model=self.model, messages=messages, stream=True, max_tokens=self.max_tokens, temperature=0
+                ):
                     if chunk.choices and chunk.choices[0].delta.content:
                         chunks += 1
                     if chunk.choices and chunk.choices[0].finish_reason:
@@ -61,8 +62,9 @@ class SteadyLoad:
                 if not finished:
                     return Outcome(stream, False, chunks, "the stream ended without a finish_reason")
             else:
-                answer = client.chat.completions.create(model=self.model, messages=messages,
-                                                        max_tokens=self.max_tokens, temperature=0)
+                answer = client.chat.completions.create(
+                    model=self.model, messages=messages, max_tokens=self.max_tokens, temperature=0
+                )
                 assert answer.choices[0].message.content is not None
             return Outcome(stream, True, chunks)
         except openai.APIStatusError as err:  # the answer's status and its body, which names the cause
@@ -107,8 +109,9 @@ class SteadyLoad:
 
 def gateway_pods(node: Node) -> list[dict[str, Any]]:
     pods = node.get("pods", namespace=OPERATOR_NAMESPACE, selector="app.kubernetes.io/name=goodput-gateway") or []
-    return [p for p in pods if condition(p, "Ready").get("status") == "True"
-            and not p["metadata"].get("deletionTimestamp")]
+    return [
+        p for p in pods if condition(p, "Ready").get("status") == "True" and not p["metadata"].get("deletionTimestamp")
+    ]
 
 
 def gateway_retries(node: Node, namespace: str, service: str) -> Counter[str]:
@@ -119,7 +122,7 @@ def gateway_retries(node: Node, namespace: str, service: str) -> Counter[str]:
         with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8000/metrics", timeout=10) as response:
             text = response.read().decode()
         for line in text.splitlines():
-            match = re.match(r'^goodput_gateway_retries_total\{(.*)\} (\S+)$', line)
+            match = re.match(r"^goodput_gateway_retries_total\{(.*)\} (\S+)$", line)
             if match and f'namespace="{namespace}"' in match[1] and f'service="{service}"' in match[1]:
                 reason = re.search(r'reason="([^"]*)"', match[1])
                 total[reason[1] if reason else ""] += int(float(match[2]))
@@ -128,8 +131,12 @@ def gateway_retries(node: Node, namespace: str, service: str) -> Counter[str]:
 
 def restart_component(node: Node, component: str, signal: str = "KILL", pause: float = 0) -> None:
     """Kill one of the node's processes (kubelet, kube-proxy, containerd, ...) and start it again."""
-    subprocess.run([str(CLUSTER_SCRIPT), "restart", component, "--signal", signal, "--pause", str(pause),
-                    "--dir", str(node.dir)], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [str(CLUSTER_SCRIPT), "restart", component, "--signal", signal, "--pause", str(pause), "--dir", str(node.dir)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
 
 
 def kill_runtime_process(node: Node, pod: dict[str, Any]) -> int:

@@ -38,8 +38,9 @@ def node_unsupported() -> str | None:
 def run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> str:
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {result.returncode}:\n{result.stdout[-3000:]}\n"
-                           f"{result.stderr[-6000:]}")
+        raise RuntimeError(
+            f"{' '.join(cmd)} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+        )
     return result.stdout
 
 
@@ -70,8 +71,14 @@ class Node:
     @classmethod
     def _from_exports(cls, cluster_dir: Path, exports_text: str, scratch: Path, borrowed: bool) -> Node:
         exports = dict(re.findall(r"export (\w+)=(\S+)", exports_text))
-        node = cls(cluster_dir, Path(exports["KUBECONFIG"]), exports["CONTAINERD_ADDRESS"],
-                   Path((cluster_dir / "bin").read_text().strip()), scratch, borrowed)
+        node = cls(
+            cluster_dir,
+            Path(exports["KUBECONFIG"]),
+            exports["CONTAINERD_ADDRESS"],
+            Path((cluster_dir / "bin").read_text().strip()),
+            scratch,
+            borrowed,
+        )
         node.env = {**os.environ, "KUBECONFIG": str(node.kubeconfig), "CONTAINERD_ADDRESS": node.containerd_address}
         return node
 
@@ -87,8 +94,9 @@ class Node:
         if not owner.is_file():
             return None
         cluster_dir = Path(owner.read_text().strip())
-        result = subprocess.run([str(CLUSTER_SCRIPT), "env", "--dir", str(cluster_dir)], capture_output=True,
-                                text=True, timeout=60)
+        result = subprocess.run(
+            [str(CLUSTER_SCRIPT), "env", "--dir", str(cluster_dir)], capture_output=True, text=True, timeout=60
+        )
         if result.returncode != 0 or "CONTAINERD_ADDRESS" not in result.stdout:
             return None
         return cls._from_exports(cluster_dir, result.stdout, scratch, borrowed=True)
@@ -99,8 +107,11 @@ class Node:
         shutil.copyfile(self.kubeconfig, own)
         self.kubeconfig = own
         self.env["KUBECONFIG"] = str(own)
-        wait_for(lambda: not (self.get("namespace", namespace) or {}).get("metadata", {}).get("deletionTimestamp"),
-                 300, f"namespace {namespace} left over from an earlier run to finish terminating")
+        wait_for(
+            lambda: not (self.get("namespace", namespace) or {}).get("metadata", {}).get("deletionTimestamp"),
+            300,
+            f"namespace {namespace} left over from an earlier run to finish terminating",
+        )
         self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         self.kubectl("config", "set-context", "--current", f"--namespace={namespace}")
 
@@ -117,11 +128,23 @@ class Node:
         """Build both images from the project's Dockerfiles (cached when unchanged) and import them."""
         run([str(IMAGES_SCRIPT), "all"], timeout=3600, env=self.env)
 
-    def kubectl(self, *args: str, input_text: str | None = None, check: bool = True,
-                timeout: float = 120, kubectl: str | None = None) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self,
+        *args: str,
+        input_text: str | None = None,
+        check: bool = True,
+        timeout: float = 120,
+        kubectl: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         own = self.bin / "kubectl"
-        cmd = [kubectl or (str(own) if own.exists() else "kubectl"), "--kubeconfig", str(self.kubeconfig),
-               "--cache-dir", str(self.scratch / "kubectl-cache"), *args]
+        cmd = [
+            kubectl or (str(own) if own.exists() else "kubectl"),
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--cache-dir",
+            str(self.scratch / "kubectl-cache"),
+            *args,
+        ]
         result = subprocess.run(cmd, capture_output=True, text=True, input=input_text, timeout=timeout)
         if check and result.returncode != 0:
             raise AssertionError(f"{' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
@@ -160,9 +183,11 @@ class Node:
         """What to print when a wait fails: pods, events and the operator's log tail."""
         parts = []
         ns = ["-n", namespace] if namespace else []
-        for args in (["get", "pods,rs,deploy,gsvc", *ns, "-o", "wide"],
-                     ["get", "events", *ns, "--sort-by=.lastTimestamp"],
-                     ["logs", "-n", OPERATOR_NAMESPACE, "deploy/goodput-operator", "--tail=40"]):
+        for args in (
+            ["get", "pods,rs,deploy,gsvc", *ns, "-o", "wide"],
+            ["get", "events", *ns, "--sort-by=.lastTimestamp"],
+            ["logs", "-n", OPERATOR_NAMESPACE, "deploy/goodput-operator", "--tail=40"],
+        ):
             result = self.kubectl(*args, check=False)
             parts.append(f"$ kubectl {' '.join(args)}\n{result.stdout[-4000:]}{result.stderr[-1000:]}")
         return "\n".join(parts)
@@ -181,12 +206,20 @@ def cluster_ip(node: Node, service: str, namespace: str | None = None) -> str:
     return str(svc["spec"]["clusterIP"])
 
 
-def chat(host: str, model: str, content: str, max_tokens: int = 8, port: int = 80,
-         conn: http.client.HTTPConnection | None = None, timeout: float = 60) -> dict[str, Any]:
+def chat(
+    host: str,
+    model: str,
+    content: str,
+    max_tokens: int = 8,
+    port: int = 80,
+    conn: http.client.HTTPConnection | None = None,
+    timeout: float = 60,
+) -> dict[str, Any]:
     """One non-streamed chat completion; raises on anything but 200."""
     conn = conn or http.client.HTTPConnection(host, port, timeout=timeout)
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": content}],
-                       "max_tokens": max_tokens, "temperature": 0})
+    body = json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0}
+    )
     conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
     response = conn.getresponse()
     data = response.read()

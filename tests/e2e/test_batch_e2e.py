@@ -29,7 +29,9 @@ MAX_TOKENS = 6
 
 def service_manifest() -> dict[str, Any]:
     return {
-        "apiVersion": "serving.goodput.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": NAME},
+        "apiVersion": "serving.goodput.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": NAME},
         "spec": {
             "model": {"source": "pvc://models/tiny", "servedName": NAME, "maxModelLen": 256, "dtype": "float32"},
             "engine": {"maxNumSeqs": 16, "maxBatchedTokens": 256},
@@ -41,12 +43,29 @@ def service_manifest() -> dict[str, Any]:
 
 def gateway(node: Node, workdir: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
     log = workdir / "gateway.log"
-    env = {**os.environ, "KUBECONFIG": str(node.kubeconfig),
-           "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("gateway", "operator", "contract"))}
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(node.kubeconfig),
+        "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("gateway", "operator", "contract")),
+    }
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    proc = subprocess.Popen([sys.executable, "-m", "goodput_gateway", "--host", "127.0.0.1", "--port", "0",
-                             "--database", f"sqlite:///{workdir}/batch.db"], env=env,
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "goodput_gateway",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--database",
+            f"sqlite:///{workdir}/batch.db",
+        ],
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
     url = ""
 
     def listening() -> bool:
@@ -69,32 +88,61 @@ def ready_replicas(url: str) -> int:
         return 0
 
 
-def test_a_50_line_batch_completes_through_the_gateway_on_a_runtime_pod(installed: Node, models: Any,
-                                                                       tmp_path: Path) -> None:
+def test_a_50_line_batch_completes_through_the_gateway_on_a_runtime_pod(
+    installed: Node, models: Any, tmp_path: Path
+) -> None:
     node = installed
     node.apply(service_manifest())
     proc = None
     try:
-        wait_for(lambda: condition(node.get("inferenceservice", NAME), "Ready").get("status") == "True", 300,
-                 f"InferenceService {NAME} to report Ready=True", explain=node.describe)
+        wait_for(
+            lambda: condition(node.get("inferenceservice", NAME), "Ready").get("status") == "True",
+            300,
+            f"InferenceService {NAME} to report Ready=True",
+            explain=node.describe,
+        )
         proc, url, log = gateway(node, tmp_path)
-        wait_for(lambda: ready_replicas(url) == 1, 60, "the gateway to see the ready pod",
-                 explain=lambda: log.read_text()[-3000:])
+        wait_for(
+            lambda: ready_replicas(url) == 1,
+            60,
+            "the gateway to see the ready pod",
+            explain=lambda: log.read_text()[-3000:],
+        )
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
-        data = "".join(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
-                                   "body": {"model": NAME, "max_tokens": MAX_TOKENS, "temperature": 0,
-                                            "messages": [{"role": "user", "content": f"Count to {i}"}]}}) + "\n"
-                       for i in range(LINES))
+        data = "".join(
+            json.dumps(
+                {
+                    "custom_id": f"line-{i}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {
+                        "model": NAME,
+                        "max_tokens": MAX_TOKENS,
+                        "temperature": 0,
+                        "messages": [{"role": "user", "content": f"Count to {i}"}],
+                    },
+                }
+            )
+            + "\n"
+            for i in range(LINES)
+        )
         f = client.files.create(file=("batch.jsonl", io.BytesIO(data.encode())), purpose="batch")
         batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
         started = time.monotonic()
-        while (batch := client.batches.retrieve(batch.id)).status not in ("completed", "failed", "expired",
-                                                                          "cancelled"):
+        while (batch := client.batches.retrieve(batch.id)).status not in (
+            "completed",
+            "failed",
+            "expired",
+            "cancelled",
+        ):
             assert time.monotonic() - started < 300, (batch, log.read_text()[-3000:])
             time.sleep(1)
         assert batch.status == "completed", batch
         assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (
-            LINES, LINES, 0)
+            LINES,
+            LINES,
+            0,
+        )
         assert batch.error_file_id is None
         output = [json.loads(x) for x in client.files.content(batch.output_file_id).content.decode().splitlines()]
         assert sorted(o["custom_id"] for o in output) == sorted(f"line-{i}" for i in range(LINES))

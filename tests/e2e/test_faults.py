@@ -39,31 +39,43 @@ PROXY_SYNC_SECONDS = 3.0
 
 def ready_pods(node: Node) -> list[dict[str, Any]]:
     pods = node.get("pods", selector=f"serving.goodput.dev/service={NAME}") or []
-    return [p for p in pods if not p["metadata"].get("deletionTimestamp")
-            and condition(p, "Ready").get("status") == "True"]
+    return [
+        p for p in pods if not p["metadata"].get("deletionTimestamp") and condition(p, "Ready").get("status") == "True"
+    ]
 
 
 def service_ready(node: Node, replicas: int) -> bool:
     svc = node.get("inferenceservice", NAME) or {}
-    return (condition(svc, "Ready").get("status") == "True"
-            and svc.get("status", {}).get("readyReplicas") == replicas and len(ready_pods(node)) == replicas)
+    return (
+        condition(svc, "Ready").get("status") == "True"
+        and svc.get("status", {}).get("readyReplicas") == replicas
+        and len(ready_pods(node)) == replicas
+    )
 
 
 @pytest.fixture(scope="module")
 def faulty(installed: Node, models: dict[str, Any]) -> Any:
     node = installed
-    wait_for(lambda: len(gateway_pods(node)) == 2, READY_SECONDS, "both gateway pods to be Ready",
-             explain=lambda: node.describe(OPERATOR_NAMESPACE))
-    node.apply({
-        "apiVersion": "serving.goodput.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": NAME},
-        "spec": {
-            "model": {"source": "pvc://models/tiny", "servedName": NAME, "maxModelLen": 256, "dtype": "float32"},
-            "engine": {"maxNumSeqs": 8, "maxBatchedTokens": 256},
-            "resources": {"gpu": 0, "cpu": "250m", "memory": "1Gi"},
-            "replicas": 2,
-            "autoscaling": {"mode": "none"},
-        },
-    })
+    wait_for(
+        lambda: len(gateway_pods(node)) == 2,
+        READY_SECONDS,
+        "both gateway pods to be Ready",
+        explain=lambda: node.describe(OPERATOR_NAMESPACE),
+    )
+    node.apply(
+        {
+            "apiVersion": "serving.goodput.dev/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {"name": NAME},
+            "spec": {
+                "model": {"source": "pvc://models/tiny", "servedName": NAME, "maxModelLen": 256, "dtype": "float32"},
+                "engine": {"maxNumSeqs": 8, "maxBatchedTokens": 256},
+                "resources": {"gpu": 0, "cpu": "250m", "memory": "1Gi"},
+                "replicas": 2,
+                "autoscaling": {"mode": "none"},
+            },
+        }
+    )
     wait_for(lambda: service_ready(node, 2), READY_SECONDS, "two Ready replicas of faulty", explain=node.describe)
     base_url = f"http://{cluster_ip(node, 'goodput-gateway', OPERATOR_NAMESPACE)}/v1"
     yield node, base_url
@@ -89,18 +101,30 @@ def test_a_runtime_pod_deleted_under_steady_load_loses_only_streams_already_unde
         # a second's grace, shorter than the pod's preStop delay: killed with requests in flight, not drained
         node.kubectl("delete", "pod", victim, "--grace-period=1", "--wait=false")
         deleted = time.monotonic()
-        wait_for(lambda: victim not in [p["metadata"]["name"] for p in ready_pods(node)] and service_ready(node, 2),
-                 READY_SECONDS, "a replacement pod and two Ready replicas again", explain=node.describe)
+        wait_for(
+            lambda: victim not in [p["metadata"]["name"] for p in ready_pods(node)] and service_ready(node, 2),
+            READY_SECONDS,
+            "a replacement pod and two Ready replicas again",
+            explain=node.describe,
+        )
         converged = time.monotonic() - deleted
         at_convergence = load.answered
         wait_for(lambda: load.answered >= at_convergence + 10, 120, "answers after the replacement")
     by_reason = gateway_retries(node, NAMESPACE, NAME) - retried_before
     retried = by_reason.total()
     check_losses(load)
-    report({"fault": "runtime pod deleted (1 s grace) under steady load, 2 replicas behind the gateway",
-            "tier": "e2e", "requests": len(load.outcomes), "failed": len(load.failed), "retried": retried,
-            "converge_s": round(converged, 1), "retry_reasons": dict(by_reason),
-            "errors": sorted({o.error for o in load.failed})})
+    report(
+        {
+            "fault": "runtime pod deleted (1 s grace) under steady load, 2 replicas behind the gateway",
+            "tier": "e2e",
+            "requests": len(load.outcomes),
+            "failed": len(load.failed),
+            "retried": retried,
+            "converge_s": round(converged, 1),
+            "retry_reasons": dict(by_reason),
+            "errors": sorted({o.error for o in load.failed}),
+        }
+    )
 
 
 def test_a_runtime_process_killed_under_steady_load_is_retried_by_the_gateway(faulty: Any) -> None:
@@ -117,8 +141,10 @@ def test_a_runtime_process_killed_under_steady_load_is_retried_by_the_gateway(fa
             pod = node.get("pod", victim["metadata"]["name"]) or {}
             statuses = pod.get("status", {}).get("containerStatuses") or [{}]
             return statuses[0].get("restartCount", 0) > restarts and service_ready(node, 2)
-        wait_for(restarted, READY_SECONDS, "the container restarted and two Ready replicas again",
-                 explain=node.describe)
+
+        wait_for(
+            restarted, READY_SECONDS, "the container restarted and two Ready replicas again", explain=node.describe
+        )
         converged = time.monotonic() - killed
         at_convergence = load.answered
         wait_for(lambda: load.answered >= at_convergence + 10, 120, "answers after the restart")
@@ -126,10 +152,18 @@ def test_a_runtime_process_killed_under_steady_load_is_retried_by_the_gateway(fa
     retried = by_reason.total()
     check_losses(load)
     assert retried > 0, "no request met the dead replica: the gateway retried nothing"
-    report({"fault": "runtime process SIGKILLed (a crash) under steady load, 2 replicas behind the gateway",
-            "tier": "e2e", "requests": len(load.outcomes), "failed": len(load.failed), "retried": retried,
-            "converge_s": round(converged, 1), "retry_reasons": dict(by_reason),
-            "errors": sorted({o.error for o in load.failed})})
+    report(
+        {
+            "fault": "runtime process SIGKILLed (a crash) under steady load, 2 replicas behind the gateway",
+            "tier": "e2e",
+            "requests": len(load.outcomes),
+            "failed": len(load.failed),
+            "retried": retried,
+            "converge_s": round(converged, 1),
+            "retry_reasons": dict(by_reason),
+            "errors": sorted({o.error for o in load.failed}),
+        }
+    )
 
 
 def test_a_connection_to_the_service_range_that_no_endpoint_takes_is_refused(faulty: Any) -> None:
@@ -171,8 +205,12 @@ def test_the_kubelet_restarting_leaves_the_pods_serving(faulty: Any) -> None:
             and both gateway pods (the Service the load goes through) are Ready."""
             ready = condition(node.get("node", node_name), "Ready")
             beat = datetime.fromisoformat(ready.get("lastHeartbeatTime", "1970-01-01T00:00:00Z").replace("Z", "+00:00"))
-            return (ready.get("status") == "True" and beat > killed_at and service_ready(node, 2)
-                    and len(gateway_pods(node)) == 2)
+            return (
+                ready.get("status") == "True"
+                and beat > killed_at
+                and service_ready(node, 2)
+                and len(gateway_pods(node)) == 2
+            )
 
         wait_for(node_ready, 180, "the node Ready again", explain=node.describe)
         converged = time.monotonic() - restarted
@@ -187,8 +225,9 @@ def test_the_kubelet_restarting_leaves_the_pods_serving(faulty: Any) -> None:
     # on this 2-core node a pod's readiness probe can time out once more while the new kubelet settles;
     # what must not happen is a replaced pod or a restarted container
     wait_for(lambda: service_ready(node, 2), 120, "both pods Ready again", explain=node.describe)
-    after = {p["metadata"]["uid"]: [c["restartCount"] for c in p["status"]["containerStatuses"]]
-             for p in ready_pods(node)}
+    after = {
+        p["metadata"]["uid"]: [c["restartCount"] for c in p["status"]["containerStatuses"]] for p in ready_pods(node)
+    }
     assert after == before, f"the kubelet's restart replaced or restarted runtime containers\n{node.describe()}"
     for o in load.failed:
         # a connection refused while the gateway's Service has no ready endpoint, before any byte, only
@@ -196,8 +235,17 @@ def test_the_kubelet_restarting_leaves_the_pods_serving(faulty: Any) -> None:
         assert o.chunks == 0 and o.error.startswith("APIConnectionError"), (o.chunks, o.error)
         assert killed <= o.at <= settled, f"a request failed outside the kubelet's restart: {o.error}"
     gap = (max(o.at for o in load.failed) - min(o.at for o in load.failed)) if load.failed else 0.0
-    report({"fault": "kubelet SIGKILL, 5 s down, restarted, under steady load", "tier": "e2e",
-            "requests": len(load.outcomes) + len(direct.outcomes), "failed": len(load.failed), "retried": retried,
-            "converge_s": round(converged, 1), "direct_to_pod": len(direct.outcomes),
-            "refused_window_s": round(gap, 1), "retry_reasons": dict(by_reason),
-            "errors": sorted({o.error for o in load.failed})})
+    report(
+        {
+            "fault": "kubelet SIGKILL, 5 s down, restarted, under steady load",
+            "tier": "e2e",
+            "requests": len(load.outcomes) + len(direct.outcomes),
+            "failed": len(load.failed),
+            "retried": retried,
+            "converge_s": round(converged, 1),
+            "direct_to_pod": len(direct.outcomes),
+            "refused_window_s": round(gap, 1),
+            "retry_reasons": dict(by_reason),
+            "errors": sorted({o.error for o in load.failed}),
+        }
+    )

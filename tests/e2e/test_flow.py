@@ -51,8 +51,12 @@ def service_ready(node: Node, name: str) -> bool:
 @pytest.fixture(scope="module")
 def chat_service(installed: Node, models: dict[str, Any]) -> Node:
     installed.apply(service_manifest(NAME, "pvc://models/tiny"))
-    wait_for(lambda: service_ready(installed, NAME), READY_SECONDS, "InferenceService chat to report Ready=True",
-             explain=installed.describe)
+    wait_for(
+        lambda: service_ready(installed, NAME),
+        READY_SECONDS,
+        "InferenceService chat to report Ready=True",
+        explain=installed.describe,
+    )
     return installed
 
 
@@ -75,8 +79,9 @@ def test_applied_service_becomes_ready_and_streams_through_its_cluster_ip(chat_s
     assert len(pods) == 1, node.describe()
     ip = cluster_ip(node, NAME)
     client = openai.OpenAI(base_url=f"http://{ip}/v1", api_key="unused", timeout=60)
-    stream = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hello there"}],
-                                            max_tokens=12, temperature=0, stream=True)
+    stream = client.chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "hello there"}], max_tokens=12, temperature=0, stream=True
+    )
     pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
     assert len(pieces) >= 2, pieces  # streamed, not one blob
     assert "".join(pieces).strip()
@@ -103,11 +108,25 @@ def test_a_pod_reaches_the_service_through_its_cluster_ip(chat_service: Node) ->
         "print(json.dumps({'events': len(events), 'done': events[-1] == 'data: [DONE]'}))\n"
     )
     node.kubectl("delete", "pod", "e2e-client", "--ignore-not-found", "--wait=true")
-    node.kubectl("run", "e2e-client", f"--image={RUNTIME_IMAGE}", "--image-pull-policy=Never",
-                 "--restart=Never", "--command", "--", "python3", "-c", script)
+    node.kubectl(
+        "run",
+        "e2e-client",
+        f"--image={RUNTIME_IMAGE}",
+        "--image-pull-policy=Never",
+        "--restart=Never",
+        "--command",
+        "--",
+        "python3",
+        "-c",
+        script,
+    )
     try:
-        wait_for(lambda: (node.get("pod", "e2e-client") or {}).get("status", {}).get("phase")
-                 in ("Succeeded", "Failed"), 120, "the client pod to finish", explain=node.describe)
+        wait_for(
+            lambda: (node.get("pod", "e2e-client") or {}).get("status", {}).get("phase") in ("Succeeded", "Failed"),
+            120,
+            "the client pod to finish",
+            explain=node.describe,
+        )
         pod = node.get("pod", "e2e-client")
         logs = node.kubectl("logs", "e2e-client").stdout
         assert pod["status"]["phase"] == "Succeeded", logs
@@ -158,9 +177,12 @@ def test_new_max_num_seqs_rolls_the_pod_without_failed_requests(chat_service: No
 
         def rolled() -> bool:
             pods = runtime_pods(node, NAME)
-            return (len(pods) == 1 and pods[0]["metadata"]["name"] != old_pod["metadata"]["name"]
-                    and condition(pods[0], "Ready").get("status") == "True"
-                    and node.get("pod", old_pod["metadata"]["name"]) is None)
+            return (
+                len(pods) == 1
+                and pods[0]["metadata"]["name"] != old_pod["metadata"]["name"]
+                and condition(pods[0], "Ready").get("status") == "True"
+                and node.get("pod", old_pod["metadata"]["name"]) is None
+            )
 
         wait_for(rolled, ROLL_SECONDS, "the roll to a new pod and the old pod's exit", explain=node.describe)
         answered_at_roll = client.ok
@@ -176,23 +198,36 @@ def test_a_deleted_pod_comes_back_and_serves(chat_service: Node) -> None:
     node = chat_service
     (pod,) = ready_pods(node, NAME)
     node.kubectl("delete", "pod", pod["metadata"]["name"], "--wait=false")
-    wait_for(lambda: [p for p in ready_pods(node, NAME) if p["metadata"]["name"] != pod["metadata"]["name"]],
-             READY_SECONDS, "a replacement pod to become Ready", explain=node.describe)
+    wait_for(
+        lambda: [p for p in ready_pods(node, NAME) if p["metadata"]["name"] != pod["metadata"]["name"]],
+        READY_SECONDS,
+        "a replacement pod to become Ready",
+        explain=node.describe,
+    )
     answer = chat(cluster_ip(node, NAME), NAME, "are you back?")
     assert answer["choices"][0]["message"]["content"]
     wait_for(lambda: service_ready(node, NAME), 60, "Ready=True again")
 
 
-@pytest.mark.parametrize(("name", "source", "expected"), [
-    ("missing-path", "pvc://models/no-such-model", "no-such-model"),
-    ("unknown-arch", "pvc://models/unknown-arch", "GPTNeoXForCausalLM"),
-    ("unreadable", "pvc://models/unreadable", "model.safetensors in /mnt/models/unreadable as uid 1000: permission"),
-])
+@pytest.mark.parametrize(
+    ("name", "source", "expected"),
+    [
+        ("missing-path", "pvc://models/no-such-model", "no-such-model"),
+        ("unknown-arch", "pvc://models/unknown-arch", "GPTNeoXForCausalLM"),
+        (
+            "unreadable",
+            "pvc://models/unreadable",
+            "model.safetensors in /mnt/models/unreadable as uid 1000: permission",
+        ),
+    ],
+)
 def test_a_spec_that_cannot_run_says_why_in_a_condition_and_an_event(
-        installed: Node, models: dict[str, Any], name: str, source: str, expected: str) -> None:
+    installed: Node, models: dict[str, Any], name: str, source: str, expected: str
+) -> None:
     node = installed
     node.apply(service_manifest(name, source))
     try:
+
         def failing() -> dict[str, Any] | None:
             ready = condition(node.get("inferenceservice", name), "Ready")
             return ready if ready.get("status") == "False" and expected in ready.get("message", "") else None
@@ -200,8 +235,13 @@ def test_a_spec_that_cannot_run_says_why_in_a_condition_and_an_event(
         ready = wait_for(failing, READY_SECONDS, f"{name}: Ready=False naming {expected!r}", explain=node.describe)
         assert ready["reason"] == "RuntimeFailing", ready
         events = node.get("events") or []
-        warnings = [e for e in events if e["involvedObject"].get("kind") == "InferenceService"
-                    and e["involvedObject"].get("name") == name and e.get("type") == "Warning"]
+        warnings = [
+            e
+            for e in events
+            if e["involvedObject"].get("kind") == "InferenceService"
+            and e["involvedObject"].get("name") == name
+            and e.get("type") == "Warning"
+        ]
         assert any(expected in e.get("message", "") for e in warnings), [e.get("message") for e in warnings]
         listing = node.kubectl("get", "gsvc", name).stdout
         assert "RuntimeFailing" in listing, listing
@@ -212,7 +252,15 @@ def test_a_spec_that_cannot_run_says_why_in_a_condition_and_an_event(
 def test_deleting_the_service_removes_its_deployment_service_and_pods(chat_service: Node) -> None:
     node = chat_service
     node.kubectl("delete", "inferenceservice", NAME, "--wait=true", timeout=180)
-    wait_for(lambda: node.get("deployment", f"{NAME}-runtime") is None and node.get("service", NAME) is None,
-             120, "the Deployment and Service to be garbage collected", explain=node.describe)
-    wait_for(lambda: not (node.get("pods", selector=f"serving.goodput.dev/service={NAME}") or []),
-             180, "the runtime pods to go", explain=node.describe)
+    wait_for(
+        lambda: node.get("deployment", f"{NAME}-runtime") is None and node.get("service", NAME) is None,
+        120,
+        "the Deployment and Service to be garbage collected",
+        explain=node.describe,
+    )
+    wait_for(
+        lambda: not (node.get("pods", selector=f"serving.goodput.dev/service={NAME}") or []),
+        180,
+        "the runtime pods to go",
+        explain=node.describe,
+    )

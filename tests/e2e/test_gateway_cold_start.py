@@ -23,8 +23,9 @@ PERIOD = 15  # the operator's autoscaler period, as manifests/operator.yaml leav
 
 def gateway_ready(node: Node) -> bool:
     pods = node.get("pods", namespace=OPERATOR_NAMESPACE, selector="app.kubernetes.io/name=goodput-gateway") or []
-    ready = [p for p in pods if condition(p, "Ready").get("status") == "True"
-             and not p["metadata"].get("deletionTimestamp")]
+    ready = [
+        p for p in pods if condition(p, "Ready").get("status") == "True" and not p["metadata"].get("deletionTimestamp")
+    ]
     return len(ready) == 2
 
 
@@ -41,25 +42,34 @@ def replicas(node: Node) -> int:
 
 def test_a_service_at_zero_answers_through_the_gateway_after_a_cold_start(installed: Node, models: Any) -> None:
     node = installed
-    wait_for(lambda: gateway_ready(node), 300, "both gateway pods to be Ready",
-             explain=lambda: node.describe(OPERATOR_NAMESPACE))
+    wait_for(
+        lambda: gateway_ready(node),
+        300,
+        "both gateway pods to be Ready",
+        explain=lambda: node.describe(OPERATOR_NAMESPACE),
+    )
     host = cluster_ip(node, "goodput-gateway", OPERATOR_NAMESPACE)
-    node.apply({
-        "apiVersion": "serving.goodput.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": NAME},
-        "spec": {
-            "model": {"source": "pvc://models/tiny", "servedName": NAME, "maxModelLen": 256, "dtype": "float32"},
-            "resources": {"gpu": 0, "cpu": "250m", "memory": "1Gi"},
-            "autoscaling": {"mode": "goodput", "minReplicas": 0, "maxReplicas": 1, "idlePeriod": f"{IDLE}s"},
-        },
-    })
+    node.apply(
+        {
+            "apiVersion": "serving.goodput.dev/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {"name": NAME},
+            "spec": {
+                "model": {"source": "pvc://models/tiny", "servedName": NAME, "maxModelLen": 256, "dtype": "float32"},
+                "resources": {"gpu": 0, "cpu": "250m", "memory": "1Gi"},
+                "autoscaling": {"mode": "goodput", "minReplicas": 0, "maxReplicas": 1, "idlePeriod": f"{IDLE}s"},
+            },
+        }
+    )
     try:
         wait_for(lambda: listed(host).get(NAME, {}).get("replicas") == 0, 60, "the gateway to list the service")
         wait_for(lambda: replicas(node) == 0, 60, "the Deployment at zero")
 
         started = time.monotonic()
         conn = http.client.HTTPConnection(host, 80, timeout=600)
-        body = json.dumps({"model": NAME, "messages": [{"role": "user", "content": "good morning"}],
-                           "max_tokens": 8, "stream": True})
+        body = json.dumps(
+            {"model": NAME, "messages": [{"role": "user", "content": "good morning"}], "max_tokens": 8, "stream": True}
+        )
         conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
         response = conn.getresponse()
         assert response.status == 200, response.read()[:300]
@@ -71,7 +81,11 @@ def test_a_service_at_zero_answers_through_the_gateway_after_a_cold_start(instal
         events = [e for e in node.get("events") or [] if e["involvedObject"]["name"] == NAME]
         assert any(e["reason"] == "ScaledUp" and "held at the gateway" in e["message"] for e in events), events
 
-        wait_for(lambda: replicas(node) == 0, IDLE + 4 * PERIOD + 30, "the service to return to zero",
-                 explain=lambda: json.dumps(node.get("inferenceservice", NAME).get("status"), indent=1))
+        wait_for(
+            lambda: replicas(node) == 0,
+            IDLE + 4 * PERIOD + 30,
+            "the service to return to zero",
+            explain=lambda: json.dumps(node.get("inferenceservice", NAME).get("status"), indent=1),
+        )
     finally:
         node.kubectl("delete", "inferenceservice", NAME, "--wait=false", check=False)

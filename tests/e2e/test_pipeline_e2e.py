@@ -35,32 +35,60 @@ def listed(host: str) -> dict[str, Any]:
 def test_a_pipeline_over_a_real_pod_refuses_one_request_and_serves_another(installed: Node, models: Any) -> None:
     node = installed
     host = cluster_ip(node, "goodput-gateway", OPERATOR_NAMESPACE)
-    node.apply({
-        "apiVersion": "serving.goodput.dev/v1alpha1", "kind": "InferencePipeline", "metadata": {"name": PIPELINE},
-        "spec": {"steps": [
-            {"name": "input-rules", "kind": "guard", "rules": {"pii": [{"type": "card"}, {"type": "email",
-                                                                                       "action": "redact"}]}},
-            {"kind": "template", "system": "Answer briefly."},
-            {"kind": "generate", "service": SERVICE, "defaults": {"maxTokens": 8, "temperature": 0}},
-            {"kind": "guard", "stage": "output", "rules": {"maxLength": 2000}},
-        ]},
-    })
+    node.apply(
+        {
+            "apiVersion": "serving.goodput.dev/v1alpha1",
+            "kind": "InferencePipeline",
+            "metadata": {"name": PIPELINE},
+            "spec": {
+                "steps": [
+                    {
+                        "name": "input-rules",
+                        "kind": "guard",
+                        "rules": {"pii": [{"type": "card"}, {"type": "email", "action": "redact"}]},
+                    },
+                    {"kind": "template", "system": "Answer briefly."},
+                    {"kind": "generate", "service": SERVICE, "defaults": {"maxTokens": 8, "temperature": 0}},
+                    {"kind": "guard", "stage": "output", "rules": {"maxLength": 2000}},
+                ]
+            },
+        }
+    )
     try:
-        wait_for(lambda: condition(node.get("inferencepipeline", PIPELINE), "Ready").get("reason") ==
-                 "ServiceNotFound", 60, "the pipeline to name its missing service")
+        wait_for(
+            lambda: condition(node.get("inferencepipeline", PIPELINE), "Ready").get("reason") == "ServiceNotFound",
+            60,
+            "the pipeline to name its missing service",
+        )
         assert f"'{SERVICE}'" in condition(node.get("inferencepipeline", PIPELINE), "Ready")["message"]
-        node.apply({
-            "apiVersion": "serving.goodput.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": SERVICE},
-            "spec": {"model": {"source": "pvc://models/tiny", "servedName": SERVICE, "maxModelLen": 256,
-                               "dtype": "float32"},
-                     "resources": {"gpu": 0, "cpu": "250m", "memory": "1Gi"}, "slo": {"ttft": "5s", "tpot": "1s"}},
-        })
-        wait_for(lambda: condition(node.get("inferencepipeline", PIPELINE), "Ready").get("status") == "True",
-                 READY_SECONDS, "the pipeline to be Ready", explain=lambda: node.describe())
+        node.apply(
+            {
+                "apiVersion": "serving.goodput.dev/v1alpha1",
+                "kind": "InferenceService",
+                "metadata": {"name": SERVICE},
+                "spec": {
+                    "model": {
+                        "source": "pvc://models/tiny",
+                        "servedName": SERVICE,
+                        "maxModelLen": 256,
+                        "dtype": "float32",
+                    },
+                    "resources": {"gpu": 0, "cpu": "250m", "memory": "1Gi"},
+                    "slo": {"ttft": "5s", "tpot": "1s"},
+                },
+            }
+        )
+        wait_for(
+            lambda: condition(node.get("inferencepipeline", PIPELINE), "Ready").get("status") == "True",
+            READY_SECONDS,
+            "the pipeline to be Ready",
+            explain=lambda: node.describe(),
+        )
         wait_for(lambda: listed(host).get(PIPELINE, {}).get("ready") is True, 60, "the gateway to serve it")
 
-        status, body = post(host, {"model": PIPELINE, "messages": [
-            {"role": "user", "content": "my card is 4111 1111 1111 1111"}]})
+        status, body = post(
+            host, {"model": PIPELINE, "messages": [{"role": "user", "content": "my card is 4111 1111 1111 1111"}]}
+        )
         assert status == 400, body
         assert body["error"]["code"] == "content_filter" and "pii-card" in body["error"]["message"]
         assert "4111" not in body["error"]["message"]
@@ -68,8 +96,9 @@ def test_a_pipeline_over_a_real_pod_refuses_one_request_and_serves_another(insta
         status, body = post(host, {"model": PIPELINE, "messages": [{"role": "user", "content": "good morning"}]})
         assert status == 200, body
         assert body["model"] == PIPELINE and body["usage"]["completion_tokens"] == 8
-        logs = node.kubectl("logs", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=goodput-gateway",
-                            "--tail=-1", check=False).stdout
+        logs = node.kubectl(
+            "logs", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=goodput-gateway", "--tail=-1", check=False
+        ).stdout
         assert "4111" not in logs
     finally:
         node.kubectl("delete", "inferencepipeline", PIPELINE, "--wait=false", check=False)

@@ -39,16 +39,22 @@ def rules_dir(tmp_path: Path) -> Path:
 
 @needs_promtool
 def test_promtool_checks_the_rules(rules_dir):
-    result = subprocess.run([PROMTOOL, "check", "rules", str(rules_dir / "rules.yaml")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [PROMTOOL, "check", "rules", str(rules_dir / "rules.yaml")], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 @needs_promtool
 def test_promtool_unit_tests_pass(rules_dir):
     """Recorded attainment and goodput values, and which burn-rate alert fires when."""
-    result = subprocess.run([PROMTOOL, "test", "rules", str(rules_dir / "goodput.test.yaml")],
-                            capture_output=True, text=True, timeout=60, cwd=rules_dir)
+    result = subprocess.run(
+        [PROMTOOL, "test", "rules", str(rules_dir / "goodput.test.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=rules_dir,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -71,12 +77,19 @@ def test_dashboard_ships_to_both_grafana_installs():
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     board = json.loads(configmap["data"]["goodput-autoscaling.json"])
     titles = [p["title"] for p in board["panels"]]
-    for wanted in ("SLO attainment vs target", "Goodput vs throughput", "Time to first token",
-                   "Time per output token", "Replicas: desired vs ready", "Queue depth", "KV cache usage",
-                   "Preemptions", "Pod start-up"):
+    for wanted in (
+        "SLO attainment vs target",
+        "Goodput vs throughput",
+        "Time to first token",
+        "Time per output token",
+        "Replicas: desired vs ready",
+        "Queue depth",
+        "KV cache usage",
+        "Preemptions",
+        "Pod start-up",
+    ):
         assert wanted in titles
     assert board["annotations"]["list"][0]["name"] == "Scale events"
     grafana = yaml.safe_load((MONITORING / "grafana-dashboard.yaml").read_text())
     assert grafana["kind"] == "GrafanaDashboard"
-    assert grafana["spec"]["configMapRef"] == {"name": configmap["metadata"]["name"],
-                                               "key": "goodput-autoscaling.json"}
+    assert grafana["spec"]["configMapRef"] == {"name": configmap["metadata"]["name"], "key": "goodput-autoscaling.json"}

@@ -29,16 +29,22 @@ def slice_path(cluster: Cluster, namespace: str, name: str | None = None) -> str
     return f"{base}/{name}" if name else base
 
 
-def put_endpoint(cluster: Cluster, namespace: str, service: str, pod: str, address: str, port: int,
-                 ready: bool) -> None:
+def put_endpoint(
+    cluster: Cluster, namespace: str, service: str, pod: str, address: str, port: int, ready: bool
+) -> None:
     """What the EndpointSlice controller publishes for one pod of the service."""
     body: dict[str, Any] = {
         "apiVersion": slice_version(cluster),
         "kind": "EndpointSlice",
         # the EndpointSlice controller copies the Service's labels, the operator's service label among them
-        "metadata": {"name": f"{service}-{pod}", "labels": {
-            "kubernetes.io/service-name": service, "serving.goodput.dev/service": service,
-            "endpointslice.kubernetes.io/managed-by": "goodput-tests"}},
+        "metadata": {
+            "name": f"{service}-{pod}",
+            "labels": {
+                "kubernetes.io/service-name": service,
+                "serving.goodput.dev/service": service,
+                "endpointslice.kubernetes.io/managed-by": "goodput-tests",
+            },
+        },
         "addressType": "IPv4",
         "ports": [{"name": "metrics", "port": port, "protocol": "TCP"}],
         "endpoints": [{"addresses": [address], "conditions": {"ready": ready}}],
@@ -47,9 +53,17 @@ def put_endpoint(cluster: Cluster, namespace: str, service: str, pod: str, addre
     if cluster.get_or_none(cluster.raw, "GET", path) is None:
         cluster.raw("POST", slice_path(cluster, namespace), body)
     else:
-        cluster.raw("PUT", path, {**body, "metadata": {**body["metadata"],
-                                                       "resourceVersion": cluster.raw("GET", path)["metadata"][
-                                                           "resourceVersion"]}})
+        cluster.raw(
+            "PUT",
+            path,
+            {
+                **body,
+                "metadata": {
+                    **body["metadata"],
+                    "resourceVersion": cluster.raw("GET", path)["metadata"]["resourceVersion"],
+                },
+            },
+        )
 
 
 def delete_endpoint(cluster: Cluster, namespace: str, service: str, pod: str) -> None:
@@ -63,8 +77,11 @@ def scale_replicas(cluster: Cluster, namespace: str, name: str) -> int:
 
 def operator_metric(port: int, name: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name) and not line.startswith("#"))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and not line.startswith("#")
+    )
 
 
 def free_port() -> int:

@@ -24,8 +24,9 @@ from kubernetes.client.exceptions import ApiException
 
 
 def _start_cluster(workdir: Path) -> tuple[Path, Path]:
-    result = subprocess.run([str(ROOT / "hack" / "cluster.sh"), "up", "--dir", str(workdir)],
-                            capture_output=True, text=True, timeout=1800)
+    result = subprocess.run(
+        [str(ROOT / "hack" / "cluster.sh"), "up", "--dir", str(workdir)], capture_output=True, text=True, timeout=1800
+    )
     if result.returncode != 0:
         raise RuntimeError(f"hack/cluster.sh up failed:\n{result.stdout}\n{result.stderr[-4000:]}")
     match = re.search(r"export KUBECONFIG=(\S+)", result.stdout)
@@ -41,16 +42,28 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         api = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
         cluster = Cluster(workdir, kubeconfig, bin_dir, api)
         cluster.kubectl("apply", "-f", str(CRD), "-f", str(CRD.with_name(f"{GROUP}_inferencepipelines.yaml")))
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                        f"crd/{PLURAL}.{GROUP}", f"crd/inferencepipelines.{GROUP}")
+        cluster.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            f"crd/{PLURAL}.{GROUP}",
+            f"crd/inferencepipelines.{GROUP}",
+        )
         # kubectl's discovery cache predates the CRD; the OpenAPI document lags it by seconds
         shutil.rmtree(workdir / "kubectl-cache", ignore_errors=True)
-        wait_for(lambda: cluster.kubectl("explain", "inferenceservice", check=False).returncode == 0,
-                 60, "the CRD in the OpenAPI document")
+        wait_for(
+            lambda: cluster.kubectl("explain", "inferenceservice", check=False).returncode == 0,
+            60,
+            "the CRD in the OpenAPI document",
+        )
         yield cluster
     finally:
-        subprocess.run([str(ROOT / "hack" / "cluster.sh"), "down", "--dir", str(workdir)],
-                       capture_output=True, text=True, timeout=120)
+        subprocess.run(
+            [str(ROOT / "hack" / "cluster.sh"), "down", "--dir", str(workdir)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
 
 @pytest.fixture
@@ -75,8 +88,9 @@ def hub() -> Iterator[type[HubHandler]]:
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: Cluster, hub: type[HubHandler],
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+def operator(
+    cluster: Cluster, hub: type[HubHandler], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     process = OperatorProcess(cluster.kubeconfig, log, hub.endpoint).start()  # type: ignore[attr-defined]
     yield process

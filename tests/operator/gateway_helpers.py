@@ -25,21 +25,38 @@ SERVICE_LABEL = "serving.goodput.dev/service"
 
 
 def tiny_spec(served_name: str = "tiny", **extra: Any) -> dict[str, Any]:
-    return {"model": {"source": "file:///models/tiny", "servedName": served_name},
-            "resources": {"gpu": 0, "memory": "2Gi"}, **extra}
+    return {
+        "model": {"source": "file:///models/tiny", "servedName": served_name},
+        "resources": {"gpu": 0, "memory": "2Gi"},
+        **extra,
+    }
 
 
-def publish(cluster: Cluster, namespace: str, service: str, pod: str, port: int, ready: bool = True,
-            terminating: bool = False, address: str | None = None) -> None:
+def publish(
+    cluster: Cluster,
+    namespace: str,
+    service: str,
+    pod: str,
+    port: int,
+    ready: bool = True,
+    terminating: bool = False,
+    address: str | None = None,
+) -> None:
     """What the EndpointSlice controller writes for one pod of the service (create or replace)."""
     conditions = {"ready": ready, **({"terminating": True} if terminating else {})}
     if terminating and slice_version(cluster).endswith("v1beta1"):
         conditions = {"ready": False}  # 1.20's v1beta1 has the terminating condition behind a feature gate
     body: dict[str, Any] = {
-        "apiVersion": slice_version(cluster), "kind": "EndpointSlice",
-        "metadata": {"name": f"{service}-{pod}", "labels": {
-            "kubernetes.io/service-name": service, SERVICE_LABEL: service,
-            "endpointslice.kubernetes.io/managed-by": "goodput-tests"}},
+        "apiVersion": slice_version(cluster),
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"{service}-{pod}",
+            "labels": {
+                "kubernetes.io/service-name": service,
+                SERVICE_LABEL: service,
+                "endpointslice.kubernetes.io/managed-by": "goodput-tests",
+            },
+        },
         "addressType": "IPv4",
         "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
         "endpoints": [{"addresses": [address or host_address()], "conditions": conditions}],
@@ -91,8 +108,13 @@ class GatewayProcess:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         env.pop("KUBERNETES_SERVICE_HOST", None)
         log = self.log_path.open("ab")
-        self.process = subprocess.Popen([sys.executable, "-m", "goodput_gateway", "--port", "0", *self.args],
-                                        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "goodput_gateway", "--port", "0", *self.args],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
 
         def listening() -> bool:
             match = re.search(r"Listening on http://[^:]+:(\d+)", self.log())
@@ -102,8 +124,11 @@ class GatewayProcess:
 
         wait_for(listening, 60, "the gateway to listen")
         assert self.process.poll() is None, self.log()[-4000:]
-        wait_for(lambda: urllib.request.urlopen(self.url + "/health", timeout=2).status == 200, 30,
-                 "the gateway to read the cluster")
+        wait_for(
+            lambda: urllib.request.urlopen(self.url + "/health", timeout=2).status == 200,
+            30,
+            "the gateway to read the cluster",
+        )
         return self
 
     def stop(self) -> None:
@@ -115,7 +140,8 @@ class GatewayProcess:
 
     def models(self) -> list[dict[str, Any]]:
         data: list[dict[str, Any]] = json.loads(urllib.request.urlopen(self.url + "/v1/models", timeout=5).read())[
-            "data"]
+            "data"
+        ]
         return data
 
     def metric(self, name: str, **labels: str) -> float:

@@ -36,10 +36,17 @@ def service_account_kubeconfig(cluster: Any, manifests: tuple[str, ...], account
 
     for part in manifests:
         cluster.kubectl("apply", "-f", str(ROOT / "manifests" / part))
-    token = wait_for(lambda: cluster.core.create_namespaced_service_account_token(
-        account, "goodput-system",
-        {"spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600}},
-    ).status.token, 30, "a ServiceAccount token")
+    token = wait_for(
+        lambda: (
+            cluster.core.create_namespaced_service_account_token(
+                account,
+                "goodput-system",
+                {"spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600}},
+            ).status.token
+        ),
+        30,
+        "a ServiceAccount token",
+    )
     config = yaml.safe_load(cluster.kubeconfig.read_text())
     config["users"] = [{"name": account, "user": {"token": token}}]
     config["contexts"][0]["context"]["user"] = account
@@ -58,10 +65,22 @@ class Cluster:
     def kubectl_path(self) -> str:
         return str(self.bin / "kubectl") if (self.bin / "kubectl").exists() else "kubectl"
 
-    def kubectl(self, *args: str, kubeconfig: Path | None = None, check: bool = True,
-                input_text: str | None = None, kubectl: str | None = None) -> subprocess.CompletedProcess[str]:
-        cmd = [kubectl or self.kubectl_path, "--kubeconfig", str(kubeconfig or self.kubeconfig),
-               "--cache-dir", str(self.dir / "kubectl-cache"), *args]
+    def kubectl(
+        self,
+        *args: str,
+        kubeconfig: Path | None = None,
+        check: bool = True,
+        input_text: str | None = None,
+        kubectl: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        cmd = [
+            kubectl or self.kubectl_path,
+            "--kubeconfig",
+            str(kubeconfig or self.kubeconfig),
+            "--cache-dir",
+            str(self.dir / "kubectl-cache"),
+            *args,
+        ]
         result = subprocess.run(cmd, capture_output=True, text=True, input=input_text, timeout=120)
         if check and result.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}")
@@ -82,8 +101,12 @@ class Cluster:
     def raw(self, method: str, path: str, body: Any = None) -> Any:
         """A plain API call, for resources whose version depends on the server (policy, autoscaling)."""
         request = self.api.param_serialize(
-            method, path, header_params={"Accept": "application/json", "Content-Type": "application/json"},
-            body=body, auth_settings=["BearerToken"])
+            method,
+            path,
+            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
         response = self.api.call_api(*request, _request_timeout=30)
         data = response.read()
         if not 200 <= response.status <= 299:
@@ -104,8 +127,12 @@ class Cluster:
     # InferenceServices
 
     def create_service(self, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService",
-                "metadata": {"name": name}, "spec": spec}
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "InferenceService",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
         return self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
 
     def get_service(self, namespace: str, name: str) -> dict[str, Any]:
@@ -118,11 +145,13 @@ class Cluster:
         status = self.get_service(namespace, name).get("status") or {}
         return next((c for c in status.get("conditions") or () if c["type"] == type_), None)
 
-    def wait_condition(self, namespace: str, name: str, type_: str, status: str,
-                       timeout: float = WAIT_SECONDS) -> dict[str, Any]:
+    def wait_condition(
+        self, namespace: str, name: str, type_: str, status: str, timeout: float = WAIT_SECONDS
+    ) -> dict[str, Any]:
         def check() -> dict[str, Any] | None:
             c = self.condition(namespace, name, type_)
             return c if c and c["status"] == status else None
+
         return wait_for(check, timeout, f"{name} {type_}={status}")
 
     def get_or_none(self, read: Callable[..., Any], *args: Any) -> Any:
@@ -151,9 +180,15 @@ class Cluster:
         def settled() -> bool:
             d = self.deployment(namespace, name)
             status = self.get_service(namespace, name).get("status") or {}
-            return bool(d and d.status and d.status.observed_generation == d.metadata.generation
-                        and d.status.conditions and (d.status.replicas or 0) == d.spec.replicas
-                        and status.get("replicas") == d.spec.replicas)
+            return bool(
+                d
+                and d.status
+                and d.status.observed_generation == d.metadata.generation
+                and d.status.conditions
+                and (d.status.replicas or 0) == d.spec.replicas
+                and status.get("replicas") == d.spec.replicas
+            )
+
         wait_for(settled, timeout, f"{name} to settle")
 
     def events(self, namespace: str, name: str) -> list[Any]:
@@ -200,16 +235,29 @@ class OperatorProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> OperatorProcess:
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "RUNTIME_IMAGE": RUNTIME_IMAGE,
-               "HF_ENDPOINT": self.hub_endpoint, "RESYNC_SECONDS": "10", "DISCOVERY_SECONDS": "2",
-               "HUB_TIMEOUT_SECONDS": "5"}
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "RUNTIME_IMAGE": RUNTIME_IMAGE,
+            "HF_ENDPOINT": self.hub_endpoint,
+            "RESYNC_SECONDS": "10",
+            "DISCOVERY_SECONDS": "2",
+            "HUB_TIMEOUT_SECONDS": "5",
+        }
         env.pop("KUBERNETES_SERVICE_HOST", None)
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "goodput_operator", "--liveness-port", "0", "--metrics-port", "0",
-             *self.args], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        wait_for(lambda: "Watching InferenceServices" in self.log() or self.process.poll() is not None,
-                 60, "the operator to start")
+            [sys.executable, "-m", "goodput_operator", "--liveness-port", "0", "--metrics-port", "0", *self.args],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        wait_for(
+            lambda: "Watching InferenceServices" in self.log() or self.process.poll() is not None,
+            60,
+            "the operator to start",
+        )
         assert self.process.poll() is None, self.log()[-4000:]
         return self
 

@@ -30,16 +30,40 @@ from helpers import stop_process
 
 
 class Pod:
-    def __init__(self, name: str, model_dir: Path, log: Path, flags: tuple[str, ...],
-                 boot_seconds: float = 0.0) -> None:
+    def __init__(
+        self, name: str, model_dir: Path, log: Path, flags: tuple[str, ...], boot_seconds: float = 0.0
+    ) -> None:
         self.name, self.log_path = name, log
         self.ready_after = time.monotonic() + boot_seconds  # scheduling, image pull: before the process itself
         self._log = log.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "goodput_runtime", "--model", str(model_dir), "--served-model-name", "tiny",
-             "--host", "0.0.0.0", "--port", "0", "--device", "cpu", "--dtype", "float32",
-             "--max-model-len", "512", "--kv-cache-memory", "2Mi", "--shutdown-grace", "1", *flags],
-            stdout=self._log, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "goodput_runtime",
+                "--model",
+                str(model_dir),
+                "--served-model-name",
+                "tiny",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                "0",
+                "--device",
+                "cpu",
+                "--dtype",
+                "float32",
+                "--max-model-len",
+                "512",
+                "--kv-cache-memory",
+                "2Mi",
+                "--shutdown-grace",
+                "1",
+                *flags,
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
         self.port = 0
         self.ready = False
         self.published = False  # an EndpointSlice endpoint exists for it
@@ -98,8 +122,7 @@ class Actuator:
             while len(self.pods) < wanted:
                 self._count += 1
                 name = f"pod-{self._count}"
-                self.pods.append(Pod(name, self.model_dir, self.log_dir / f"{name}.log", self.flags,
-                                     self.boot_seconds))
+                self.pods.append(Pod(name, self.model_dir, self.log_dir / f"{name}.log", self.flags, self.boot_seconds))
             while len(self.pods) > wanted:
                 pod = self.pods.pop()
                 delete_endpoint(self.cluster, self.namespace, self.service, pod.name)
@@ -148,8 +171,14 @@ class Load:
                 self._threads = []
 
     def _work(self, index: int) -> None:
-        body = json.dumps({"model": "tiny", "prompt": "the quick brown fox jumps over the lazy dog " * 4,
-                           "max_tokens": self.max_tokens, "ignore_eos": True}).encode()
+        body = json.dumps(
+            {
+                "model": "tiny",
+                "prompt": "the quick brown fox jumps over the lazy dog " * 4,
+                "max_tokens": self.max_tokens,
+                "ignore_eos": True,
+            }
+        ).encode()
         while index < self.workers:
             ports = self.actuator.ready_ports()
             if not ports:
@@ -157,8 +186,9 @@ class Load:
                 continue
             self._turn += 1
             port = ports[self._turn % len(ports)]
-            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                             headers={"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+            )
             try:
                 urllib.request.urlopen(request, timeout=30).read()
             except OSError:
@@ -178,8 +208,14 @@ class OpenLoad:
     arrive regardless of how the service is doing. `evenly`: the arrivals are spaced 1 / rate(t) apart
     instead, a smooth ramp without Poisson noise."""
 
-    def __init__(self, actuator: Actuator, rate: Callable[[float], float], body: dict[str, object],
-                 seed: int = 7, evenly: bool = False) -> None:
+    def __init__(
+        self,
+        actuator: Actuator,
+        rate: Callable[[float], float],
+        body: dict[str, object],
+        seed: int = 7,
+        evenly: bool = False,
+    ) -> None:
         self.actuator, self.rate, self.body = actuator, rate, json.dumps(body).encode()
         self.evenly = evenly
         self.sent: list[Sent] = []
@@ -219,8 +255,11 @@ class OpenLoad:
         status = 0
         if ports:
             self._turn += 1
-            request = urllib.request.Request(f"http://127.0.0.1:{ports[self._turn % len(ports)]}/v1/completions",
-                                             data=self.body, headers={"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{ports[self._turn % len(ports)]}/v1/completions",
+                data=self.body,
+                headers={"Content-Type": "application/json"},
+            )
             try:
                 with urllib.request.urlopen(request, timeout=30) as response:
                     response.read()
@@ -237,12 +276,21 @@ class OpenLoad:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def autoscaling_operator(cluster: Cluster, hub, workdir: Path, period: float,
-                         window: float) -> tuple[OperatorProcess, int]:
+def autoscaling_operator(
+    cluster: Cluster, hub, workdir: Path, period: float, window: float
+) -> tuple[OperatorProcess, int]:
     """A real operator process with a fast autoscaler (control period and window in seconds), started;
     and the port of its metrics."""
     port = free_port()
-    operator = OperatorProcess(cluster.kubeconfig, workdir / "operator.log", hub.endpoint, "--metrics-port", str(port),
-                               "--autoscaler-period-seconds", str(period),
-                               "--autoscaler-window-seconds", str(window)).start()
+    operator = OperatorProcess(
+        cluster.kubeconfig,
+        workdir / "operator.log",
+        hub.endpoint,
+        "--metrics-port",
+        str(port),
+        "--autoscaler-period-seconds",
+        str(period),
+        "--autoscaler-window-seconds",
+        str(window),
+    ).start()
     return operator, port

@@ -15,13 +15,20 @@ def install_pipeline_crd(cluster: Cluster) -> None:
     cluster.kubectl("apply", "-f", str(PIPELINE_CRD))
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{PIPELINES}.{GROUP}")
     shutil.rmtree(cluster.dir / "kubectl-cache", ignore_errors=True)
-    wait_for(lambda: cluster.kubectl("explain", "inferencepipeline", check=False).returncode == 0, 60,
-             "the pipeline CRD in the OpenAPI document")
+    wait_for(
+        lambda: cluster.kubectl("explain", "inferencepipeline", check=False).returncode == 0,
+        60,
+        "the pipeline CRD in the OpenAPI document",
+    )
 
 
 def create_pipeline(cluster: Cluster, namespace: str, name: str, steps: list[dict[str, Any]]) -> dict[str, Any]:
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferencePipeline", "metadata": {"name": name},
-            "spec": {"steps": steps}}
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferencePipeline",
+        "metadata": {"name": name},
+        "spec": {"steps": steps},
+    }
     return cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PIPELINES, body)
 
 

@@ -22,8 +22,9 @@ RULE = ROOT / "manifests" / "monitoring" / "prometheus-rule.yaml"
 
 
 class Prometheus:
-    def __init__(self, workdir: Path, namespace: str, operator_metrics_port: int | None,
-                 gateway_ports: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self, workdir: Path, namespace: str, operator_metrics_port: int | None, gateway_ports: tuple[int, ...] = ()
+    ) -> None:
         self.dir, self.namespace = workdir, namespace
         self.port = free_port()
         groups = yaml.safe_load(RULE.read_text())["spec"]["groups"]
@@ -35,23 +36,41 @@ class Prometheus:
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(workdir / "rules.yaml")],
             "scrape_configs": [
-                {"job_name": "goodput-runtime",
-                 "file_sd_configs": [{"files": [str(workdir / "targets.json")], "refresh_interval": "1s"}]},
+                {
+                    "job_name": "goodput-runtime",
+                    "file_sd_configs": [{"files": [str(workdir / "targets.json")], "refresh_interval": "1s"}],
+                },
             ],
         }
         if operator_metrics_port is not None:
-            config["scrape_configs"].append({"job_name": "goodput-operator", "static_configs": [
-                {"targets": [f"127.0.0.1:{operator_metrics_port}"]}]})
+            config["scrape_configs"].append(
+                {
+                    "job_name": "goodput-operator",
+                    "static_configs": [{"targets": [f"127.0.0.1:{operator_metrics_port}"]}],
+                }
+            )
         if gateway_ports:  # as the gateway's ServiceMonitor: the series' own namespace label wins
-            config["scrape_configs"].append({"job_name": "goodput-gateway", "honor_labels": True, "static_configs": [
-                {"targets": [f"127.0.0.1:{p}" for p in gateway_ports]}]})
+            config["scrape_configs"].append(
+                {
+                    "job_name": "goodput-gateway",
+                    "honor_labels": True,
+                    "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in gateway_ports]}],
+                }
+            )
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.log = (workdir / "prometheus.log").open("wb")
         assert PROMETHEUS, "prometheus missing (make prometheus installs Debian's package)"
         self.process = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            [
+                PROMETHEUS,
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1h",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         wait_for(lambda: self._ready(), 60, "Prometheus to be ready")
 
     def _ready(self) -> bool:
@@ -64,16 +83,19 @@ class Prometheus:
 
     def set_targets(self, pods: list[tuple[str, int]]) -> None:
         """File service discovery: what a PodMonitor would find, labelled the way it labels."""
-        groups = [{"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": self.namespace, "pod": name}}
-                  for name, port in pods]
+        groups = [
+            {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": self.namespace, "pod": name}}
+            for name, port in pods
+        ]
         tmp = self.dir / "targets.json.tmp"
         tmp.write_text(json.dumps(groups))
         tmp.replace(self.dir / "targets.json")
 
     def query_range(self, expr: str, start: float, end: float, step: str = "2s") -> list[dict[str, Any]]:
         params = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": step})
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/v1/query_range?{params}",
-                                    timeout=30) as response:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.port}/api/v1/query_range?{params}", timeout=30
+        ) as response:
             body = json.loads(response.read())
         assert body["status"] == "success", body
         return list(body["data"]["result"])

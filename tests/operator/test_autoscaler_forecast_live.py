@@ -51,10 +51,24 @@ BASE, PEAK, HINT = 0.2, 1.1, 0.8  # the arrival rates and the capacity hint, as 
 FLAT, RAMP, HOLD = 24.0, 100.0, 30.0  # seconds at the base, of the ramp, at the peak
 # one sequence at a time on one thread: a replica's capacity is 1 / its time per request, and two pods
 # fit the machine's two cores; admission off, so overload shows as a queue and missed TTFTs
-RUNTIME_FLAGS = ("--max-num-seqs", "1", "--num-threads", "1", "--slo-ttft", "0.2", "--slo-tpot", "0.1",
-                 "--admission", "off")
-BODY = {"model": "tiny", "prompt": "the quick brown fox jumps over the lazy dog " * 4, "max_tokens": MAX_TOKENS,
-        "ignore_eos": True}
+RUNTIME_FLAGS = (
+    "--max-num-seqs",
+    "1",
+    "--num-threads",
+    "1",
+    "--slo-ttft",
+    "0.2",
+    "--slo-tpot",
+    "0.1",
+    "--admission",
+    "off",
+)
+BODY = {
+    "model": "tiny",
+    "prompt": "the quick brown fox jumps over the lazy dog " * 4,
+    "max_tokens": MAX_TOKENS,
+    "ignore_eos": True,
+}
 
 
 def capacity_of_one_replica(model_dir: Path, workdir: Path) -> float:
@@ -62,8 +76,11 @@ def capacity_of_one_replica(model_dir: Path, workdir: Path) -> float:
     pod = Pod("calibrate", model_dir, workdir / "calibrate.log", RUNTIME_FLAGS)
     try:
         wait_for(pod.poll_ready, 120, "the calibration runtime to be ready")
-        request = urllib.request.Request(f"http://127.0.0.1:{pod.port}/v1/completions",
-                                         data=json.dumps(BODY).encode(), headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{pod.port}/v1/completions",
+            data=json.dumps(BODY).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         for _ in range(5):  # warm-up
             urllib.request.urlopen(request, timeout=30).read()
         started, n = time.monotonic(), 30
@@ -81,6 +98,7 @@ def arrival_rate(capacity: float):
         if t < FLAT:
             return base
         return min(peak, base + (peak - base) * (t - FLAT) / RAMP)
+
     return rate
 
 
@@ -133,17 +151,30 @@ class Recorder:
         self._history.add(now, pods)
         signals = self._history.signals(now, WINDOW, WINDOW)
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
-        gauges = {kind: _metric(text, "goodput_autoscaler_arrival_rate", kind=kind)
-                  for kind in ("observed", "smoothed", "forecast")}
-        ups = {reason: _metric(text, "goodput_autoscaler_scale_events_total", direction="up", reason=reason) or 0.0
-               for reason in ("forecast", "capacity", "slo_guard", "bounds")}
+        gauges = {
+            kind: _metric(text, "goodput_autoscaler_arrival_rate", kind=kind)
+            for kind in ("observed", "smoothed", "forecast")
+        }
+        ups = {
+            reason: _metric(text, "goodput_autoscaler_scale_events_total", direction="up", reason=reason) or 0.0
+            for reason in ("forecast", "capacity", "slo_guard", "bounds")
+        }
         status = self.cluster.get_service(self.namespace, SERVICE).get("status") or {}  # type: ignore[attr-defined]
         message = (status.get("autoscaler") or {}).get("message", "")
         trend = re.search(r"(?:trend |rising )([+-]?[\d.]+) req/s per minute", message)
-        return Sample(now - self.load.started, self.load.sent_rate(now, WINDOW), gauges["observed"],
-                      gauges["smoothed"], gauges["forecast"], float(trend[1]) if trend else None,
-                      len(self.actuator.pods), len(self.actuator.ready_ports()),
-                      signals.attainment if signals else None, ups, message)
+        return Sample(
+            now - self.load.started,
+            self.load.sent_rate(now, WINDOW),
+            gauges["observed"],
+            gauges["smoothed"],
+            gauges["forecast"],
+            float(trend[1]) if trend else None,
+            len(self.actuator.pods),
+            len(self.actuator.ready_ports()),
+            signals.attainment if signals else None,
+            ups,
+            message,
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -161,8 +192,9 @@ def pod_totals(actuator: Actuator) -> tuple[float, float]:
     """(good, all) requests finished, summed over the ready pods' own counters."""
     good = total = 0.0
     for port in actuator.ready_ports():
-        sample = parse_pod_metrics(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
-                                   .read().decode())
+        sample = parse_pod_metrics(
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+        )
         good, total = good + sample.good, total + sample.requests
     return good, total
 
@@ -185,10 +217,18 @@ def ramp(cluster, hub, tmp_path_factory, tiny_model_dir):
     cluster.core.create_namespace({"metadata": {"name": namespace}})
     operator, metrics_port = autoscaling_operator(cluster, hub, workdir, PERIOD, WINDOW)
     actuator = Actuator(cluster, namespace, SERVICE, tiny_model_dir, workdir, RUNTIME_FLAGS, boot_seconds=BOOT_SECONDS)
-    spec = {"model": {"source": "file:///models/tiny", "servedName": "tiny"}, "resources": {"gpu": 0, "memory": "2Gi"},
-            "replicas": 1, "slo": {"ttft": "200ms", "tpot": "100ms", "attainment": TARGET},
-            "autoscaling": {"mode": "goodput", "minReplicas": 1, "maxReplicas": 2,
-                            "capacityPerReplica": round(HINT * run.capacity, 2)}}
+    spec = {
+        "model": {"source": "file:///models/tiny", "servedName": "tiny"},
+        "resources": {"gpu": 0, "memory": "2Gi"},
+        "replicas": 1,
+        "slo": {"ttft": "200ms", "tpot": "100ms", "attainment": TARGET},
+        "autoscaling": {
+            "mode": "goodput",
+            "minReplicas": 1,
+            "maxReplicas": 2,
+            "capacityPerReplica": round(HINT * run.capacity, 2),
+        },
+    }
     load = OpenLoad(actuator, arrival_rate(run.capacity), BODY, evenly=True)
     recorder = Recorder(cluster, namespace, actuator, load, metrics_port)
     try:
@@ -208,9 +248,11 @@ def ramp(cluster, hub, tmp_path_factory, tiny_model_dir):
         (workdir / "figures.md").write_text(run.table)
         (workdir / "samples.txt").write_text("\n".join(map(str, recorder.samples)))
         good, total = run.peak
-        print(f"\none replica serves {run.capacity:.2f} req/s; at the peak {run.peak_sent:.2f} req/s were sent and "
-              f"{good:.0f} of {total:.0f} requests met the SLO ({good / max(total, 1):.3f}); figures in "
-              f"{workdir / 'figures.md'}\n{run.table}")
+        print(
+            f"\none replica serves {run.capacity:.2f} req/s; at the peak {run.peak_sent:.2f} req/s were sent and "
+            f"{good:.0f} of {total:.0f} requests met the SLO ({good / max(total, 1):.3f}); figures in "
+            f"{workdir / 'figures.md'}\n{run.table}"
+        )
         yield cluster, namespace, actuator, run
     finally:
         load.stop()
@@ -223,8 +265,11 @@ def ramp(cluster, hub, tmp_path_factory, tiny_model_dir):
 def figures(run: Run) -> str:
     """A row every ~10 s and at every change of replicas: the table docs/autoscaling.md shows."""
     assert run.recorder is not None
-    rows = ["| t (s) | sent (req/s) | operator's rate: windowed / smoothed / forecast | trend (req/s per min) "
-            "| replicas (ready) | decision | attainment |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| t (s) | sent (req/s) | operator's rate: windowed / smoothed / forecast | trend (req/s per min) "
+        "| replicas (ready) | decision | attainment |",
+        "|---|---|---|---|---|---|---|",
+    ]
     last_t, last_n, last_ups = -10.0, 1, 0.0
     for s in run.recorder.samples:
         ups = sum(s.ups.values())
@@ -236,8 +281,11 @@ def figures(run: Run) -> str:
 
         def num(x: float | None, fmt: str = ".2f") -> str:
             return "—" if x is None else format(x, fmt)
-        rows.append(f"| {s.t:.0f} | {s.sent:.2f} | {num(s.observed)} / {num(s.smoothed)} / {num(s.forecast)} "
-                    f"| {num(s.trend, '+.2f')} | {s.replicas} ({s.ready}) | {decided} | {num(s.attainment, '.3f')} |")
+
+        rows.append(
+            f"| {s.t:.0f} | {s.sent:.2f} | {num(s.observed)} / {num(s.smoothed)} / {num(s.forecast)} "
+            f"| {num(s.trend, '+.2f')} | {s.replicas} ({s.ready}) | {decided} | {num(s.attainment, '.3f')} |"
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -252,8 +300,8 @@ def test_the_first_scale_up_is_the_forecasts_before_the_slo_breaks(ramp):
     # the forecast's reason: the smoothed arrival, its rise, the rate a start-up ahead and the count it needs
     print("\n".join(e.message for e in events))
     assert len(first) == 1 and re.match(
-        r"1 → 2 replicas: arrival [\d.]+ req/s rising [\d.]+ req/s per minute: [\d.]+ req/s in \d+ s needs 2",
-        first[0]), ([e.message for e in events], run.table)
+        r"1 → 2 replicas: arrival [\d.]+ req/s rising [\d.]+ req/s per minute: [\d.]+ req/s in \d+ s needs 2", first[0]
+    ), ([e.message for e in events], run.table)
     # and the operator counted it under the forecast, before any other term scaled up
     decided = next(s for s in samples if sum(s.ups.values()) > 0)
     assert decided.ups["forecast"] == 1 and sum(decided.ups.values()) == 1, (decided, run.table)

@@ -29,16 +29,28 @@ from prometheus_process import PROMETHEUS, Prometheus, dashboard_queries
 from goodput_operator.autoscaling.signals import History, parse_pod_metrics
 from goodput_operator.autoscaling.sources import Endpoints, PrometheusSource
 
-pytestmark = [pytest.mark.apiserver, pytest.mark.slow,
-              pytest.mark.skipif(PROMETHEUS is None, reason="prometheus missing (make prometheus)")]
+pytestmark = [
+    pytest.mark.apiserver,
+    pytest.mark.slow,
+    pytest.mark.skipif(PROMETHEUS is None, reason="prometheus missing (make prometheus)"),
+]
 
 PERIOD, WINDOW, DOWN_WINDOW = 2.0, 6.0, 6.0
 TARGET = 0.9
 SERVICE = "live"
-SPEC = {"model": {"source": "file:///models/tiny", "servedName": "tiny"}, "resources": {"gpu": 0, "memory": "2Gi"},
-        "replicas": 1, "slo": {"ttft": "200ms", "tpot": "100ms", "attainment": TARGET},
-        "autoscaling": {"mode": "goodput", "minReplicas": 1, "maxReplicas": 3, "scaleDownWindow": f"{DOWN_WINDOW:g}s",
-                        "capacityPerReplica": 500}}
+SPEC = {
+    "model": {"source": "file:///models/tiny", "servedName": "tiny"},
+    "resources": {"gpu": 0, "memory": "2Gi"},
+    "replicas": 1,
+    "slo": {"ttft": "200ms", "tpot": "100ms", "attainment": TARGET},
+    "autoscaling": {
+        "mode": "goodput",
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "scaleDownWindow": f"{DOWN_WINDOW:g}s",
+        "capacityPerReplica": 500,
+    },
+}
 # admission off: overload shows as a queue and missed TTFTs, which the SLO guard answers (with admission
 # on, a quick replica turns the excess away with 429s instead, and they reach the law as arrivals)
 RUNTIME_FLAGS = ("--max-num-seqs", "1", "--slo-ttft", "0.2", "--slo-tpot", "0.1", "--admission", "off")
@@ -60,8 +72,9 @@ def live(cluster, hub, tmp_path_factory, tiny_model_dir):
     cluster.core.create_namespace({"metadata": {"name": namespace}})
     operator, metrics_port = autoscaling_operator(cluster, hub, workdir, PERIOD, WINDOW)
     prometheus = Prometheus(workdir, namespace, metrics_port)
-    actuator = Actuator(cluster, namespace, SERVICE, tiny_model_dir, workdir, RUNTIME_FLAGS,
-                        on_targets=prometheus.set_targets)
+    actuator = Actuator(
+        cluster, namespace, SERVICE, tiny_model_dir, workdir, RUNTIME_FLAGS, on_targets=prometheus.set_targets
+    )
     # long enough answers that seven queued ahead outlast the 0.2 s TTFT target however fast the tiny model
     # steps (at 12 tokens a request took ~20 ms once the runtime tuned its matmuls, and eight clients queued
     # under the target)
@@ -78,8 +91,11 @@ def live(cluster, hub, tmp_path_factory, tiny_model_dir):
         load.set_workers(8)  # heavy: one replica serving one sequence at a time queues the rest
         run.miss_at = _watch_for_miss(actuator, stop_when=lambda: len(actuator.history) > 1, timeout=60)
         wait_for(lambda: len(actuator.history) > 1, 30, "a scale-up")
-        wait_for(lambda: actuator.history[-1][1] == 3 or time.monotonic() - actuator.history[1][0] > 40,
-                 60, "scaling up to settle")
+        wait_for(
+            lambda: actuator.history[-1][1] == 3 or time.monotonic() - actuator.history[1][0] > 40,
+            60,
+            "scaling up to settle",
+        )
         wait_for(lambda: len(actuator.ready_ports()) == actuator.history[-1][1], 120, "the new pods to be ready")
         time.sleep(2 * PERIOD)
         load.set_workers(0)
@@ -135,8 +151,12 @@ def test_scales_up_on_a_missed_slo_and_back_down_one_step_at_a_time(live):
     # down only once the need stayed under the count for the window, so the peak held at least that long: past
     # the load's end when the peak still missed its SLO, or already under load when the peak met it
     peak_at = actuator.history[top][0]
-    assert downs and downs[0] >= peak_at + DOWN_WINDOW - PERIOD, \
-        ("down only after the window", peak_at, run.load_stopped_at, downs[0])
+    assert downs and downs[0] >= peak_at + DOWN_WINDOW - PERIOD, (
+        "down only after the window",
+        peak_at,
+        run.load_stopped_at,
+        downs[0],
+    )
 
     events = [e for e in cluster.events(namespace, SERVICE) if e.reason in ("ScaledUp", "ScaledDown")]
     ups = [e.message for e in events if e.reason == "ScaledUp"]
@@ -166,8 +186,11 @@ def test_every_dashboard_query_and_recording_rule_returns_data(live):
     _, namespace, _, prometheus, run, _ = live
     groups = yaml.safe_load((ROOT / "manifests" / "monitoring" / "prometheus-rule.yaml").read_text())["spec"]["groups"]
     recorded = [(f"rule {r['record']}", r["record"]) for g in groups for r in g["rules"] if "record" in r]
-    empty = [name for name, expr in [*_dashboard_queries(namespace), *recorded]
-             if not prometheus.query_range(expr, run.started, run.ended)]
+    empty = [
+        name
+        for name, expr in [*_dashboard_queries(namespace), *recorded]
+        if not prometheus.query_range(expr, run.started, run.ended)
+    ]
     assert not empty, f"no data for: {empty}"
 
 
@@ -179,6 +202,7 @@ def _read_from_prometheus(prometheus: Prometheus, namespace: str):
             return await source.read((namespace, SERVICE), "tiny", Endpoints(ready=("pod",)), 0.0)
         finally:
             await source.close()
+
     return asyncio.run(read())
 
 

@@ -11,9 +11,12 @@ from kubernetes.client.exceptions import ApiException
 
 pytestmark = pytest.mark.apiserver
 
-SPEC = {"model": {"source": "file:///models/tiny", "servedName": "tiny"}, "resources": {"gpu": 0, "memory": "2Gi"},
-        "slo": {"ttft": "500ms", "tpot": "50ms", "attainment": 0.9},
-        "autoscaling": {"mode": "goodput", "minReplicas": 2, "maxReplicas": 4, "scaleDownWindow": "10s"}}
+SPEC = {
+    "model": {"source": "file:///models/tiny", "servedName": "tiny"},
+    "resources": {"gpu": 0, "memory": "2Gi"},
+    "slo": {"ttft": "500ms", "tpot": "50ms", "attainment": 0.9},
+    "autoscaling": {"mode": "goodput", "minReplicas": 2, "maxReplicas": 4, "scaleDownWindow": "10s"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +27,17 @@ def metrics_port():
 @pytest.fixture(scope="module")
 def operator(cluster, hub, metrics_port, tmp_path_factory):
     log = tmp_path_factory.mktemp("operator-autoscaler") / "operator.log"
-    process = OperatorProcess(cluster.kubeconfig, log, hub.endpoint, "--metrics-port", str(metrics_port),
-                              "--autoscaler-period-seconds", "1", "--autoscaler-window-seconds", "3").start()
+    process = OperatorProcess(
+        cluster.kubeconfig,
+        log,
+        hub.endpoint,
+        "--metrics-port",
+        str(metrics_port),
+        "--autoscaler-period-seconds",
+        "1",
+        "--autoscaler-window-seconds",
+        "3",
+    ).start()
     yield process
     process.stop()
 
@@ -33,19 +45,26 @@ def operator(cluster, hub, metrics_port, tmp_path_factory):
 def test_replicas_outside_the_bounds_are_brought_in_through_the_scale_subresource(cluster, operator, namespace):
     cluster.create_service(namespace, "auto", {**SPEC, "replicas": 7})
     wait_for(lambda: scale_replicas(cluster, namespace, "auto") == 4, 20, "4 replicas written")
-    decision = wait_for(lambda: (cluster.get_service(namespace, "auto").get("status") or {}).get(
-        "autoscaler", {}).get("lastDecision"), 20, "status.autoscaler.lastDecision")
+    decision = wait_for(
+        lambda: (cluster.get_service(namespace, "auto").get("status") or {}).get("autoscaler", {}).get("lastDecision"),
+        20,
+        "status.autoscaler.lastDecision",
+    )
     assert (decision["from"], decision["to"]) == (7, 4)
     assert "outside [2, 4]" in decision["reason"]
-    wait_for(lambda: any(e.reason == "ScaledDown" and "7 → 4" in e.message for e in cluster.events(namespace, "auto")),
-             20, "a ScaledDown event")
+    wait_for(
+        lambda: any(e.reason == "ScaledDown" and "7 → 4" in e.message for e in cluster.events(namespace, "auto")),
+        20,
+        "a ScaledDown event",
+    )
     wait_for(lambda: cluster.deployment(namespace, "auto").spec.replicas == 4, 20, "the Deployment at 4")
 
 
 def test_no_ready_pods_holds_at_min_without_writing(cluster, operator, namespace):
     cluster.create_service(namespace, "idle", SPEC)  # spec.replicas left out, as under GitOps
-    autoscaler = wait_for(lambda: ((cluster.get_service(namespace, "idle").get("status") or {}).get(
-        "autoscaler")), 20, "status.autoscaler")
+    autoscaler = wait_for(
+        lambda: (cluster.get_service(namespace, "idle").get("status") or {}).get("autoscaler"), 20, "status.autoscaler"
+    )
     assert autoscaler["message"] == "holding 2 replicas: no ready pods to read metrics from"
     assert (autoscaler["currentReplicas"], autoscaler["desiredReplicas"]) == (2, 2)
     assert "replicas" not in cluster.get_service(namespace, "idle")["spec"]
@@ -59,11 +78,14 @@ def test_unreadable_metrics_hold_the_count_and_are_counted(cluster, operator, na
     errors_before = operator_metric(metrics_port, "goodput_autoscaler_metric_errors_total")
 
     def message() -> str:
-        return ((cluster.get_service(namespace, "dark").get("status") or {}).get("autoscaler") or {}).get(
-            "message", "")
+        return ((cluster.get_service(namespace, "dark").get("status") or {}).get("autoscaler") or {}).get("message", "")
+
     wait_for(lambda: "metrics of 2 of 2 ready pods unreadable" in message(), 20, "the hold to be explained")
-    wait_for(lambda: operator_metric(metrics_port, "goodput_autoscaler_metric_errors_total") > errors_before, 10,
-             "goodput_autoscaler_metric_errors_total to count it")
+    wait_for(
+        lambda: operator_metric(metrics_port, "goodput_autoscaler_metric_errors_total") > errors_before,
+        10,
+        "goodput_autoscaler_metric_errors_total to count it",
+    )
     assert scale_replicas(cluster, namespace, "dark") == 3  # held, not read as zero load
     assert operator_metric(metrics_port, 'goodput_autoscaler_desired_replicas{name="dark"') == 3
 
@@ -71,13 +93,19 @@ def test_unreadable_metrics_hold_the_count_and_are_counted(cluster, operator, na
 def test_in_hpa_mode_the_law_decides_and_the_hpa_alone_writes(cluster, operator, namespace, metrics_port):
     spec = {**SPEC, "replicas": 7, "autoscaling": {**SPEC["autoscaling"], "mode": "hpa"}}
     cluster.create_service(namespace, "advised", spec)
-    autoscaler = wait_for(lambda: ((cluster.get_service(namespace, "advised").get("status") or {}).get(
-        "autoscaler")), 20, "status.autoscaler")
+    autoscaler = wait_for(
+        lambda: (cluster.get_service(namespace, "advised").get("status") or {}).get("autoscaler"),
+        20,
+        "status.autoscaler",
+    )
     assert autoscaler["desiredReplicas"] == 4
     assert autoscaler["message"].startswith("hpa follows goodput_autoscaler_desired_replicas: ")
     assert "lastDecision" not in autoscaler
-    wait_for(lambda: operator_metric(metrics_port, 'goodput_autoscaler_desired_replicas{name="advised"') == 4, 20,
-             "the decision exported for the HPA")
+    wait_for(
+        lambda: operator_metric(metrics_port, 'goodput_autoscaler_desired_replicas{name="advised"') == 4,
+        20,
+        "the decision exported for the HPA",
+    )
     hpa = cluster.kubectl("get", "hpa", "advised", "-n", namespace, "-o", "json")  # any served version
     assert "goodput_autoscaler_desired_replicas" in hpa.stdout
     assert scale_replicas(cluster, namespace, "advised") == 7  # the operator wrote nothing
@@ -91,8 +119,12 @@ def test_the_operators_role_allows_what_the_loop_does_and_no_more(cluster):
     def can(*args: str) -> bool:
         result = cluster.kubectl("auth", "can-i", *args, who, "-n", "default", check=False)
         return result.stdout.strip() == "yes"
-    assert wait_for(lambda: can("patch", "inferenceservices.serving.goodput.dev", "--subresource=scale"), 20,
-                    "the scale subresource to be granted")
+
+    assert wait_for(
+        lambda: can("patch", "inferenceservices.serving.goodput.dev", "--subresource=scale"),
+        20,
+        "the scale subresource to be granted",
+    )
     assert can("get", "inferenceservices.serving.goodput.dev", "--subresource=scale")
     assert can("list", "endpointslices.discovery.k8s.io")
     assert not can("update", "inferenceservices.serving.goodput.dev", "--subresource=scale")
@@ -100,8 +132,9 @@ def test_the_operators_role_allows_what_the_loop_does_and_no_more(cluster):
     assert not can("watch", "endpointslices.discovery.k8s.io")
 
 
-@pytest.mark.parametrize(("field", "value"), [("capacityPerReplica", 0), ("targetUtilization", 1.5),
-                                              ("idlePeriod", "soon")])
+@pytest.mark.parametrize(
+    ("field", "value"), [("capacityPerReplica", 0), ("targetUtilization", 1.5), ("idlePeriod", "soon")]
+)
 def test_the_server_refuses_bad_autoscaler_settings(cluster, namespace, field, value):
     spec = {**SPEC, "autoscaling": {**SPEC["autoscaling"], field: value}}
     with pytest.raises(ApiException) as refused:

@@ -5,8 +5,11 @@ from harness import wait_for
 
 pytestmark = pytest.mark.apiserver
 
-SPEC = {"model": {"source": "file:///models/tiny"}, "resources": {"gpu": 0, "memory": "2Gi"},
-        "autoscaling": {"mode": "hpa", "minReplicas": 2, "maxReplicas": 5}}
+SPEC = {
+    "model": {"source": "file:///models/tiny"},
+    "resources": {"gpu": 0, "memory": "2Gi"},
+    "autoscaling": {"mode": "hpa", "minReplicas": 2, "maxReplicas": 5},
+}
 
 
 def _hpa(cluster, namespace, name):
@@ -18,7 +21,10 @@ def test_hpa_mode_targets_the_scale_subresource_and_goes_with_the_mode(cluster, 
     cluster.create_service(namespace, "auto", SPEC)
     hpa = wait_for(lambda: _hpa(cluster, namespace, "auto"), what="a HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"] == {
-        "apiVersion": "serving.goodput.dev/v1alpha1", "kind": "InferenceService", "name": "auto"}
+        "apiVersion": "serving.goodput.dev/v1alpha1",
+        "kind": "InferenceService",
+        "name": "auto",
+    }
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 5)
     # spec.replicas is unset: the Deployment starts at minReplicas until the HPA writes it
     wait_for(lambda: cluster.deployment(namespace, "auto").spec.replicas == 2, what="2 replicas")

@@ -6,9 +6,16 @@ pytestmark = pytest.mark.apiserver
 
 QWEN25_7B = {
     "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
-    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-    "max_position_embeddings": 32768, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "model_type": "qwen2",
+    "vocab_size": 152064,
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
 }
 
 
@@ -20,8 +27,10 @@ def configs(hub):
 
 
 def _spec(**overrides):
-    spec = {"model": {"source": "hf://Qwen/Qwen2.5-7B-Instruct", "maxModelLen": 8192},
-            "resources": {"gpu": 1, "gpuMemory": "80Gi"}}
+    spec = {
+        "model": {"source": "hf://Qwen/Qwen2.5-7B-Instruct", "maxModelLen": 8192},
+        "resources": {"gpu": 1, "gpuMemory": "80Gi"},
+    }
     spec.update(overrides)
     return spec
 
@@ -65,8 +74,10 @@ def test_an_architecture_the_runtime_cannot_serve_is_refused_before_any_pod(clus
 
 
 def test_fp8_on_a_gpu_older_than_ada_is_refused_before_any_pod(cluster, operator, namespace):
-    spec = _spec(model={"source": "hf://Qwen/Qwen2.5-7B-Instruct", "quantization": "fp8"},
-                 resources={"gpu": 1, "gpuProduct": "NVIDIA-A100-SXM4-80GB"})
+    spec = _spec(
+        model={"source": "hf://Qwen/Qwen2.5-7B-Instruct", "quantization": "fp8"},
+        resources={"gpu": 1, "gpuProduct": "NVIDIA-A100-SXM4-80GB"},
+    )
     cluster.create_service(namespace, "fp8-a100", spec)
     valid = cluster.wait_condition(namespace, "fp8-a100", "Valid", "False")
     assert valid["reason"] == "QuantizationUnsupported"
@@ -78,10 +89,10 @@ def test_fp8_on_a_gpu_older_than_ada_is_refused_before_any_pod(cluster, operator
 
 
 def test_gated_model_uses_the_token_secret(cluster, operator, namespace):
-    spec = _spec(model={"source": "hf://acme/private-7b", "maxModelLen": 8192,
-                        "tokenSecretRef": {"name": "hf-token"}})
-    cluster.core.create_namespaced_secret(namespace, {"metadata": {"name": "hf-token"},
-                                                      "stringData": {"token": "hf_s3cret"}})
+    spec = _spec(model={"source": "hf://acme/private-7b", "maxModelLen": 8192, "tokenSecretRef": {"name": "hf-token"}})
+    cluster.core.create_namespaced_secret(
+        namespace, {"metadata": {"name": "hf-token"}, "stringData": {"token": "hf_s3cret"}}
+    )
     cluster.create_service(namespace, "private", spec)
     cluster.wait_condition(namespace, "private", "ModelFits", "True")
     env = cluster.wait_deployment(namespace, "private").spec.template.spec.containers[0].env

@@ -40,12 +40,14 @@ def test_a_vllm_service_gets_a_deployment_running_vllm(cluster, operator, namesp
 
 
 def test_the_schema_defaults_the_engine_and_refuses_an_unknown_one(cluster, operator, namespace):
-    created = cluster.create_service(namespace, "plain", {"model": {"source": "hf://acme/tiny-chat"},
-                                                          "engine": {"maxNumSeqs": 4}})
+    created = cluster.create_service(
+        namespace, "plain", {"model": {"source": "hf://acme/tiny-chat"}, "engine": {"maxNumSeqs": 4}}
+    )
     assert created["spec"]["engine"]["kind"] == "goodput"
     with pytest.raises(ApiException) as err:
-        cluster.create_service(namespace, "tgi", {"model": {"source": "hf://acme/tiny-chat"},
-                                                  "engine": {"kind": "tgi"}})
+        cluster.create_service(
+            namespace, "tgi", {"model": {"source": "hf://acme/tiny-chat"}, "engine": {"kind": "tgi"}}
+        )
     assert err.value.status == 422 and "spec.engine.kind" in err.value.body
 
 

@@ -36,23 +36,43 @@ CLEAR_STATUSES = {500, 503, 504}
 
 
 def spec(i: int, replicas: int) -> dict[str, Any]:
-    return {"model": {"source": f"file:///models/m{i}"}, "resources": {"gpu": 0, "memory": "1Gi"},
-            "replicas": replicas}
+    return {"model": {"source": f"file:///models/m{i}"}, "resources": {"gpu": 0, "memory": "1Gi"}, "replicas": replicas}
 
 
 def restart(cluster: Cluster, component: str, pause: float) -> None:
-    subprocess.run([str(ROOT / "hack" / "cluster.sh"), "restart", component, "--signal", "KILL",
-                    "--pause", str(pause), "--dir", str(cluster.dir)], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            str(ROOT / "hack" / "cluster.sh"),
+            "restart",
+            component,
+            "--signal",
+            "KILL",
+            "--pause",
+            str(pause),
+            "--dir",
+            str(cluster.dir),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
 
 
 def control_plane_up(cluster: Cluster) -> float:
     """Every component the cluster started is alive again and the API server answers /readyz;
     returns the seconds that took."""
     started = time.monotonic()
-    wait_for(lambda: cluster.kubectl("get", "--raw", "/readyz", check=False).returncode == 0, 120,
-             "the API server to be ready again")
-    env = subprocess.run([str(ROOT / "hack" / "cluster.sh"), "env", "--dir", str(cluster.dir)],
-                         capture_output=True, text=True, timeout=60)
+    wait_for(
+        lambda: cluster.kubectl("get", "--raw", "/readyz", check=False).returncode == 0,
+        120,
+        "the API server to be ready again",
+    )
+    env = subprocess.run(
+        [str(ROOT / "hack" / "cluster.sh"), "env", "--dir", str(cluster.dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert env.returncode == 0, f"a control-plane component died after the fault: {env.stderr}"
     return time.monotonic() - started
 
@@ -95,15 +115,31 @@ class User:
         self.done += 1
 
     def create(self, namespace: str, name: str, body_spec: dict[str, Any]) -> None:
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "metadata": {"name": name},
-                "spec": body_spec}
-        self.write(lambda: self.cluster.custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, body, _request_timeout=WRITE_TIMEOUT), create=True)
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "InferenceService",
+            "metadata": {"name": name},
+            "spec": body_spec,
+        }
+        self.write(
+            lambda: self.cluster.custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, body, _request_timeout=WRITE_TIMEOUT
+            ),
+            create=True,
+        )
 
     def scale(self, namespace: str, name: str, replicas: int) -> None:
-        self.write(lambda: self.cluster.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name, {"spec": {"replicas": replicas}},
-            _request_timeout=WRITE_TIMEOUT))
+        self.write(
+            lambda: self.cluster.custom.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                {"spec": {"replicas": replicas}},
+                _request_timeout=WRITE_TIMEOUT,
+            )
+        )
 
 
 def in_background(work: Callable[[], None]) -> Callable[[], None]:
@@ -124,6 +160,7 @@ def in_background(work: Callable[[], None]) -> Callable[[], None]:
         assert not thread.is_alive(), "the user's writes never finished"
         if failure:
             raise failure[0]
+
     return join
 
 
@@ -137,8 +174,10 @@ def unconverged(cluster: Cluster, namespace: str, expected: dict[str, int]) -> l
     services = {i["metadata"]["name"]: i for i in items}
     assert set(services) <= set(expected), f"services nobody asked for: {set(services) - set(expected)}"
     owned: dict[tuple[str, str], list[str]] = {}
-    for kind, objects in (("Deployment", cluster.apps.list_namespaced_deployment(namespace).items),
-                          ("Service", cluster.core.list_namespaced_service(namespace).items)):
+    for kind, objects in (
+        ("Deployment", cluster.apps.list_namespaced_deployment(namespace).items),
+        ("Service", cluster.core.list_namespaced_service(namespace).items),
+    ):
         for obj in objects:
             owners = [o.name for o in obj.metadata.owner_references or () if o.kind == "InferenceService"]
             assert len(owners) == 1, f"{kind} {obj.metadata.name} has owners {owners}"
@@ -160,8 +199,10 @@ def unconverged(cluster: Cluster, namespace: str, expected: dict[str, int]) -> l
         elif deploy.spec.replicas != replicas:
             behind.append(f"{name}: Deployment at {deploy.spec.replicas}, asked {replicas}")
         elif status.get("observedGeneration") != svc["metadata"]["generation"] or valid.get("status") != "True":
-            behind.append(f"{name}: status at generation {status.get('observedGeneration')} of "
-                          f"{svc['metadata']['generation']}, Valid={valid.get('status')}")
+            behind.append(
+                f"{name}: status at generation {status.get('observedGeneration')} of "
+                f"{svc['metadata']['generation']}, Valid={valid.get('status')}"
+            )
         elif status.get("replicas") != replicas:
             behind.append(f"{name}: status.replicas {status.get('replicas')}, asked {replicas}")
     return behind
@@ -174,6 +215,7 @@ def converge(cluster: Cluster, namespace: str, expected: dict[str, int], since: 
     def done() -> bool:
         last[0] = unconverged(cluster, namespace, expected)
         return not last[0]
+
     try:
         wait_for(done, CONVERGE_SECONDS, "every service to converge")
     except AssertionError as err:
@@ -182,9 +224,16 @@ def converge(cluster: Cluster, namespace: str, expected: dict[str, int], since: 
 
 
 def report(fault: str, user: User, converge_s: float, **extra: Any) -> None:
-    row = {"fault": fault, "tier": "apiserver", "requests": user.sent, "failed": len(user.errors),
-           "retried": user.retried, "converge_s": round(converge_s, 1),
-           "errors": sorted(set(user.errors)), **extra}
+    row = {
+        "fault": fault,
+        "tier": "apiserver",
+        "requests": user.sent,
+        "failed": len(user.errors),
+        "retried": user.retried,
+        "converge_s": round(converge_s, 1),
+        "errors": sorted(set(user.errors)),
+        **extra,
+    }
     print("FAULT-ROW " + json.dumps(row))
 
 
@@ -224,6 +273,7 @@ def test_api_server_restart_while_services_are_created_and_scaled(cluster, opera
             if i % 3:
                 user.scale(namespace, f"svc-{i:02d}", 1 + i % 3)
             time.sleep(0.1)  # a user's pace: the writes span the restart
+
     join = in_background(work)
     wait_for(lambda: user.done >= 6, 60, "the user's first writes")
     restart(cluster, "kube-apiserver", pause=3)
@@ -233,8 +283,12 @@ def test_api_server_restart_while_services_are_created_and_scaled(cluster, opera
     seconds = converge(cluster, namespace, expected, restarted)
     assert user.errors, "no write of the user's met the restart: the fault missed the workload"
     assert operator.process is not None and operator.process.poll() is None, operator.log()[-4000:]
-    report("API server restart (SIGKILL, 3 s down) while creating and scaling 20 services", user, seconds,
-           api_ready_s=round(api_back, 1))
+    report(
+        "API server restart (SIGKILL, 3 s down) while creating and scaling 20 services",
+        user,
+        seconds,
+        api_ready_s=round(api_back, 1),
+    )
 
 
 def test_etcd_restart_while_services_are_scaled(cluster, operator, namespace):
@@ -250,6 +304,7 @@ def test_etcd_restart_while_services_are_scaled(cluster, operator, namespace):
             for name in expected:
                 user.scale(namespace, name, round_)
                 time.sleep(0.2)
+
     join = in_background(work)
     wait_for(lambda: user.done >= count + 3, 60, "the user's first scalings")
     restart(cluster, "etcd", pause=3)

@@ -27,8 +27,9 @@ from goodput_operator.spec import SpecError, parse
 pytestmark = pytest.mark.apiserver
 
 # each example costs API calls: no shrinking (a failure prints its spec whole)
-SLOW_EXAMPLES = settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
-                         phases=[Phase.explicit, Phase.generate])
+SLOW_EXAMPLES = settings(
+    deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, phases=[Phase.explicit, Phase.generate]
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +46,13 @@ def fuzz_namespace(cluster) -> str:
 def dry_run_create(cluster, manifest: dict[str, Any]) -> tuple[int, str]:
     path = resource_path(manifest["apiVersion"], manifest["kind"], manifest["metadata"]["namespace"])
     request = cluster.api.param_serialize(
-        "POST", path, query_params=[("dryRun", "All")], body=manifest, auth_settings=["BearerToken"],
-        header_params={"Accept": "application/json", "Content-Type": "application/json"})
+        "POST",
+        path,
+        query_params=[("dryRun", "All")],
+        body=manifest,
+        auth_settings=["BearerToken"],
+        header_params={"Accept": "application/json", "Content-Type": "application/json"},
+    )
     response = cluster.api.call_api(*request, _request_timeout=30)
     return response.status, response.read().decode(errors="replace")
 
@@ -61,9 +67,12 @@ def test_no_admitted_spec_builds_a_child_the_server_refuses(cluster, fuzz_namesp
         assert schema_at(err.field) is not None, err.field
         return
     owner = builders.owner_reference("fuzz", str(uuid.uuid4()))
-    children = [builders.build_deployment(svc, Settings(), owner), builders.build_service(svc, owner),
-                builders.build_pdb(svc, owner, "policy/v1beta1"),
-                network.build_network_policy(svc, Settings(), owner)]
+    children = [
+        builders.build_deployment(svc, Settings(), owner),
+        builders.build_service(svc, owner),
+        builders.build_pdb(svc, owner, "policy/v1beta1"),
+        network.build_network_policy(svc, Settings(), owner),
+    ]
     for child in filter(None, children):
         status, body = dry_run_create(cluster, child)
         assert 200 <= status < 300, (child["kind"], status, body[:2000], json.dumps(spec)[:2000])
@@ -79,12 +88,15 @@ def reconciled(cluster, namespace: str, name: str) -> dict[str, Any] | None:
 
 @settings(SLOW_EXAMPLES, max_examples=12)
 @given(spec=specs())
-def test_the_operator_reconciles_each_admitted_spec_or_names_the_field(cluster, operator, fuzz_namespace,
-                                                                        spec) -> None:
+def test_the_operator_reconciles_each_admitted_spec_or_names_the_field(cluster, operator, fuzz_namespace, spec) -> None:
     name = f"f{uuid.uuid4().hex[:8]}"
     # no pods: the controller manager would start as many as the drawn replica count
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "metadata": {"name": name},
-            "spec": {**spec, "replicas": 0}}
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {**spec, "replicas": 0},
+    }
     try:
         cluster.custom.create_namespaced_custom_object(GROUP, VERSION, fuzz_namespace, PLURAL, body)
     except ApiException as err:
@@ -93,8 +105,9 @@ def test_the_operator_reconciles_each_admitted_spec_or_names_the_field(cluster, 
         event(f"refused by the schema: {json.loads(err.body)['message'].split(': ', 1)[-1][:80]}")
         reject()  # the schema refused it after all (a rule the drawing does not model): not an admitted spec
     try:
-        valid = wait_for(lambda: reconciled(cluster, fuzz_namespace, name), 30,
-                         f"{name} reconciled (spec {json.dumps(spec)[:1500]})")
+        valid = wait_for(
+            lambda: reconciled(cluster, fuzz_namespace, name), 30, f"{name} reconciled (spec {json.dumps(spec)[:1500]})"
+        )
         event(f"Valid={valid['status']} {valid['reason']}")  # --hypothesis-show-statistics
         if valid["status"] == "True":
             assert cluster.deployment(fuzz_namespace, name) is not None

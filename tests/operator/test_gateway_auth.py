@@ -40,14 +40,16 @@ def env(cluster, tiny_model_dir, tmp_path_factory):
     ns = {which: f"gwauth-{which}-{int(time.time()) % 100000}" for which in ("locked", "open", "broken")}
     for name in ns.values():
         cluster.core.create_namespace({"metadata": {"name": name}})
-    kubeconfig = service_account_kubeconfig(cluster, ("namespace.yaml", "gateway-rbac.yaml"), "goodput-gateway",
-                                            workdir / "gateway.kubeconfig")
+    kubeconfig = service_account_kubeconfig(
+        cluster, ("namespace.yaml", "gateway-rbac.yaml"), "goodput-gateway", workdir / "gateway.kubeconfig"
+    )
     locked = start_replica("locked", tiny_model_dir, workdir, "--api-key", RUNTIME_KEY)
     unlocked = start_replica("open", tiny_model_dir, workdir)
     gateway = None
     try:
-        cluster.core.create_namespaced_secret(ns["locked"], {"metadata": {"name": "keys"}, "stringData": {
-            "apiKey": f"{RUNTIME_KEY},{CLIENT_KEY}"}})
+        cluster.core.create_namespaced_secret(
+            ns["locked"], {"metadata": {"name": "keys"}, "stringData": {"apiKey": f"{RUNTIME_KEY},{CLIENT_KEY}"}}
+        )
         auth = {"auth": {"apiKeySecretRef": {"name": "keys"}}}
         cluster.create_service(ns["locked"], "chat", tiny_spec(**auth))
         cluster.create_service(ns["open"], "chat", tiny_spec())
@@ -58,8 +60,11 @@ def env(cluster, tiny_model_dir, tmp_path_factory):
         publish(cluster, ns["broken"], "chat", "p0", unlocked.port)
         gateway = GatewayProcess(kubeconfig, workdir / "gateway.log").start()
         gateway.models_of = {which: f"{name}/tiny" for which, name in ns.items()}  # type: ignore[attr-defined]
-        wait_for(lambda: {f"{ns['locked']}/tiny", f"{ns['open']}/tiny"} <= models(gateway.url, CLIENT_KEY), 30,
-                 "the services at the gateway")
+        wait_for(
+            lambda: {f"{ns['locked']}/tiny", f"{ns['open']}/tiny"} <= models(gateway.url, CLIENT_KEY),
+            30,
+            "the services at the gateway",
+        )
         yield gateway
     finally:
         if gateway is not None:

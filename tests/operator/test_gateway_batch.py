@@ -30,12 +30,17 @@ LEASE = "2"  # seconds before a dead gateway's lines go back to the pool
 def lines(n: int, max_tokens: int = 4, bad: set[int] = frozenset(), prefix: str = "q") -> bytes:
     out = []
     for i in range(n):
-        body = {"model": "tiny", "messages": [{"role": "user", "content": f"question {i}"}],
-                "max_tokens": max_tokens, "temperature": 0}
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": f"question {i}"}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
         if i in bad:
             body["temperature"] = 7  # the runtime refuses it: a 400 in the error file
-        out.append(json.dumps({"custom_id": f"{prefix}-{i}", "method": "POST", "url": "/v1/chat/completions",
-                               "body": body}))
+        out.append(
+            json.dumps({"custom_id": f"{prefix}-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body})
+        )
     return ("\n".join(out) + "\n").encode()
 
 
@@ -45,9 +50,20 @@ class Env:
         self.gateways: list[GatewayProcess] = []
 
     def gateway(self, database: str, name: str = "gateway") -> GatewayProcess:
-        g = GatewayProcess(self.workdir / "no-kubeconfig", self.workdir / f"{name}.log",
-                           "--static-model", f"tiny={self.replica_url}", "--database", database,
-                           "--batch-lease-seconds", LEASE, "--shutdown-delay", "0", "--shutdown-grace", "2")
+        g = GatewayProcess(
+            self.workdir / "no-kubeconfig",
+            self.workdir / f"{name}.log",
+            "--static-model",
+            f"tiny={self.replica_url}",
+            "--database",
+            database,
+            "--batch-lease-seconds",
+            LEASE,
+            "--shutdown-delay",
+            "0",
+            "--shutdown-grace",
+            "2",
+        )
         self.gateways.append(g)
         return g.start()
 
@@ -73,8 +89,7 @@ def env(tiny_model_dir, tmp_path_factory):
 
 def run_batch(client: openai.OpenAI, data: bytes, timeout: float = 120, **extra):
     f = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
-    batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
-                                  **extra)
+    batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h", **extra)
     return f, batch
 
 
@@ -142,8 +157,11 @@ def test_the_sdk_flow_end_to_end(env):
 
 
 def post_replica(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+    request = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -187,12 +205,12 @@ def test_bad_input_is_refused_with_its_line_and_a_bad_batch_names_its_field(env)
         client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="1h")
     assert err.value.body["param"] == "completion_window"
     with pytest.raises(openai.BadRequestError) as err:
-        client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
-                              extra_body={"priority": 3})
+        client.batches.create(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h", extra_body={"priority": 3}
+        )
     assert err.value.body["param"] == "priority"
     with pytest.raises(openai.BadRequestError) as err:
-        client.batches.create(input_file_id="file-missing", endpoint="/v1/chat/completions",
-                              completion_window="24h")
+        client.batches.create(input_file_id="file-missing", endpoint="/v1/chat/completions", completion_window="24h")
     assert err.value.body["param"] == "input_file_id"
     # a model nobody serves: the batch is created, then fails validation, naming the line
     other = lines(2).replace(b'"model": "tiny"', b'"model": "nobody"')

@@ -24,8 +24,10 @@ from gateway_helpers import GatewayProcess, publish, start_replica, tiny_spec, w
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.gateway, pytest.mark.faults]
 
-HEADERS = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-           b"Cache-Control: no-cache\r\n\r\n")
+HEADERS = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+    b"Cache-Control: no-cache\r\n\r\n"
+)
 
 
 class DiesAfterHeaders:
@@ -72,8 +74,12 @@ def test_a_replica_lost_after_its_headers_is_retried_and_counted(cluster, namesp
         publish(cluster, namespace, "tiny", "refuses", free_port())
         gateway = GatewayProcess(cluster.kubeconfig, tmp_path / "gateway.log").start()
         listed = helpers.wait_for(
-            lambda: [m for m in gateway.models() if m["namespace"] == namespace and m["ready_replicas"] == 3], 60,
-            "the gateway to see three endpoints", every=0.25, explain=lambda: str(gateway.models()))
+            lambda: [m for m in gateway.models() if m["namespace"] == namespace and m["ready_replicas"] == 3],
+            60,
+            "the gateway to see three endpoints",
+            every=0.25,
+            explain=lambda: str(gateway.models()),
+        )
         model = listed[0]["id"]
         client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=60)
         labels = {"namespace": namespace, "service": "tiny"}
@@ -82,8 +88,13 @@ def test_a_replica_lost_after_its_headers_is_retried_and_counted(cluster, namesp
             return gateway.metric("goodput_gateway_retries_total", reason=reason, **labels)
 
         for i in range(40):
-            stream = client.chat.completions.create(model=model, stream=True, max_tokens=6, temperature=0,
-                                                    messages=[{"role": "user", "content": f"hello {i}"}])
+            stream = client.chat.completions.create(
+                model=model,
+                stream=True,
+                max_tokens=6,
+                temperature=0,
+                messages=[{"role": "user", "content": f"hello {i}"}],
+            )
             chunks = list(stream)
             assert chunks and chunks[-1].choices[0].finish_reason == "length", chunks[-1:]
             if dying.dropped >= 2 and retries("connect") >= 1:

@@ -12,8 +12,12 @@ USER = "system:serviceaccount:goodput-system:goodput-gateway"
 
 @pytest.fixture(scope="module")
 def gateway_kubeconfig(cluster, tmp_path_factory):
-    return service_account_kubeconfig(cluster, ("namespace.yaml", "gateway-rbac.yaml"), "goodput-gateway",
-                                      tmp_path_factory.mktemp("gateway-sa") / "gateway.kubeconfig")
+    return service_account_kubeconfig(
+        cluster,
+        ("namespace.yaml", "gateway-rbac.yaml"),
+        "goodput-gateway",
+        tmp_path_factory.mktemp("gateway-sa") / "gateway.kubeconfig",
+    )
 
 
 def test_the_gateway_discovers_services_with_its_own_role(cluster, gateway_kubeconfig, namespace, tmp_path):
@@ -21,8 +25,11 @@ def test_the_gateway_discovers_services_with_its_own_role(cluster, gateway_kubec
     publish(cluster, namespace, "chat", "p0", 8000)
     gateway = GatewayProcess(gateway_kubeconfig, tmp_path / "gateway.log").start()
     try:
-        wait_for(lambda: any(m["id"] == "chat-model" and m["ready_replicas"] == 1 for m in gateway.models()), 20,
-                 "the service and its endpoint in /v1/models")
+        wait_for(
+            lambda: any(m["id"] == "chat-model" and m["ready_replicas"] == 1 for m in gateway.models()),
+            20,
+            "the service and its endpoint in /v1/models",
+        )
         assert "forbidden" not in gateway.log().lower(), gateway.log()[-3000:]
     finally:
         gateway.stop()
@@ -30,11 +37,13 @@ def test_the_gateway_discovers_services_with_its_own_role(cluster, gateway_kubec
 
 def test_verbs_the_role_lacks_are_refused(cluster, gateway_kubeconfig, namespace):
     cluster.create_service(namespace, "other", tiny_spec())
-    for args in (["get", "inferenceservice", "other", "-n", namespace],  # list and watch only
-                 ["patch", "inferenceservice", "other", "-n", namespace, "--type=merge", "-p", '{"spec":{}}'],
-                 ["get", "secrets", "-n", namespace],
-                 ["get", "pods", "-n", namespace],
-                 ["get", "services", "-n", namespace],
-                 ["delete", "endpointslice", "other-p0", "-n", namespace]):
+    for args in (
+        ["get", "inferenceservice", "other", "-n", namespace],  # list and watch only
+        ["patch", "inferenceservice", "other", "-n", namespace, "--type=merge", "-p", '{"spec":{}}'],
+        ["get", "secrets", "-n", namespace],
+        ["get", "pods", "-n", namespace],
+        ["get", "services", "-n", namespace],
+        ["delete", "endpointslice", "other-p0", "-n", namespace],
+    ):
         result = cluster.kubectl(*args, check=False, kubeconfig=gateway_kubeconfig)
         assert result.returncode != 0 and f'User "{USER}" cannot' in result.stderr, (args, result.stderr)

@@ -44,10 +44,12 @@ class SteadyLoad:
         n = 0
         while not self._stop.is_set():
             n += 1
-            body = json.dumps({"model": self.model, "prompt": f"client {index} request {n}", "max_tokens": 8,
-                               "ignore_eos": True}).encode()
-            request = urllib.request.Request(self.url + "/v1/completions", data=body,
-                                             headers={"Content-Type": "application/json"})
+            body = json.dumps(
+                {"model": self.model, "prompt": f"client {index} request {n}", "max_tokens": 8, "ignore_eos": True}
+            ).encode()
+            request = urllib.request.Request(
+                self.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+            )
             try:
                 with urllib.request.urlopen(request, timeout=60) as r:
                     json.loads(r.read())

@@ -40,29 +40,45 @@ def start_gateway_and_operator(cluster, hub, tmp_path, *gateway_args: str) -> tu
     gateway = GatewayProcess(cluster.kubeconfig, tmp_path / "gateway.log", *gateway_args).start()
     gateway_port = int(gateway.url.rsplit(":", 1)[1])
     put_endpoint(cluster, "goodput-system", "goodput-gateway", "gw-0", host_address(), gateway_port, True)
-    operator = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", hub.endpoint,
-                               "--autoscaler-period-seconds", "1", "--autoscaler-window-seconds", "3").start()
+    operator = OperatorProcess(
+        cluster.kubeconfig,
+        tmp_path / "operator.log",
+        hub.endpoint,
+        "--autoscaler-period-seconds",
+        "1",
+        "--autoscaler-window-seconds",
+        "3",
+    ).start()
     return gateway, operator
 
 
 def stop_gateway_and_operator(cluster, gateway: GatewayProcess, operator: OperatorProcess) -> None:
     operator.stop()
     gateway.stop()
-    cluster.get_or_none(cluster.raw, "DELETE", "/apis/discovery.k8s.io/v1beta1/namespaces/goodput-system/"
-                        "endpointslices/goodput-gateway-gw-0")
+    cluster.get_or_none(
+        cluster.raw,
+        "DELETE",
+        "/apis/discovery.k8s.io/v1beta1/namespaces/goodput-system/endpointslices/goodput-gateway-gw-0",
+    )
 
 
 def counts(actuator: Actuator) -> list[int]:
     return [n for _, n in list(actuator.history)]
 
 
-def test_a_held_request_wakes_a_service_at_zero_and_idleness_returns_it_there(cluster, hub, namespace,
-                                                                               tiny_model_dir, tmp_path):
+def test_a_held_request_wakes_a_service_at_zero_and_idleness_returns_it_there(
+    cluster, hub, namespace, tiny_model_dir, tmp_path
+):
     gateway, operator = start_gateway_and_operator(cluster, hub, tmp_path)
     actuator = Actuator(cluster, namespace, "sleepy", tiny_model_dir, tmp_path, ())
     try:
-        cluster.create_service(namespace, "sleepy", tiny_spec(autoscaling={
-            "mode": "goodput", "minReplicas": 0, "maxReplicas": 1, "idlePeriod": f"{IDLE_SECONDS}s"}))
+        cluster.create_service(
+            namespace,
+            "sleepy",
+            tiny_spec(
+                autoscaling={"mode": "goodput", "minReplicas": 0, "maxReplicas": 1, "idlePeriod": f"{IDLE_SECONDS}s"}
+            ),
+        )
         actuator.start()
         wait_for(lambda: any(m["service"] == "sleepy" for m in gateway.models()), 20, "the gateway to see it")
         time.sleep(3)
@@ -74,8 +90,9 @@ def test_a_held_request_wakes_a_service_at_zero_and_idleness_returns_it_there(cl
         def ask() -> None:
             started = time.monotonic()
             body = json.dumps({"model": f"{namespace}/tiny", "prompt": "good morning", "max_tokens": 4}).encode()
-            request = urllib.request.Request(gateway.url + "/v1/completions", data=body,
-                                             headers={"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                gateway.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+            )
             with urllib.request.urlopen(request, timeout=120) as r:
                 answers.append((r.status, time.monotonic() - started))
 
@@ -89,8 +106,9 @@ def test_a_held_request_wakes_a_service_at_zero_and_idleness_returns_it_there(cl
         assert "held at the gateway" in status["lastDecision"]["reason"]
         print(f"cold start seen by the client: {answers[0][1]:.1f} s to the answer")
 
-        wait_for(lambda: counts(actuator)[-2:] == [1, 0], IDLE_SECONDS + 30,
-                 "the autoscaler to return the service to zero")
+        wait_for(
+            lambda: counts(actuator)[-2:] == [1, 0], IDLE_SECONDS + 30, "the autoscaler to return the service to zero"
+        )
         assert counts(actuator) in ([1, 0], [0, 1, 0])
         reasons = [e.reason for e in cluster.events(namespace, "sleepy")]
         assert "ScaledUp" in reasons and "ScaledDown" in reasons
@@ -99,28 +117,49 @@ def test_a_held_request_wakes_a_service_at_zero_and_idleness_returns_it_there(cl
         stop_gateway_and_operator(cluster, gateway, operator)
 
 
-def test_pending_batch_lines_wake_a_service_to_its_batch_replicas_and_it_returns_to_zero(cluster, hub, namespace,
-                                                                                          tiny_model_dir, tmp_path):
+def test_pending_batch_lines_wake_a_service_to_its_batch_replicas_and_it_returns_to_zero(
+    cluster, hub, namespace, tiny_model_dir, tmp_path
+):
     # spec.batch.maxReplicas 2: a batch submitted to a service at zero wakes it to two replicas (none of
     # which online traffic asked for), they run the batch, and idleness takes the service back to zero
-    gateway, operator = start_gateway_and_operator(cluster, hub, tmp_path, "--database", f"sqlite:///{tmp_path}/batch.db")
+    gateway, operator = start_gateway_and_operator(
+        cluster, hub, tmp_path, "--database", f"sqlite:///{tmp_path}/batch.db"
+    )
     actuator = Actuator(cluster, namespace, "nightly", tiny_model_dir, tmp_path, ())
     try:
-        cluster.create_service(namespace, "nightly", tiny_spec(
-            autoscaling={"mode": "goodput", "minReplicas": 0, "maxReplicas": 3, "idlePeriod": f"{IDLE_SECONDS}s",
-                         "scaleDownWindow": "3s"},
-            batch={"maxReplicas": 2}))
+        cluster.create_service(
+            namespace,
+            "nightly",
+            tiny_spec(
+                autoscaling={
+                    "mode": "goodput",
+                    "minReplicas": 0,
+                    "maxReplicas": 3,
+                    "idlePeriod": f"{IDLE_SECONDS}s",
+                    "scaleDownWindow": "3s",
+                },
+                batch={"maxReplicas": 2},
+            ),
+        )
         actuator.start()
         wait_for(lambda: any(m["service"] == "nightly" for m in gateway.models()), 20, "the gateway to see it")
         time.sleep(2)
         assert 1 not in counts(actuator) and 2 not in counts(actuator)
         client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=30)
-        lines = "".join(json.dumps({"custom_id": f"n-{i}", "method": "POST", "url": "/v1/completions",
-                                    "body": {"model": f"{namespace}/tiny", "prompt": f"line {i}", "max_tokens": 6}})
-                        + "\n" for i in range(40))
+        lines = "".join(
+            json.dumps(
+                {
+                    "custom_id": f"n-{i}",
+                    "method": "POST",
+                    "url": "/v1/completions",
+                    "body": {"model": f"{namespace}/tiny", "prompt": f"line {i}", "max_tokens": 6},
+                }
+            )
+            + "\n"
+            for i in range(40)
+        )
         batch_file = client.files.create(file=("in.jsonl", io.BytesIO(lines.encode())), purpose="batch")
-        batch = client.batches.create(input_file_id=batch_file.id, endpoint="/v1/completions",
-                                      completion_window="24h")
+        batch = client.batches.create(input_file_id=batch_file.id, endpoint="/v1/completions", completion_window="24h")
         wait_for(lambda: 2 in counts(actuator), 20, "the autoscaler to give the batch its two replicas")
         status = cluster.get_service(namespace, "nightly")["status"]["autoscaler"]
         assert status["lastDecision"]["from"] == 0 and status["lastDecision"]["to"] == 2

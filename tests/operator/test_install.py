@@ -33,24 +33,38 @@ def test_kustomization_passes_a_server_side_dry_run(cluster):
     if "policy/v1" not in cluster.kubectl("api-versions", kubectl=kubectl).stdout.split():
         rendered = rendered.replace("apiVersion: policy/v1\n", "apiVersion: policy/v1beta1\n")  # before 1.21
     result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input_text=rendered, kubectl=kubectl)
-    for kind in ("customresourcedefinition", "serviceaccount", "clusterrole", "clusterrolebinding",
-                 "deployment", "service"):
+    for kind in (
+        "customresourcedefinition",
+        "serviceaccount",
+        "clusterrole",
+        "clusterrolebinding",
+        "deployment",
+        "service",
+    ):
         assert kind in result.stdout.lower(), result.stdout
-    for name in ("deployment.apps/goodput-gateway", "service/goodput-gateway", "serviceaccount/goodput-gateway",
-                 "poddisruptionbudget.policy/goodput-gateway", "clusterrole.rbac.authorization.k8s.io/goodput-gateway"):
+    for name in (
+        "deployment.apps/goodput-gateway",
+        "service/goodput-gateway",
+        "serviceaccount/goodput-gateway",
+        "poddisruptionbudget.policy/goodput-gateway",
+        "clusterrole.rbac.authorization.k8s.io/goodput-gateway",
+    ):
         assert name in result.stdout, result.stdout
 
 
 def test_apply_manifests_script_installs_the_same_on_this_server(cluster):
     kubectl = _modern_kubectl(cluster)
-    result = subprocess.run([str(ROOT / "hack" / "apply-manifests.sh"), "--dry-run=server"], capture_output=True,
-                            text=True, timeout=120,
-                            env={**os.environ, "KUBECTL": kubectl, "KUBECONFIG": str(cluster.kubeconfig)})
+    result = subprocess.run(
+        [str(ROOT / "hack" / "apply-manifests.sh"), "--dry-run=server"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "KUBECTL": kubectl, "KUBECONFIG": str(cluster.kubeconfig)},
+    )
     assert result.returncode == 0, result.stderr
     assert "poddisruptionbudget.policy/goodput-gateway" in result.stdout
 
 
 def test_samples_pass_a_server_side_dry_run(cluster, namespace):
-    result = cluster.kubectl("apply", "--dry-run=server", "-n", namespace,
-                             "-f", str(ROOT / "manifests" / "samples"))
+    result = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(ROOT / "manifests" / "samples"))
     assert "inferenceservice.serving.goodput.dev/chat" in result.stdout

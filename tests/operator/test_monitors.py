@@ -14,8 +14,14 @@ SERVICE_MONITOR_CRD = {
         "group": "monitoring.coreos.com",
         "scope": "Namespaced",
         "names": {"kind": "ServiceMonitor", "plural": "servicemonitors", "singular": "servicemonitor"},
-        "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-            "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }
+        ],
     },
 }
 
@@ -28,11 +34,11 @@ def _monitor(cluster, namespace, name):
 @pytest.fixture
 def prometheus_operator_crds(cluster):
     cluster.raw("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", SERVICE_MONITOR_CRD)
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                    "crd/servicemonitors.monitoring.coreos.com")
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/servicemonitors.monitoring.coreos.com")
     yield
-    cluster.raw("DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
-                "servicemonitors.monitoring.coreos.com")
+    cluster.raw(
+        "DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/servicemonitors.monitoring.coreos.com"
+    )
 
 
 def test_without_the_crd_the_service_is_served_without_a_monitor(cluster, operator, namespace):
@@ -49,4 +55,3 @@ def test_service_monitor_when_the_crd_exists(cluster, operator, prometheus_opera
     assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
     assert monitor["spec"]["selector"] == {"matchLabels": {"serving.goodput.dev/service": "watched"}}
     assert monitor["metadata"]["ownerReferences"][0]["name"] == "watched"
-

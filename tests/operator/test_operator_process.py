@@ -36,9 +36,17 @@ def watched(cluster):
 def operator(cluster, hub, watched, tmp_path_factory):
     ports = {"liveness": _free_port(), "metrics": _free_port()}
     log = tmp_path_factory.mktemp("operator-ns") / "operator.log"
-    process = OperatorProcess(cluster.kubeconfig, log, hub.endpoint, "--namespace", watched,
-                              "--liveness-port", str(ports["liveness"]),
-                              "--metrics-port", str(ports["metrics"])).start()
+    process = OperatorProcess(
+        cluster.kubeconfig,
+        log,
+        hub.endpoint,
+        "--namespace",
+        watched,
+        "--liveness-port",
+        str(ports["liveness"]),
+        "--metrics-port",
+        str(ports["metrics"]),
+    ).start()
     process.ports = ports
     yield process
     process.stop()
@@ -54,8 +62,9 @@ def test_only_the_named_namespace_is_watched(cluster, operator, watched, namespa
 
 
 def test_liveness_endpoint_answers(operator):
-    status, _ = wait_for(lambda: _get(f"http://127.0.0.1:{operator.ports['liveness']}/healthz"), 30,
-                         "the liveness endpoint")
+    status, _ = wait_for(
+        lambda: _get(f"http://127.0.0.1:{operator.ports['liveness']}/healthz"), 30, "the liveness endpoint"
+    )
     assert status == 200
 
 

@@ -24,17 +24,22 @@ from prometheus_process import PROMETHEUS, Prometheus, dashboard_queries
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.gateway]
 
-TOPIC = "Is this message about food or cooking? Answer yes or no.\n\nMessage: \"{input}\""
-RULES = {"maxLength": 300,
-         "deny": [{"name": "credentials", "pattern": "(?i)password\\s*[:=]"}],
-         "pii": [{"type": "email", "action": "redact", "replacement": "[email]"}, {"type": "phone"}, {"type": "card"}]}
+TOPIC = 'Is this message about food or cooking? Answer yes or no.\n\nMessage: "{input}"'
+RULES = {
+    "maxLength": 300,
+    "deny": [{"name": "credentials", "pattern": "(?i)password\\s*[:=]"}],
+    "pii": [{"type": "email", "action": "redact", "replacement": "[email]"}, {"type": "phone"}, {"type": "card"}],
+}
 SLO = {"ttft": "60s", "tpot": "10s"}  # generous: the CPU is shared, goodput should count every served request
 ASK = [{"role": "user", "content": "How do I bake bread?"}]
 
 
 def service_spec() -> dict:
-    return {"model": {"source": "file:///models/smollm2", "servedName": "smol"},
-            "resources": {"gpu": 0, "memory": "2Gi"}, "slo": SLO}
+    return {
+        "model": {"source": "file:///models/smollm2", "servedName": "smol"},
+        "resources": {"gpu": 0, "memory": "2Gi"},
+        "slo": SLO,
+    }
 
 
 class Env:
@@ -46,13 +51,17 @@ class Env:
 
     def pipeline(self, name: str, steps: list[dict]) -> str:
         create_pipeline(self.cluster, self.namespace, name, steps)
-        wait_for(lambda: any(m["id"] == name and m["ready"] for m in self.gateway.models()), 30,
-                 f"the gateway to serve the pipeline {name}")
+        wait_for(
+            lambda: any(m["id"] == name and m["ready"] for m in self.gateway.models()),
+            30,
+            f"the gateway to serve the pipeline {name}",
+        )
         return name
 
     def post(self, body: dict, path: str = "/v1/chat/completions") -> tuple[int, dict]:
-        request = urllib.request.Request(self.gateway.url + path, data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.gateway.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=120) as r:
                 return r.status, json.loads(r.read())
@@ -69,8 +78,17 @@ def env(cluster, smollm2_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("pipelines")
     namespace = f"pipe-{int(time.time()) % 100000}"
     cluster.core.create_namespace({"metadata": {"name": namespace}})
-    runtime = start_replica("smol", smollm2_dir, workdir, "--served-model-name", "smol", "--max-model-len", "1024",
-                            "--kv-cache-memory", "48Mi")
+    runtime = start_replica(
+        "smol",
+        smollm2_dir,
+        workdir,
+        "--served-model-name",
+        "smol",
+        "--max-model-len",
+        "1024",
+        "--kv-cache-memory",
+        "48Mi",
+    )
     gateway = prometheus = None
     try:
         for name in ("chat", "guard"):
@@ -82,18 +100,32 @@ def env(cluster, smollm2_dir, tmp_path_factory):
         e = Env(cluster, namespace, gateway, f"http://127.0.0.1:{runtime.port}")
         if PROMETHEUS:  # scrapes the gateway throughout, for the dashboard's pipeline row
             e.prometheus = prometheus = Prometheus(workdir, namespace, None, (int(gateway.url.rsplit(":", 1)[1]),))
-        e.pipeline("cooking", [
-            {"name": "input-rules", "kind": "guard", "rules": RULES},
-            {"name": "on-topic", "kind": "guard",
-             "classifier": {"service": "guard", "template": TOPIC, "allow": ["yes"], "block": ["no"]}},
-            {"name": "persona", "kind": "template", "system": "You are a helpful cooking assistant."},
-            {"name": "answer", "kind": "generate", "service": "chat", "defaults": {"temperature": 0, "maxTokens": 16}},
-        ])
-        e.pipeline("rules-only", [
-            {"name": "input-rules", "kind": "guard", "rules": RULES},
-            {"name": "echo", "kind": "template", "prompt": "Say: {input}"},
-            {"kind": "generate", "service": "chat"},
-        ])
+        e.pipeline(
+            "cooking",
+            [
+                {"name": "input-rules", "kind": "guard", "rules": RULES},
+                {
+                    "name": "on-topic",
+                    "kind": "guard",
+                    "classifier": {"service": "guard", "template": TOPIC, "allow": ["yes"], "block": ["no"]},
+                },
+                {"name": "persona", "kind": "template", "system": "You are a helpful cooking assistant."},
+                {
+                    "name": "answer",
+                    "kind": "generate",
+                    "service": "chat",
+                    "defaults": {"temperature": 0, "maxTokens": 16},
+                },
+            ],
+        )
+        e.pipeline(
+            "rules-only",
+            [
+                {"name": "input-rules", "kind": "guard", "rules": RULES},
+                {"name": "echo", "kind": "template", "prompt": "Say: {input}"},
+                {"kind": "generate", "service": "chat"},
+            ],
+        )
         yield e
     finally:
         if prometheus is not None:
@@ -117,19 +149,23 @@ def test_models_lists_the_pipeline_and_an_on_topic_question_is_served(env):
 
 def test_the_classifier_refuses_an_off_topic_question_in_openais_shape(env):
     with pytest.raises(openai.BadRequestError) as err:
-        env.client.chat.completions.create(model="cooking", messages=[
-            {"role": "user", "content": "Who won the football world cup in 1998?"}])
+        env.client.chat.completions.create(
+            model="cooking", messages=[{"role": "user", "content": "Who won the football world cup in 1998?"}]
+        )
     assert err.value.status_code == 400 and err.value.code == "content_filter"
     assert err.value.body["type"] == "invalid_request_error"
     assert "classifier 'guard'" in err.value.message and "step 'on-topic'" in err.value.message
 
 
-@pytest.mark.parametrize(("text", "rule"), [
-    ("x" * 301, "max-length"),
-    ("my password: hunter2, now bake bread", "credentials"),
-    ("call me at +1 415 555 0132 about bread", "pii-phone"),
-    ("charge 4111 1111 1111 1111 for the flour", "pii-card"),
-])
+@pytest.mark.parametrize(
+    ("text", "rule"),
+    [
+        ("x" * 301, "max-length"),
+        ("my password: hunter2, now bake bread", "credentials"),
+        ("call me at +1 415 555 0132 about bread", "pii-phone"),
+        ("charge 4111 1111 1111 1111 for the flour", "pii-card"),
+    ],
+)
 def test_each_input_rule_refuses_naming_the_rule_and_never_logs_the_text(env, text, rule):
     status, body = env.post({"model": "rules-only", "messages": [{"role": "user", "content": text}]})
     assert status == 400, body
@@ -143,8 +179,9 @@ def test_each_input_rule_refuses_naming_the_rule_and_never_logs_the_text(env, te
 
 def test_an_email_in_the_prompt_is_redacted_before_the_model_sees_it(env):
     """echo returns the prompt as the runtime received it: the template applied, the address replaced."""
-    status, body = env.post({"model": "rules-only", "prompt": "write to ann@example.com", "echo": True,
-                             "max_tokens": 1}, "/v1/completions")
+    status, body = env.post(
+        {"model": "rules-only", "prompt": "write to ann@example.com", "echo": True, "max_tokens": 1}, "/v1/completions"
+    )
     assert status == 200, body
     assert body["choices"][0]["text"].startswith("Say: write to [email]")
 
@@ -152,8 +189,9 @@ def test_an_email_in_the_prompt_is_redacted_before_the_model_sees_it(env):
 def stream_direct(env, max_tokens: int) -> list[str]:
     """The generator's own streamed answer to ASK at temperature 0, chunk by chunk (no pipeline)."""
     direct = openai.OpenAI(base_url=env.runtime_url + "/v1", api_key="none", max_retries=0, timeout=120)
-    chunks = direct.chat.completions.create(model="smol", messages=ASK, temperature=0, max_tokens=max_tokens,
-                                            stream=True)
+    chunks = direct.chat.completions.create(
+        model="smol", messages=ASK, temperature=0, max_tokens=max_tokens, stream=True
+    )
     return [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
 
 
@@ -163,7 +201,7 @@ def spanning_phrase(pieces: list[str]) -> tuple[str, int]:
     full = "".join(pieces)
     for i in range(2, len(pieces) - 3):
         if len(pieces[i]) >= 2 and pieces[i + 2]:
-            phrase = full[starts[i] + 1:starts[i + 2] + max(1, len(pieces[i + 2]) // 2)]
+            phrase = full[starts[i] + 1 : starts[i + 2] + max(1, len(pieces[i + 2]) // 2)]
             return phrase, full.index(phrase)
     raise AssertionError(f"no phrase spans three chunks in {pieces}")
 
@@ -174,11 +212,32 @@ def test_output_guards_catch_a_match_split_across_chunks_mid_stream(env):
     phrase, at = spanning_phrase(pieces)
     pattern = re.escape(phrase)
     base = [{"kind": "generate", "service": "chat", "defaults": {"temperature": 0, "maxTokens": 24}}]
-    env.pipeline("stream-block", [*base, {"name": "out", "kind": "guard", "stage": "output", "holdBack": 32,
-                                          "rules": {"deny": [{"name": "phrase", "pattern": pattern}]}}])
-    env.pipeline("stream-redact", [*base, {"name": "out", "kind": "guard", "stage": "output", "holdBack": 32,
-                                           "rules": {"deny": [{"name": "phrase", "pattern": pattern,
-                                                               "action": "redact", "replacement": "<cut>"}]}}])
+    env.pipeline(
+        "stream-block",
+        [
+            *base,
+            {
+                "name": "out",
+                "kind": "guard",
+                "stage": "output",
+                "holdBack": 32,
+                "rules": {"deny": [{"name": "phrase", "pattern": pattern}]},
+            },
+        ],
+    )
+    env.pipeline(
+        "stream-redact",
+        [
+            *base,
+            {
+                "name": "out",
+                "kind": "guard",
+                "stage": "output",
+                "holdBack": 32,
+                "rules": {"deny": [{"name": "phrase", "pattern": pattern, "action": "redact", "replacement": "<cut>"}]},
+            },
+        ],
+    )
 
     filtered_before = env.metric("goodput_pipeline_requests_total", pipeline="stream-block", outcome="filtered")
     chunks = list(env.client.chat.completions.create(model="stream-block", messages=ASK, stream=True))
@@ -186,8 +245,10 @@ def test_output_guards_catch_a_match_split_across_chunks_mid_stream(env):
     assert chunks[-1].choices[0].finish_reason == "content_filter"
     assert "".join(sent) == full[:at]  # everything before the match, nothing of it
     assert not any(phrase in s for s in sent)
-    assert env.metric("goodput_pipeline_requests_total", pipeline="stream-block", outcome="filtered") == \
-        filtered_before + 1
+    assert (
+        env.metric("goodput_pipeline_requests_total", pipeline="stream-block", outcome="filtered")
+        == filtered_before + 1
+    )
     assert env.metric("goodput_guard_blocks_total", pipeline="stream-block", rule="phrase") >= 1
 
     chunks = list(env.client.chat.completions.create(model="stream-redact", messages=ASK, stream=True))
@@ -206,21 +267,26 @@ def test_a_pipeline_with_output_guards_refuses_fields_that_would_show_held_text(
 
 
 def test_the_pipelines_goodput_metrics_count_every_outcome_end_to_end(env):
-    before = {o: env.metric("goodput_pipeline_requests_total", pipeline="cooking", outcome=o)
-              for o in ("served", "refused")}
+    before = {
+        o: env.metric("goodput_pipeline_requests_total", pipeline="cooking", outcome=o) for o in ("served", "refused")
+    }
     good = env.metric("goodput_pipeline_requests_good_total", pipeline="cooking")
     list(env.client.chat.completions.create(model="cooking", messages=ASK, stream=True))
     with pytest.raises(openai.BadRequestError):
         env.client.chat.completions.create(model="cooking", messages=[{"role": "user", "content": "password=x"}])
     assert env.metric("goodput_pipeline_requests_total", pipeline="cooking", outcome="served") >= before["served"] + 1
-    assert env.metric("goodput_pipeline_requests_total", pipeline="cooking", outcome="refused") == \
-        before["refused"] + 1
+    assert env.metric("goodput_pipeline_requests_total", pipeline="cooking", outcome="refused") == before["refused"] + 1
     assert env.metric("goodput_pipeline_requests_good_total", pipeline="cooking") >= good + 1
     assert env.metric("goodput_guard_blocks_total", pipeline="cooking", rule="credentials") >= 1
-    for step, kind in (("input-rules", "guard"), ("on-topic", "guard"), ("persona", "template"),
-                       ("answer", "generate")):
-        assert env.metric("goodput_pipeline_step_duration_seconds_count", pipeline="cooking", step=step,
-                          kind=kind) >= 1, step
+    for step, kind in (
+        ("input-rules", "guard"),
+        ("on-topic", "guard"),
+        ("persona", "template"),
+        ("answer", "generate"),
+    ):
+        assert (
+            env.metric("goodput_pipeline_step_duration_seconds_count", pipeline="cooking", step=step, kind=kind) >= 1
+        ), step
     assert env.metric("goodput_pipeline_time_to_first_token_seconds_count", pipeline="cooking") >= 1
 
 

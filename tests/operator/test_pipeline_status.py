@@ -13,10 +13,14 @@ from pipeline_helpers import create_pipeline, install_pipeline_crd, pipeline_con
 
 pytestmark = pytest.mark.apiserver
 
-SERVICE = {"model": {"source": "file:///models/tiny", "servedName": "chat-model"}, "resources": {"gpu": 0,
-                                                                                               "memory": "2Gi"}}
-STEPS = [{"name": "rules", "kind": "guard", "rules": {"pii": [{"type": "email"}]}},
-         {"kind": "generate", "service": "chat"}]
+SERVICE = {
+    "model": {"source": "file:///models/tiny", "servedName": "chat-model"},
+    "resources": {"gpu": 0, "memory": "2Gi"},
+}
+STEPS = [
+    {"name": "rules", "kind": "guard", "rules": {"pii": [{"type": "email"}]}},
+    {"kind": "generate", "service": "chat"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,19 +32,43 @@ def ready_is(cluster, namespace, name, status, reason):
     def check():
         c = pipeline_condition(cluster, namespace, name, "Ready")
         return c if c and (c["status"], c["reason"]) == (status, reason) else None
+
     return wait_for(check, 60, f"pipeline {name} Ready={status} ({reason})")
 
 
 def kubelet_says_ready(cluster: Cluster, namespace: str, service: str) -> None:
-    pods = wait_for(lambda: cluster.core.list_namespaced_pod(
-        namespace, label_selector=f"serving.goodput.dev/service={service}").items, what="the ReplicaSet's pod")
+    pods = wait_for(
+        lambda: (
+            cluster.core.list_namespaced_pod(namespace, label_selector=f"serving.goodput.dev/service={service}").items
+        ),
+        what="the ReplicaSet's pod",
+    )
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    cluster.core.patch_namespaced_pod_status(pods[0].metadata.name, namespace, {"status": {
-        "phase": "Running", "startTime": now,
-        "conditions": [{"type": t, "status": "True", "lastTransitionTime": now}
-                       for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
-        "containerStatuses": [{"name": "runtime", "image": "x", "imageID": "", "ready": True, "restartCount": 0,
-                               "started": True, "state": {"running": {"startedAt": now}}}]}})
+    cluster.core.patch_namespaced_pod_status(
+        pods[0].metadata.name,
+        namespace,
+        {
+            "status": {
+                "phase": "Running",
+                "startTime": now,
+                "conditions": [
+                    {"type": t, "status": "True", "lastTransitionTime": now}
+                    for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+                ],
+                "containerStatuses": [
+                    {
+                        "name": "runtime",
+                        "image": "x",
+                        "imageID": "",
+                        "ready": True,
+                        "restartCount": 0,
+                        "started": True,
+                        "state": {"running": {"startedAt": now}},
+                    }
+                ],
+            }
+        },
+    )
 
 
 def test_ready_names_a_missing_service_then_follows_it_to_ready(cluster, pipeline_crd, operator, namespace):
@@ -59,33 +87,52 @@ def test_ready_names_a_missing_service_then_follows_it_to_ready(cluster, pipelin
     kubelet_says_ready(cluster, namespace, "chat")
     cluster.wait_condition(namespace, "chat", "Ready", "True")
     ready_is(cluster, namespace, "chat-guarded", "True", "Serving")
-    status = cluster.custom.get_namespaced_custom_object("serving.goodput.dev", "v1alpha1", namespace,
-                                                         "inferencepipelines", "chat-guarded")["status"]
+    status = cluster.custom.get_namespaced_custom_object(
+        "serving.goodput.dev", "v1alpha1", namespace, "inferencepipelines", "chat-guarded"
+    )["status"]
     assert status["services"] == [{"name": "chat", "ready": True}]
 
-    cluster.custom.delete_namespaced_custom_object("serving.goodput.dev", "v1alpha1", namespace, "inferenceservices",
-                                                   "chat")
+    cluster.custom.delete_namespaced_custom_object(
+        "serving.goodput.dev", "v1alpha1", namespace, "inferenceservices", "chat"
+    )
     ready_is(cluster, namespace, "chat-guarded", "False", "ServiceNotFound")
 
 
 def test_a_spec_the_schema_cannot_check_is_not_valid_naming_the_field(cluster, pipeline_crd, operator, namespace):
-    create_pipeline(cluster, namespace, "bad-regex", [
-        {"kind": "guard", "rules": {"deny": [{"name": "broken", "pattern": "(unclosed"}]}},
-        {"kind": "generate", "service": "chat"}])
-    wait_for(lambda: (pipeline_condition(cluster, namespace, "bad-regex", "Valid") or {}).get("status") == "False",
-             60, "Valid=False")
+    create_pipeline(
+        cluster,
+        namespace,
+        "bad-regex",
+        [
+            {"kind": "guard", "rules": {"deny": [{"name": "broken", "pattern": "(unclosed"}]}},
+            {"kind": "generate", "service": "chat"},
+        ],
+    )
+    wait_for(
+        lambda: (pipeline_condition(cluster, namespace, "bad-regex", "Valid") or {}).get("status") == "False",
+        60,
+        "Valid=False",
+    )
     valid = pipeline_condition(cluster, namespace, "bad-regex", "Valid")
     assert valid["message"].startswith("spec.steps[0].rules.deny[0].pattern: is not a valid regular expression")
 
 
 def test_the_schema_refuses_an_unknown_step_kind_naming_the_field(cluster, pipeline_crd, namespace):
-    result = cluster.kubectl("apply", "-n", namespace, "-f", "-", check=False, input_text="""
+    result = cluster.kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        check=False,
+        input_text="""
 apiVersion: serving.goodput.dev/v1alpha1
 kind: InferencePipeline
 metadata: {name: wrong}
 spec:
   steps: [{kind: summarize, service: chat}]
-""")
+""",
+    )
     assert result.returncode != 0 and "summarize" in result.stderr
     assert "spec.steps[0].kind" in result.stderr or "spec.steps.kind" in result.stderr  # 1.20 leaves out the index
     explained = cluster.kubectl("explain", "inferencepipeline.spec.steps.rules.pii.type").stdout

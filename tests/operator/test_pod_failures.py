@@ -39,14 +39,19 @@ def _runtime_pod(cluster: Cluster, namespace: str, name: str) -> str:
     """The name of one of the service's runtime pods."""
     deployment = cluster.wait_deployment(namespace, name)
     if cluster.has_controllers:
-        pods = wait_for(lambda: cluster.core.list_namespaced_pod(
-            namespace, label_selector=SELECTOR.format(name)).items, what="the ReplicaSet's pod")
+        pods = wait_for(
+            lambda: cluster.core.list_namespaced_pod(namespace, label_selector=SELECTOR.format(name)).items,
+            what="the ReplicaSet's pod",
+        )
         return str(pods[0].metadata.name)
     template = deployment.spec.template
-    pod = cluster.core.create_namespaced_pod(namespace, {
-        "metadata": {"generateName": f"{name}-runtime-", "labels": template.metadata.labels},
-        "spec": {"containers": [{"name": "runtime", "image": RUNTIME_IMAGE}]},
-    })
+    pod = cluster.core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"generateName": f"{name}-runtime-", "labels": template.metadata.labels},
+            "spec": {"containers": [{"name": "runtime", "image": RUNTIME_IMAGE}]},
+        },
+    )
     return str(pod.metadata.name)
 
 
@@ -56,8 +61,10 @@ def _kubelet_writes(cluster: Cluster, namespace: str, pod: str, containers: list
     flag = "True" if ready else "False"
     status = {
         "phase": "Running",
-        "conditions": [{"type": t, "status": s, "lastTransitionTime": now} for t, s in (
-            ("PodScheduled", "True"), ("Initialized", "True"), ("ContainersReady", flag), ("Ready", flag))],
+        "conditions": [
+            {"type": t, "status": s, "lastTransitionTime": now}
+            for t, s in (("PodScheduled", "True"), ("Initialized", "True"), ("ContainersReady", flag), ("Ready", flag))
+        ],
         "containerStatuses": containers,
         "startTime": now,
     }
@@ -66,18 +73,37 @@ def _kubelet_writes(cluster: Cluster, namespace: str, pod: str, containers: list
 
 def _crash_looping(restarts: int) -> dict:
     return {
-        "name": "runtime", "image": RUNTIME_IMAGE, "imageID": "", "ready": False, "restartCount": restarts,
+        "name": "runtime",
+        "image": RUNTIME_IMAGE,
+        "imageID": "",
+        "ready": False,
+        "restartCount": restarts,
         "started": False,
-        "state": {"waiting": {"reason": "CrashLoopBackOff",
-                              "message": "back-off 40s restarting failed container=runtime"}},
-        "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": CANNOT_SERVE + "\n",
-                                     "startedAt": _stamp(5), "finishedAt": _stamp(1)}},
+        "state": {
+            "waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container=runtime"}
+        },
+        "lastState": {
+            "terminated": {
+                "exitCode": 1,
+                "reason": "Error",
+                "message": CANNOT_SERVE + "\n",
+                "startedAt": _stamp(5),
+                "finishedAt": _stamp(1),
+            }
+        },
     }
 
 
 def _serving() -> dict:
-    return {"name": "runtime", "image": RUNTIME_IMAGE, "imageID": "", "ready": True, "restartCount": 4,
-            "started": True, "state": {"running": {"startedAt": _stamp()}}}
+    return {
+        "name": "runtime",
+        "image": RUNTIME_IMAGE,
+        "imageID": "",
+        "ready": True,
+        "restartCount": 4,
+        "started": True,
+        "state": {"running": {"startedAt": _stamp()}},
+    }
 
 
 def _warnings(cluster: Cluster, namespace: str, name: str, reason: str) -> list:
@@ -92,8 +118,11 @@ def test_a_crash_looping_runtime_is_reported_once_and_clears_when_it_serves(clus
 
     _kubelet_writes(cluster, namespace, pod, [_crash_looping(restarts=3)], ready=False)
     expected = f"pod {pod}: runtime exited 1 (3 restarts): {CANNOT_SERVE}"
-    available = wait_for(lambda: (c := cluster.condition(namespace, "broken", "Available"))
-                         and c["reason"] == "RuntimeFailing" and c, 30, "Available=False RuntimeFailing")
+    available = wait_for(
+        lambda: (c := cluster.condition(namespace, "broken", "Available")) and c["reason"] == "RuntimeFailing" and c,
+        30,
+        "Available=False RuntimeFailing",
+    )
     assert (available["status"], available["message"]) == ("False", expected)
     ready = cluster.condition(namespace, "broken", "Ready")
     assert (ready["status"], ready["reason"], ready["message"]) == ("False", "RuntimeFailing", expected)
@@ -107,8 +136,11 @@ def test_a_crash_looping_runtime_is_reported_once_and_clears_when_it_serves(clus
     # the message follows the restart count, the Event is not posted again.
     for restarts in (4, 5, 6):
         _kubelet_writes(cluster, namespace, pod, [_crash_looping(restarts)], ready=False)
-        wait_for(lambda n=restarts: f"({n} restarts)" in cluster.condition(namespace, "broken", "Available")["message"],
-                 30, f"the restart count {restarts} to follow")
+        wait_for(
+            lambda n=restarts: f"({n} restarts)" in cluster.condition(namespace, "broken", "Available")["message"],
+            30,
+            f"the restart count {restarts} to follow",
+        )
     cluster.patch_service(namespace, "broken", {"metadata": {"annotations": {"touched": "yes"}}})
     time.sleep(3)
     assert len(_warnings(cluster, namespace, "broken", "RuntimeFailing")) == 1
@@ -119,8 +151,11 @@ def test_a_crash_looping_runtime_is_reported_once_and_clears_when_it_serves(clus
         assert (available["reason"], available["message"]) == ("MinimumReplicasAvailable", "1/1 replicas ready")
         cluster.wait_condition(namespace, "broken", "Ready", "True")
     else:
-        wait_for(lambda: cluster.condition(namespace, "broken", "Available")["reason"] == "ReplicasNotReady",
-                 30, "the failure to clear")
+        wait_for(
+            lambda: cluster.condition(namespace, "broken", "Available")["reason"] == "ReplicasNotReady",
+            30,
+            "the failure to clear",
+        )
     assert len(_warnings(cluster, namespace, "broken", "RuntimeFailing")) == 1
 
 
@@ -128,14 +163,24 @@ def test_an_image_that_cannot_be_pulled_is_named(cluster, operator, namespace):
     """ImagePullBackOff as a kubelet reports it becomes ImagePullFailed with the kubelet's message."""
     cluster.create_service(namespace, "nopull", SPEC)
     pod = _runtime_pod(cluster, namespace, "nopull")
-    waiting = {"name": "runtime", "image": RUNTIME_IMAGE, "imageID": "", "ready": False, "restartCount": 0,
-               "started": False, "state": {"waiting": {
-                   "reason": "ImagePullBackOff", "message": f'Back-off pulling image "{RUNTIME_IMAGE}"'}}}
+    waiting = {
+        "name": "runtime",
+        "image": RUNTIME_IMAGE,
+        "imageID": "",
+        "ready": False,
+        "restartCount": 0,
+        "started": False,
+        "state": {"waiting": {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{RUNTIME_IMAGE}"'}},
+    }
     _kubelet_writes(cluster, namespace, pod, [waiting], ready=False)
-    available = wait_for(lambda: (c := cluster.condition(namespace, "nopull", "Available"))
-                         and c["reason"] == "ImagePullFailed" and c, 30, "Available=False ImagePullFailed")
-    assert available["message"] == (f"pod {pod}: cannot pull image {RUNTIME_IMAGE} (ImagePullBackOff): "
-                                    f'Back-off pulling image "{RUNTIME_IMAGE}"')
+    available = wait_for(
+        lambda: (c := cluster.condition(namespace, "nopull", "Available")) and c["reason"] == "ImagePullFailed" and c,
+        30,
+        "Available=False ImagePullFailed",
+    )
+    assert available["message"] == (
+        f'pod {pod}: cannot pull image {RUNTIME_IMAGE} (ImagePullBackOff): Back-off pulling image "{RUNTIME_IMAGE}"'
+    )
     wait_for(lambda: _warnings(cluster, namespace, "nopull", "ImagePullFailed"), 30, "a Warning Event")
 
 
@@ -145,8 +190,11 @@ def test_the_operator_writes_nothing_to_pods(cluster, operator, namespace):
     pod = _runtime_pod(cluster, namespace, "quiet")
     _kubelet_writes(cluster, namespace, pod, [_crash_looping(restarts=1)], ready=False)
     cluster.wait_condition(namespace, "quiet", "Available", "False")
-    wait_for(lambda: cluster.condition(namespace, "quiet", "Available")["reason"] == "RuntimeFailing", 30,
-             "the pod to be seen")
+    wait_for(
+        lambda: cluster.condition(namespace, "quiet", "Available")["reason"] == "RuntimeFailing",
+        30,
+        "the pod to be seen",
+    )
     live = cluster.core.read_namespaced_pod(pod, namespace)
     assert not live.metadata.finalizers
     assert not [k for k in (live.metadata.annotations or {}) if "kopf" in k or "goodput" in k]

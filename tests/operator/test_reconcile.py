@@ -59,8 +59,9 @@ def test_invalid_spec_is_reported_and_builds_nothing(cluster, operator, namespac
     valid = cluster.wait_condition(namespace, "inverted", "Valid", "False")
     assert valid["reason"] == "ReplicaBoundsInverted"
     assert "spec.autoscaling.maxReplicas" in valid["message"]
-    warnings = wait_for(lambda: [e for e in cluster.events(namespace, "inverted") if e.type == "Warning"],
-                        what="a Warning event")
+    warnings = wait_for(
+        lambda: [e for e in cluster.events(namespace, "inverted") if e.type == "Warning"], what="a Warning event"
+    )
     assert "spec.autoscaling.maxReplicas" in warnings[0].message
     assert cluster.deployment(namespace, "inverted") is None
     assert cluster.get_or_none(cluster.core.read_namespaced_service, "inverted", namespace) is None
@@ -76,9 +77,14 @@ def test_invalid_update_leaves_children_alone_until_fixed(cluster, operator, nam
     assert cluster.deployment(namespace, "edit").metadata.generation == before.metadata.generation
     cluster.patch_service(namespace, "edit", {"spec": {"resources": {"gpu": 2}}})
     cluster.wait_condition(namespace, "edit", "Valid", "True")
-    rolled = wait_for(lambda: "--tensor-parallel-size" in _args(d := cluster.deployment(namespace, "edit"))
-                      and _args(d)[_args(d).index("--tensor-parallel-size") + 1] == "2" and d,
-                      what="the Deployment to roll to tensor parallel 2")
+    rolled = wait_for(
+        lambda: (
+            "--tensor-parallel-size" in _args(d := cluster.deployment(namespace, "edit"))
+            and _args(d)[_args(d).index("--tensor-parallel-size") + 1] == "2"
+            and d
+        ),
+        what="the Deployment to roll to tensor parallel 2",
+    )
     assert rolled.spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "2"
 
 
@@ -100,24 +106,34 @@ def test_deleting_the_service_removes_its_children(cluster, operator, namespace)
         pytest.skip("garbage collection needs kube-controller-manager")
     cluster.create_service(namespace, "gone", SPEC)
     cluster.wait_deployment(namespace, "gone")
-    cluster.custom.delete_namespaced_custom_object("serving.goodput.dev", "v1alpha1", namespace,
-                                                   "inferenceservices", "gone")
+    cluster.custom.delete_namespaced_custom_object(
+        "serving.goodput.dev", "v1alpha1", namespace, "inferenceservices", "gone"
+    )
     # the garbage collector follows owner references; it may first need to learn the CRD
     wait_for(lambda: cluster.deployment(namespace, "gone") is None, 120, "the Deployment to be collected")
-    wait_for(lambda: cluster.get_or_none(cluster.core.read_namespaced_service, "gone", namespace) is None,
-             120, "the Service to be collected")
+    wait_for(
+        lambda: cluster.get_or_none(cluster.core.read_namespaced_service, "gone", namespace) is None,
+        120,
+        "the Service to be collected",
+    )
 
 
 def test_deleted_child_comes_back(cluster, operator, namespace):
     cluster.create_service(namespace, "phoenix", SPEC)
     first = cluster.wait_deployment(namespace, "phoenix")
     cluster.kubectl("delete", "deployment", "phoenix-runtime", "-n", namespace)
-    again = wait_for(lambda: (d := cluster.deployment(namespace, "phoenix")) and d.metadata.uid != first.metadata.uid
-                     and d, 30, "the Deployment to be recreated")
+    again = wait_for(
+        lambda: (d := cluster.deployment(namespace, "phoenix")) and d.metadata.uid != first.metadata.uid and d,
+        30,
+        "the Deployment to be recreated",
+    )
     assert again.spec.template.spec.containers[0].image == RUNTIME_IMAGE
     cluster.kubectl("delete", "service", "phoenix", "-n", namespace)
-    wait_for(lambda: cluster.get_or_none(cluster.core.read_namespaced_service, "phoenix", namespace), 30,
-             "the Service to be recreated")
+    wait_for(
+        lambda: cluster.get_or_none(cluster.core.read_namespaced_service, "phoenix", namespace),
+        30,
+        "the Service to be recreated",
+    )
 
 
 def test_hand_edited_child_is_restored(cluster, operator, namespace):
@@ -126,8 +142,14 @@ def test_hand_edited_child_is_restored(cluster, operator, namespace):
     cluster.apps.patch_namespaced_deployment("drift-runtime", namespace, {"spec": {"replicas": 5}})
     patch = {"spec": {"template": {"spec": {"containers": [{"name": "runtime", "image": "evil:latest"}]}}}}
     cluster.apps.patch_namespaced_deployment("drift-runtime", namespace, patch)
-    wait_for(lambda: (d := cluster.deployment(namespace, "drift")).spec.replicas == 1
-             and d.spec.template.spec.containers[0].image == RUNTIME_IMAGE, 30, "the edits to be undone")
+    wait_for(
+        lambda: (
+            (d := cluster.deployment(namespace, "drift")).spec.replicas == 1
+            and d.spec.template.spec.containers[0].image == RUNTIME_IMAGE
+        ),
+        30,
+        "the edits to be undone",
+    )
 
 
 def test_unchanged_service_causes_no_writes(cluster, operator, namespace):
@@ -138,9 +160,11 @@ def test_unchanged_service_causes_no_writes(cluster, operator, namespace):
     time.sleep(1)
 
     def versions():
-        return (cluster.get_service(namespace, "still")["metadata"]["resourceVersion"],
-                cluster.deployment(namespace, "still").metadata.resource_version,
-                cluster.core.read_namespaced_service("still", namespace).metadata.resource_version)
+        return (
+            cluster.get_service(namespace, "still")["metadata"]["resourceVersion"],
+            cluster.deployment(namespace, "still").metadata.resource_version,
+            cluster.core.read_namespaced_service("still", namespace).metadata.resource_version,
+        )
 
     before = versions()
     time.sleep(12)  # longer than the operator's 10 s resync in tests
@@ -148,13 +172,18 @@ def test_unchanged_service_causes_no_writes(cluster, operator, namespace):
 
 
 def test_a_name_taken_by_someone_elses_object_is_reported_not_overwritten(cluster, operator, namespace):
-    cluster.core.create_namespaced_service(namespace, {
-        "metadata": {"name": "taken"},
-        "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 1234}]},
-    })
+    cluster.core.create_namespaced_service(
+        namespace,
+        {
+            "metadata": {"name": "taken"},
+            "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 1234}]},
+        },
+    )
     cluster.create_service(namespace, "taken", SPEC)
-    available = wait_for(lambda: (c := cluster.condition(namespace, "taken", "Available"))
-                         and c["reason"] == "ChildConflict" and c, what="Available=False ChildConflict")
+    available = wait_for(
+        lambda: (c := cluster.condition(namespace, "taken", "Available")) and c["reason"] == "ChildConflict" and c,
+        what="Available=False ChildConflict",
+    )
     assert "Service taken already exists" in available["message"]
     assert cluster.condition(namespace, "taken", "Ready")["status"] == "False"
     theirs = cluster.core.read_namespaced_service("taken", namespace)

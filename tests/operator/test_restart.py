@@ -34,6 +34,7 @@ def test_restart_creates_no_duplicates_and_writes_nothing(cluster, operator, nam
     operator.stop()
     offset = len(operator.log())
     operator.start()
+
     def resumed():
         lines = operator.log()[offset:].splitlines()
         return sum(f"Resumed {namespace}/" in line for line in lines)

@@ -39,8 +39,10 @@ def kernel() -> None:
     from goodput_runtime.engine import native_attention
 
     if not native_attention.available():
-        pytest.skip("the native extension cannot be built here (no C++ compiler, or the build failed: see the "
-                    "log); the torch path serves instead")
+        pytest.skip(
+            "the native extension cannot be built here (no C++ compiler, or the build failed: see the "
+            "log); the torch path serves instead"
+        )
 
 
 def get(url: str) -> tuple[int, dict | str]:
@@ -53,11 +55,23 @@ def get(url: str) -> tuple[int, dict | str]:
 
 
 class ServerThread:
-    def __init__(self, model_dir: Path, shutdown_grace: float = 5.0, slo_ttft: float | None = 0.5,
-                 slo_tpot: float | None = 0.05, engine_factory: Callable[..., Any] = load_engine,
-                 **engine_settings: Any) -> None:
-        settings = {"max_model_len": 256, "kv_cache_memory": SMALL_KV, "max_num_batched_tokens": 256,
-                    "device": "cpu", "dtype": "float32", **engine_settings}
+    def __init__(
+        self,
+        model_dir: Path,
+        shutdown_grace: float = 5.0,
+        slo_ttft: float | None = 0.5,
+        slo_tpot: float | None = 0.05,
+        engine_factory: Callable[..., Any] = load_engine,
+        **engine_settings: Any,
+    ) -> None:
+        settings = {
+            "max_model_len": 256,
+            "kv_cache_memory": SMALL_KV,
+            "max_num_batched_tokens": 256,
+            "device": "cpu",
+            "dtype": "float32",
+            **engine_settings,
+        }
         self.config = EngineConfig(model=str(model_dir), served_model_name=MODEL_NAME, **settings)
         self.metrics = RuntimeMetrics(MODEL_NAME, slo_ttft, slo_tpot)
         self.shutdown_grace = shutdown_grace
@@ -85,9 +99,17 @@ class ServerThread:
             self.port = port
             self.listening.set()
 
-        self.exit_code = await serve(self.config, self.metrics, "127.0.0.1", 0, self.shutdown_grace,
-                                     self.stop_event, engine_factory=self.make_engine, on_listening=on_listening,
-                                     **self.serve_options())
+        self.exit_code = await serve(
+            self.config,
+            self.metrics,
+            "127.0.0.1",
+            0,
+            self.shutdown_grace,
+            self.stop_event,
+            engine_factory=self.make_engine,
+            on_listening=on_listening,
+            **self.serve_options(),
+        )
 
     def serve_options(self) -> dict[str, Any]:
         """More of serve()'s keyword arguments, for a subclass to add."""
@@ -123,8 +145,7 @@ class ServerThread:
 
     def idle(self) -> bool:
         engine = self.engine
-        return (not engine.has_unfinished_requests()
-                and engine.num_free_blocks == engine.num_total_blocks)
+        return not engine.has_unfinished_requests() and engine.num_free_blocks == engine.num_total_blocks
 
     def wait_idle(self, timeout: float = 30) -> None:
         """Every request gone and every KV block free again."""
@@ -140,7 +161,7 @@ async def sse_events(response: Any) -> list[str]:
         while b"\n\n" in buffer:
             block, buffer = buffer.split(b"\n\n", 1)
             assert block.startswith(b"data: "), block
-            events.append(block[len(b"data: "):].decode())
+            events.append(block[len(b"data: ") :].decode())
     assert buffer == b""
     return events
 
@@ -155,8 +176,9 @@ def make_server(tiny_model_dir: Path) -> Iterator[Callable[..., ServerThread]]:
     """Servers with settings (or a model directory) of their own, stopped when the test ends."""
     started: list[ServerThread] = []
 
-    def make(start: bool = True, wait_ready: bool = True, model_dir: Path | None = None,
-             **settings: Any) -> ServerThread:
+    def make(
+        start: bool = True, wait_ready: bool = True, model_dir: Path | None = None, **settings: Any
+    ) -> ServerThread:
         running = ServerThread(model_dir or tiny_model_dir, **settings)
         started.append(running)
         return running.start(wait_ready) if start else running
@@ -203,10 +225,31 @@ class RuntimeProcess:
         self.log_path = log_path
         self.log_file = log_path.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "goodput_runtime", "--model", str(model_dir), "--served-model-name", "tiny",
-             "--host", "127.0.0.1", "--port", "0", "--device", "cpu", "--dtype", "float32",
-             "--max-model-len", "2048", "--kv-cache-memory", "2Mi", *flags],
-            stdout=self.log_file, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "goodput_runtime",
+                "--model",
+                str(model_dir),
+                "--served-model-name",
+                "tiny",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--device",
+                "cpu",
+                "--dtype",
+                "float32",
+                "--max-model-len",
+                "2048",
+                "--kv-cache-memory",
+                "2Mi",
+                *flags,
+            ],
+            stdout=self.log_file,
+            stderr=subprocess.STDOUT,
+        )
         port = self.wait_for_log(r"Listening on http://127\.0\.0\.1:(\d+)")
         self.url = f"http://127.0.0.1:{port}"
 

@@ -21,10 +21,19 @@ class Reference:
             return self.model(input_ids=torch.tensor([token_ids])).logits[0].float()
 
     @staticmethod
-    def processed(row: torch.Tensor, prompt: list[int], output: list[int], *, repetition_penalty: float = 1.0,
-                  presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                  logit_bias: dict[int, float] | None = None, min_tokens: int = 0,
-                  stop_ids: tuple[int, ...] = (), temperature: float = 0.0) -> torch.Tensor:
+    def processed(
+        row: torch.Tensor,
+        prompt: list[int],
+        output: list[int],
+        *,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logit_bias: dict[int, float] | None = None,
+        min_tokens: int = 0,
+        stop_ids: tuple[int, ...] = (),
+        temperature: float = 0.0,
+    ) -> torch.Tensor:
         """log_softmax of one position's logits after bias, minimum length, penalties and temperature."""
         x = row.clone()
         for token, bias in (logit_bias or {}).items():

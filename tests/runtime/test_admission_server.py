@@ -40,6 +40,7 @@ class AdmittingServer(ServerThread):
 async def flood(url: str, count: int) -> list[tuple[int, dict[str, str], float]]:
     """`count` completions at once; each answer's status, headers and seconds to its headers."""
     async with aiohttp.ClientSession() as session:
+
         async def one() -> tuple[int, dict[str, str], float]:
             started = time.monotonic()
             body = {"model": MODEL_NAME, "prompt": "a b c d e f g h", "max_tokens": OUTPUT, "ignore_eos": True}
@@ -75,8 +76,9 @@ def warm(running: ServerThread) -> None:
     rates and the typical output length (what a queued request is expected to hold its seat for)."""
     client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0, timeout=60)
     for _ in range(3):
-        client.completions.create(model=MODEL_NAME, prompt="a b c d e f g h", max_tokens=OUTPUT,
-                                  extra_body={"ignore_eos": True})
+        client.completions.create(
+            model=MODEL_NAME, prompt="a b c d e f g h", max_tokens=OUTPUT, extra_body={"ignore_eos": True}
+        )
 
 
 def test_a_flood_past_the_ttft_target_is_refused_at_once_with_retry_after(admitting):
@@ -90,8 +92,7 @@ def test_a_flood_past_the_ttft_target_is_refused_at_once_with_retry_after(admitt
     # counted by reason, in the exposition too
     assert admitting.metric("goodput_requests_rejected_total", reason="ttft_slo") == len(refused)
     _, exposition = get(f"{admitting.url}/metrics")
-    assert f'goodput_requests_rejected_total{{model="{MODEL_NAME}",reason="ttft_slo"}} {len(refused)}.0' \
-        in exposition
+    assert f'goodput_requests_rejected_total{{model="{MODEL_NAME}",reason="ttft_slo"}} {len(refused)}.0' in exposition
     # refused requests never entered the engine: every block is free once the admitted ones finish
     admitting.wait_idle()
     assert admitting.metric("goodput_requests_total", outcome="success") == 3 + FLOOD - len(refused)
@@ -103,6 +104,7 @@ async def pressure(url: str, workers: int, stop: asyncio.Event) -> list[int]:
     as it lasts. The statuses they got."""
     statuses: list[int] = []
     async with aiohttp.ClientSession() as session:
+
         async def worker() -> None:
             body = {"model": MODEL_NAME, "prompt": "a b c d e f g h", "max_tokens": OUTPUT, "ignore_eos": True}
             while not stop.is_set():

@@ -31,8 +31,9 @@ async def batch_texts(client: openai.AsyncOpenAI, max_tokens: int, started: asyn
 
     async def one(prompt: str) -> str:
         text = ""
-        stream = await client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                                 stream=True, extra_body=BATCH)
+        stream = await client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True, extra_body=BATCH
+        )
         async for chunk in stream:
             text += chunk.choices[0].text if chunk.choices else ""
             if text:
@@ -61,8 +62,9 @@ async def scenario(server: CappedServer) -> None:
     started = asyncio.Event()
     batch = asyncio.create_task(batch_texts(client, 160, started))
     await asyncio.wait_for(started.wait(), 30)  # every batch sequence decoding
-    online = await client.completions.create(model="tiny", prompt="Online:", max_tokens=30, temperature=0,
-                                             extra_body={"ignore_eos": True})
+    online = await client.completions.create(
+        model="tiny", prompt="Online:", max_tokens=30, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert online.usage is not None and online.usage.completion_tokens == 30
     assert not batch.done()  # it sat out the online request's steps
     assert server.metric("goodput_batch_pauses_total") >= 29 * len(PROMPTS)

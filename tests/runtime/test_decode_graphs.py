@@ -79,8 +79,15 @@ def test_static_decode_path_is_skipped_for_shapes_past_the_cache(tiny_model_dir:
 
 
 def gpu_config(model_dir: Path, **settings) -> EngineConfig:
-    base = {"device": "cuda", "dtype": "float32", "block_size": 16, "max_model_len": 256,
-            "max_num_batched_tokens": 256, "max_num_seqs": 16, "kv_cache_memory": 8000 * BYTES_PER_TOKEN}
+    base = {
+        "device": "cuda",
+        "dtype": "float32",
+        "block_size": 16,
+        "max_model_len": 256,
+        "max_num_batched_tokens": 256,
+        "max_num_seqs": 16,
+        "kv_cache_memory": 8000 * BYTES_PER_TOKEN,
+    }
     return EngineConfig(model=str(model_dir), **{**base, **settings})
 
 
@@ -151,8 +158,10 @@ def test_fp8_weights_decode_close_to_full_precision(tiny_model_dir: Path):
     fp8_core = build_core(gpu_config(tiny_model_dir, dtype="bfloat16", quantization="fp8"))
     from goodput_runtime.quantization import QuantizedLinear
 
-    assert any(isinstance(m, QuantizedLinear) and m.weight.dtype == torch.float8_e4m3fn
-               for m in fp8_core.runner.model.modules())
+    assert any(
+        isinstance(m, QuantizedLinear) and m.weight.dtype == torch.float8_e4m3fn
+        for m in fp8_core.runner.model.modules()
+    )
     full, fp8 = prefill_logits(full_core, prompts), prefill_logits(fp8_core, prompts)
     # e4m3 keeps 3 mantissa bits (weights and per-token activations): a few per cent off, not more;
     # a wrong scale or layout would be off by the logits' whole size

@@ -22,8 +22,9 @@ LONG_PROMPT = [random.Random(7).randrange(5, 1000) for _ in range(201)]  # 12 fu
 
 def config(model_dir: Path, blocks: int = 200, block_size: int = 16, **kw) -> EngineConfig:
     settings = {"max_model_len": 512, "max_num_batched_tokens": 512, "max_num_seqs": 16, **kw}
-    return EngineConfig(model=str(model_dir), block_size=block_size,
-                        kv_cache_memory=blocks * block_size * BYTES_PER_TOKEN, **settings)
+    return EngineConfig(
+        model=str(model_dir), block_size=block_size, kv_cache_memory=blocks * block_size * BYTES_PER_TOKEN, **settings
+    )
 
 
 def run(core, requests: dict[str, tuple[list[int], SamplingParams]]) -> tuple[dict, int]:
@@ -50,10 +51,13 @@ def sampled(max_tokens: int, seed: int | None = 11, n: int = 1, **kw) -> Samplin
 def test_n_choices_share_the_prompt_blocks(tiny_model_dir):
     # prefix caching off: the sharing is the fork's own
     _, peak_one = run(build_core(config(tiny_model_dir, enable_prefix_caching=False)), {"a": (LONG_PROMPT, sampled(8))})
-    four, peak_four = run(build_core(config(tiny_model_dir, enable_prefix_caching=False)),
-                          {"b": (LONG_PROMPT, sampled(8, n=4))})
-    _, peak_apart = run(build_core(config(tiny_model_dir, enable_prefix_caching=False)),
-                        {f"c{i}": (LONG_PROMPT, sampled(8, seed=i)) for i in range(4)})
+    four, peak_four = run(
+        build_core(config(tiny_model_dir, enable_prefix_caching=False)), {"b": (LONG_PROMPT, sampled(8, n=4))}
+    )
+    _, peak_apart = run(
+        build_core(config(tiny_model_dir, enable_prefix_caching=False)),
+        {f"c{i}": (LONG_PROMPT, sampled(8, seed=i)) for i in range(4)},
+    )
     assert sorted(four) == [("b", i) for i in range(4)]
     assert all(len(r["tokens"]) == 8 and r["reason"] == "length" for r in four.values())
     # 13 blocks hold the prompt and its first tokens; each further choice adds only its copy of the
@@ -82,8 +86,12 @@ def test_forked_choices_stay_correct_under_preemption_and_the_static_decode_path
     expected, _ = run(roomy, {f"s{i}": (prompt, sampled(30, seed=5 + i)) for i in range(3)})
     metrics = RuntimeMetrics("tiny", None, None)
     # room for the prompt and a little more: the choices preempt each other and are recomputed
-    tight = build_core(config(tiny_model_dir, blocks=96 // block_size, block_size=block_size,
-                              max_model_len=80, max_num_batched_tokens=16), metrics)
+    tight = build_core(
+        config(
+            tiny_model_dir, blocks=96 // block_size, block_size=block_size, max_model_len=80, max_num_batched_tokens=16
+        ),
+        metrics,
+    )
     tight.runner.enable_decode_graphs(8, 80, capture=False, min_width=16)
     got, _ = run(tight, {"r": (prompt, sampled(30, seed=5, n=3))})
     assert metrics.preemptions._value.get() > 0
@@ -103,11 +111,24 @@ def test_greedy_choices_are_identical_and_equal_transformers(tiny_model_dir):
 def test_sampled_logprobs_are_of_the_penalized_tempered_distribution(tiny_model_dir):
     core = build_core(config(tiny_model_dir))
     prompt = LONG_PROMPT[:30]
-    settings = {"repetition_penalty": 1.3, "presence_penalty": 0.4, "frequency_penalty": 0.6,
-                "logit_bias": {17: 3.0, 40: -2.5}}
-    params = SamplingParams(max_tokens=16, temperature=0.7, seed=3, ignore_eos=True, logprobs=5,
-                            repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.6,
-                            logit_bias=((17, 3.0), (40, -2.5)), n=2)
+    settings = {
+        "repetition_penalty": 1.3,
+        "presence_penalty": 0.4,
+        "frequency_penalty": 0.6,
+        "logit_bias": {17: 3.0, 40: -2.5},
+    }
+    params = SamplingParams(
+        max_tokens=16,
+        temperature=0.7,
+        seed=3,
+        ignore_eos=True,
+        logprobs=5,
+        repetition_penalty=1.3,
+        presence_penalty=0.4,
+        frequency_penalty=0.6,
+        logit_bias=((17, 3.0), (40, -2.5)),
+        n=2,
+    )
     got, _ = run(core, {"p": (prompt, params)})
     reference = Reference(tiny_model_dir)
     for i in range(2):
@@ -129,8 +150,9 @@ def test_min_tokens_holds_off_eos_and_stop_tokens(tiny_model_dir):
     pushed = SamplingParams(max_tokens=20, temperature=0.0, logit_bias=((eos, 100.0),))
     got, _ = run(core, {"e": (LONG_PROMPT[:20], pushed)})
     assert got[("e", 0)]["tokens"] == [eos] and got[("e", 0)]["reason"] == "stop"
-    held = SamplingParams(max_tokens=20, temperature=0.0, logit_bias=((eos, 100.0), (33, 90.0)), min_tokens=6,
-                          stop_token_ids=(33,))
+    held = SamplingParams(
+        max_tokens=20, temperature=0.0, logit_bias=((eos, 100.0), (33, 90.0)), min_tokens=6, stop_token_ids=(33,)
+    )
     got, _ = run(core, {"m": (LONG_PROMPT[:20], held)})
     tokens = got[("m", 0)]["tokens"]
     assert len(tokens) == 7 and eos not in tokens[:6] and 33 not in tokens[:6]

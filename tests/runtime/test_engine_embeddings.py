@@ -23,8 +23,15 @@ BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4  # k and v, 2 layers, 2 kv heads, head dim 
 @pytest.mark.parametrize("mode", ["last", "mean"])
 def test_embeddings_survive_preemption_beside_generation(tiny_model_dir: Path, mode: str) -> None:
     # 40 blocks of 4 tokens: two long generations and an 80-token input cannot all fit
-    config = EngineConfig(model=str(tiny_model_dir), device="cpu", dtype="float32", block_size=4,
-                          kv_cache_memory=40 * 4 * BYTES_PER_TOKEN, max_model_len=128, max_num_batched_tokens=12)
+    config = EngineConfig(
+        model=str(tiny_model_dir),
+        device="cpu",
+        dtype="float32",
+        block_size=4,
+        kv_cache_memory=40 * 4 * BYTES_PER_TOKEN,
+        max_model_len=128,
+        max_num_batched_tokens=12,
+    )
     core = build_core(config)
     rng = random.Random(3)
     inputs = {f"emb{i}": [rng.randrange(5, 1000) for _ in range(n)] for i, n in enumerate((80, 9, 33))}
@@ -60,4 +67,4 @@ def test_embeddings_survive_preemption_beside_generation(tiny_model_dir: Path, m
             assert (torch.tensor(vectors[rid]) - want).abs().max() < 1e-4, rid
         for rid, prompt in generating.items():
             ids = model.generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False, eos_token_id=None)
-            assert generated[rid] == ids[0, len(prompt):].tolist()
+            assert generated[rid] == ids[0, len(prompt) :].tolist()

@@ -50,8 +50,9 @@ PARAMS = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
 async def test_a_step_that_raises_fails_its_requests_and_the_engine_keeps_serving(tiny_model_dir):
     engine = await engine_failing_at(tiny_model_dir, 3)
     try:
-        failed = await asyncio.gather(*(collect(engine.add_request(f"a{i}", [5, 6, 7, i + 8], PARAMS))
-                                        for i in range(3)))
+        failed = await asyncio.gather(
+            *(collect(engine.add_request(f"a{i}", [5, 6, 7, i + 8], PARAMS)) for i in range(3))
+        )
         assert {reason for _, reason in failed} == {"error"}
         assert engine.num_free_blocks == engine.num_total_blocks
         tokens, reason = await collect(engine.add_request("after", [5, 6, 7], PARAMS))

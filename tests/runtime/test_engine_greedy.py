@@ -46,15 +46,20 @@ def reference(model_dir: Path, cases) -> list[list[int]]:
     outputs = []
     with torch.inference_mode():
         for prompt, max_tokens in cases:
-            ids = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
-                                 min_new_tokens=0)
-            outputs.append(ids[0, len(prompt):].tolist())
+            ids = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False, min_new_tokens=0)
+            outputs.append(ids[0, len(prompt) :].tolist())
     return outputs
 
 
 def small_config(model_dir: Path, blocks: int = 40) -> EngineConfig:
-    return EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=blocks * 4 * BYTES_PER_TOKEN,
-                        max_model_len=128, max_num_batched_tokens=24, max_num_seqs=8)
+    return EngineConfig(
+        model=str(model_dir),
+        block_size=4,
+        kv_cache_memory=blocks * 4 * BYTES_PER_TOKEN,
+        max_model_len=128,
+        max_num_batched_tokens=24,
+        max_num_seqs=8,
+    )
 
 
 def greedy(max_tokens: int) -> SamplingParams:
@@ -140,8 +145,14 @@ def test_mistral_sliding_window_matches_transformers(tiny_model_dir, tmp_path):
 def test_one_token_prefill_chunks_beside_longer_decodes_match_transformers(tiny_model_dir):
     # a budget of three tokens with two requests decoding leaves one token per step for a long
     # new prompt: its chunks are single tokens, like decodes, but of a much shorter context
-    config = EngineConfig(model=str(tiny_model_dir), block_size=4, kv_cache_memory=400 * 4 * BYTES_PER_TOKEN,
-                          max_model_len=128, max_num_batched_tokens=3, max_num_seqs=8)
+    config = EngineConfig(
+        model=str(tiny_model_dir),
+        block_size=4,
+        kv_cache_memory=400 * 4 * BYTES_PER_TOKEN,
+        max_model_len=128,
+        max_num_batched_tokens=3,
+        max_num_seqs=8,
+    )
     core = build_core(config)
     cases = [([7 + i for i in range(12)], 40), ([300, 301, 302, 303, 304], 40), ([500 + i for i in range(40)], 5)]
     produced: dict[str, list[int]] = {"0": [], "1": [], "2": []}
@@ -168,10 +179,15 @@ def test_random_budgets_block_sizes_and_arrivals_match_transformers(tiny_model_d
     block_size = rng.choice([1, 2, 4, 8, 16])
     longest = max(len(p) + m for p, m in cases)
     blocks = -(-longest // block_size) + rng.randint(0, 3 * longest // block_size)  # from tight to roomy
-    config = EngineConfig(model=str(tiny_model_dir), block_size=block_size, max_model_len=128,
-                          kv_cache_memory=blocks * block_size * BYTES_PER_TOKEN,
-                          max_num_batched_tokens=rng.randint(2, 40), max_num_seqs=rng.randint(1, 8),
-                          enable_prefix_caching=rng.random() < 0.8)
+    config = EngineConfig(
+        model=str(tiny_model_dir),
+        block_size=block_size,
+        max_model_len=128,
+        kv_cache_memory=blocks * block_size * BYTES_PER_TOKEN,
+        max_num_batched_tokens=rng.randint(2, 40),
+        max_num_seqs=rng.randint(1, 8),
+        enable_prefix_caching=rng.random() < 0.8,
+    )
     core = build_core(config)
     arrivals = sorted(rng.randint(0, 40) for _ in cases)
     produced: dict[str, list[int]] = {str(i): [] for i in range(len(cases))}

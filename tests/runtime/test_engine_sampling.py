@@ -38,11 +38,14 @@ PROMPT = [11, 12, 13, 14, 15, 16]
 def test_a_seed_makes_a_sampled_request_reproducible_whatever_runs_beside_it(core):
     params = SamplingParams(max_tokens=24, temperature=1.0, seed=42, ignore_eos=True)
     alone = run(core, {"a": (PROMPT, params)})["a"]["tokens"]
-    crowd = run(core, {
-        "x": (PROMPT, SamplingParams(max_tokens=24, temperature=1.0, ignore_eos=True)),
-        "a": (PROMPT, params),
-        "y": ([7, 8, 9], SamplingParams(max_tokens=10, temperature=0.7, seed=1, ignore_eos=True)),
-    })
+    crowd = run(
+        core,
+        {
+            "x": (PROMPT, SamplingParams(max_tokens=24, temperature=1.0, ignore_eos=True)),
+            "a": (PROMPT, params),
+            "y": ([7, 8, 9], SamplingParams(max_tokens=10, temperature=0.7, seed=1, ignore_eos=True)),
+        },
+    )
     assert crowd["a"]["tokens"] == alone
     other_seed = run(core, {"b": (PROMPT, SamplingParams(max_tokens=24, temperature=1.0, seed=7, ignore_eos=True))})
     assert other_seed["b"]["tokens"] != alone
@@ -59,8 +62,9 @@ def test_top_k_of_one_is_greedy_and_a_hot_temperature_is_not(core):
 def test_top_p_keeps_sampling_to_the_likeliest_tokens(core):
     # top_p so small that only the most likely token survives: the same as greedy
     greedy = run(core, {"g": (PROMPT, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))})
-    narrow = run(core, {"p": (PROMPT, SamplingParams(max_tokens=16, temperature=1.0, top_p=1e-6, seed=5,
-                                                     ignore_eos=True))})
+    narrow = run(
+        core, {"p": (PROMPT, SamplingParams(max_tokens=16, temperature=1.0, top_p=1e-6, seed=5, ignore_eos=True))}
+    )
     assert narrow["p"]["tokens"] == greedy["g"]["tokens"]
 
 
@@ -69,8 +73,7 @@ def test_a_stop_string_ends_the_request_and_is_cut_from_the_text(core):
     text = full["text"]
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     assert len(stop) == 3
-    cut = run(core, {"s": (PROMPT, SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True,
-                                                  stop=(stop,)))})["s"]
+    cut = run(core, {"s": (PROMPT, SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, stop=(stop,)))})["s"]
     assert cut["reason"] == "stop"
     assert cut["text"] == text[: text.index(stop)]
     assert len(cut["tokens"]) < len(full["tokens"])
@@ -80,8 +83,9 @@ def test_a_stop_token_id_ends_the_request(core):
     full = run(core, {"f": (PROMPT, SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))})["f"]
     target = full["tokens"][5]
     first = full["tokens"].index(target)
-    cut = run(core, {"s": (PROMPT, SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True,
-                                                  stop_token_ids=(target,)))})["s"]
+    cut = run(
+        core, {"s": (PROMPT, SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, stop_token_ids=(target,)))}
+    )["s"]
     assert cut["reason"] == "stop"
     assert cut["tokens"] == full["tokens"][: first + 1]
 

@@ -39,8 +39,9 @@ def test_rms_norm_with_and_without_the_residual_sum(kernel, rows, width, monkeyp
 
 
 @pytest.mark.parametrize("rows, heads, head_dim", [(1, 12, 64), (300, 12, 64), (4, 3, 80), (2, 2, 16)])
-def test_rotary_in_place_on_the_queries_and_keys_inside_the_fused_projection(kernel, rows, heads, head_dim,
-                                                                               monkeypatch):
+def test_rotary_in_place_on_the_queries_and_keys_inside_the_fused_projection(
+    kernel, rows, heads, head_dim, monkeypatch
+):
     g = torch.Generator().manual_seed(rows * heads)
     qkv = torch.randn(rows, heads * head_dim + 3 * head_dim, generator=g)  # values after them: untouched
     cos, sin = (torch.randn(1, rows, head_dim, generator=g)[0, :, None, :] for _ in range(2))
@@ -49,7 +50,7 @@ def test_rotary_in_place_on_the_queries_and_keys_inside_the_fused_projection(ker
     expected = fused.rotate(qk.clone(), cos, sin)
     assert fused.rotary_(qk, cos, sin) is qk
     torch.testing.assert_close(qk, expected, rtol=0, atol=0)  # the same products and sums, rounded alike
-    torch.testing.assert_close(qkv[:, heads * head_dim:], before[:, heads * head_dim:], rtol=0, atol=0)
+    torch.testing.assert_close(qkv[:, heads * head_dim :], before[:, heads * head_dim :], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("rows, width", [(1, 1536), (16, 1536), (200, 1536), (3, 40)])
@@ -63,8 +64,9 @@ def test_silu_times_up(kernel, rows, width):
 def test_other_activations_dtypes_and_the_switch_take_the_torch_operations(kernel, monkeypatch):
     gate_up = torch.randn(4, 64)
     gelu = ACT2FN["gelu"]
-    torch.testing.assert_close(fused.silu_mul(gate_up, 32, gelu), gelu(gate_up[:, :32]) * gate_up[:, 32:],
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        fused.silu_mul(gate_up, 32, gelu), gelu(gate_up[:, :32]) * gate_up[:, 32:], rtol=0, atol=0
+    )
     half = torch.randn(3, 2, 16, dtype=torch.bfloat16)
     cos, sin = torch.randn(3, 1, 16, dtype=torch.bfloat16), torch.randn(3, 1, 16, dtype=torch.bfloat16)
     expected = fused.rotate(half, cos, sin)
@@ -101,8 +103,9 @@ def count_calls(monkeypatch) -> list[str]:
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
-def test_engine_greedy_tokens_are_the_same_with_the_fused_operations_on_and_off(kernel, arch, tiny_model_dir,
-                                                                                 tmp_path, monkeypatch):
+def test_engine_greedy_tokens_are_the_same_with_the_fused_operations_on_and_off(
+    kernel, arch, tiny_model_dir, tmp_path, monkeypatch
+):
     model_dir = tiny_model_dir if arch == "llama" else mistral_dir(tiny_model_dir, tmp_path)
     cases = workload(seed=13, n=10)
     calls = count_calls(monkeypatch)

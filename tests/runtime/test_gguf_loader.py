@@ -25,8 +25,13 @@ def test_the_real_files_header_gives_smollm2s_shape(smollm2_gguf, smollm2_dir):
     assert header.tensor_types() == {"F32": 61, "Q4_1": 210, "Q8_0": 1}
     config = ModelConfig.from_dict(gguf.hf_config(header))
     assert config.architectures == ("LlamaForCausalLM",)
-    assert (config.hidden_size, config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim) == \
-        (576, 30, 9, 3, 64)
+    assert (config.hidden_size, config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim) == (
+        576,
+        30,
+        9,
+        3,
+        64,
+    )
     assert (config.intermediate_size, config.vocab_size, config.max_position_embeddings) == (1536, 49152, 8192)
     # the operator sizes it exactly as from the config.json transformers writes for it
     import json
@@ -71,8 +76,11 @@ def test_an_unsupported_quantization_type_is_refused_by_name(tmp_path):
     writer = gguf_py.GGUFWriter(str(path), "llama")
     writer.add_block_count(1)
     block, size = gguf_py.GGML_QUANT_SIZES[gguf_py.GGMLQuantizationType.Q8_1]
-    writer.add_tensor("blk.0.ffn_up.weight", np.zeros((8, 64 // block * size), dtype=np.uint8),
-                      raw_dtype=gguf_py.GGMLQuantizationType.Q8_1)
+    writer.add_tensor(
+        "blk.0.ffn_up.weight",
+        np.zeros((8, 64 // block * size), dtype=np.uint8),
+        raw_dtype=gguf_py.GGMLQuantizationType.Q8_1,
+    )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

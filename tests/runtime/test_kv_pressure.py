@@ -44,14 +44,23 @@ def prompt(i: int) -> str:
 
 
 def test_a_kv_cache_far_too_small_preempts_and_recomputes_without_losing_a_request(runtime):
-    server = runtime("--max-model-len", "256", "--block-size", "16",
-                     "--kv-cache-memory", str(KV_TOKENS * BYTES_PER_TOKEN), "--max-num-seqs", "16")
+    server = runtime(
+        "--max-model-len",
+        "256",
+        "--block-size",
+        "16",
+        "--kv-cache-memory",
+        str(KV_TOKENS * BYTES_PER_TOKEN),
+        "--max-num-seqs",
+        "16",
+    )
     server.wait_for_log(r"Ready: serving", timeout=120)
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
 
     def ask(i: int) -> tuple[str, int]:
-        completion = client.completions.create(model="tiny", prompt=prompt(i), max_tokens=MAX_TOKENS,
-                                               temperature=0, extra_body={"ignore_eos": True})
+        completion = client.completions.create(
+            model="tiny", prompt=prompt(i), max_tokens=MAX_TOKENS, temperature=0, extra_body={"ignore_eos": True}
+        )
         return completion.choices[0].text, completion.usage.completion_tokens
 
     started = time.monotonic()
@@ -78,7 +87,17 @@ def test_a_kv_cache_far_too_small_preempts_and_recomputes_without_losing_a_reque
     with urllib.request.urlopen(f"{server.url}/health", timeout=10) as response:
         assert response.status == 200
     assert metric(server.url, "goodput_kv_cache_usage_ratio") == 0.0
-    print("FAULT-ROW " + json.dumps({
-        "fault": f"KV cache of {KV_TOKENS} tokens under {CLIENTS} concurrent requests (~8x its size)",
-        "tier": "runtime", "requests": CLIENTS, "failed": len(failures), "retried": 0,
-        "converge_s": round(drained, 1), "preemptions": int(preemptions)}))
+    print(
+        "FAULT-ROW "
+        + json.dumps(
+            {
+                "fault": f"KV cache of {KV_TOKENS} tokens under {CLIENTS} concurrent requests (~8x its size)",
+                "tier": "runtime",
+                "requests": CLIENTS,
+                "failed": len(failures),
+                "retried": 0,
+                "converge_s": round(drained, 1),
+                "preemptions": int(preemptions),
+            }
+        )
+    )

@@ -35,8 +35,9 @@ def mistral_dir(tiny_model_dir: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
-def test_compact_modules_serve_by_default_and_give_transformers_greedy_tokens(arch, tiny_model_dir, tiny_qwen2_dir,
-                                                                             tmp_path):
+def test_compact_modules_serve_by_default_and_give_transformers_greedy_tokens(
+    arch, tiny_model_dir, tiny_qwen2_dir, tmp_path
+):
     model_dir = {"llama": tiny_model_dir, "qwen2": tiny_qwen2_dir}.get(arch) or mistral_dir(tiny_model_dir, tmp_path)
     cases = workload(seed=3, n=8)
     expected = reference(model_dir, cases)
@@ -68,8 +69,9 @@ def test_compact_logits_equal_transformers_on_a_mixed_step(tiny_model_dir):
     outputs = []
     for core in cores:
         # the same cached context in both: a first step fills positions 0-8 and 0-4 of two sequences
-        core.runner.execute([StepItem(list(range(100, 109)), 0, [0, 1, 2], False),
-                             StepItem(list(range(50, 55)), 0, [6, 7, 8], False)])
+        core.runner.execute(
+            [StepItem(list(range(100, 109)), 0, [0, 1, 2], False), StepItem(list(range(50, 55)), 0, [6, 7, 8], False)]
+        )
         outputs.append(core.runner.execute(mixed_step()))
     compact, generic = outputs
     assert compact.shape == generic.shape == (3, generic.shape[1])
@@ -112,7 +114,8 @@ def test_compiled_layers_give_transformers_greedy_tokens(tiny_model_dir, monkeyp
 @pytest.mark.parametrize("form", [TRANSPOSED, ONEDNN])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: projections with a bias
 def test_every_step_in_each_product_form_on_one_thread_gives_transformers_greedy_tokens(
-        arch, form, tiny_model_dir, tiny_qwen2_dir):
+    arch, form, tiny_model_dir, tiny_qwen2_dir
+):
     # a form and thread count step tuning may pick for any step size, forced on every step here
     # (prefill chunks, mixed steps, decodes of 1-8 sequences), whatever this machine would time
     model_dir = {"llama": tiny_model_dir, "qwen2": tiny_qwen2_dir}[arch]

@@ -19,20 +19,30 @@ from goodput_runtime.sampling import SamplingParams
 pytestmark = pytest.mark.runtime
 
 
-def paged_case(lens: list[int], heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
-               seed: int, pad_blocks: int = 2) -> tuple[torch.Tensor, KVCache, PagedBatch]:
+def paged_case(
+    lens: list[int],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    seed: int,
+    pad_blocks: int = 2,
+) -> tuple[torch.Tensor, KVCache, PagedBatch]:
     """Random queries and cache; each row's context in shuffled blocks, its table padded to the widest
     row plus pad_blocks with blocks holding other rows' data (masked: must not count)."""
     g = torch.Generator().manual_seed(seed)
     need = [-(-n // block_size) for n in lens]
     width = max(need) + pad_blocks
     num_blocks = sum(need) + 4
-    cache = KVCache([torch.randn(num_blocks * block_size, kv_heads, head_dim, generator=g).to(dtype)],
-                    [torch.randn(num_blocks * block_size, kv_heads, head_dim, generator=g).to(dtype)])
+    cache = KVCache(
+        [torch.randn(num_blocks * block_size, kv_heads, head_dim, generator=g).to(dtype)],
+        [torch.randn(num_blocks * block_size, kv_heads, head_dim, generator=g).to(dtype)],
+    )
     order = torch.randperm(num_blocks, generator=g).tolist()
     rows, taken = [], 0
     for n in need:
-        own = order[taken:taken + n]
+        own = order[taken : taken + n]
         taken += n
         rows.append(own + [order[(taken + k) % num_blocks] for k in range(width - n)])
     group = DecodeGroup(slice(0, len(lens)), torch.tensor(rows), torch.tensor(lens), block_size)
@@ -41,16 +51,19 @@ def paged_case(lens: list[int], heads: int, kv_heads: int, head_dim: int, block_
     return query, cache, batch
 
 
-def both(query: torch.Tensor, batch: PagedBatch, window: int | None, scaling: float | None,
-         monkeypatch) -> tuple[torch.Tensor, torch.Tensor]:
+def both(
+    query: torch.Tensor, batch: PagedBatch, window: int | None, scaling: float | None, monkeypatch
+) -> tuple[torch.Tensor, torch.Tensor]:
     group, cache = batch.decodes[0], batch.cache
     gqa = query.shape[1] != cache.keys[0].shape[1]
-    native = native_attention.decode(query, cache.keys[0], cache.values[0], group.blocks, group.lens,
-                                     group.block_size, scaling, window)
+    native = native_attention.decode(
+        query, cache.keys[0], cache.values[0], group.blocks, group.lens, group.block_size, scaling, window
+    )
     assert native is not None
     monkeypatch.setattr(attention, "DECODE_KERNEL", "torch")
-    torch_out = attention.attend_decode(query, cache.keys[0], cache.values[0], group, batch.decode_mask(0, window),
-                                        scaling, gqa, window)
+    torch_out = attention.attend_decode(
+        query, cache.keys[0], cache.values[0], group, batch.decode_mask(0, window), scaling, gqa, window
+    )
     return native, torch_out
 
 
@@ -83,9 +96,17 @@ def test_bf16_matches_the_torch_path(kernel, shape, window, monkeypatch):
     query, _, batch = paged_case([1, 16, 70, 300], heads, kv_heads, head_dim, 16, torch.bfloat16, seed=3)
     native, expected = both(query, batch, window, None, monkeypatch)
     assert native.dtype == torch.bfloat16
-    reference = both(query.float(), PagedBatch(KVCache([batch.cache.keys[0].float()], [batch.cache.values[0].float()]),
-                                               batch.slot_mapping, decodes=batch.decodes), window, None,
-                     monkeypatch)[1]
+    reference = both(
+        query.float(),
+        PagedBatch(
+            KVCache([batch.cache.keys[0].float()], [batch.cache.values[0].float()]),
+            batch.slot_mapping,
+            decodes=batch.decodes,
+        ),
+        window,
+        None,
+        monkeypatch,
+    )[1]
     torch.testing.assert_close(native.float(), reference, rtol=0.02, atol=0.02)
     torch.testing.assert_close(native.float(), expected.float(), rtol=0.05, atol=0.05)
 
@@ -110,8 +131,9 @@ def test_a_strided_query_and_unsupported_dtypes(kernel, monkeypatch):
     native, expected = both(wide[:, :9], batch, None, None, monkeypatch)
     torch.testing.assert_close(native, expected, rtol=1e-5, atol=1e-5)
     group = batch.decodes[0]
-    half = native_attention.decode(query.half(), cache.keys[0].half(), cache.values[0].half(), group.blocks,
-                                   group.lens, 16, None, None)
+    half = native_attention.decode(
+        query.half(), cache.keys[0].half(), cache.values[0].half(), group.blocks, group.lens, 16, None, None
+    )
     assert half is None  # the caller takes the torch path
 
 
@@ -133,13 +155,16 @@ def test_without_a_compiler_decode_says_none_and_attend_takes_the_torch_path(mon
     query, cache, batch = paged_case([7, 20], 9, 3, 64, 16, torch.float32, seed=4)
     group = batch.decodes[0]
     assert not native_attention.available()
-    assert native_attention.decode(query, cache.keys[0], cache.values[0], group.blocks, group.lens, 16, None,
-                                   None) is None
-    out = attention.attend_decode(query, cache.keys[0], cache.values[0], group, batch.decode_mask(0, None), None,
-                                  True, None)
+    assert (
+        native_attention.decode(query, cache.keys[0], cache.values[0], group.blocks, group.lens, 16, None, None) is None
+    )
+    out = attention.attend_decode(
+        query, cache.keys[0], cache.values[0], group, batch.decode_mask(0, None), None, True, None
+    )
     monkeypatch.setattr(attention, "DECODE_KERNEL", "torch")
-    expected = attention.attend_decode(query, cache.keys[0], cache.values[0], group, batch.decode_mask(0, None),
-                                       None, True, None)
+    expected = attention.attend_decode(
+        query, cache.keys[0], cache.values[0], group, batch.decode_mask(0, None), None, True, None
+    )
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
@@ -157,8 +182,9 @@ def count_calls(monkeypatch) -> list[int]:
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
-def test_engine_greedy_tokens_are_the_same_with_the_kernel_on_and_off(kernel, arch, tiny_model_dir, tmp_path,
-                                                                       monkeypatch):
+def test_engine_greedy_tokens_are_the_same_with_the_kernel_on_and_off(
+    kernel, arch, tiny_model_dir, tmp_path, monkeypatch
+):
     model_dir = tiny_model_dir if arch == "llama" else mistral_dir(tiny_model_dir, tmp_path)
     cases = workload(seed=11, n=10)
     calls = count_calls(monkeypatch)

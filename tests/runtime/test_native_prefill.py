@@ -16,19 +16,22 @@ from goodput_runtime.engine.builder import build_core
 pytestmark = pytest.mark.runtime
 
 
-def prefill_step(chunks: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PagedBatch]:
+def prefill_step(
+    chunks: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PagedBatch]:
     """A step of prompt chunks (start, n): each sequence's context in shuffled cache slots among
     other data; the chunk's cached part already there, its new keys and values given to attend."""
     g = torch.Generator().manual_seed(seed)
     total = sum(start + n for start, n in chunks)
     num_slots = total + 64
-    cache = KVCache([torch.randn(num_slots, kv_heads, head_dim, generator=g).to(dtype)],
-                    [torch.randn(num_slots, kv_heads, head_dim, generator=g).to(dtype)])
+    cache = KVCache(
+        [torch.randn(num_slots, kv_heads, head_dim, generator=g).to(dtype)],
+        [torch.randn(num_slots, kv_heads, head_dim, generator=g).to(dtype)],
+    )
     order = torch.randperm(num_slots, generator=g)
     prefills, new_slots, taken, row = [], [], 0, 0
     for start, n in chunks:
-        slots = order[taken:taken + start + n]
+        slots = order[taken : taken + start + n]
         taken += start + n
         new_slots.append(slots[start:])
         prefills.append(PrefillChunk(slice(row, row + n), start, slots if start else None))
@@ -116,15 +119,20 @@ def test_without_a_compiler_prefill_says_none_and_attend_takes_the_torch_path(mo
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setattr(native_attention.shutil, "which", lambda name: None)
     query, key, value, batch = prefill_step([(0, 30), (8, 9)], 9, 3, 64, torch.float32, seed=8)
-    assert native_attention.prefill(query[:30], batch.cache.keys[0], batch.cache.values[0],
-                                    batch.slot_mapping[:30], 0, None, None) is None
+    assert (
+        native_attention.prefill(
+            query[:30], batch.cache.keys[0], batch.cache.values[0], batch.slot_mapping[:30], 0, None, None
+        )
+        is None
+    )
     native, expected = both(query, key, value, batch, None, None, monkeypatch)
     torch.testing.assert_close(native, expected, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
-def test_engine_greedy_tokens_are_the_same_with_the_kernel_on_and_off(kernel, arch, tiny_model_dir, tmp_path,
-                                                                       monkeypatch):
+def test_engine_greedy_tokens_are_the_same_with_the_kernel_on_and_off(
+    kernel, arch, tiny_model_dir, tmp_path, monkeypatch
+):
     # small_config's 24-token budget chunks the prompts, and the workload's shared prefix hits the
     # cache: chunks start at 0 and after cached tokens
     model_dir = tiny_model_dir if arch == "llama" else mistral_dir(tiny_model_dir, tmp_path)

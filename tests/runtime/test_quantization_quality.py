@@ -129,9 +129,17 @@ def test_the_engine_serves_a_quantized_model_like_transformers_does(tiny_model_d
     rng = random.Random(4)
     cases = [([rng.randrange(5, 1000) for _ in range(rng.randint(3, 60))], rng.randint(4, 30)) for _ in range(8)]
     # 40 blocks of 4 tokens: too few for every request at once, so some are preempted
-    config = EngineConfig(model=str(tiny_model_dir), device="cpu", dtype="float32", block_size=4,
-                          kv_cache_memory=40 * 4 * KV_BYTES_PER_TOKEN, max_model_len=128,
-                          max_num_batched_tokens=24, max_num_seqs=8, quantization=method)
+    config = EngineConfig(
+        model=str(tiny_model_dir),
+        device="cpu",
+        dtype="float32",
+        block_size=4,
+        kv_cache_memory=40 * 4 * KV_BYTES_PER_TOKEN,
+        max_model_len=128,
+        max_num_batched_tokens=24,
+        max_num_seqs=8,
+        quantization=method,
+    )
     metrics = RuntimeMetrics("tiny", None, None)
     core = build_core(config, metrics)
     assert isinstance(core.runner.model.model.layers[0].mlp.down_proj, QuantizedLinear)

@@ -39,8 +39,9 @@ MAX_TOKENS = 24
 
 
 def chat_ids(tokenizer, question: str) -> list[int]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
@@ -54,15 +55,23 @@ def reference(smollm2_dir: Path) -> dict[str, list[int]]:
         for question in QUESTIONS:
             prompt = chat_ids(tokenizer, question)
             out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False)
-            answers[question] = out[0, len(prompt):].tolist()
+            answers[question] = out[0, len(prompt) :].tolist()
     return answers
 
 
 async def test_greedy_chat_answers_under_concurrency_equal_transformers_generate(smollm2_dir, reference):
     # every prompt shares the chat template's system prompt (prefix-cache hits); a 48-token budget
     # chunks each ~37-token prompt beside running decodes; arrivals are spread over the run
-    config = EngineConfig(model=str(smollm2_dir), device="cpu", dtype="float32", block_size=8,
-                          max_model_len=512, kv_cache_memory=64 << 20, max_num_batched_tokens=48, max_num_seqs=8)
+    config = EngineConfig(
+        model=str(smollm2_dir),
+        device="cpu",
+        dtype="float32",
+        block_size=8,
+        max_model_len=512,
+        kv_cache_memory=64 << 20,
+        max_num_batched_tokens=48,
+        max_num_seqs=8,
+    )
     metrics = RuntimeMetrics("smollm2", None, None)
     core = build_core(config, metrics)
     tokenizer = core.tokenizer
@@ -82,8 +91,11 @@ async def test_greedy_chat_answers_under_concurrency_equal_transformers_generate
     finally:
         await engine.shutdown()
     for question, tokens in zip(QUESTIONS, produced, strict=True):
-        assert tokens == reference[question], (question, tokenizer.decode(tokens),
-                                               tokenizer.decode(reference[question]))
+        assert tokens == reference[question], (
+            question,
+            tokenizer.decode(tokens),
+            tokenizer.decode(reference[question]),
+        )
     assert metrics.prefix_hits._value.get() > 0
     # real text: most answers end by themselves, with the chat template's end-of-turn token
     ended = [q for q, tokens in zip(QUESTIONS, produced, strict=True) if tokens[-1] == tokenizer.eos_token_id]
@@ -98,18 +110,22 @@ def smollm2_server(smollm2_dir: Path):
     running.stop()
 
 
-@pytest.mark.parametrize(("question", "fact"), [
-    ("What is the capital of France?", "Paris"),
-    ("What is the capital of Japan?", "Tokyo"),
-    ("How many days are there in a week?", "7"),
-    ("What is the boiling point of water in Celsius?", "100"),
-])
+@pytest.mark.parametrize(
+    ("question", "fact"),
+    [
+        ("What is the capital of France?", "Paris"),
+        ("What is the capital of Japan?", "Tokyo"),
+        ("How many days are there in a week?", "7"),
+        ("What is the boiling point of water in Celsius?", "100"),
+    ],
+)
 def test_facts_come_out_right_over_the_openai_api(smollm2_server, question, fact):
     import openai
 
     client = openai.OpenAI(base_url=f"{smollm2_server.url}/v1", api_key="unused", max_retries=0, timeout=120)
-    result = client.chat.completions.create(model=smollm2_server.model, max_tokens=40, temperature=0,
-                                            messages=[{"role": "user", "content": question}])
+    result = client.chat.completions.create(
+        model=smollm2_server.model, max_tokens=40, temperature=0, messages=[{"role": "user", "content": question}]
+    )
     answer = result.choices[0].message.content
     assert fact in answer, answer
     assert result.choices[0].finish_reason == "stop"  # the model ended its turn itself
@@ -118,8 +134,11 @@ def test_facts_come_out_right_over_the_openai_api(smollm2_server, question, fact
 
 def test_the_gguf_file_serves_as_is_with_the_prepared_directorys_answer(smollm2_gguf, smollm2_dir, reference):
     # the tokenizer, chat template and weights all come out of the one .gguf file
-    core = build_core(EngineConfig(model=str(smollm2_gguf), device="cpu", dtype="float32", max_model_len=256,
-                                   kv_cache_memory=16 << 20))
+    core = build_core(
+        EngineConfig(
+            model=str(smollm2_gguf), device="cpu", dtype="float32", max_model_len=256, kv_cache_memory=16 << 20
+        )
+    )
     question = QUESTIONS[0]
     prompt = chat_ids(core.tokenizer, question)
     assert prompt == chat_ids(AutoTokenizer.from_pretrained(smollm2_dir), question)

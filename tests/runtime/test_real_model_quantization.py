@@ -82,8 +82,10 @@ def test_weight_only_int8_stays_within_one_percent_of_fp32_and_beats_int8_activa
     windows, reference = fp32
     weight_only = compare(reference, quantized(smollm2_dir, windows, "int8"))
     w8a8 = compare(reference, quantized(smollm2_dir, windows, "int8-w8a8"))
-    figures = (f"int8: perplexity {weight_only[0]:+.2%}, top-1 {weight_only[1]:.1%}; "
-               f"int8-w8a8: perplexity {w8a8[0]:+.2%}, top-1 {w8a8[1]:.1%}")
+    figures = (
+        f"int8: perplexity {weight_only[0]:+.2%}, top-1 {weight_only[1]:.1%}; "
+        f"int8-w8a8: perplexity {w8a8[0]:+.2%}, top-1 {w8a8[1]:.1%}"
+    )
     assert weight_only[0] <= 0.01, figures
     assert weight_only[1] >= 0.95, figures
     # rounding activations as well costs clearly more, but stays usable

@@ -57,8 +57,7 @@ async def test_each_configured_key_serves_through_the_openai_client(runtime) -> 
         await server.wait_health(http, 200)
     for key in (KEY, SECOND_KEY):
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0, timeout=60)
-        reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
-                                               max_tokens=3)
+        reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
         assert reply.choices[0].finish_reason in ("length", "stop")
         streamed = list(client.completions.create(model="tiny", prompt="Hello", max_tokens=3, stream=True))
         assert streamed and streamed[-1].choices[0].finish_reason in ("length", "stop")

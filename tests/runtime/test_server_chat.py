@@ -14,8 +14,9 @@ MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "c
 
 
 def test_chat_uses_the_models_chat_template(openai_client, server) -> None:
-    result = openai_client.chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=5,
-                                                   temperature=0, extra_body={"ignore_eos": True})
+    result = openai_client.chat.completions.create(
+        model=server.model, messages=MESSAGES, max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert result.object == "chat.completion"
     assert result.id.startswith("chatcmpl-")
     message = result.choices[0].message
@@ -28,20 +29,28 @@ def test_chat_uses_the_models_chat_template(openai_client, server) -> None:
 
 
 def test_chat_answer_equals_completion_of_the_templated_prompt(openai_client, server) -> None:
-    chat = openai_client.chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=8,
-                                                 temperature=0, extra_body={"ignore_eos": True})
+    chat = openai_client.chat.completions.create(
+        model=server.model, messages=MESSAGES, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
     tokenizer = server.engine.tokenizer
     templated = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     ids = tokenizer(templated, add_special_tokens=False).input_ids
-    completion = openai_client.completions.create(model=server.model, prompt=ids, max_tokens=8, temperature=0,
-                                                  extra_body={"ignore_eos": True})
+    completion = openai_client.completions.create(
+        model=server.model, prompt=ids, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert chat.choices[0].message.content == completion.choices[0].text
 
 
 def test_openai_client_streaming_chat(openai_client, server) -> None:
     stream = openai_client.chat.completions.create(
-        model=server.model, messages=MESSAGES, max_completion_tokens=6, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        model=server.model,
+        messages=MESSAGES,
+        max_completion_tokens=6,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert {c.object for c in chunks} == {"chat.completion.chunk"}
@@ -49,15 +58,15 @@ def test_openai_client_streaming_chat(openai_client, server) -> None:
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finish == ["length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
-    whole = openai_client.chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=6,
-                                                  temperature=0, extra_body={"ignore_eos": True})
+    whole = openai_client.chat.completions.create(
+        model=server.model, messages=MESSAGES, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert text == whole.choices[0].message.content
 
 
 async def test_chat_stream_chunks_are_shaped_like_openais(server, read_sse) -> None:
     body = {"model": server.model, "messages": MESSAGES, "max_tokens": 4, "stream": True, "ignore_eos": True}
-    async with aiohttp.ClientSession() as http, \
-            http.post(f"{server.url}/v1/chat/completions", json=body) as response:
+    async with aiohttp.ClientSession() as http, http.post(f"{server.url}/v1/chat/completions", json=body) as response:
         events = await read_sse(response)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
@@ -73,10 +82,12 @@ async def test_chat_stream_chunks_are_shaped_like_openais(server, read_sse) -> N
 def test_text_parts_are_accepted_as_content(openai_client, server) -> None:
     parts = [{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi"}]}]
     plain = [{"role": "user", "content": "Say hi"}]
-    by_parts = openai_client.chat.completions.create(model=server.model, messages=parts, max_tokens=4,
-                                                     temperature=0, extra_body={"ignore_eos": True})
-    by_text = openai_client.chat.completions.create(model=server.model, messages=plain, max_tokens=4,
-                                                    temperature=0, extra_body={"ignore_eos": True})
+    by_parts = openai_client.chat.completions.create(
+        model=server.model, messages=parts, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+    )
+    by_text = openai_client.chat.completions.create(
+        model=server.model, messages=plain, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert by_parts.choices[0].message.content == by_text.choices[0].message.content
 
 
@@ -88,6 +99,7 @@ def test_chat_against_a_model_without_template_is_a_clear_400(no_chat_server) ->
     assert error["param"] == "messages"
     assert "chat template" in error["message"]
     # the same model still completes plain prompts
-    result = client.completions.create(model=no_chat_server.model, prompt="Hello", max_tokens=3,
-                                       extra_body={"ignore_eos": True})
+    result = client.completions.create(
+        model=no_chat_server.model, prompt="Hello", max_tokens=3, extra_body={"ignore_eos": True}
+    )
     assert result.usage.completion_tokens == 3

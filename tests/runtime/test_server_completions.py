@@ -13,8 +13,13 @@ pytestmark = pytest.mark.runtime
 
 async def test_completion_returns_text_and_usage(server) -> None:
     async with aiohttp.ClientSession() as http:
-        body = {"model": server.model, "prompt": "The quick brown fox", "max_tokens": 7,
-                "temperature": 0, "ignore_eos": True}
+        body = {
+            "model": server.model,
+            "prompt": "The quick brown fox",
+            "max_tokens": 7,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
         async with http.post(f"{server.url}/v1/completions", json=body) as response:
             assert response.status == 200
             result = await response.json()
@@ -31,8 +36,13 @@ async def test_completion_returns_text_and_usage(server) -> None:
 
 
 async def test_stream_chunks_concatenate_to_the_whole_answer(server, read_sse) -> None:
-    body = {"model": server.model, "prompt": "Return the value of", "max_tokens": 12, "temperature": 0,
-            "ignore_eos": True}
+    body = {
+        "model": server.model,
+        "prompt": "Return the value of",
+        "max_tokens": 12,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{server.url}/v1/completions", json=body) as response:
             whole = (await response.json())["choices"][0]["text"]
@@ -55,8 +65,7 @@ async def test_stream_chunks_concatenate_to_the_whole_answer(server, read_sse) -
 
 async def test_stream_without_usage_option_has_no_usage_chunk(server, read_sse) -> None:
     body = {"model": server.model, "prompt": "abc", "max_tokens": 3, "stream": True, "ignore_eos": True}
-    async with aiohttp.ClientSession() as http, \
-            http.post(f"{server.url}/v1/completions", json=body) as response:
+    async with aiohttp.ClientSession() as http, http.post(f"{server.url}/v1/completions", json=body) as response:
         events = await read_sse(response)
     chunks = [json.loads(e) for e in events[:-1]]
     assert all("usage" not in c and c["choices"] for c in chunks)
@@ -64,45 +73,62 @@ async def test_stream_without_usage_option_has_no_usage_chunk(server, read_sse) 
 
 
 def test_openai_client_completion(openai_client, server) -> None:
-    result = openai_client.completions.create(model=server.model, prompt="Hello there", max_tokens=5,
-                                              temperature=0, extra_body={"ignore_eos": True})
+    result = openai_client.completions.create(
+        model=server.model, prompt="Hello there", max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert result.choices[0].finish_reason == "length"
     assert result.usage.completion_tokens == 5
     assert result.model == server.model
 
 
 def test_openai_client_streaming_completion(openai_client, server) -> None:
-    stream = openai_client.completions.create(model=server.model, prompt="Hello there", max_tokens=6,
-                                              temperature=0, stream=True, stream_options={"include_usage": True},
-                                              extra_body={"ignore_eos": True})
+    stream = openai_client.completions.create(
+        model=server.model,
+        prompt="Hello there",
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].text for c in chunks if c.choices)
-    whole = openai_client.completions.create(model=server.model, prompt="Hello there", max_tokens=6,
-                                             temperature=0, extra_body={"ignore_eos": True})
+    whole = openai_client.completions.create(
+        model=server.model, prompt="Hello there", max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert text == whole.choices[0].text
     assert chunks[-1].usage.completion_tokens == 6
 
 
 def test_prompt_as_token_ids_matches_prompt_as_text(openai_client, server) -> None:
     ids = server.engine.tokenizer("Hello there").input_ids
-    by_text = openai_client.completions.create(model=server.model, prompt="Hello there", max_tokens=6,
-                                               temperature=0, extra_body={"ignore_eos": True})
-    by_ids = openai_client.completions.create(model=server.model, prompt=ids, max_tokens=6, temperature=0,
-                                              extra_body={"ignore_eos": True})
+    by_text = openai_client.completions.create(
+        model=server.model, prompt="Hello there", max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
+    by_ids = openai_client.completions.create(
+        model=server.model, prompt=ids, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert by_ids.choices[0].text == by_text.choices[0].text
     assert by_ids.usage.prompt_tokens == len(ids)
 
 
 def test_stop_string_ends_the_text_before_it(openai_client, server) -> None:
-    free = openai_client.completions.create(model=server.model, prompt="Once upon", max_tokens=20,
-                                            temperature=0, extra_body={"ignore_eos": True})
+    free = openai_client.completions.create(
+        model=server.model, prompt="Once upon", max_tokens=20, temperature=0, extra_body={"ignore_eos": True}
+    )
     text = free.choices[0].text
-    stop = text[len(text) // 2:][:3]
+    stop = text[len(text) // 2 :][:3]
     assert stop.strip(), f"need a visible stop string in {text!r}"
-    stopped = openai_client.completions.create(model=server.model, prompt="Once upon", max_tokens=20,
-                                               temperature=0, stop=[stop], extra_body={"ignore_eos": True})
+    stopped = openai_client.completions.create(
+        model=server.model,
+        prompt="Once upon",
+        max_tokens=20,
+        temperature=0,
+        stop=[stop],
+        extra_body={"ignore_eos": True},
+    )
     assert stopped.choices[0].finish_reason == "stop"
-    assert stopped.choices[0].text == text[:text.index(stop)]
+    assert stopped.choices[0].text == text[: text.index(stop)]
 
 
 def test_stop_token_ids_end_the_request(openai_client, server) -> None:
@@ -117,9 +143,15 @@ def test_stop_token_ids_end_the_request(openai_client, server) -> None:
 
 def test_seed_makes_sampling_reproducible(openai_client, server) -> None:
     def sample(seed: int) -> str:
-        result = openai_client.completions.create(model=server.model, prompt="Random", max_tokens=12,
-                                                  temperature=1.0, top_p=0.9, seed=seed,
-                                                  extra_body={"ignore_eos": True, "top_k": 50})
+        result = openai_client.completions.create(
+            model=server.model,
+            prompt="Random",
+            max_tokens=12,
+            temperature=1.0,
+            top_p=0.9,
+            seed=seed,
+            extra_body={"ignore_eos": True, "top_k": 50},
+        )
         return result.choices[0].text
 
     first = sample(1234)
@@ -128,8 +160,9 @@ def test_seed_makes_sampling_reproducible(openai_client, server) -> None:
 
 
 def test_missing_max_tokens_fills_the_context(openai_client, server) -> None:
-    result = openai_client.completions.create(model=server.model, prompt="Fill the context",
-                                              extra_body={"ignore_eos": True})
+    result = openai_client.completions.create(
+        model=server.model, prompt="Fill the context", extra_body={"ignore_eos": True}
+    )
     assert result.choices[0].finish_reason == "length"
     assert result.usage.total_tokens == server.engine.max_model_len
 
@@ -141,19 +174,28 @@ def test_models_lists_the_served_name(openai_client, server) -> None:
 
 
 def test_streamed_text_also_stops_before_the_stop_string(openai_client, server) -> None:
-    ask = {"model": server.model, "prompt": "Once upon", "max_tokens": 20, "temperature": 0,
-           "extra_body": {"ignore_eos": True}}
+    ask = {
+        "model": server.model,
+        "prompt": "Once upon",
+        "max_tokens": 20,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
     text = openai_client.completions.create(**ask).choices[0].text
-    stop = text[len(text) // 2:][:2]
+    stop = text[len(text) // 2 :][:2]
     chunks = list(openai_client.completions.create(**ask, stop=stop, stream=True))
-    assert "".join(c.choices[0].text for c in chunks) == text[:text.index(stop)]
+    assert "".join(c.choices[0].text for c in chunks) == text[: text.index(stop)]
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
 def test_repeated_prompt_reports_cached_tokens(openai_client, server) -> None:
     prompt = list(range(300, 364))  # four full 16-token blocks
-    first, second = (openai_client.completions.create(model=server.model, prompt=prompt, max_tokens=2,
-                                                      extra_body={"ignore_eos": True}) for _ in range(2))
+    first, second = (
+        openai_client.completions.create(
+            model=server.model, prompt=prompt, max_tokens=2, extra_body={"ignore_eos": True}
+        )
+        for _ in range(2)
+    )
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert second.usage.prompt_tokens_details.cached_tokens >= 48
 
@@ -162,8 +204,13 @@ async def test_concurrent_requests_get_the_answers_they_get_alone(server) -> Non
     prompts = [f"Question number {i} is about" + " more" * (i % 5) for i in range(12)]
 
     async def ask(http: aiohttp.ClientSession, i: int) -> dict:
-        body = {"model": server.model, "prompt": prompts[i], "max_tokens": 4 + 3 * i, "temperature": 0,
-                "ignore_eos": True}
+        body = {
+            "model": server.model,
+            "prompt": prompts[i],
+            "max_tokens": 4 + 3 * i,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
         async with http.post(f"{server.url}/v1/completions", json=body) as response:
             assert response.status == 200
             return await response.json()

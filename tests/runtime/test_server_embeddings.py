@@ -73,8 +73,9 @@ def test_sdk_embedding_equals_transformers_last_token_normalized(server, openai_
 
 
 async def test_base64_is_little_endian_float32(server, reference) -> None:
-    status, b64 = await post(server, "/v1/embeddings", {"model": server.model, "input": TEXT,
-                                                         "encoding_format": "base64"})
+    status, b64 = await post(
+        server, "/v1/embeddings", {"model": server.model, "input": TEXT, "encoding_format": "base64"}
+    )
     assert status == 200
     raw = base64.b64decode(b64["data"][0]["embedding"])
     assert len(raw) == 64 * 4
@@ -101,8 +102,9 @@ def test_lists_of_strings_and_token_ids_keep_their_order(server, openai_client, 
 
 
 def test_normalize_false_returns_the_raw_hidden_state(server, openai_client, reference) -> None:
-    result = openai_client.embeddings.create(model=server.model, input=TEXT, encoding_format="float",
-                                             extra_body={"normalize": False})
+    result = openai_client.embeddings.create(
+        model=server.model, input=TEXT, encoding_format="float", extra_body={"normalize": False}
+    )
     vector = np.array(result.data[0].embedding)
     raw = expected(reference, ids_of(reference, TEXT), normalize=False)
     assert np.abs(vector - raw).max() < TOLERANCE
@@ -131,8 +133,9 @@ def test_mean_pooling_over_chunked_prefill_equals_transformers(make_server, refe
     assert len(ids) > 3 * 16
     hits = meaned.metric("goodput_prefix_cache_hits_total")
     for normalize in (True, False, True):  # the third is the same input again: the cache is not used
-        result = client.embeddings.create(model=meaned.model, input=text, encoding_format="float",
-                                          extra_body={"normalize": normalize})
+        result = client.embeddings.create(
+            model=meaned.model, input=text, encoding_format="float", extra_body={"normalize": normalize}
+        )
         vector = np.array(result.data[0].embedding)
         assert np.abs(vector - expected(reference, ids, "mean", normalize)).max() < TOLERANCE
     assert meaned.metric("goodput_prefix_cache_hits_total") == hits
@@ -153,14 +156,24 @@ def test_embeddings_share_steps_with_generation(make_server, reference) -> None:
     core.execute = recording  # the async engine looks it up on each step
     client = client_for(busy)
     prompt = "Tell me a long story about"
-    solo = client.completions.create(model=busy.model, prompt=prompt, max_tokens=60, temperature=0,
-                                     extra_body={"ignore_eos": True}).choices[0].text
+    solo = (
+        client.completions.create(
+            model=busy.model, prompt=prompt, max_tokens=60, temperature=0, extra_body={"ignore_eos": True}
+        )
+        .choices[0]
+        .text
+    )
     texts = [f"Embedding input number {i}, with a few more words to prefill in chunks" for i in range(6)]
     results: dict[str, object] = {}
 
     def generate() -> None:
-        results["text"] = client.completions.create(model=busy.model, prompt=prompt, max_tokens=60, temperature=0,
-                                                    extra_body={"ignore_eos": True}).choices[0].text
+        results["text"] = (
+            client.completions.create(
+                model=busy.model, prompt=prompt, max_tokens=60, temperature=0, extra_body={"ignore_eos": True}
+            )
+            .choices[0]
+            .text
+        )
 
     steps.clear()
     thread = threading.Thread(target=generate)

@@ -62,15 +62,19 @@ CHAT_CASES = [
     ({"messages": [{"role": "wizard", "content": "Hello"}]}, "messages[0].role"),
     ({"messages": [{"role": "user"}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": 7}]}, "messages[0].content"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-     "messages[0].content[0]"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        "messages[0].content[0]",
+    ),
     ({"messages": [{"role": "user", "content": "word " * 400}]}, "messages"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_completion_tokens": -1}, "max_completion_tokens"),
     ({"n": 17}, "n"),
     ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}},
-     "response_format.json_schema.schema"),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}},
+        "response_format.json_schema.schema",
+    ),
 ]
 
 
@@ -136,9 +140,16 @@ def test_openai_client_sees_a_bad_request_error_with_its_param(openai_client, se
 
 
 async def test_bad_requests_do_not_disturb_a_running_stream(server, read_sse) -> None:
-    body = {"model": server.model, "prompt": "Keep going", "max_tokens": 120, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": server.model,
+        "prompt": "Keep going",
+        "max_tokens": 120,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with aiohttp.ClientSession() as http:
+
         async def good() -> list[str]:
             async with http.post(f"{server.url}/v1/completions", json=body) as response:
                 return await read_sse(response)
@@ -199,8 +210,10 @@ async def test_unexpected_engine_failure_is_a_500_and_frees_the_request(make_ser
     status, _, payload = await post(flaky, "/v1/completions", json=body)
     assert status == 500
     assert assert_openai_error(payload, 500, None)["type"] == "server_error"
-    async with aiohttp.ClientSession() as http, \
-            http.post(f"{flaky.url}/v1/completions", json={**body, "max_tokens": 17, "stream": True}) as response:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{flaky.url}/v1/completions", json={**body, "max_tokens": 17, "stream": True}) as response,
+    ):
         events = await read_sse(response)
     assert '"error"' in events[-2] and events[-1] == "[DONE]"
     status, _, payload = await post(flaky, "/v1/completions", json={**body, "max_tokens": 5})

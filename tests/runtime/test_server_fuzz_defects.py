@@ -15,17 +15,21 @@ POST_PATHS = ["/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/tok
 
 
 async def post_raw(server, path: str, data: bytes) -> tuple[int, dict]:
-    async with aiohttp.ClientSession() as http, \
-            http.post(f"{server.url}{path}", data=data, headers={"Content-Type": "application/json"}) as response:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{server.url}{path}", data=data, headers={"Content-Type": "application/json"}) as response,
+    ):
         return response.status, await response.json()
 
 
 @pytest.mark.parametrize("path", POST_PATHS)
 async def test_five_thousand_nested_brackets_are_a_400(server, path) -> None:
-    for raw in (b'{"model": ' + b"[" * 5000 + b"]" * 5000 + b"}",  # well formed, too deep
-                b'{"model": ' + b"[" * 5000,  # cut off as well
-                b"[" * 5000 + b"]" * 5000,
-                b'{"a":' * 5000 + b"1" + b"}" * 5000):
+    for raw in (
+        b'{"model": ' + b"[" * 5000 + b"]" * 5000 + b"}",  # well formed, too deep
+        b'{"model": ' + b"[" * 5000,  # cut off as well
+        b"[" * 5000 + b"]" * 5000,
+        b'{"a":' * 5000 + b"1" + b"}" * 5000,
+    ):
         status, payload = await post_raw(server, path, raw)
         assert status == 400, (path, payload)
         assert payload["error"]["type"] == "invalid_request_error"
@@ -42,8 +46,11 @@ DEEP_FIELDS = [
     ("/v1/completions", '{"model": "tiny", "prompt": "x", "logit_bias": {"1": %s}}', "logit_bias"),
     ("/v1/completions", '{"model": "tiny", "prompt": "x", "stop": %s}', "stop"),
     ("/v1/chat/completions", '{"model": "tiny", "messages": [{"role": %s, "content": "x"}]}', "messages[0].role"),
-    ("/v1/chat/completions", '{"model": "tiny", "messages": [{"role": "user", "content": %s}]}',
-     "messages[0].content[0]"),
+    (
+        "/v1/chat/completions",
+        '{"model": "tiny", "messages": [{"role": "user", "content": %s}]}',
+        "messages[0].content[0]",
+    ),
     ("/v1/embeddings", '{"model": "tiny", "input": %s}', "input[0]"),
     ("/v1/embeddings", '{"model": "tiny", "input": "x", "encoding_format": %s}', "encoding_format"),
     ("/tokenize", '{"model": %s, "prompt": "x"}', "model"),
@@ -70,6 +77,7 @@ def tokenizer(tiny_model_dir: Path):
 
 async def completion_texts(server, read_sse, path: str, body: dict) -> tuple[str, str, str, str]:
     """(whole text, streamed text concatenated, whole finish reason, streamed finish reason)."""
+
     def text_of(choice: dict) -> str:
         return choice["text"] if "text" in choice else (choice.get("message") or choice["delta"]).get("content") or ""
 
@@ -90,11 +98,16 @@ async def test_a_cut_inside_a_character_ends_in_replacement_characters(server, r
     assert tokenizer.decode([lead]) == "\ufffd"
     prompt = {"prompt": "Hello"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "Hi"}]}
     for max_tokens in (1, 2, 5):
-        body = {"model": server.model, **prompt, "max_tokens": max_tokens, "temperature": 0,
-                "logit_bias": {str(lead): 100}, "ignore_eos": True}
+        body = {
+            "model": server.model,
+            **prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "logit_bias": {str(lead): 100},
+            "ignore_eos": True,
+        }
         whole, streamed, reason, streamed_reason = await completion_texts(server, read_sse, path, body)
         # what transformers' decode of the generated tokens gives: the cut bytes as U+FFFD, none dropped
         assert whole == tokenizer.decode([lead] * max_tokens) == "\ufffd" * max_tokens
         assert streamed == whole
         assert reason == streamed_reason == "length"
-

@@ -43,8 +43,10 @@ async def test_requests_while_loading_get_503(make_server) -> None:
     gate = threading.Event()
     loading = make_server(engine_factory=lambda c, m: gate.wait(60) and load_engine(c, m), wait_ready=False)
     try:
-        async with aiohttp.ClientSession() as http, http.post(
-                f"{loading.url}/v1/completions", json={"model": loading.model, "prompt": "hi"}) as response:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{loading.url}/v1/completions", json={"model": loading.model, "prompt": "hi"}) as response,
+        ):
             assert response.status == 503
             assert response.headers["Retry-After"]
             assert (await response.json())["error"]["code"] == "model_loading"
@@ -58,20 +60,26 @@ def test_metrics_count_requests_and_time_to_first_token(openai_client, server) -
     def samples() -> dict[tuple[str, tuple], float]:
         status, text = server.get("/metrics")
         assert status == 200
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
 
     model = (("model", server.model),)
     success = ("goodput_requests_total", (*model, ("outcome", "success")))
     ttft_count = ("goodput_time_to_first_token_seconds_count", model)
     before = samples()
-    openai_client.completions.create(model=server.model, prompt="Count me", max_tokens=3,
-                                     extra_body={"ignore_eos": True})
+    openai_client.completions.create(
+        model=server.model, prompt="Count me", max_tokens=3, extra_body={"ignore_eos": True}
+    )
     after = samples()
     assert after[success] == before.get(success, 0) + 1
     assert after[ttft_count] == before.get(ttft_count, 0) + 1
-    assert after[("goodput_generation_tokens_total", model)] >= before.get(
-        ("goodput_generation_tokens_total", model), 0) + 3
+    assert (
+        after[("goodput_generation_tokens_total", model)]
+        >= before.get(("goodput_generation_tokens_total", model), 0) + 3
+    )
     # a bucket boundary sits exactly at the configured TTFT objective (0.5 s)
     assert ("goodput_time_to_first_token_seconds_bucket", (("le", "0.5"), *model)) in after
     assert after[("goodput_slo_ttft_seconds", model)] == 0.5
@@ -84,7 +92,7 @@ async def test_client_leaving_a_stream_aborts_it_and_frees_its_blocks(long_serve
     async with aiohttp.ClientSession() as http:
         response = await http.post(f"{long_server.url}/v1/completions", json=body)
         first = await response.content.readuntil(b"\n\n")
-        assert json.loads(first[len(b"data: "):])["object"] == "text_completion"
+        assert json.loads(first[len(b"data: ") :])["object"] == "text_completion"
         assert long_server.engine.num_free_blocks < long_server.engine.num_total_blocks
         response.close()
     await asyncio.to_thread(long_server.wait_idle, 10)
@@ -96,6 +104,7 @@ async def test_client_giving_up_on_a_whole_response_aborts_it(long_server) -> No
     aborted = long_server.metric("goodput_requests_total", outcome="abort")
     body = {"model": long_server.model, **LONG}
     async with aiohttp.ClientSession() as http:
+
         async def ask() -> None:
             async with http.post(f"{long_server.url}/v1/completions", json=body) as response:
                 await response.read()

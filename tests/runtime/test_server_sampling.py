@@ -42,9 +42,16 @@ def assert_top(top: dict[str, float], want, tokenizer, k: int) -> None:
 
 def test_completion_echo_logprobs_equal_transformers_log_softmax(openai_client, server, reference, tokenizer):
     # what lm-evaluation-harness's local-completions sends for loglikelihood
-    result = openai_client.completions.create(model=server.model, prompt=[PROMPT_IDS], max_tokens=5, logprobs=3,
-                                              echo=True, temperature=0, seed=1234,
-                                              extra_body={"ignore_eos": True})
+    result = openai_client.completions.create(
+        model=server.model,
+        prompt=[PROMPT_IDS],
+        max_tokens=5,
+        logprobs=3,
+        echo=True,
+        temperature=0,
+        seed=1234,
+        extra_body={"ignore_eos": True},
+    )
     [choice] = result.choices
     generated, _ = reference.greedy(PROMPT_IDS, 5)
     ids = PROMPT_IDS + generated
@@ -61,8 +68,9 @@ def test_completion_echo_logprobs_equal_transformers_log_softmax(openai_client, 
 
 
 def test_echo_with_max_tokens_zero_scores_the_prompt_only(openai_client, server, reference):
-    result = openai_client.completions.create(model=server.model, prompt=PROMPT_IDS, max_tokens=0, logprobs=0,
-                                              echo=True)
+    result = openai_client.completions.create(
+        model=server.model, prompt=PROMPT_IDS, max_tokens=0, logprobs=0, echo=True
+    )
     lp = result.choices[0].logprobs
     logprobs = reference.logits(PROMPT_IDS).log_softmax(-1)
     want = [None] + [float(logprobs[i - 1, PROMPT_IDS[i]]) for i in range(1, len(PROMPT_IDS))]
@@ -76,22 +84,37 @@ def test_prompt_logprobs_stay_right_under_chunked_prefill_and_a_cached_prefix(ma
     client = openai.OpenAI(base_url=f"{chunked.url}/v1", api_key="unused", max_retries=0)
     want = reference.logits(PROMPT_IDS).log_softmax(-1)
     for _ in range(2):  # the second time every full block of the prompt is in the prefix cache
-        lp = client.completions.create(model="tiny", prompt=PROMPT_IDS, max_tokens=0, logprobs=1,
-                                       echo=True).choices[0].logprobs
+        lp = (
+            client.completions.create(model="tiny", prompt=PROMPT_IDS, max_tokens=0, logprobs=1, echo=True)
+            .choices[0]
+            .logprobs
+        )
         assert lp.token_logprobs[1:] == pytest.approx(
-            [float(want[i - 1, PROMPT_IDS[i]]) for i in range(1, len(PROMPT_IDS))], abs=1e-4)
+            [float(want[i - 1, PROMPT_IDS[i]]) for i in range(1, len(PROMPT_IDS))], abs=1e-4
+        )
 
 
-def test_penalties_and_bias_change_greedy_output_as_the_reference_says(openai_client, server, reference,
-                                                                       tokenizer):
-    settings = {"repetition_penalty": 1.4, "presence_penalty": 0.8, "frequency_penalty": 1.1,
-                "logit_bias": {7: 4.0, 99: 150.0}}
-    plain = openai_client.completions.create(model=server.model, prompt=PROMPT_IDS, max_tokens=12, temperature=0,
-                                             logprobs=2, extra_body={"ignore_eos": True})
+def test_penalties_and_bias_change_greedy_output_as_the_reference_says(openai_client, server, reference, tokenizer):
+    settings = {
+        "repetition_penalty": 1.4,
+        "presence_penalty": 0.8,
+        "frequency_penalty": 1.1,
+        "logit_bias": {7: 4.0, 99: 150.0},
+    }
+    plain = openai_client.completions.create(
+        model=server.model, prompt=PROMPT_IDS, max_tokens=12, temperature=0, logprobs=2, extra_body={"ignore_eos": True}
+    )
     result = openai_client.completions.create(
-        model=server.model, prompt=PROMPT_IDS, max_tokens=12, temperature=0, logprobs=2,
-        presence_penalty=0.8, frequency_penalty=1.1, logit_bias={"7": 4, "99": 150},
-        extra_body={"ignore_eos": True, "repetition_penalty": 1.4})
+        model=server.model,
+        prompt=PROMPT_IDS,
+        max_tokens=12,
+        temperature=0,
+        logprobs=2,
+        presence_penalty=0.8,
+        frequency_penalty=1.1,
+        logit_bias={"7": 4, "99": 150},
+        extra_body={"ignore_eos": True, "repetition_penalty": 1.4},
+    )
     tokens, steps = reference.greedy(PROMPT_IDS, 12, **settings)
     lp = result.choices[0].logprobs
     assert lp.tokens == names(tokenizer, tokens)
@@ -102,22 +125,37 @@ def test_penalties_and_bias_change_greedy_output_as_the_reference_says(openai_cl
 
 
 def test_min_p_of_one_leaves_only_the_likeliest_token(openai_client, server):
-    greedy = openai_client.completions.create(model=server.model, prompt="Once upon", max_tokens=10,
-                                              temperature=0, extra_body={"ignore_eos": True})
-    hot = openai_client.completions.create(model=server.model, prompt="Once upon", max_tokens=10, temperature=2,
-                                           seed=9, extra_body={"ignore_eos": True, "min_p": 1.0})
-    free = openai_client.completions.create(model=server.model, prompt="Once upon", max_tokens=10, temperature=2,
-                                            seed=9, extra_body={"ignore_eos": True})
+    greedy = openai_client.completions.create(
+        model=server.model, prompt="Once upon", max_tokens=10, temperature=0, extra_body={"ignore_eos": True}
+    )
+    hot = openai_client.completions.create(
+        model=server.model,
+        prompt="Once upon",
+        max_tokens=10,
+        temperature=2,
+        seed=9,
+        extra_body={"ignore_eos": True, "min_p": 1.0},
+    )
+    free = openai_client.completions.create(
+        model=server.model, prompt="Once upon", max_tokens=10, temperature=2, seed=9, extra_body={"ignore_eos": True}
+    )
     assert hot.choices[0].text == greedy.choices[0].text != free.choices[0].text
 
 
 def test_chat_logprobs_have_openais_shape_and_values(openai_client, server, reference, tokenizer):
     messages = [{"role": "user", "content": "Name a colour"}]
-    result = openai_client.chat.completions.create(model=server.model, messages=messages, max_tokens=6,
-                                                   temperature=0, logprobs=True, top_logprobs=4,
-                                                   extra_body={"ignore_eos": True})
-    prompt = tokenizer(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
-                       add_special_tokens=False).input_ids
+    result = openai_client.chat.completions.create(
+        model=server.model,
+        messages=messages,
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=4,
+        extra_body={"ignore_eos": True},
+    )
+    prompt = tokenizer(
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False
+    ).input_ids
     tokens, steps = reference.greedy(prompt, 6)
     content = result.choices[0].logprobs.content
     assert [c.token for c in content] == names(tokenizer, tokens)
@@ -130,15 +168,23 @@ def test_chat_logprobs_have_openais_shape_and_values(openai_client, server, refe
     # character the answer's last token leaves unfinished (a random model's greedy tokens may) reads U+FFFD
     joined = bytes(b for c in content for b in c.bytes)
     assert joined.decode("utf-8", errors="replace") == result.choices[0].message.content
-    bare = openai_client.chat.completions.create(model=server.model, messages=messages, max_tokens=2,
-                                                 logprobs=True, extra_body={"ignore_eos": True})
+    bare = openai_client.chat.completions.create(
+        model=server.model, messages=messages, max_tokens=2, logprobs=True, extra_body={"ignore_eos": True}
+    )
     assert all(c.top_logprobs == [] for c in bare.choices[0].logprobs.content)
     assert len(bare.choices[0].logprobs.content) == 2
 
 
 def test_streamed_logprobs_equal_the_whole_answer(openai_client, server):
-    kwargs = {"model": server.model, "prompt": "Logprobs in chunks", "max_tokens": 9, "temperature": 0,
-              "logprobs": 2, "echo": True, "extra_body": {"ignore_eos": True}}
+    kwargs = {
+        "model": server.model,
+        "prompt": "Logprobs in chunks",
+        "max_tokens": 9,
+        "temperature": 0,
+        "logprobs": 2,
+        "echo": True,
+        "extra_body": {"ignore_eos": True},
+    }
     whole = openai_client.completions.create(**kwargs).choices[0].logprobs
     tokens, values, offsets = [], [], []
     for chunk in openai_client.completions.create(stream=True, **kwargs):
@@ -148,17 +194,30 @@ def test_streamed_logprobs_equal_the_whole_answer(openai_client, server):
             offsets += chunk.choices[0].logprobs.text_offset
     assert tokens == whole.tokens and offsets == whole.text_offset
     assert values == whole.token_logprobs
-    chat = openai_client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "x"}],
-                                                 max_tokens=5, temperature=0, logprobs=True, top_logprobs=1,
-                                                 stream=True, extra_body={"ignore_eos": True})
-    streamed = [c for chunk in chat if chunk.choices and chunk.choices[0].logprobs
-                for c in chunk.choices[0].logprobs.content]
+    chat = openai_client.chat.completions.create(
+        model=server.model,
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=1,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    streamed = [
+        c for chunk in chat if chunk.choices and chunk.choices[0].logprobs for c in chunk.choices[0].logprobs.content
+    ]
     assert len(streamed) == 5 and all(len(c.top_logprobs) == 1 for c in streamed)
 
 
 def test_n_choices_are_indexed_reproducible_and_seeded_per_choice(openai_client, server):
-    kwargs = {"model": server.model, "messages": [{"role": "user", "content": "Tell me"}], "max_tokens": 10,
-              "temperature": 1.0, "extra_body": {"ignore_eos": True}}
+    kwargs = {
+        "model": server.model,
+        "messages": [{"role": "user", "content": "Tell me"}],
+        "max_tokens": 10,
+        "temperature": 1.0,
+        "extra_body": {"ignore_eos": True},
+    }
     result = openai_client.chat.completions.create(n=4, seed=42, **kwargs)
     assert [c.index for c in result.choices] == [0, 1, 2, 3]
     texts = [c.message.content for c in result.choices]
@@ -169,19 +228,29 @@ def test_n_choices_are_indexed_reproducible_and_seeded_per_choice(openai_client,
     for i in (0, 3):  # choice i is what seed + i gives alone
         single = openai_client.chat.completions.create(n=1, seed=42 + i, **kwargs)
         assert single.choices[0].message.content == texts[i]
-    same_best = openai_client.completions.create(model=server.model, prompt="Tell me", max_tokens=3, n=2,
-                                                 best_of=2, extra_body={"ignore_eos": True})
+    same_best = openai_client.completions.create(
+        model=server.model, prompt="Tell me", max_tokens=3, n=2, best_of=2, extra_body={"ignore_eos": True}
+    )
     assert len(same_best.choices) == 2
 
 
 async def test_n_choices_stream_interleaved_with_their_index(server, read_sse):
-    body = {"model": server.model, "messages": [{"role": "user", "content": "Go"}], "max_tokens": 8, "n": 3,
-            "seed": 5, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": server.model,
+        "messages": [{"role": "user", "content": "Go"}],
+        "max_tokens": 8,
+        "n": 3,
+        "seed": 5,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{server.url}/v1/chat/completions", json=body) as response:
             events = await read_sse(response)
-        async with http.post(f"{server.url}/v1/chat/completions", json={**body, "stream": False,
-                                                                        "stream_options": None}) as response:
+        async with http.post(
+            f"{server.url}/v1/chat/completions", json={**body, "stream": False, "stream_options": None}
+        ) as response:
             whole = await response.json()
     chunks = [json.loads(e) for e in events[:-1]]
     texts: dict[int, str] = {}
@@ -240,14 +309,17 @@ async def test_sampling_fields_out_of_range_are_a_400_naming_the_field(server, p
 
 
 def test_the_same_limit_under_both_names_is_accepted(openai_client, server):
-    result = openai_client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "a"}],
-                                                   max_tokens=3, max_completion_tokens=3,
-                                                   extra_body={"ignore_eos": True})
+    result = openai_client.chat.completions.create(
+        model=server.model,
+        messages=[{"role": "user", "content": "a"}],
+        max_tokens=3,
+        max_completion_tokens=3,
+        extra_body={"ignore_eos": True},
+    )
     assert result.usage.completion_tokens == 3
 
 
-def test_generation_config_defaults_apply_where_the_request_is_silent(make_server, tiny_model_dir, tmp_path,
-                                                                     caplog):
+def test_generation_config_defaults_apply_where_the_request_is_silent(make_server, tiny_model_dir, tmp_path, caplog):
     model_dir = tmp_path / "with-defaults"
     shutil.copytree(tiny_model_dir, model_dir)
     gen = json.loads((model_dir / "generation_config.json").read_text())
@@ -258,10 +330,12 @@ def test_generation_config_defaults_apply_where_the_request_is_silent(make_serve
     client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0)
     extra = {"ignore_eos": True}
     silent = client.completions.create(model="tiny", prompt=PROMPT_IDS, extra_body=extra)
-    explicit = client.completions.create(model="tiny", prompt=PROMPT_IDS, max_tokens=7, temperature=0,
-                                         extra_body={**extra, "repetition_penalty": 1.8})
-    unpenalized = client.completions.create(model="tiny", prompt=PROMPT_IDS, max_tokens=7, temperature=0,
-                                            extra_body={**extra, "repetition_penalty": 1.0})
+    explicit = client.completions.create(
+        model="tiny", prompt=PROMPT_IDS, max_tokens=7, temperature=0, extra_body={**extra, "repetition_penalty": 1.8}
+    )
+    unpenalized = client.completions.create(
+        model="tiny", prompt=PROMPT_IDS, max_tokens=7, temperature=0, extra_body={**extra, "repetition_penalty": 1.0}
+    )
     assert silent.usage.completion_tokens == 7
     assert silent.choices[0].text == explicit.choices[0].text != unpenalized.choices[0].text
     assert "temperature=0.0, repetition_penalty=1.8, max_tokens=7" in caplog.text

@@ -13,8 +13,14 @@ pytestmark = pytest.mark.runtime
 
 
 async def open_stream(http: aiohttp.ClientSession, url: str, max_tokens: int) -> aiohttp.ClientResponse:
-    body = {"model": "tiny", "prompt": "Drain me", "max_tokens": max_tokens, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "tiny",
+        "prompt": "Drain me",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     response = await http.post(f"{url}/v1/completions", json=body)
     assert response.status == 200
     await response.content.readuntil(b"\n\n")
@@ -24,7 +30,7 @@ async def open_stream(http: aiohttp.ClientSession, url: str, max_tokens: int) ->
 async def rest_of_stream(response: aiohttp.ClientResponse) -> list[dict]:
     events = (await response.read()).decode().strip().split("\n\n")
     assert events[-1] == "data: [DONE]"
-    return [json.loads(e[len("data: "):]) for e in events[:-1]]
+    return [json.loads(e[len("data: ") :]) for e in events[:-1]]
 
 
 async def test_sigterm_finishes_in_flight_requests_then_exits_0(runtime) -> None:
@@ -34,8 +40,9 @@ async def test_sigterm_finishes_in_flight_requests_then_exits_0(runtime) -> None
         stream = await open_stream(http, server.url, 1000)
         server.process.send_signal(signal.SIGTERM)
         await server.wait_health(http, 503)
-        async with http.post(f"{server.url}/v1/completions",
-                             json={"model": "tiny", "prompt": "late", "max_tokens": 2}) as late:
+        async with http.post(
+            f"{server.url}/v1/completions", json={"model": "tiny", "prompt": "late", "max_tokens": 2}
+        ) as late:
             assert late.status == 503
             assert (await late.json())["error"]["code"] == "shutting_down"
         chunks = await rest_of_stream(stream)

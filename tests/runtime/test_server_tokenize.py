@@ -41,14 +41,18 @@ async def test_tokenized_messages_are_what_chat_completions_sends(server, openai
     assert result["count"] == chat.usage.prompt_tokens == len(result["tokens"])
     text = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     assert result["tokens"] == tokenizer(text, add_special_tokens=False).input_ids
-    status, bare = await post(server, "/tokenize", {"model": server.model, "messages": MESSAGES,
-                                                   "add_generation_prompt": False})
+    status, bare = await post(
+        server, "/tokenize", {"model": server.model, "messages": MESSAGES, "add_generation_prompt": False}
+    )
     assert status == 200
     assert bare["count"] < result["count"]  # without the assistant's opening
     assert result["tokens"][: bare["count"]] == bare["tokens"]
     continued = [*MESSAGES, {"role": "assistant", "content": "Hi, I am"}]
-    status, cont = await post(server, "/tokenize", {"model": server.model, "messages": continued,
-                                                   "add_generation_prompt": False, "continue_final_message": True})
+    status, cont = await post(
+        server,
+        "/tokenize",
+        {"model": server.model, "messages": continued, "add_generation_prompt": False, "continue_final_message": True},
+    )
     assert status == 200
     status, text = await post(server, "/detokenize", {"model": server.model, "tokens": cont["tokens"]})
     assert text["prompt"].endswith("Hi, I am")  # left open for the model to go on

@@ -30,7 +30,7 @@ async def open_stream(http: aiohttp.ClientSession, url: str, max_tokens: int) ->
 async def finish_reason(response: aiohttp.ClientResponse) -> str:
     events = (await response.read()).decode().strip().split("\n\n")
     assert events[-1] == "data: [DONE]"
-    return json.loads(events[-2][len("data: "):])["choices"][0]["finish_reason"]
+    return json.loads(events[-2][len("data: ") :])["choices"][0]["finish_reason"]
 
 
 async def test_during_the_delay_new_requests_are_served_with_connection_close(runtime) -> None:
@@ -53,9 +53,10 @@ async def test_during_the_delay_new_requests_are_served_with_connection_close(ru
             assert during.status == 200, await during.text()
             assert during.headers["Connection"].lower() == "close"
             assert (await during.json())["usage"]["completion_tokens"] == 2
-        async with http.post(f"{server.url}/v1/chat/completions",
-                             json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-                                   "max_tokens": 2}) as chat:
+        async with http.post(
+            f"{server.url}/v1/chat/completions",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        ) as chat:
             assert chat.status == 200
             assert chat.headers["Connection"].lower() == "close"
         async with http.get(f"{server.url}/metrics") as scrape:

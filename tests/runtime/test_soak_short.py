@@ -12,8 +12,9 @@ pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 
 
 def test_a_minute_of_streams_cancels_disconnects_bad_requests_and_n_leaks_nothing(smollm2_dir, tmp_path):
-    args = soak.build_parser().parse_args(["--model-dir", str(smollm2_dir), "--duration", "60", "--workers", "3",
-                                           "--output", str(tmp_path / "soak.json")])
+    args = soak.build_parser().parse_args(
+        ["--model-dir", str(smollm2_dir), "--duration", "60", "--workers", "3", "--output", str(tmp_path / "soak.json")]
+    )
     assert isinstance(args, argparse.Namespace)
     result = soak.run(args)
     print(soak.render(result))

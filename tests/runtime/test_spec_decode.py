@@ -29,9 +29,17 @@ BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4  # k and v, 2 layers, 2 kv heads, head dim 
 
 
 def config(model_dir: Path, blocks: int = 40, **spec) -> EngineConfig:
-    return EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=blocks * 4 * BYTES_PER_TOKEN,
-                        max_model_len=128, max_num_batched_tokens=24, max_num_seqs=8, device="cpu",
-                        dtype="float32", **spec)
+    return EngineConfig(
+        model=str(model_dir),
+        block_size=4,
+        kv_cache_memory=blocks * 4 * BYTES_PER_TOKEN,
+        max_model_len=128,
+        max_num_batched_tokens=24,
+        max_num_seqs=8,
+        device="cpu",
+        dtype="float32",
+        **spec,
+    )
 
 
 def workload(seed: int = 0, n: int = 8) -> list[tuple[list[int], SamplingParams]]:
@@ -40,8 +48,9 @@ def workload(seed: int = 0, n: int = 8) -> list[tuple[list[int], SamplingParams]
     for i in range(n):
         phrase = [rng.randrange(5, 300) for _ in range(rng.randint(3, 8))]
         prompt = phrase * rng.randint(2, 5) + [rng.randrange(5, 300) for _ in range(rng.randint(1, 20))]
-        params = SamplingParams(max_tokens=rng.randint(5, 28), temperature=0.0, ignore_eos=True,
-                                n=2 if i % 4 == 0 else 1)
+        params = SamplingParams(
+            max_tokens=rng.randint(5, 28), temperature=0.0, ignore_eos=True, n=2 if i % 4 == 0 else 1
+        )
         cases.append((prompt, params))
     return cases
 
@@ -58,8 +67,11 @@ def run(core, cases, arrive_every: int = 3) -> dict[tuple[str, int], tuple[list[
             pending = pending[2:]
         for output in core.step():
             tokens, text, _ = produced.get((output.request_id, output.index), ([], "", None))
-            produced[(output.request_id, output.index)] = (tokens + output.token_ids, text + output.text,
-                                                           output.finish_reason)
+            produced[(output.request_id, output.index)] = (
+                tokens + output.token_ids,
+                text + output.text,
+                output.finish_reason,
+            )
         steps += 1
         assert steps < 5000
     assert core.block_manager.num_free_blocks == core.block_manager.num_blocks  # rollbacks leaked nothing
@@ -79,8 +91,13 @@ def value(metrics: RuntimeMetrics, name: str, **labels: str) -> float:
 def test_greedy_output_with_ngram_speculation_equals_without_under_preemption_chunking_and_n(tiny_model_dir, plain):
     cases = workload()
     spec_metrics = RuntimeMetrics("tiny", None, None)
-    spec = run(build_core(config(tiny_model_dir, speculative_method="ngram", num_speculative_tokens=3,
-                                 speculative_max_batch=8), spec_metrics), cases)
+    spec = run(
+        build_core(
+            config(tiny_model_dir, speculative_method="ngram", num_speculative_tokens=3, speculative_max_batch=8),
+            spec_metrics,
+        ),
+        cases,
+    )
     assert spec == plain
     assert len(plain) == sum(p.n for _, p in cases)
     # the run exercised what it claims to: proposals accepted and rejected, preemption, chunked prefills
@@ -104,13 +121,29 @@ def test_stop_strings_cut_a_verified_run_where_decoding_one_token_at_a_time_stop
     for i, (prompt, params) in enumerate(cases):
         text = plain[(str(i), 0)][1]
         stop = text[len(text) // 2 : len(text) // 2 + 3]
-        stopped_cases.append((prompt, SamplingParams(max_tokens=params.max_tokens, temperature=0.0, ignore_eos=True,
-                                                     stop=(stop,) if stop.strip() else ())))
+        stopped_cases.append(
+            (
+                prompt,
+                SamplingParams(
+                    max_tokens=params.max_tokens, temperature=0.0, ignore_eos=True, stop=(stop,) if stop.strip() else ()
+                ),
+            )
+        )
     plain_stopped = run(build_core(config(tiny_model_dir, blocks=200)), stopped_cases)
     spec_metrics = RuntimeMetrics("tiny", None, None)
-    spec_stopped = run(build_core(config(tiny_model_dir, blocks=200, speculative_method="ngram",
-                                         num_speculative_tokens=5, speculative_max_batch=8), spec_metrics),
-                       stopped_cases)
+    spec_stopped = run(
+        build_core(
+            config(
+                tiny_model_dir,
+                blocks=200,
+                speculative_method="ngram",
+                num_speculative_tokens=5,
+                speculative_max_batch=8,
+            ),
+            spec_metrics,
+        ),
+        stopped_cases,
+    )
     assert spec_stopped == plain_stopped
     assert sum(reason == "stop" for _, _, reason in spec_stopped.values()) >= 3
     assert value(spec_metrics, "goodput_spec_decode_num_accepted_tokens_total") > 0
@@ -119,8 +152,19 @@ def test_stop_strings_cut_a_verified_run_where_decoding_one_token_at_a_time_stop
 def test_a_draft_model_equal_to_the_target_has_every_proposal_accepted(tiny_model_dir, plain):
     cases = workload()
     metrics = RuntimeMetrics("tiny", None, None)
-    spec = run(build_core(config(tiny_model_dir, speculative_method="draft", speculative_model=str(tiny_model_dir),
-                                 num_speculative_tokens=4, speculative_max_batch=8), metrics), cases)
+    spec = run(
+        build_core(
+            config(
+                tiny_model_dir,
+                speculative_method="draft",
+                speculative_model=str(tiny_model_dir),
+                num_speculative_tokens=4,
+                speculative_max_batch=8,
+            ),
+            metrics,
+        ),
+        cases,
+    )
     assert spec == plain
     proposed = value(metrics, "goodput_spec_decode_num_draft_tokens_total")
     assert proposed > 30
@@ -132,8 +176,15 @@ def test_a_truncated_draft_model_keeps_greedy_output_exact(tiny_model_dir, plain
     draft_dir = truncated_copy(tiny_model_dir, tmp_path / "draft", layers=1)
     cases = workload()
     metrics = RuntimeMetrics("tiny", None, None)
-    spec = run(build_core(config(tiny_model_dir, speculative_method="draft", speculative_model=str(draft_dir),
-                                 speculative_max_batch=8), metrics), cases)
+    spec = run(
+        build_core(
+            config(
+                tiny_model_dir, speculative_method="draft", speculative_model=str(draft_dir), speculative_max_batch=8
+            ),
+            metrics,
+        ),
+        cases,
+    )
     assert spec == plain
     assert value(metrics, "goodput_spec_decode_num_draft_tokens_total") > 0
 
@@ -158,8 +209,10 @@ def test_sampled_requests_speculate_and_return_every_block(tiny_model_dir):
     core = build_core(config(tiny_model_dir, speculative_method="ngram", speculative_max_batch=8))
     metrics = RuntimeMetrics("tiny", None, None)
     core.metrics = metrics
-    cases = [(prompt, SamplingParams(max_tokens=20, temperature=0.8, top_p=0.9, ignore_eos=True, seed=i))
-             for i, (prompt, _) in enumerate(workload(seed=8, n=4))]
+    cases = [
+        (prompt, SamplingParams(max_tokens=20, temperature=0.8, top_p=0.9, ignore_eos=True, seed=i))
+        for i, (prompt, _) in enumerate(workload(seed=8, n=4))
+    ]
     first = run(core, cases)
     assert all(len(tokens) == 20 for tokens, _, _ in first.values())
     assert value(metrics, "goodput_spec_decode_num_drafts_total") > 0
@@ -199,13 +252,19 @@ def test_a_server_with_speculation_answers_as_one_without_and_exports_its_decisi
     answers = []
     for running in (server, spec_server):
         client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0, timeout=60)
-        answers.append(client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0,
-                                                 extra_body={"ignore_eos": True}).choices[0].text)
+        answers.append(
+            client.completions.create(
+                model="tiny", prompt=prompt, max_tokens=24, temperature=0, extra_body={"ignore_eos": True}
+            )
+            .choices[0]
+            .text
+        )
     assert answers[0] == answers[1]
     switch = spec_server.engine.core.scheduler.switch
     assert spec_server.metric("goodput_spec_decode_max_batch") == switch.max_batch
-    steps = (spec_server.metric("goodput_spec_decode_steps_total", speculated="true")
-             + spec_server.metric("goodput_spec_decode_steps_total", speculated="false"))
+    steps = spec_server.metric("goodput_spec_decode_steps_total", speculated="true") + spec_server.metric(
+        "goodput_spec_decode_steps_total", speculated="false"
+    )
     assert steps > 0
     status, text = spec_server.get("/metrics")
     assert status == 200 and "goodput_spec_decode_num_accepted_tokens_total" in str(text)
@@ -223,7 +282,8 @@ def test_greedy_output_with_speculation_equals_without_on_a_gpu_beside_the_decod
     assert plain_core.runner.graphs is not None and plain_core.runner.graphs.graphs
     expected = run(plain_core, cases)
     metrics = RuntimeMetrics("tiny", None, None)
-    spec = run(build_core(gpu(speculative_method="ngram", num_speculative_tokens=3, speculative_max_batch=8),
-                          metrics), cases)
+    spec = run(
+        build_core(gpu(speculative_method="ngram", num_speculative_tokens=3, speculative_max_batch=8), metrics), cases
+    )
     assert spec == expected
     assert value(metrics, "goodput_spec_decode_num_accepted_tokens_total") > 0

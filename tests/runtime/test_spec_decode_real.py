@@ -16,8 +16,10 @@ from goodput_runtime.sampling import SamplingParams
 
 pytestmark = pytest.mark.runtime
 
-PASSAGE = ("The scheduler watches for newly created pods that have no node assigned. For every pod that the "
-           "scheduler discovers, it becomes responsible for finding the best node for that pod to run on.")
+PASSAGE = (
+    "The scheduler watches for newly created pods that have no node assigned. For every pod that the "
+    "scheduler discovers, it becomes responsible for finding the best node for that pod to run on."
+)
 REQUESTS = [
     f"Repeat this passage exactly:\n\n{PASSAGE}",
     f"Rewrite this passage, replacing 'pod' with 'workload':\n\n{PASSAGE}",
@@ -27,8 +29,16 @@ KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # k and v, 30 layers, 3 KV heads, head
 
 def answers(model_dir: Path, prompts: list[list[int]], **spec) -> tuple[list[list[int]], RuntimeMetrics]:
     # room for 160 tokens: the two requests (about 220 tokens at their longest) preempt one another
-    config = EngineConfig(model=str(model_dir), device="cpu", dtype="float32", block_size=16, max_model_len=160,
-                          kv_cache_memory=160 * KV_BYTES_PER_TOKEN, max_num_batched_tokens=48, **spec)
+    config = EngineConfig(
+        model=str(model_dir),
+        device="cpu",
+        dtype="float32",
+        block_size=16,
+        max_model_len=160,
+        kv_cache_memory=160 * KV_BYTES_PER_TOKEN,
+        max_num_batched_tokens=48,
+        **spec,
+    )
     metrics = RuntimeMetrics("tiny", None, None)
     core = build_core(config, metrics)
     for i, prompt in enumerate(prompts):
@@ -43,13 +53,20 @@ def answers(model_dir: Path, prompts: list[list[int]], **spec) -> tuple[list[lis
 
 def test_smollm2_greedy_answers_with_prompt_lookup_equal_those_without(smollm2_dir):
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                              add_generation_prompt=True), add_special_tokens=False)
-               for text in REQUESTS]
+    prompts = [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            ),
+            add_special_tokens=False,
+        )
+        for text in REQUESTS
+    ]
     assert max(len(p) for p in prompts) > 48  # chunked prefill
     plain, plain_metrics = answers(smollm2_dir, prompts)
-    spec, metrics = answers(smollm2_dir, prompts, speculative_method="ngram", num_speculative_tokens=4,
-                            speculative_max_batch=4)
+    spec, metrics = answers(
+        smollm2_dir, prompts, speculative_method="ngram", num_speculative_tokens=4, speculative_max_batch=4
+    )
     assert spec == plain
     assert "scheduler watches" in tokenizer.decode(plain[0])  # the model does copy the passage
     proposed = metrics.registry.get_sample_value("goodput_spec_decode_num_draft_tokens_total", {"model": "tiny"})

@@ -26,8 +26,9 @@ def compiler_for(core) -> GrammarCompiler:
 
 
 def texts(core, results) -> dict:
-    return {key: (core.tokenizer.decode(r["tokens"], skip_special_tokens=True), r["reason"])
-            for key, r in results.items()}
+    return {
+        key: (core.tokenizer.decode(r["tokens"], skip_special_tokens=True), r["reason"]) for key, r in results.items()
+    }
 
 
 def test_every_choice_matches_its_regex_through_preemption_while_plain_requests_are_untouched(tiny_model_dir: Path):
@@ -35,8 +36,10 @@ def test_every_choice_matches_its_regex_through_preemption_while_plain_requests_
     core = build_core(config(tiny_model_dir, blocks=14, block_size=8, max_model_len=112))
     grammar = compiler_for(core).compile(GrammarSpec("regex", RECORD))
     plain = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-    requests = {f"g{i}": (PROMPT[i:], SamplingParams(max_tokens=60, temperature=1.0, seed=i, n=3, grammar=grammar))
-                for i in range(3)}
+    requests = {
+        f"g{i}": (PROMPT[i:], SamplingParams(max_tokens=60, temperature=1.0, seed=i, n=3, grammar=grammar))
+        for i in range(3)
+    }
     requests["plain"] = (PROMPT, plain)
     preempted = []
     schedule = core.scheduler.schedule
@@ -56,10 +59,13 @@ def test_every_choice_matches_its_regex_through_preemption_while_plain_requests_
 def test_a_cut_output_ends_with_length_and_a_stop_string_ends_it_early(tiny_model_dir: Path):
     core = build_core(config(tiny_model_dir))
     grammar = compiler_for(core).compile(GrammarSpec("regex", RECORD))
-    results, _ = run(core, {
-        "cut": (PROMPT, SamplingParams(max_tokens=4, temperature=0.0, grammar=grammar)),
-        "stopped": (PROMPT, SamplingParams(max_tokens=60, temperature=0.0, grammar=grammar, stop=('"ok"',))),
-    })
+    results, _ = run(
+        core,
+        {
+            "cut": (PROMPT, SamplingParams(max_tokens=4, temperature=0.0, grammar=grammar)),
+            "stopped": (PROMPT, SamplingParams(max_tokens=60, temperature=0.0, grammar=grammar, stop=('"ok"',))),
+        },
+    )
     outputs = texts(core, results)
     text, reason = outputs[("cut", 0)]
     assert reason == "length" and len(results[("cut", 0)]["tokens"]) == 4 and text.startswith('{"id')
@@ -71,16 +77,21 @@ def test_a_cut_output_ends_with_length_and_a_stop_string_ends_it_early(tiny_mode
 def test_a_json_schema_with_enums_and_bounded_values_is_followed_by_a_random_model(tiny_model_dir: Path):
     import jsonschema
 
-    schema = {"type": "object", "properties": {
-        "color": {"type": "string", "enum": ["red", "green", "blue"]},
-        "size": {"type": "integer", "minimum": 1, "maximum": 9},
-        "flags": {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 3},
-        "inner": {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}},
-        "required": ["color", "size", "flags", "inner"]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "color": {"type": "string", "enum": ["red", "green", "blue"]},
+            "size": {"type": "integer", "minimum": 1, "maximum": 9},
+            "flags": {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 3},
+            "inner": {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]},
+        },
+        "required": ["color", "size", "flags", "inner"],
+    }
     core = build_core(config(tiny_model_dir))
     grammar = compiler_for(core).compile(GrammarSpec.json_schema(schema))
-    results, _ = run(core, {"a": (PROMPT, SamplingParams(max_tokens=120, temperature=1.0, seed=3, n=4,
-                                                          grammar=grammar))})
+    results, _ = run(
+        core, {"a": (PROMPT, SamplingParams(max_tokens=120, temperature=1.0, seed=3, n=4, grammar=grammar))}
+    )
     for choice in range(4):
         text, reason = texts(core, results)[("a", choice)]
         assert reason == "stop", text
@@ -90,8 +101,13 @@ def test_a_json_schema_with_enums_and_bounded_values_is_followed_by_a_random_mod
 def test_the_compiler_caches_per_spec_within_its_bound_and_names_what_it_cannot_compile(tiny_model_dir: Path):
     core = build_core(config(tiny_model_dir))
     seen: list[float] = []
-    compiler = GrammarCompiler(core.tokenizer, core.runner.model.config.vocab_size, core.scheduler.eos_token_ids,
-                               cache_size=2, observe=seen.append)
+    compiler = GrammarCompiler(
+        core.tokenizer,
+        core.runner.model.config.vocab_size,
+        core.scheduler.eos_token_ids,
+        cache_size=2,
+        observe=seen.append,
+    )
     first = compiler.compile(GrammarSpec("regex", "[ab]+"))
     assert compiler.compile(GrammarSpec("regex", "[ab]+")) is first
     compiler.compile(GrammarSpec("regex", "c"))
@@ -107,19 +123,27 @@ def test_the_compiler_caches_per_spec_within_its_bound_and_names_what_it_cannot_
 
 
 # what llguidance refuses itself: each keyword it does not implement is a compile error naming it
-@pytest.mark.parametrize(("schema", "named"), [
-    ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, 'Unimplemented keys: ["not"]'),
-    ({"type": "array", "uniqueItems": True}, 'Unimplemented keys: ["uniqueItems"]'),
-    ({"type": "array", "contains": {"const": 1}}, 'Unimplemented keys: ["contains"]'),
-    ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, 'Unimplemented keys: ["if", "then"]'),
-    ({"type": "object", "propertyNames": {"pattern": "^a"}}, 'Unimplemented keys: ["propertyNames"]'),
-    ({"type": "object", "dependentRequired": {"a": ["b"]}}, 'Unimplemented keys: ["dependentRequired"]'),
-    ({"type": "object", "properties": {"a": {}}, "unevaluatedProperties": False},
-     'Unimplemented keys: ["unevaluatedProperties"]'),
-    ({"type": "string", "format": "uri-reference"}, "Unknown format: uri-reference"),
-    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf constraints are not supported"),
-    ({"type": "string", "pattern": "(?=a)a"}, "look-around"),
-])
+@pytest.mark.parametrize(
+    ("schema", "named"),
+    [
+        ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, 'Unimplemented keys: ["not"]'),
+        ({"type": "array", "uniqueItems": True}, 'Unimplemented keys: ["uniqueItems"]'),
+        ({"type": "array", "contains": {"const": 1}}, 'Unimplemented keys: ["contains"]'),
+        (
+            {"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}},
+            'Unimplemented keys: ["if", "then"]',
+        ),
+        ({"type": "object", "propertyNames": {"pattern": "^a"}}, 'Unimplemented keys: ["propertyNames"]'),
+        ({"type": "object", "dependentRequired": {"a": ["b"]}}, 'Unimplemented keys: ["dependentRequired"]'),
+        (
+            {"type": "object", "properties": {"a": {}}, "unevaluatedProperties": False},
+            'Unimplemented keys: ["unevaluatedProperties"]',
+        ),
+        ({"type": "string", "format": "uri-reference"}, "Unknown format: uri-reference"),
+        ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf constraints are not supported"),
+        ({"type": "string", "pattern": "(?=a)a"}, "look-around"),
+    ],
+)
 def test_a_keyword_the_engine_does_not_implement_fails_to_compile_naming_it(tiny_model_dir: Path, schema, named):
     core = build_core(config(tiny_model_dir))
     check_schema(schema)  # valid JSON Schema: the engine itself refuses it
@@ -128,15 +152,29 @@ def test_a_keyword_the_engine_does_not_implement_fails_to_compile_naming_it(tiny
 
 
 # what llguidance would accept and not enforce is refused before it gets there
-@pytest.mark.parametrize(("schema", "named"), [
-    ({"type": "object", "properties": {"a": {"type": "string", "contentEncoding": "base64"}}},
-     "'contentEncoding' at '#/properties/a'"),
-    ({"type": "string", "contentMediaType": "application/json"}, "'contentMediaType' at '#'"),
-    ({"type": "array", "items": {"type": "string", "contentMediaType": "application/json",
-                                 "contentSchema": {"type": "object"}}}, "'contentMediaType' at '#/items'"),
-    ({"x-guidance": {"lenient": True}, "type": "array", "uniqueItems": True}, "'x-guidance' at '#'"),
-    ({"type": "strin"}, "not a valid JSON Schema"),
-])
+@pytest.mark.parametrize(
+    ("schema", "named"),
+    [
+        (
+            {"type": "object", "properties": {"a": {"type": "string", "contentEncoding": "base64"}}},
+            "'contentEncoding' at '#/properties/a'",
+        ),
+        ({"type": "string", "contentMediaType": "application/json"}, "'contentMediaType' at '#'"),
+        (
+            {
+                "type": "array",
+                "items": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": {"type": "object"},
+                },
+            },
+            "'contentMediaType' at '#/items'",
+        ),
+        ({"x-guidance": {"lenient": True}, "type": "array", "uniqueItems": True}, "'x-guidance' at '#'"),
+        ({"type": "strin"}, "not a valid JSON Schema"),
+    ],
+)
 def test_a_keyword_the_engine_would_ignore_is_refused_naming_the_construct(schema, named):
     with pytest.raises(GrammarError, match=re.escape(named)):
         check_schema(schema)
@@ -146,8 +184,9 @@ def test_the_engine_ignores_the_keywords_refused_before_it(tiny_model_dir: Path)
     """Why they are refused: compiled, a string that is not base64 gets through (were this to fail,
     the engine enforces contentEncoding now and the refusal can go)."""
     core = build_core(config(tiny_model_dir))
-    matcher = compiler_for(core).compile(GrammarSpec.json_schema(
-        {"type": "string", "contentEncoding": "base64"})).matcher()
+    matcher = (
+        compiler_for(core).compile(GrammarSpec.json_schema({"type": "string", "contentEncoding": "base64"})).matcher()
+    )
     ids = core.tokenizer('"!!"', add_special_tokens=False).input_ids
     assert all(matcher.accept(t) for t in ids)
 

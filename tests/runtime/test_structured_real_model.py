@@ -17,15 +17,28 @@ from pydantic import BaseModel, Field
 
 pytestmark = pytest.mark.runtime
 
-CITY = {"type": "object", "properties": {
-    "city": {"type": "string", "enum": ["Paris", "Tokyo", "Rome", "Madrid", "Other"]},
-    "population_millions": {"type": "number", "minimum": 0, "maximum": 50},
-    "landmarks": {"type": "array", "items": {"type": "string", "enum": ["museum", "tower", "river", "park"]},
-                  "minItems": 1, "maxItems": 2},
-    "location": {"type": "object", "properties": {"lat": {"type": "integer", "minimum": -90, "maximum": 90},
-                                                  "lon": {"type": "integer", "minimum": -180, "maximum": 180}},
-                 "required": ["lat", "lon"]}},
-    "required": ["city", "population_millions", "landmarks", "location"]}
+CITY = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Tokyo", "Rome", "Madrid", "Other"]},
+        "population_millions": {"type": "number", "minimum": 0, "maximum": 50},
+        "landmarks": {
+            "type": "array",
+            "items": {"type": "string", "enum": ["museum", "tower", "river", "park"]},
+            "minItems": 1,
+            "maxItems": 2,
+        },
+        "location": {
+            "type": "object",
+            "properties": {
+                "lat": {"type": "integer", "minimum": -90, "maximum": 90},
+                "lon": {"type": "integer", "minimum": -180, "maximum": 180},
+            },
+            "required": ["lat", "lon"],
+        },
+    },
+    "required": ["city", "population_millions", "landmarks", "location"],
+}
 CITIES = ["Paris", "Tokyo", "Rome", "Madrid"]
 
 
@@ -40,14 +53,19 @@ def smollm2_json_server(smollm2_dir: Path):
 
 
 async def test_every_output_validates_at_concurrency_16_with_n_4(smollm2_json_server):
-    client = openai.AsyncOpenAI(base_url=f"{smollm2_json_server.url}/v1", api_key="unused", max_retries=0,
-                                timeout=1500)
+    client = openai.AsyncOpenAI(base_url=f"{smollm2_json_server.url}/v1", api_key="unused", max_retries=0, timeout=1500)
     fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
 
     async def one(i: int):
         return await client.chat.completions.create(
-            model=smollm2_json_server.model, n=4, max_tokens=100, temperature=0.8, seed=i, response_format=fmt,
-            messages=[{"role": "user", "content": f"Describe {CITIES[i % 4]} as JSON."}])
+            model=smollm2_json_server.model,
+            n=4,
+            max_tokens=100,
+            temperature=0.8,
+            seed=i,
+            response_format=fmt,
+            messages=[{"role": "user", "content": f"Describe {CITIES[i % 4]} as JSON."}],
+        )
 
     results = await asyncio.gather(*(one(i) for i in range(16)))
     choices = [c for r in results for c in r.choices]
@@ -66,8 +84,15 @@ class Capital(BaseModel):
 def test_langchain_with_structured_output_fills_a_pydantic_model(smollm2_json_server):
     from langchain_openai import ChatOpenAI
 
-    llm = ChatOpenAI(model=smollm2_json_server.model, base_url=f"{smollm2_json_server.url}/v1", api_key="unused",
-                     temperature=0, max_tokens=60, max_retries=0, timeout=300)
+    llm = ChatOpenAI(
+        model=smollm2_json_server.model,
+        base_url=f"{smollm2_json_server.url}/v1",
+        api_key="unused",
+        temperature=0,
+        max_tokens=60,
+        max_retries=0,
+        timeout=300,
+    )
     answer = llm.with_structured_output(Capital).invoke("What is the capital of France?")
     assert isinstance(answer, Capital)
     assert "Paris" in answer.city

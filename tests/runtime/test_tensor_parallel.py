@@ -48,9 +48,15 @@ def run_staggered(core, cases) -> list[list[int]]:
 
 def config(model_dir, tensor_parallel: int) -> EngineConfig:
     # a cache small enough to preempt, a budget small enough to chunk prefills
-    return EngineConfig(model=str(model_dir), block_size=4, kv_cache_memory=48 * 4 * BYTES_PER_TOKEN,
-                        max_model_len=128, max_num_batched_tokens=24, max_num_seqs=8,
-                        tensor_parallel_size=tensor_parallel)
+    return EngineConfig(
+        model=str(model_dir),
+        block_size=4,
+        kv_cache_memory=48 * 4 * BYTES_PER_TOKEN,
+        max_model_len=128,
+        max_num_batched_tokens=24,
+        max_num_seqs=8,
+        tensor_parallel_size=tensor_parallel,
+    )
 
 
 def test_two_ranks_produce_the_single_rank_greedy_tokens(tiny_model_dir):
@@ -69,8 +75,9 @@ def test_two_ranks_produce_the_single_rank_greedy_tokens(tiny_model_dir):
 
 
 def follower_pids(server_pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(server_pid), "-f", "goodput_runtime.engine.tp_worker"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["pgrep", "-P", str(server_pid), "-f", "goodput_runtime.engine.tp_worker"], capture_output=True, text=True
+    )
     return [int(p) for p in out.stdout.split()]
 
 

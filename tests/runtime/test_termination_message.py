@@ -17,8 +17,12 @@ pytestmark = pytest.mark.runtime
 
 
 def run_cli(*flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "goodput_runtime", "--host", "127.0.0.1", "--port", "0", *flags],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "goodput_runtime", "--host", "127.0.0.1", "--port", "0", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_missing_model_directory_is_the_termination_message(tmp_path: Path) -> None:
@@ -26,7 +30,8 @@ def test_a_missing_model_directory_is_the_termination_message(tmp_path: Path) ->
     result = run_cli("--model", "/nonexistent/model", "--termination-message-path", str(message))
     assert result.returncode == 1
     assert message.read_text() == (
-        "Cannot serve /nonexistent/model: model directory /nonexistent/model does not exist\n")
+        "Cannot serve /nonexistent/model: model directory /nonexistent/model does not exist\n"
+    )
 
 
 def test_an_unsupported_architecture_is_the_termination_message(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -12,8 +12,12 @@ NAMES = frozenset({"get_weather", "get_time"})
 PARIS = {"city": "Paris", "unit": "celsius"}
 
 WHOLE = [
-    ("hermes", 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
-               '\n</tool_call>', "Let me look."),
+    (
+        "hermes",
+        'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
+        "\n</tool_call>",
+        "Let me look.",
+    ),
     ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}', None),
     ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}', None),
     ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}]', None),
@@ -30,19 +34,24 @@ def test_each_format_gives_the_call_with_json_arguments_and_the_text_around_it(f
 
 
 def test_several_hermes_calls_come_out_in_order_with_distinct_ids():
-    text = ('<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>\n'
-            '<tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>')
+    text = (
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>\n'
+        '<tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>'
+    )
     content, calls = parse(text, "hermes", NAMES)
     assert content is None
     assert [c.name for c in calls] == ["get_weather", "get_time"]
     assert len({c.id for c in calls}) == 2
 
 
-@pytest.mark.parametrize("text", [
-    "The weather in Paris is mild.",
-    '<tool_call>{"name": "launch_rockets", "arguments": {}}</tool_call>',  # not an offered tool
-    '<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>',  # broken JSON
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The weather in Paris is mild.",
+        '<tool_call>{"name": "launch_rockets", "arguments": {}}</tool_call>',  # not an offered tool
+        '<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>',  # broken JSON
+    ],
+)
 def test_text_without_a_well_formed_call_of_an_offered_tool_stays_content(text):
     assert parse(text, "hermes", NAMES) == (text, [])
 
@@ -68,8 +77,14 @@ def stream(fmt: str, pieces: list[str], **kwargs) -> list[dict]:
 
 
 def test_a_streamed_call_sends_the_text_before_it_then_id_and_name_then_arguments():
-    pieces = ["I will ", "check.<tool", "_call>\n", '{"name": "get_weather", "arguments": ', '{"city": "Paris", ',
-              '"unit": "celsius"}}\n</tool_call>']
+    pieces = [
+        "I will ",
+        "check.<tool",
+        "_call>\n",
+        '{"name": "get_weather", "arguments": ',
+        '{"city": "Paris", ',
+        '"unit": "celsius"}}\n</tool_call>',
+    ]
     deltas = stream("hermes", pieces)
     content = "".join(d.get("content", "") for d in deltas)
     assert content == "I will check."  # nothing of the marker leaks into the content
@@ -99,9 +114,11 @@ def test_the_tool_call_parser_flag_reaches_the_config():
 
 
 def test_a_required_call_streams_id_and_name_then_its_arguments_as_they_are_generated():
-    text = ('[{"name": "get_weather", "parameters": {"city": "Pa\\"ris}", "days": [1, {"a": 2}]}}, '
-            '{"name": "get_time", "parameters": {}}]')
-    pieces = [text[i:i + 3] for i in range(0, len(text), 3)]
+    text = (
+        '[{"name": "get_weather", "parameters": {"city": "Pa\\"ris}", "days": [1, {"a": 2}]}}, '
+        '{"name": "get_time", "parameters": {}}]'
+    )
+    pieces = [text[i : i + 3] for i in range(0, len(text), 3)]
     deltas = stream("hermes", pieces, forced=True)
     calls = [d["tool_calls"][0] for d in deltas]
     assert [(c["index"], c["function"]["name"]) for c in calls if "id" in c] == [(0, "get_weather"), (1, "get_time")]
@@ -115,15 +132,29 @@ def test_a_required_output_cut_before_any_call_is_content():
     assert stream("hermes", ['[{"name": "get_w'], forced=True) == [{"content": '[{"name": "get_w'}]
 
 
-@pytest.mark.parametrize("pieces", [
-    ["Sure. ", "<tool_call>", '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}',
-     "</tool_call>", " Done."],
-    ["<tool_call>", '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}</tool_call>',
-     "\nDone."],
-])
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [
+            "Sure. ",
+            "<tool_call>",
+            '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}',
+            "</tool_call>",
+            " Done.",
+        ],
+        [
+            "<tool_call>",
+            '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}</tool_call>',
+            "\nDone.",
+        ],
+    ],
+)
 def test_text_after_an_auto_call_streams_as_the_whole_answer_has_it(pieces):
     deltas = stream("hermes", pieces)
     whole, _ = parse("".join(pieces), "hermes", NAMES)
     assert "".join(d.get("content", "") for d in deltas) == whole
-    assert [json.loads(d["tool_calls"][0]["function"]["arguments"]) for d in deltas
-            if "tool_calls" in d and d["tool_calls"][0]["function"]["arguments"]] == [PARIS]
+    assert [
+        json.loads(d["tool_calls"][0]["function"]["arguments"])
+        for d in deltas
+        if "tool_calls" in d and d["tool_calls"][0]["function"]["arguments"]
+    ] == [PARIS]

@@ -15,11 +15,20 @@ from helpers import wait_for
 
 pytestmark = pytest.mark.runtime
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
-                                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-           "required": ["city", "unit"]}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
-                                           "parameters": WEATHER}}]
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 30},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "The current weather in a city", "parameters": WEATHER},
+    }
+]
 QUESTION = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 
 
@@ -39,18 +48,23 @@ def client(smollm2_tools_server):
 
 def answer_with_weather(client, model: str, call: dict) -> str:
     """The second turn: the call and its result go back, and the model answers in text."""
-    messages = [*QUESTION, {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": call["id"], "content": "22 degrees celsius and sunny"}]
-    result = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice="none",
-                                            max_tokens=40, temperature=0)
+    messages = [
+        *QUESTION,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "22 degrees celsius and sunny"},
+    ]
+    result = client.chat.completions.create(
+        model=model, messages=messages, tools=TOOLS, tool_choice="none", max_tokens=40, temperature=0
+    )
     assert result.choices[0].message.tool_calls is None
     return result.choices[0].message.content
 
 
 def test_the_weather_round_trip_with_the_openai_sdk(client, smollm2_tools_server):
     model = smollm2_tools_server.model
-    result = client.chat.completions.create(model=model, messages=QUESTION, tools=TOOLS, tool_choice="required",
-                                            max_tokens=60, temperature=0)
+    result = client.chat.completions.create(
+        model=model, messages=QUESTION, tools=TOOLS, tool_choice="required", max_tokens=60, temperature=0
+    )
     choice = result.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
@@ -62,12 +76,17 @@ def test_the_weather_round_trip_with_the_openai_sdk(client, smollm2_tools_server
     assert "22" in answer, answer
 
 
-def test_the_weather_round_trip_streamed_sends_id_and_name_first_then_argument_fragments(client,
-                                                                                         smollm2_tools_server):
+def test_the_weather_round_trip_streamed_sends_id_and_name_first_then_argument_fragments(client, smollm2_tools_server):
     model = smollm2_tools_server.model
-    stream = client.chat.completions.create(model=model, messages=QUESTION, tools=TOOLS, max_tokens=60,
-                                            temperature=0, stream=True,
-                                            tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    stream = client.chat.completions.create(
+        model=model,
+        messages=QUESTION,
+        tools=TOOLS,
+        max_tokens=60,
+        temperature=0,
+        stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     deltas = [c.choices[0] for c in stream if c.choices]
     calls = [d.delta.tool_calls[0] for d in deltas if d.delta.tool_calls]
     assert calls[0].id and calls[0].function.name == "get_weather"
@@ -89,11 +108,19 @@ def test_langchain_bind_tools_with_required_returns_a_valid_call(smollm2_tools_s
         """The current weather in a city; unit is celsius or fahrenheit."""
         return "22"
 
-    llm = ChatOpenAI(model=smollm2_tools_server.model, base_url=f"{smollm2_tools_server.url}/v1", api_key="unused",
-                     temperature=0, max_tokens=60, max_retries=0, timeout=600)
+    llm = ChatOpenAI(
+        model=smollm2_tools_server.model,
+        base_url=f"{smollm2_tools_server.url}/v1",
+        api_key="unused",
+        temperature=0,
+        max_tokens=60,
+        max_retries=0,
+        timeout=600,
+    )
     # one call: with parallel calls allowed, the greedy 135M model repeats the same call until max_tokens
     message = llm.bind_tools([get_weather], tool_choice="required", parallel_tool_calls=False).invoke(
-        "What is the weather in Tokyo?")
+        "What is the weather in Tokyo?"
+    )
     (call,) = message.tool_calls
     assert call["name"] == "get_weather"
     assert set(call["args"]) == {"city", "unit"} and "Tokyo" in call["args"]["city"]

@@ -16,12 +16,15 @@ from test_native_attention import paged_case
 from goodput_runtime.engine import attention, triton_attention
 from goodput_runtime.engine.attention import PagedBatch
 
-pytestmark = [pytest.mark.runtime,
-              pytest.mark.skipif(not triton_attention.importable(), reason="Triton is not installed")]
+pytestmark = [
+    pytest.mark.runtime,
+    pytest.mark.skipif(not triton_attention.importable(), reason="Triton is not installed"),
+]
 
 
-def step_case(lens: list[int], heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int,
-              device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PagedBatch]:
+def step_case(
+    lens: list[int], heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int, device: str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PagedBatch]:
     """A decode step: queries, the new tokens' keys and values, and a batch whose slot mapping puts
     each new token at its row's last position (within its own blocks)."""
     query, cache, batch = paged_case(lens, heads, kv_heads, head_dim, 16, dtype, seed)
@@ -79,12 +82,24 @@ def test_splits_only_for_long_contexts_of_few_sequences():
 def check_fused(shape, lens, window, monkeypatch):
     heads, kv_heads, head_dim = shape
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    query, key, value, batch = step_case(lens, heads, kv_heads, head_dim, torch.float32, seed=len(lens) + head_dim,
-                                         device=device)
+    query, key, value, batch = step_case(
+        lens, heads, kv_heads, head_dim, torch.float32, seed=len(lens) + head_dim, device=device
+    )
     expected, keys, values = torch_path(query, key, value, batch, window, None, monkeypatch)
     group = batch.decodes[0]
-    out = triton_attention.decode(query, batch.cache.keys[0], batch.cache.values[0], group.blocks, group.lens,
-                                  16, None, window, key, value, batch.slot_mapping)
+    out = triton_attention.decode(
+        query,
+        batch.cache.keys[0],
+        batch.cache.values[0],
+        group.blocks,
+        group.lens,
+        16,
+        None,
+        window,
+        key,
+        value,
+        batch.slot_mapping,
+    )
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
     # the new keys and values landed where the torch path put them, and nothing else changed
     assert torch.equal(batch.cache.keys[0], keys) and torch.equal(batch.cache.values[0], values)
@@ -93,21 +108,41 @@ def check_fused(shape, lens, window, monkeypatch):
 BF16_INTERPRETED = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="Triton's interpreter multiplies bf16 matrices wrongly (tl.dot of a 16x16 bf16 tile off by 1e10); "
-           "bf16 is checked compiled, on a GPU")
+    "bf16 is checked compiled, on a GPU",
+)
 
 
 @pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=BF16_INTERPRETED), torch.float16])
 def test_half_precision_close_to_the_torch_path(dtype, interpret, monkeypatch):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     query, key, value, batch = step_case([3, 130, 64, 1], 32, 4, 64, dtype, seed=5, device=device)
-    expected, _, _ = torch_path(query.float(), key.float(), value.float(),
-                                PagedBatch(type(batch.cache)([batch.cache.keys[0].float()],
-                                                             [batch.cache.values[0].float()]),
-                                           batch.slot_mapping, decodes=batch.decodes),
-                                None, 0.125, monkeypatch)
+    expected, _, _ = torch_path(
+        query.float(),
+        key.float(),
+        value.float(),
+        PagedBatch(
+            type(batch.cache)([batch.cache.keys[0].float()], [batch.cache.values[0].float()]),
+            batch.slot_mapping,
+            decodes=batch.decodes,
+        ),
+        None,
+        0.125,
+        monkeypatch,
+    )
     group = batch.decodes[0]
-    out = triton_attention.decode(query, batch.cache.keys[0], batch.cache.values[0], group.blocks, group.lens,
-                                  16, 0.125, None, key, value, batch.slot_mapping)
+    out = triton_attention.decode(
+        query,
+        batch.cache.keys[0],
+        batch.cache.values[0],
+        group.blocks,
+        group.lens,
+        16,
+        0.125,
+        None,
+        key,
+        value,
+        batch.slot_mapping,
+    )
     assert out.dtype == dtype
     torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
 
@@ -136,8 +171,19 @@ def test_padding_rows_touch_only_the_scratch_slot(interpret, monkeypatch):
     blocks = torch.cat([group.blocks, torch.full((2, group.blocks.shape[1]), scratch, device=device)])
     lens = torch.cat([group.lens, torch.ones(2, dtype=torch.long, device=device)])
     slots = torch.cat([batch.slot_mapping, torch.full((2,), scratch * 16, device=device)])
-    out = triton_attention.decode(torch.cat([query, query]), cache.keys[0], cache.values[0], blocks, lens, 16, None,
-                                  None, torch.cat([key, key]), torch.cat([value, value]), slots)
+    out = triton_attention.decode(
+        torch.cat([query, query]),
+        cache.keys[0],
+        cache.values[0],
+        blocks,
+        lens,
+        16,
+        None,
+        None,
+        torch.cat([key, key]),
+        torch.cat([value, value]),
+        slots,
+    )
     torch.testing.assert_close(out[:2], expected, atol=2e-5, rtol=2e-5)
     # a padding row attends to its one token: its own value
     torch.testing.assert_close(out[2:], value.repeat_interleave(3, dim=1), atol=1e-6, rtol=1e-6)
@@ -183,10 +229,24 @@ def test_start_up_launches_every_variant_a_model_steps_use(window, interpret, mo
     launched = []
     kernel = triton_attention.decode
 
-    def record(query, k_cache, v_cache, blocks, lens, block_size, scaling, window, key=None, value=None, slots=None,
-               splits=None, rotary=None):
-        out = kernel(query, k_cache, v_cache, blocks, lens, block_size, scaling, window, key, value, slots, splits,
-                     rotary)
+    def record(
+        query,
+        k_cache,
+        v_cache,
+        blocks,
+        lens,
+        block_size,
+        scaling,
+        window,
+        key=None,
+        value=None,
+        slots=None,
+        splits=None,
+        rotary=None,
+    ):
+        out = kernel(
+            query, k_cache, v_cache, blocks, lens, block_size, scaling, window, key, value, slots, splits, rotary
+        )
         assert torch.isfinite(out).all()
         launched.append((key is not None, splits, rotary is not None))
         return out
@@ -197,8 +257,14 @@ def test_start_up_launches_every_variant_a_model_steps_use(window, interpret, mo
     assert sorted(launched) == [(False, 1, False), (False, 2, False), (True, 1, False), (True, 2, False)]
     launched.clear()  # in half precision, also the rotary variant a layer's chain of GEMVs launches
     triton_attention.warm_up(32, 4, 64, 16, torch.float16, device, window)
-    assert sorted(launched) == [(False, 1, False), (False, 2, False), (True, 1, False), (True, 1, True),
-                                (True, 2, False), (True, 2, True)]
+    assert sorted(launched) == [
+        (False, 1, False),
+        (False, 2, False),
+        (True, 1, False),
+        (True, 1, True),
+        (True, 2, False),
+        (True, 2, True),
+    ]
 
 
 def rotary_rows(positions: list[int], head_dim: int, dtype: torch.dtype, device: str):
@@ -227,8 +293,9 @@ def test_the_rotary_embedding_applied_by_the_kernel_equals_rotating_first(dtype,
 
     def run(q, k, rotary=None):
         keys, values = cache.keys[0].clone(), cache.values[0].clone()
-        out = triton_attention.decode(q, keys, values, group.blocks, group.lens, 16, None, None, k, value,
-                                      batch.slot_mapping, rotary=rotary)
+        out = triton_attention.decode(
+            q, keys, values, group.blocks, group.lens, 16, None, None, k, value, batch.slot_mapping, rotary=rotary
+        )
         return out, keys
 
     out, keys = run(query, key, (cos, sin))
@@ -246,8 +313,9 @@ def test_attend_rotates_first_where_the_kernel_does_not_serve(monkeypatch):
 
     query, key, value, batch = step_case([9, 40], 9, 3, 64, torch.float32, seed=23)
     cos, sin = rotary_rows([8, 39], 64, torch.float32, "cpu")
-    expected, keys, _ = torch_path(rotate(query, cos, sin), rotate(key, cos, sin), value, batch, None, None,
-                                   monkeypatch)
+    expected, keys, _ = torch_path(
+        rotate(query, cos, sin), rotate(key, cos, sin), value, batch, None, None, monkeypatch
+    )
     out = attention.attend(batch, 0, query, key, value, rotary=(cos, sin))
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
     assert torch.equal(batch.cache.keys[0], keys)
@@ -278,8 +346,9 @@ def test_a_rotary_variant_that_cannot_build_leaves_the_rotation_to_torch(interpr
     monkeypatch.setattr(triton_attention, "available", lambda q: True)
     query, key, value, batch = step_case([9, 40], 9, 3, 64, torch.float32, seed=29, device=device)
     cos, sin = rotary_rows([8, 39], 64, torch.float32, device)
-    expected, keys, _ = torch_path(rotate(query, cos, sin), rotate(key, cos, sin), value, batch, None, None,
-                                   monkeypatch)
+    expected, keys, _ = torch_path(
+        rotate(query, cos, sin), rotate(key, cos, sin), value, batch, None, None, monkeypatch
+    )
     seen.clear()
     out = attention.attend(batch, 0, query, key, value, rotary=(cos, sin))
     assert True not in seen  # (on a CPU its own kernel attends; on CUDA Triton's, without `rotary`)

@@ -17,8 +17,10 @@ from torch.nn import functional as F
 from goodput_runtime.engine import triton_attention, triton_linear
 from goodput_runtime.models import llama
 
-pytestmark = [pytest.mark.runtime,
-              pytest.mark.skipif(not triton_attention.importable(), reason="Triton is not installed")]
+pytestmark = [
+    pytest.mark.runtime,
+    pytest.mark.skipif(not triton_attention.importable(), reason="Triton is not installed"),
+]
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -36,8 +38,11 @@ def reference(x, w, b):
     return F.linear(x.double(), w.double(), None if b is None else b.double())
 
 
-@pytest.mark.parametrize("config", sorted(set(triton_linear.CANDIDATES + triton_linear.NORM_CANDIDATES)),
-                         ids=lambda c: "{}x{}-w{}".format(*c))
+@pytest.mark.parametrize(
+    "config",
+    sorted(set(triton_linear.CANDIDATES + triton_linear.NORM_CANDIDATES)),
+    ids=lambda c: "{}x{}-w{}".format(*c),
+)
 @pytest.mark.parametrize("shape", [(64, 512), (37, 100), (130, 1088)], ids=lambda s: "{}x{}".format(*s))
 def test_every_candidate_tile_gives_the_product(config, shape, interpret):
     """Each tile the start-up tuning may pick: rows past N, columns past K (100 and 1,088 are no
@@ -131,11 +136,13 @@ class QuantizedStandIn(nn.Module):
     weight = torch.zeros(1, 1, dtype=torch.bfloat16)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU engine through the interpreter; on a GPU "
-                    "the gpu tests below serve")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the CPU engine through the interpreter; on a GPU the gpu tests below serve"
+)
 @pytest.mark.parametrize("layer_path", ["chain", "chain-compiled", "cpu-fused"])
-def test_a_batch_of_one_decodes_through_the_kernel_and_keeps_transformers_tokens(layer_path, tiny_model_dir,
-                                                                                   interpret, monkeypatch):
+def test_a_batch_of_one_decodes_through_the_kernel_and_keeps_transformers_tokens(
+    layer_path, tiny_model_dir, interpret, monkeypatch
+):
     """The engine with its projections marked (as on a GPU; here float32 is let in, through the
     interpreter): a single request's decode steps take every product through the GEMV, and the greedy
     tokens are transformers'. The prompt's step keeps F.linear for its layers' products. `chain`: the
@@ -154,27 +161,44 @@ def test_a_batch_of_one_decodes_through_the_kernel_and_keeps_transformers_tokens
     if layer_path.startswith("chain"):  # decode attention through the Triton kernel, as on a GPU
         decode = triton_attention.decode
         monkeypatch.setattr(triton_attention, "available", lambda q: True)
-        monkeypatch.setattr(triton_attention, "decode", lambda *a, **k: rotated_in_kernel.append(
-            k.get("rotary") is not None) or decode(*a, **k))
-    core = build_core(dataclasses.replace(small_config(tiny_model_dir), step_tuning="off",
-                                          compile=layer_path == "chain-compiled"))
+        monkeypatch.setattr(
+            triton_attention,
+            "decode",
+            lambda *a, **k: rotated_in_kernel.append(k.get("rotary") is not None) or decode(*a, **k),
+        )
+    core = build_core(
+        dataclasses.replace(small_config(tiny_model_dir), step_tuning="off", compile=layer_path == "chain-compiled")
+    )
     model = core.runner.model
     monkeypatch.setattr(triton_linear, "DTYPES", (torch.float32,))
     assert triton_linear.mark(model) == len(model.linears())
     rotated_in_kernel.clear()  # (the compiled graph's warm-up at start-up, before the marks)
     calls = []
     kernel = triton_linear.gemv
-    monkeypatch.setattr(triton_linear, "gemv", lambda x, *a, **k: calls.append(
-        (x.shape[0], "norm" if k.get("norm") else "silu" if k.get("silu") else "", k.get("residual") is not None))
-        or kernel(x, *a, **k))
+    monkeypatch.setattr(
+        triton_linear,
+        "gemv",
+        lambda x, *a, **k: (
+            calls.append(
+                (
+                    x.shape[0],
+                    "norm" if k.get("norm") else "silu" if k.get("silu") else "",
+                    k.get("residual") is not None,
+                )
+            )
+            or kernel(x, *a, **k)
+        ),
+    )
     cases = [([5, 17, 300, 41, 9, 77], 6)]
     assert run_all(core, cases) == reference(tiny_model_dir, cases)
     # five decode steps after the prompt's, each every layer's four products and the head; and the
     # head of the prompt's step (its last row's logits alone)
     layers = len(model.model.layers)
     assert len(calls) == 5 * len(model.linears()) + 1 and {rows for rows, _, _ in calls} == {1}
-    folded = {(kind, res): sum(1 for _, k, r in calls if (k, r) == (kind, res))
-              for kind, res in [("norm", False), ("", True), ("silu", True)]}
+    folded = {
+        (kind, res): sum(1 for _, k, r in calls if (k, r) == (kind, res))
+        for kind, res in [("norm", False), ("", True), ("silu", True)]
+    }
     if layer_path.startswith("chain"):  # per layer: the qkv and gate-up products after norms; output and down
         assert folded == {("norm", False): 10 * layers, ("", True): 5 * layers, ("silu", True): 5 * layers}
         assert rotated_in_kernel == [True] * 5 * layers  # each decode step's attention rotated in the kernel
@@ -184,8 +208,13 @@ def test_a_batch_of_one_decodes_through_the_kernel_and_keeps_transformers_tokens
 
 # Triton's interpreter rounds float32 to bfloat16 toward zero where torch and a GPU round to nearest:
 # the folded work's bf16 roundings are checked on a GPU only (float16 rounds alike everywhere).
-HALF = [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
-    DEVICE == "cpu", reason="the interpreter rounds to bfloat16 toward zero"))]
+HALF = [
+    torch.float16,
+    pytest.param(
+        torch.bfloat16,
+        marks=pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter rounds to bfloat16 toward zero"),
+    ),
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, *HALF])
@@ -243,8 +272,9 @@ def test_start_up_tuning_picks_a_tile_no_slower_than_the_default_on_a_1b_llamas_
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
-def test_engine_on_cuda_in_bf16_serves_a_batch_of_one_through_the_kernel_under_graphs(eager, tiny_model_dir,
-                                                                                       monkeypatch):
+def test_engine_on_cuda_in_bf16_serves_a_batch_of_one_through_the_kernel_under_graphs(
+    eager, tiny_model_dir, monkeypatch
+):
     """bf16 on a GPU: with the decode graphs, start-up marks the projections and a single request's
     decode steps use the GEMV; with --enforce-eager none is marked (launched eagerly, cuBLAS costs less
     CPU time a call). Either way the greedy tokens are cuBLAS's (GOODPUT_GEMV=off)."""
@@ -266,8 +296,7 @@ def test_engine_on_cuda_in_bf16_serves_a_batch_of_one_through_the_kernel_under_g
         assert all(marked) and calls, "the GEMV was not used"
         assert any(calls), "the layers did not run as the chain of GEMVs (norms folded in)"
     monkeypatch.setattr(triton_linear, "ENABLED", False)
-    assert with_kernel == run_all(build_core(gpu_config(tiny_model_dir, dtype="bfloat16", enforce_eager=eager)),
-                                  cases)
+    assert with_kernel == run_all(build_core(gpu_config(tiny_model_dir, dtype="bfloat16", enforce_eager=eager)), cases)
 
 
 @pytest.mark.gpu
@@ -308,4 +337,3 @@ def test_a_chain_of_products_launched_dependently_in_a_cuda_graph_gives_the_seri
     assert triton_linear._pdl(x.device)
     assert torch.equal(results["wait"], results["off"]) and torch.equal(results["early"], results["off"])
     assert torch.equal(results["off"], results["off"][:1].expand_as(results["off"]))
-

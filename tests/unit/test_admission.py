@@ -60,8 +60,9 @@ def test_prompts_waiting_ahead_add_their_prefill():
 
 def test_a_batch_prefill_under_way_is_not_ahead_of_an_online_request():
     s = make(max_num_seqs=64, budget=64)
-    batch = Sequence.new("batch", [10 + i % 50 for i in range(1000)],
-                         SamplingParams(max_tokens=5, temperature=0.0, priority=1), 0.0)
+    batch = Sequence.new(
+        "batch", [10 + i % 50 for i in range(1000)], SamplingParams(max_tokens=5, temperature=0.0, priority=1), 0.0
+    )
     s.add(batch)
     run_step(s)  # admitted, its prefill under way
     assert batch.num_uncomputed_tokens > 900

@@ -18,8 +18,9 @@ from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.request_times import RequestTimes
 
 PERIOD, WINDOW = 2.0, 10.0
-POLICY = Policy(min_replicas=1, max_replicas=3, attainment_target=0.9, ttft_target=1.0, window_seconds=WINDOW,
-                startup_seconds=60.0)
+POLICY = Policy(
+    min_replicas=1, max_replicas=3, attainment_target=0.9, ttft_target=1.0, window_seconds=WINDOW, startup_seconds=60.0
+)
 MU = 10.0  # requests per second one replica serves: 1 / a 0.1 s request, one at a time
 
 
@@ -31,8 +32,16 @@ class Pod:
 
     def period(self, finished: int, running: int = 0, waiting: int = 0) -> None:
         for _ in range(finished):
-            self.metrics.record_finished(RequestTimes(arrival=0.0, first_scheduled=0.0, first_token=0.1,
-                                                      finished=0.2, num_output_tokens=8, outcome="success"))
+            self.metrics.record_finished(
+                RequestTimes(
+                    arrival=0.0,
+                    first_scheduled=0.0,
+                    first_token=0.1,
+                    finished=0.2,
+                    num_output_tokens=8,
+                    outcome="success",
+                )
+            )
         self.metrics.record_step(running, waiting, 0.1, 0, 0, 0)
 
     def text(self) -> str:

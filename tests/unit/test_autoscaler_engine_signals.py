@@ -24,10 +24,16 @@ class FakeVllm:
         self.running = Gauge("vllm:num_requests_running", "", labels, registry=r).labels("m", "0")
         self.waiting = Gauge("vllm:num_requests_waiting", "", labels, registry=r).labels("m", "0")
         self.kv = Gauge(kv_name, "", labels, registry=r).labels("m", "0")
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "", labels, registry=r,
-                              buckets=engines.with_boundary(engines.VLLM_TTFT_BUCKETS, SLO_TTFT)).labels("m", "0")
-        self.tpot = Histogram(tpot_name, "", labels, registry=r,
-                              buckets=engines.with_boundary(engines.VLLM_TPOT_BUCKETS, SLO_TPOT)).labels("m", "0")
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "",
+            labels,
+            registry=r,
+            buckets=engines.with_boundary(engines.VLLM_TTFT_BUCKETS, SLO_TTFT),
+        ).labels("m", "0")
+        self.tpot = Histogram(
+            tpot_name, "", labels, registry=r, buckets=engines.with_boundary(engines.VLLM_TPOT_BUCKETS, SLO_TPOT)
+        ).labels("m", "0")
         for reason in ("stop", "length", "abort", "error"):
             self.success.labels("m", "0", reason)
 
@@ -49,10 +55,20 @@ class FakeSglang:
         self.running = Gauge("sglang:num_running_reqs", "", ["model_name"], registry=r).labels("m")
         self.queue = Gauge("sglang:num_queue_reqs", "", ["model_name"], registry=r).labels("m")
         self.usage = Gauge("sglang:token_usage", "", ["model_name"], registry=r).labels("m")
-        self.ttft = Histogram("sglang:time_to_first_token_seconds", "", ["model_name"], registry=r,
-                              buckets=engines.with_boundary(engines.SGLANG_TTFT_BUCKETS, SLO_TTFT)).labels("m")
-        self.itl = Histogram("sglang:inter_token_latency_seconds", "", ["model_name"], registry=r,
-                             buckets=engines.with_boundary(engines.SGLANG_TPOT_BUCKETS, SLO_TPOT)).labels("m")
+        self.ttft = Histogram(
+            "sglang:time_to_first_token_seconds",
+            "",
+            ["model_name"],
+            registry=r,
+            buckets=engines.with_boundary(engines.SGLANG_TTFT_BUCKETS, SLO_TTFT),
+        ).labels("m")
+        self.itl = Histogram(
+            "sglang:inter_token_latency_seconds",
+            "",
+            ["model_name"],
+            registry=r,
+            buckets=engines.with_boundary(engines.SGLANG_TPOT_BUCKETS, SLO_TPOT),
+        ).labels("m")
 
     def text(self):
         return generate_latest(self.registry).decode()

@@ -22,8 +22,9 @@ from goodput_operator.autoscaling.law import (
     start_memory,
 )
 
-POLICY = Policy(min_replicas=1, max_replicas=10, attainment_target=0.95, ttft_target=0.5, tpot_target=0.05,
-                scale_down_window=300)
+POLICY = Policy(
+    min_replicas=1, max_replicas=10, attainment_target=0.95, ttft_target=0.5, tpot_target=0.05, scale_down_window=300
+)
 KNOWN = Memory(capacity_per_replica=4.0)  # requests per second per replica
 
 
@@ -44,10 +45,17 @@ CASES = [
     ("guard adds half the ready replicas", 4, 4, missed(8.0), KNOWN, 6, UP, "slo_guard"),
     ("guard adds at least one", 1, 1, missed(2.0), KNOWN, 2, UP, "slo_guard"),
     ("guard waits for starting pods", 6, 4, missed(8.0), KNOWN, 6, HOLD, "slo_guard"),
-    ("a surge on top of a queue is met at once", 2, 2, Signals(12.0, attainment=0.99, waiting=6), KNOWN, 4, UP,
-     "capacity"),
-    ("no guard without finished requests", 2, 2, Signals(5.0, attainment=None, waiting=3), KNOWN, 2, HOLD,
-     "steady"),
+    (
+        "a surge on top of a queue is met at once",
+        2,
+        2,
+        Signals(12.0, attainment=0.99, waiting=6),
+        KNOWN,
+        4,
+        UP,
+        "capacity",
+    ),
+    ("no guard without finished requests", 2, 2, Signals(5.0, attainment=None, waiting=3), KNOWN, 2, HOLD, "steady"),
     ("missing metrics hold", 5, 5, None, KNOWN, 5, HOLD, "metrics_missing"),
     ("below min is raised", 0, 0, None, KNOWN, 1, UP, "bounds"),
     ("above max is lowered", 12, 12, None, KNOWN, 10, DOWN, "bounds"),
@@ -55,8 +63,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("current", "ready", "signals", "memory", "desired", "direction", "cause"),
-                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("current", "ready", "signals", "memory", "desired", "direction", "cause"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
 def test_law(current, ready, signals, memory, desired, direction, cause):
     obs = Observation(now=1000.0, current=current, ready=ready, signals=signals)
     decision = decide(POLICY, obs, memory)
@@ -82,12 +93,15 @@ def test_reason_speaks_in_slo_terms():
     assert decision.reason == "attainment 0.80 < 0.95 target, p90 TTFT 0.71 s > 0.50 s target, 12 requests queued"
 
 
-@pytest.mark.parametrize(("rate", "held", "desired", "cause"), [
-    (2.0, 100, 4, "stabilizing"),      # inside the window
-    (2.0, 300, 3, "scale_down"),       # one step, not straight to 1
-    (9.0, 300, 4, "steady"),           # 3 replicas plan for 3 × 3.08 req/s; 9 is within 5 % of it
-    (8.0, 300, 3, "scale_down"),       # 8 < 95 % of 9.23
-])
+@pytest.mark.parametrize(
+    ("rate", "held", "desired", "cause"),
+    [
+        (2.0, 100, 4, "stabilizing"),  # inside the window
+        (2.0, 300, 3, "scale_down"),  # one step, not straight to 1
+        (9.0, 300, 4, "steady"),  # 3 replicas plan for 3 × 3.08 req/s; 9 is within 5 % of it
+        (8.0, 300, 3, "scale_down"),  # 8 < 95 % of 9.23
+    ],
+)
 def test_scale_down_waits_and_steps_one_at_a_time(rate, held, desired, cause):
     memory = Memory(capacity_per_replica=4.0, high_since=1000.0)
     decision = decide(POLICY, Observation(1000.0 + held, 4, 4, met(rate)), memory)
@@ -172,22 +186,25 @@ WITH_CEILING = Memory(capacity_per_replica=4.0, ceiling=4.5)
 SPANNED = Memory(level=10.0, level_age=60.0)  # readings over a whole window behind the rate
 
 
-@pytest.mark.parametrize(("memory", "signals", "ready", "expected"), [
-    # unset: the first load met with nothing queued, over a whole window, is the planned load at that count (safe)
-    (SPANNED, met(10.0), 2, 5.0 / planned_load(1.0, 2, 0.8)),
-    (Memory(level=10.0, level_age=15.0), met(10.0), 2, None),  # a rate counted over 15 s: too few requests
-    (Memory(), met(10.0), 2, None),                     # the first reading of all
-    (SPANNED, missed(10.0), 2, None),                   # a miss alone says only "less than this"
-    # met at 5 per replica, far above the 2.87 planned, long window too: move 30 % of the way up to it
-    (KNOWN, met(10.0), 2, (2.869 + 0.3 * (5.0 - 2.869)) / planned_load(1.0, 2, 0.8)),
-    (KNOWN, met(10.0, attainment_long=0.9), 2, 4.0),      # ... but not while the long window misses
-    (KNOWN, in_band(0.99, ready=2), 2, 4.8),             # evidence above the aim, no miss seen yet: up 20 %
-    (WITH_CEILING, in_band(0.99, ready=2), 2, 4.0),      # after a miss: needs stronger evidence than 60 requests
-    (KNOWN, in_band(0.90, ready=2), 2, 3.76),            # a lasting miss at the plan: down a step (6 %)
-    (KNOWN, in_band(0.90, waiting=3, ready=2), 2, 4.0),  # with a queue: the shortage's
-    (KNOWN, Signals(2.0, attainment=0.5, finished=60), 2, 4.0),  # far under the plan: the requests', not load
-    (KNOWN, Signals(10.0, attainment=None), 2, 4.0),
-])
+@pytest.mark.parametrize(
+    ("memory", "signals", "ready", "expected"),
+    [
+        # unset: the first load met with nothing queued, over a whole window, is the planned load at that count (safe)
+        (SPANNED, met(10.0), 2, 5.0 / planned_load(1.0, 2, 0.8)),
+        (Memory(level=10.0, level_age=15.0), met(10.0), 2, None),  # a rate counted over 15 s: too few requests
+        (Memory(), met(10.0), 2, None),  # the first reading of all
+        (SPANNED, missed(10.0), 2, None),  # a miss alone says only "less than this"
+        # met at 5 per replica, far above the 2.87 planned, long window too: move 30 % of the way up to it
+        (KNOWN, met(10.0), 2, (2.869 + 0.3 * (5.0 - 2.869)) / planned_load(1.0, 2, 0.8)),
+        (KNOWN, met(10.0, attainment_long=0.9), 2, 4.0),  # ... but not while the long window misses
+        (KNOWN, in_band(0.99, ready=2), 2, 4.8),  # evidence above the aim, no miss seen yet: up 20 %
+        (WITH_CEILING, in_band(0.99, ready=2), 2, 4.0),  # after a miss: needs stronger evidence than 60 requests
+        (KNOWN, in_band(0.90, ready=2), 2, 3.76),  # a lasting miss at the plan: down a step (6 %)
+        (KNOWN, in_band(0.90, waiting=3, ready=2), 2, 4.0),  # with a queue: the shortage's
+        (KNOWN, Signals(2.0, attainment=0.5, finished=60), 2, 4.0),  # far under the plan: the requests', not load
+        (KNOWN, Signals(10.0, attainment=None), 2, 4.0),
+    ],
+)
 def test_capacity_is_learnt_from_live_attainment(memory, signals, ready, expected):
     learnt = learn_capacity(memory, signals, ready, POLICY, dt=60.0).capacity_per_replica
     assert learnt == pytest.approx(expected, rel=1e-3) if expected is not None else learnt is None
@@ -216,8 +233,9 @@ def test_an_estimate_that_starts_unknown_settles_where_the_replicas_meet_the_slo
         rate = 12.0
         load = rate / current
         attainment = 0.99 if load <= 2.7 else 0.93 if load <= 3.0 else 0.7
-        signals = Signals(rate, attainment=attainment, attainment_long=attainment, finished=rate * 60,
-                          waiting=0 if load <= 3.0 else 5)
+        signals = Signals(
+            rate, attainment=attainment, attainment_long=attainment, finished=rate * 60, waiting=0 if load <= 3.0 else 5
+        )
         decision = decide(POLICY, Observation(now, current, current, signals), memory)
         memory, current, now = decision.memory, decision.desired, now + 15.0
         counts.append(current)
@@ -226,8 +244,10 @@ def test_an_estimate_that_starts_unknown_settles_where_the_replicas_meet_the_slo
     assert last.count(5) >= 0.8 * len(last), last
 
 
-@pytest.mark.parametrize(("rate", "mu", "expected"), [(0.0, 4.0, 0), (2.4, 4.0, 1), (2.5, 4.0, 2), (9.2, 4.0, 3),
-                                                      (9.3, 4.0, 4), (10, None, 0)])
+@pytest.mark.parametrize(
+    ("rate", "mu", "expected"),
+    [(0.0, 4.0, 0), (2.4, 4.0, 1), (2.5, 4.0, 2), (9.2, 4.0, 3), (9.3, 4.0, 4), (10, None, 0)],
+)
 def test_capacity_term(rate, mu, expected):
     assert capacity_term(rate, mu, 0.8) == expected
 
@@ -235,7 +255,7 @@ def test_capacity_term(rate, mu, expected):
 def test_the_planned_share_grows_with_the_count():
     """Square-root staffing: the headroom is 1 − utilisation at 4 replicas and shrinks as 1/√N."""
     shares = [planned_load(1.0, n, 0.8) for n in (1, 2, 4, 9, 16)]
-    assert shares == pytest.approx([0.6, 1 - 0.2 * 2 ** 0.5, 0.8, 1 - 0.2 * 2 / 3, 0.9])
+    assert shares == pytest.approx([0.6, 1 - 0.2 * 2**0.5, 0.8, 1 - 0.2 * 2 / 3, 0.9])
 
 
 def test_a_significant_trend_scales_ahead_by_the_start_up_time():
@@ -257,13 +277,18 @@ def test_a_steady_period_reports_the_rate_and_its_trend():
     trend = one.memory.trend * 60
     assert one.reason == f"1 replica serves arrival {level:.2f} req/s, trend +{trend:.2f} req/s per minute"
     assert one.memory.trend > 0  # +0.12 req/s a minute, within a 1-minute window's noise at 2 req/s: no forecast
-    rising = decide(POLICY, Observation(1000.0, 4, 4, met(10.5)),
-                    Memory(capacity_per_replica=4.0, level=10.0, trend=0.025, seen_at=985.0, level_age=600.0))
+    rising = decide(
+        POLICY,
+        Observation(1000.0, 4, 4, met(10.5)),
+        Memory(capacity_per_replica=4.0, level=10.0, trend=0.025, seen_at=985.0, level_age=600.0),
+    )
     assert (rising.desired, rising.cause) == (4, "steady"), rising.reason
     ahead = forecast(rising.memory, POLICY, 15.0)
     assert ahead is not None and ahead > rising.memory.level
-    assert rising.reason == (f"4 replicas fit arrival {rising.memory.level:.2f} req/s, trend "
-                             f"+{rising.memory.trend * 60:.2f} req/s per minute ({ahead:.2f} req/s expected in 105 s)")
+    assert rising.reason == (
+        f"4 replicas fit arrival {rising.memory.level:.2f} req/s, trend "
+        f"+{rising.memory.trend * 60:.2f} req/s per minute ({ahead:.2f} req/s expected in 105 s)"
+    )
 
 
 def test_the_exported_forecast_is_the_rate_the_law_sized_for():
@@ -319,8 +344,7 @@ def test_pending_batch_lines_keep_the_replicas_spec_batch_max_replicas_allows_an
     assert decide(slow, Observation(200.0, 2, 2, idle, batch_pending=0), unlearnt).desired == 2  # stabilising
     # without spec.batch.maxReplicas, batch work adds nothing: a service at zero stays there
     plain = replace(batchy, batch_max_replicas=0)
-    assert decide(plain, Observation(10.0, 0, 0, None, "no ready pods", held=0, batch_pending=500),
-                  memory).desired == 0
+    assert decide(plain, Observation(10.0, 0, 0, None, "no ready pods", held=0, batch_pending=500), memory).desired == 0
 
 
 def test_batch_replicas_stay_within_max_replicas():

@@ -9,9 +9,18 @@ BASE = {"model": {"source": "hf://org/model"}, "resources": {"gpu": 1}}
 
 
 def test_slo_and_bounds_come_from_the_spec():
-    raw = {**BASE, "slo": {"ttft": "500ms", "tpot": "50ms", "attainment": 0.99},
-           "autoscaling": {"mode": "goodput", "minReplicas": 2, "maxReplicas": 9, "scaleDownWindow": "2m",
-                           "capacityPerReplica": 3.5, "targetUtilization": 0.7}}
+    raw = {
+        **BASE,
+        "slo": {"ttft": "500ms", "tpot": "50ms", "attainment": 0.99},
+        "autoscaling": {
+            "mode": "goodput",
+            "minReplicas": 2,
+            "maxReplicas": 9,
+            "scaleDownWindow": "2m",
+            "capacityPerReplica": 3.5,
+            "targetUtilization": 0.7,
+        },
+    }
     policy, capacity = policy_for(parse("chat", "ns", raw))
     assert (policy.min_replicas, policy.max_replicas, policy.scale_down_window) == (2, 9, 120.0)
     assert (policy.attainment_target, policy.ttft_target, policy.tpot_target) == (0.99, 0.5, 0.05)

@@ -10,9 +10,16 @@ from goodput_runtime.request_times import RequestTimes
 
 def finished(metrics: RuntimeMetrics, ttft: float, tokens: int = 5, tpot: float = 0.01) -> None:
     t0 = 100.0
-    metrics.record_finished(RequestTimes(arrival=t0, first_scheduled=t0, first_token=t0 + ttft,
-                                         finished=t0 + ttft + tpot * (tokens - 1), num_output_tokens=tokens,
-                                         outcome="success"))
+    metrics.record_finished(
+        RequestTimes(
+            arrival=t0,
+            first_scheduled=t0,
+            first_token=t0 + ttft,
+            finished=t0 + ttft + tpot * (tokens - 1),
+            num_output_tokens=tokens,
+            outcome="success",
+        )
+    )
 
 
 def scrape(metrics: RuntimeMetrics):

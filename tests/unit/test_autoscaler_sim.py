@@ -51,11 +51,7 @@ def test_goodput_law_beats_the_queue_length_law(results, trace):
 
 def test_replay_reads_timestamp_prompt_and_output_tokens(tmp_path):
     log = tmp_path / "log.csv"
-    log.write_text("timestamp,prompt_tokens,output_tokens\n"
-                   "1000.5, 800, 100\n"
-                   "1000.0,80,10\n"
-                   "\n"
-                   "1002.0,0,290\n")
+    log.write_text("timestamp,prompt_tokens,output_tokens\n1000.5, 800, 100\n1000.0,80,10\n\n1002.0,0,290\n")
     times, works, duration = load_replay(log)
     assert times == [0.0, 0.5, 2.0]  # sorted, from the first request
     costs = [10 + 80 / 8, 100 + 800 / 8, 290]  # decode tokens plus an eighth of the prompt's
@@ -96,8 +92,9 @@ def test_grid_figures_are_the_runs_it_reports():
         assert row["replica_s_ratio_max"] == pytest.approx(max(ratios))
     table = grid_table(rows)
     for row in rows:
-        assert (f"| {row['trace']} | 60 s | {row['goodput_attainment_min']:.3f} / "
-                f"{row['goodput_attainment_mean']:.3f} |") in table
+        assert (
+            f"| {row['trace']} | 60 s | {row['goodput_attainment_min']:.3f} / {row['goodput_attainment_mean']:.3f} |"
+        ) in table
 
 
 def test_the_documented_grid_is_the_one_the_bench_wrote():
@@ -128,8 +125,10 @@ def test_the_yardsticks_bound_what_seeing_only_the_present_can_do():
     curve = Curve.load()
     base = curve.capacity_point(TARGET)[0]
     trace = traces(base, 3600.0, 1)["flash"]
-    seer, now, law, hpa = (run(curve, trace, 3600.0, p, 180.0, 1, 1, 20, TARGET, 8)
-                           for p in ("clairvoyant", "reactive-bound", "goodput-no-hint", "concurrency-hpa"))
+    seer, now, law, hpa = (
+        run(curve, trace, 3600.0, p, 180.0, 1, 1, 20, TARGET, 8)
+        for p in ("clairvoyant", "reactive-bound", "goodput-no-hint", "concurrency-hpa")
+    )
     assert seer["attainment"] >= TARGET
     assert now["attainment"] < 0.85 and law["attainment"] < 0.85 and hpa["attainment"] < 0.85
     assert seer["replica_seconds"] < hpa["replica_seconds"]  # the future, known, costs less, not more

@@ -22,7 +22,8 @@ def test_the_batch_cap_can_be_turned_off():
 
 def test_a_margin_outside_zero_to_one_is_refused(capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
-        parse_args(["--model", "m", "--batch-cap-margin", "1.5", "--termination-message-path",
-                    str(tmp_path / "termination")])
+        parse_args(
+            ["--model", "m", "--batch-cap-margin", "1.5", "--termination-message-path", str(tmp_path / "termination")]
+        )
     assert exc.value.code == 2
     assert "--batch-cap-margin" in capsys.readouterr().err

@@ -12,8 +12,13 @@ from goodput_gateway.errors import APIError
 
 
 def line(custom_id="a", url="/v1/chat/completions", model="tiny", **extra) -> str:
-    item = {"custom_id": custom_id, "method": "POST", "url": url,
-            "body": {"model": model, "messages": [{"role": "user", "content": "hi"}]}, **extra}
+    item = {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": url,
+        "body": {"model": model, "messages": [{"role": "user", "content": "hi"}]},
+        **extra,
+    }
     return json.dumps(item)
 
 
@@ -30,16 +35,22 @@ def test_a_good_file_gives_its_lines_model_and_url():
     assert parsed.model == "tiny" and parsed.url == "/v1/chat/completions"
 
 
-@pytest.mark.parametrize(("bad", "words"), [
-    ("{not json", "not valid JSON"),
-    ('["a list"]', "JSON object"),
-    (line("a"), "custom_id 'a' is used by an earlier line"),
-    (line("c", url="/v1/images/generations"), "'url' must be one of"),
-    (line("c", model="other"), "same model"),
-    (line("c", url="/v1/completions"), "same url"),
-    (line("c", extra=1), "unknown field 'extra'"),
-    (json.dumps({"custom_id": "c", "method": "GET", "url": "/v1/completions", "body": {}}), "'method' must be POST"),
-])
+@pytest.mark.parametrize(
+    ("bad", "words"),
+    [
+        ("{not json", "not valid JSON"),
+        ('["a list"]', "JSON object"),
+        (line("a"), "custom_id 'a' is used by an earlier line"),
+        (line("c", url="/v1/images/generations"), "'url' must be one of"),
+        (line("c", model="other"), "same model"),
+        (line("c", url="/v1/completions"), "same url"),
+        (line("c", extra=1), "unknown field 'extra'"),
+        (
+            json.dumps({"custom_id": "c", "method": "GET", "url": "/v1/completions", "body": {}}),
+            "'method' must be POST",
+        ),
+    ],
+)
 def test_the_first_bad_line_is_refused_with_its_number(bad, words):
     err = refused(line("a"), line("b"), bad)
     assert err.message.startswith("Line 3: ")
@@ -67,14 +78,16 @@ def test_concurrency_grows_while_online_is_healthy_and_halves_when_online_waits(
 
 
 def test_replica_signals_read_online_series_and_fall_back_to_the_whole_queue():
-    text = "\n".join([
-        'goodput_requests_waiting{model="m"} 5.0',
-        'goodput_requests_waiting_by_priority{model="m",priority="online"} 1.0',
-        'goodput_requests_waiting_by_priority{model="m",priority="batch"} 4.0',
-        'goodput_requests_by_priority_total{model="m",priority="online",outcome="success"} 9.0',
-        'goodput_requests_by_priority_total{model="m",priority="batch",outcome="success"} 90.0',
-        'goodput_requests_good_by_priority_total{model="m",priority="online"} 8.0',
-    ])
+    text = "\n".join(
+        [
+            'goodput_requests_waiting{model="m"} 5.0',
+            'goodput_requests_waiting_by_priority{model="m",priority="online"} 1.0',
+            'goodput_requests_waiting_by_priority{model="m",priority="batch"} 4.0',
+            'goodput_requests_by_priority_total{model="m",priority="online",outcome="success"} 9.0',
+            'goodput_requests_by_priority_total{model="m",priority="batch",outcome="success"} 90.0',
+            'goodput_requests_good_by_priority_total{model="m",priority="online"} 8.0',
+        ]
+    )
     s = parse_signals(text)
     assert (s.online_waiting, s.online_total, s.online_good) == (1.0, 9.0, 8.0)
     assert parse_signals('vllm:num_requests_waiting{model_name="m"} 3.0').online_waiting == 3.0

@@ -30,9 +30,18 @@ def database_url(request, tmp_path):
 
 
 def jsonl(n: int, model: str = "tiny") -> bytes:
-    return "".join(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-                               "body": {"model": model, "messages": [{"role": "user", "content": f"hi {i}"}]}}) + "\n"
-                   for i in range(n)).encode()
+    return "".join(
+        json.dumps(
+            {
+                "custom_id": f"req-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": model, "messages": [{"role": "user", "content": f"hi {i}"}]},
+            }
+        )
+        + "\n"
+        for i in range(n)
+    ).encode()
 
 
 async def started_batch(store: Store, lines: int, model: str = "tiny") -> str:

@@ -24,8 +24,7 @@ def test_cgroup_v2_limit_minus_usage(tmp_path: Path) -> None:
 
 
 def test_cgroup_v1_limit_minus_usage(tmp_path: Path) -> None:
-    root = write(tmp_path, {"memory/memory.limit_in_bytes": str(2 * GiB),
-                            "memory/memory.usage_in_bytes": str(GiB)})
+    root = write(tmp_path, {"memory/memory.limit_in_bytes": str(2 * GiB), "memory/memory.usage_in_bytes": str(GiB)})
     assert cgroup_memory_headroom(root) == GiB
 
 

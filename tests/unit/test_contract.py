@@ -34,26 +34,82 @@ from goodput_runtime.request_times import RequestTimes
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def config(architecture: str, model_type: str, *, hidden: int, layers: int, heads: int, kv_heads: int,
-           intermediate: int, vocab: int, **extra) -> dict:
-    return {"architectures": [architecture], "model_type": model_type, "hidden_size": hidden,
-            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-            "intermediate_size": intermediate, "vocab_size": vocab, "max_position_embeddings": 4096,
-            "torch_dtype": "bfloat16", **extra}
+def config(
+    architecture: str,
+    model_type: str,
+    *,
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    vocab: int,
+    **extra,
+) -> dict:
+    return {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "intermediate_size": intermediate,
+        "vocab_size": vocab,
+        "max_position_embeddings": 4096,
+        "torch_dtype": "bfloat16",
+        **extra,
+    }
 
 
 # the fields of each published config.json that tensor parallelism and sizing read
 MODELS = {
-    "Llama-3-8B": config("LlamaForCausalLM", "llama", hidden=4096, layers=32, heads=32, kv_heads=8,
-                         intermediate=14336, vocab=128256),
-    "Qwen2.5-0.5B": config("Qwen2ForCausalLM", "qwen2", hidden=896, layers=24, heads=14, kv_heads=2,
-                           intermediate=4864, vocab=151936, tie_word_embeddings=True),
-    "Mistral-7B-v0.1": config("MistralForCausalLM", "mistral", hidden=4096, layers=32, heads=32, kv_heads=8,
-                              intermediate=14336, vocab=32000, sliding_window=4096),
-    "SmolLM2-135M": config("LlamaForCausalLM", "llama", hidden=576, layers=30, heads=9, kv_heads=3,
-                           intermediate=1536, vocab=49152, tie_word_embeddings=True),
-    "Gemma-2-2B": config("Gemma2ForCausalLM", "gemma2", hidden=2304, layers=26, heads=8, kv_heads=4,
-                         intermediate=9216, vocab=256000, head_dim=256),
+    "Llama-3-8B": config(
+        "LlamaForCausalLM", "llama", hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256
+    ),
+    "Qwen2.5-0.5B": config(
+        "Qwen2ForCausalLM",
+        "qwen2",
+        hidden=896,
+        layers=24,
+        heads=14,
+        kv_heads=2,
+        intermediate=4864,
+        vocab=151936,
+        tie_word_embeddings=True,
+    ),
+    "Mistral-7B-v0.1": config(
+        "MistralForCausalLM",
+        "mistral",
+        hidden=4096,
+        layers=32,
+        heads=32,
+        kv_heads=8,
+        intermediate=14336,
+        vocab=32000,
+        sliding_window=4096,
+    ),
+    "SmolLM2-135M": config(
+        "LlamaForCausalLM",
+        "llama",
+        hidden=576,
+        layers=30,
+        heads=9,
+        kv_heads=3,
+        intermediate=1536,
+        vocab=49152,
+        tie_word_embeddings=True,
+    ),
+    "Gemma-2-2B": config(
+        "Gemma2ForCausalLM",
+        "gemma2",
+        hidden=2304,
+        layers=26,
+        heads=8,
+        kv_heads=4,
+        intermediate=9216,
+        vocab=256000,
+        head_dim=256,
+    ),
 }
 TENSORS = (1, 2, 3, 4, 8, 16)
 # None: no GPU; else a GPU product the operator knows the compute capability of
@@ -84,9 +140,11 @@ def operator_refusal(raw: dict, spec: dict) -> str | None:
     """What the operator's reconcile would report for this spec and config.json (None: admitted)."""
     svc = parse("svc", "ns", spec)
     model = capacity.ModelConfig.from_dict(raw)
-    return (capacity.quantization_problem(svc.model.quantization, svc.resources)
-            or capacity.architecture_problem(model)
-            or capacity.tensor_parallel_problem(model, svc.tensor_parallel))
+    return (
+        capacity.quantization_problem(svc.model.quantization, svc.resources)
+        or capacity.architecture_problem(model)
+        or capacity.tensor_parallel_problem(model, svc.tensor_parallel)
+    )
 
 
 def runtime_refusal(argv: list[str]) -> str | None:
@@ -109,13 +167,15 @@ def runtime_refusal(argv: list[str]) -> str | None:
 @pytest.mark.parametrize("method", quantization.METHODS)
 @pytest.mark.parametrize("tensor", TENSORS)
 @pytest.mark.parametrize("model", list(MODELS))
-def test_the_operator_admits_exactly_what_the_runtime_starts(model_dirs, monkeypatch, model, tensor, method,
-                                                             device):
+def test_the_operator_admits_exactly_what_the_runtime_starts(model_dirs, monkeypatch, model, tensor, method, device):
     gpus = 0 if device is None else tensor
     if device is not None:
         simulate_gpus(monkeypatch, device, gpus)
-    spec = {"model": {"source": f"file://{model_dirs[model]}", "quantization": method},
-            "parallelism": {"tensor": tensor}, "resources": {"gpu": gpus, "gpuProduct": device}}
+    spec = {
+        "model": {"source": f"file://{model_dirs[model]}", "quantization": method},
+        "parallelism": {"tensor": tensor},
+        "resources": {"gpu": gpus, "gpuProduct": device},
+    }
     argv = runtime_args(parse("svc", "ns", spec))
     args = build_parser().parse_args(argv)  # the runtime's parser takes what the operator generates
     assert (args.tensor_parallel_size, args.quantization, args.device) == (tensor, method, "cuda" if gpus else "cpu")
@@ -136,8 +196,15 @@ def test_llama_3_8b_on_16_gpus_is_refused_by_both_naming_its_8_kv_heads(model_di
     assert "must be 1, 2, 4 or 8" in operator_says and "must be 1, 2, 4 or 8" in runtime_says
 
 
-@pytest.mark.parametrize(("model", "sizes"), [("Llama-3-8B", [1, 2, 4, 8]), ("Qwen2.5-0.5B", [1, 2]),
-                                              ("Mistral-7B-v0.1", [1, 2, 4, 8]), ("SmolLM2-135M", [1, 3])])
+@pytest.mark.parametrize(
+    ("model", "sizes"),
+    [
+        ("Llama-3-8B", [1, 2, 4, 8]),
+        ("Qwen2.5-0.5B", [1, 2]),
+        ("Mistral-7B-v0.1", [1, 2, 4, 8]),
+        ("SmolLM2-135M", [1, 3]),
+    ],
+)
 def test_the_sizes_a_refusal_suggests_are_exactly_the_ones_admitted(model, sizes):
     shape = capacity.ModelConfig.from_dict(MODELS[model]).shape
     assert parallel.valid_tensor_sizes(shape) == sizes
@@ -155,18 +222,48 @@ def test_every_flag_the_contract_names_is_one_the_runtime_parses():
 
 
 def test_every_cr_field_the_contract_maps_reaches_the_runtime_as_its_value():
-    spec = {"model": {"source": "hf://org/model", "revision": "v2", "servedName": "chat", "dtype": "float16",
-                      "maxModelLen": 2048, "quantization": "int8"},
-            "engine": {"maxNumSeqs": 7, "maxBatchedTokens": 512, "gpuMemoryUtilization": 0.8, "prefixCaching": False,
-                       "maxQueue": 9, "speculative": {"method": "draft", "tokens": 5, "draftModel": "hf://org/draft"}},
-            "parallelism": {"tensor": 2}, "resources": {"gpu": 2}, "slo": {"ttft": "250ms", "tpot": "40ms"}}
+    spec = {
+        "model": {
+            "source": "hf://org/model",
+            "revision": "v2",
+            "servedName": "chat",
+            "dtype": "float16",
+            "maxModelLen": 2048,
+            "quantization": "int8",
+        },
+        "engine": {
+            "maxNumSeqs": 7,
+            "maxBatchedTokens": 512,
+            "gpuMemoryUtilization": 0.8,
+            "prefixCaching": False,
+            "maxQueue": 9,
+            "speculative": {"method": "draft", "tokens": 5, "draftModel": "hf://org/draft"},
+        },
+        "parallelism": {"tensor": 2},
+        "resources": {"gpu": 2},
+        "slo": {"ttft": "250ms", "tpot": "40ms"},
+    }
     args = vars(build_parser().parse_args(runtime_args(parse("svc", "ns", spec))))
-    expected = {"model.source": "org/model", "model.revision": "v2", "model.servedName": "chat",
-                "model.dtype": "float16", "model.maxModelLen": 2048, "model.quantization": "int8",
-                "engine.maxNumSeqs": 7, "engine.maxBatchedTokens": 512, "engine.gpuMemoryUtilization": 0.8,
-                "engine.prefixCaching": False, "engine.maxQueue": 9, "parallelism.tensor": 2,
-                "resources.gpu": "cuda", "slo.ttft": 0.25, "slo.tpot": 0.04, "engine.speculative.method": "draft",
-                "engine.speculative.tokens": 5, "engine.speculative.draftModel": "org/draft"}
+    expected = {
+        "model.source": "org/model",
+        "model.revision": "v2",
+        "model.servedName": "chat",
+        "model.dtype": "float16",
+        "model.maxModelLen": 2048,
+        "model.quantization": "int8",
+        "engine.maxNumSeqs": 7,
+        "engine.maxBatchedTokens": 512,
+        "engine.gpuMemoryUtilization": 0.8,
+        "engine.prefixCaching": False,
+        "engine.maxQueue": 9,
+        "parallelism.tensor": 2,
+        "resources.gpu": "cuda",
+        "slo.ttft": 0.25,
+        "slo.tpot": 0.04,
+        "engine.speculative.method": "draft",
+        "engine.speculative.tokens": 5,
+        "engine.speculative.draftModel": "org/draft",
+    }
     assert set(expected) == set(flags.CR_FIELD_FLAGS)
     for field, flag in flags.CR_FIELD_FLAGS.items():
         dest = flag.removeprefix("--").replace("-", "_")
@@ -190,15 +287,26 @@ PIPELINE_PREFIXES = (metric_names.PREFIX + "pipeline_", metric_names.PREFIX + "g
 
 def test_the_runtime_exports_every_series_the_contract_names():
     metrics = RuntimeMetrics("m", 0.5, 0.05)
-    metrics.record_finished(RequestTimes(arrival=0.0, first_scheduled=0.1, first_token=0.2, finished=1.0,
-                                         num_output_tokens=3))
+    metrics.record_finished(
+        RequestTimes(arrival=0.0, first_scheduled=0.1, first_token=0.2, finished=1.0, num_output_tokens=3)
+    )
     exported = {sample.name for family in metrics.registry.collect() for sample in family.samples}
-    runtime_series = {value for name, value in vars(metric_names).items()
-                      if name.isupper() and isinstance(value, str) and value.startswith(metric_names.PREFIX)
-                      and value != metric_names.PREFIX
-                      and not value.startswith((AUTOSCALER_PREFIX, GATEWAY_PREFIX, BATCH_PREFIX, *PIPELINE_PREFIXES))}
-    histograms = {metric_names.TTFT, metric_names.TPOT, metric_names.E2E_LATENCY, metric_names.QUEUE_TIME,
-                  metric_names.GRAMMAR_COMPILE_TIME}
+    runtime_series = {
+        value
+        for name, value in vars(metric_names).items()
+        if name.isupper()
+        and isinstance(value, str)
+        and value.startswith(metric_names.PREFIX)
+        and value != metric_names.PREFIX
+        and not value.startswith((AUTOSCALER_PREFIX, GATEWAY_PREFIX, BATCH_PREFIX, *PIPELINE_PREFIXES))
+    }
+    histograms = {
+        metric_names.TTFT,
+        metric_names.TPOT,
+        metric_names.E2E_LATENCY,
+        metric_names.QUEUE_TIME,
+        metric_names.GRAMMAR_COMPILE_TIME,
+    }
     for name in runtime_series:
         assert (name + "_count" if name in histograms else name) in exported, name
 
@@ -213,8 +321,11 @@ def test_the_gateway_exports_every_gateway_series_the_contract_names():
     metrics.hold.labels("ns", "chat").observe(1.0)
     metrics.last_request.labels("ns", "chat").set(1.0)
     exported = {sample.name for family in metrics.registry.collect() for sample in family.samples}
-    gateway_series = {value for name, value in vars(metric_names).items()
-                      if name.isupper() and isinstance(value, str) and value.startswith(GATEWAY_PREFIX)}
+    gateway_series = {
+        value
+        for name, value in vars(metric_names).items()
+        if name.isupper() and isinstance(value, str) and value.startswith(GATEWAY_PREFIX)
+    }
     assert len(gateway_series) == 9
     histograms = {metric_names.GATEWAY_REQUEST_DURATION, metric_names.GATEWAY_HOLD_DURATION}
     for name in gateway_series:
@@ -228,8 +339,11 @@ def test_the_operator_exports_every_autoscaler_series_the_contract_names():
 
     exported = {family.name for family in REGISTRY.collect()}
     exported |= {name + "_total" for name in exported}  # counters' families drop the suffix
-    autoscaler_series = {value for name, value in vars(metric_names).items()
-                         if name.isupper() and isinstance(value, str) and value.startswith(AUTOSCALER_PREFIX)}
+    autoscaler_series = {
+        value
+        for name, value in vars(metric_names).items()
+        if name.isupper() and isinstance(value, str) and value.startswith(AUTOSCALER_PREFIX)
+    }
     assert len(autoscaler_series) >= 7
     for name in autoscaler_series:
         assert name in exported, name
@@ -243,6 +357,11 @@ def test_the_contract_imports_only_the_standard_library():
         "others = {n.split('.')[0] for n in sys.modules} - set(sys.stdlib_module_names)\n"
         "print(sorted(others - {'goodput_contract', '__main__'}))\n"
     )
-    out = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": str(ROOT / "contract")})
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(ROOT / "contract")},
+    )
     assert out.stdout.strip() == "[]"

@@ -37,13 +37,16 @@ def test_no_cgroup_files_means_no_limit(tmp_path):
     assert cgroup_cpu_limit(tmp_path) is None
 
 
-@pytest.mark.parametrize(("quota", "cpus", "threads"), [
-    ("150000 100000", 64, 1),  # 1.5 CPUs on a 64-core node: one thread, never throttled mid-step
-    ("400000 100000", 64, 4),
-    ("800000 100000", 2, 2),  # a quota above the usable cores: the cores
-    ("50000 100000", 64, 1),  # half a CPU still gets one thread
-    ("max 100000", 6, 6),  # no limit: every usable core
-])
+@pytest.mark.parametrize(
+    ("quota", "cpus", "threads"),
+    [
+        ("150000 100000", 64, 1),  # 1.5 CPUs on a 64-core node: one thread, never throttled mid-step
+        ("400000 100000", 64, 4),
+        ("800000 100000", 2, 2),  # a quota above the usable cores: the cores
+        ("50000 100000", 64, 1),  # half a CPU still gets one thread
+        ("max 100000", 6, 6),  # no limit: every usable core
+    ],
+)
 def test_threads_follow_the_quota(tmp_path, quota, cpus, threads):
     choice = pick_threads(root=v2(tmp_path, quota), cpus=cpus)
     assert choice.threads == threads
@@ -58,7 +61,6 @@ def test_tensor_parallel_ranks_share_the_limit(tmp_path):
 def test_num_threads_overrides(tmp_path):
     choice = pick_threads(3, root=v2(tmp_path, "100000 100000"), cpus=64)
     assert choice.threads == 3 and choice.reason == "--num-threads"
-
 
 
 def test_the_command_line_is_read_before_torch_is_loaded():

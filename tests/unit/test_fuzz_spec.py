@@ -24,10 +24,16 @@ def children(spec: dict[str, Any], name: str = "svc") -> list[dict[str, Any]]:
     """What one reconcile would apply (every optional child included), or SpecError."""
     svc = parse(name, "team", spec)
     engines.validate(svc)
-    built = [builders.build_deployment(svc, Settings(), OWNER), builders.build_service(svc, OWNER),
-             builders.build_pdb(svc, OWNER), builders.build_service_monitor(svc, OWNER),
-             builders.build_pod_monitor(svc, OWNER), external.build_hpa(svc, OWNER),
-             external.build_scaled_object(svc, OWNER), network.build_network_policy(svc, Settings(), OWNER)]
+    built = [
+        builders.build_deployment(svc, Settings(), OWNER),
+        builders.build_service(svc, OWNER),
+        builders.build_pdb(svc, OWNER),
+        builders.build_service_monitor(svc, OWNER),
+        builders.build_pod_monitor(svc, OWNER),
+        external.build_hpa(svc, OWNER),
+        external.build_scaled_object(svc, OWNER),
+        network.build_network_policy(svc, Settings(), OWNER),
+    ]
     return [c for c in built if c is not None]
 
 
@@ -56,21 +62,38 @@ def test_every_admitted_spec_builds_or_is_refused_naming_a_field(spec: dict[str,
 # Defects the fuzzing found, kept as plain examples
 
 
-@pytest.mark.parametrize(("spec", "field"), [
-    ({"resources": {"cpu": "0E1000000"}}, "spec.resources.cpu"),  # was decimal.Overflow
-    ({"resources": {"memory": "-1Gi"}}, "spec.resources.memory"),
-    ({"model": {"source": "file:///m", "tokenSecretRef": {"name": ":"}}}, "spec.model.tokenSecretRef.name"),
-    ({"auth": {"apiKeySecretRef": {"name": "keys", "key": "a key"}}}, "spec.auth.apiKeySecretRef.key"),
-    ({"resources": {"gpu": 1, "gpuResourceName": "gpu"}}, "spec.resources.gpuResourceName"),
-    ({"image": " runtime:1"}, "spec.image"),
-    ({"replicas": 2**31}, "spec.replicas"),
-    ({"template": {"nodeSelector": {"zone": "a b"}}}, "spec.template.nodeSelector[zone]"),
-    ({"template": {"volumes": [{"name": "tmp", "emptyDir": {}}]}}, "spec.template.volumes[0].name"),
-    ({"template": {"volumes": [{"name": "x", "emptyDir": {}}],
-                   "volumeMounts": [{"name": "y", "mountPath": "/y"}]}}, "spec.template.volumeMounts[0].name"),
-    ({"template": {"volumes": [{"name": "x", "emptyDir": {}}],
-                   "volumeMounts": [{"name": "x", "mountPath": "/tmp"}]}}, "spec.template.volumeMounts[0].mountPath"),
-])
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"resources": {"cpu": "0E1000000"}}, "spec.resources.cpu"),  # was decimal.Overflow
+        ({"resources": {"memory": "-1Gi"}}, "spec.resources.memory"),
+        ({"model": {"source": "file:///m", "tokenSecretRef": {"name": ":"}}}, "spec.model.tokenSecretRef.name"),
+        ({"auth": {"apiKeySecretRef": {"name": "keys", "key": "a key"}}}, "spec.auth.apiKeySecretRef.key"),
+        ({"resources": {"gpu": 1, "gpuResourceName": "gpu"}}, "spec.resources.gpuResourceName"),
+        ({"image": " runtime:1"}, "spec.image"),
+        ({"replicas": 2**31}, "spec.replicas"),
+        ({"template": {"nodeSelector": {"zone": "a b"}}}, "spec.template.nodeSelector[zone]"),
+        ({"template": {"volumes": [{"name": "tmp", "emptyDir": {}}]}}, "spec.template.volumes[0].name"),
+        (
+            {
+                "template": {
+                    "volumes": [{"name": "x", "emptyDir": {}}],
+                    "volumeMounts": [{"name": "y", "mountPath": "/y"}],
+                }
+            },
+            "spec.template.volumeMounts[0].name",
+        ),
+        (
+            {
+                "template": {
+                    "volumes": [{"name": "x", "emptyDir": {}}],
+                    "volumeMounts": [{"name": "x", "mountPath": "/tmp"}],
+                }
+            },
+            "spec.template.volumeMounts[0].mountPath",
+        ),
+    ],
+)
 def test_names_the_api_server_would_refuse_in_a_child_are_refused_naming_the_field(spec, field) -> None:
     with pytest.raises(SpecError) as caught:
         children({"model": {"source": "file:///m"}, **spec})

@@ -5,30 +5,54 @@ from goodput_gateway.loads import parse_load
 
 
 def isvc(namespace: str, name: str, spec: dict | None = None) -> dict:
-    return {"metadata": {"namespace": namespace, "name": name},
-            "spec": {"model": {"source": "file:///models/m"}, **(spec or {})}}
+    return {
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": {"model": {"source": "file:///models/m"}, **(spec or {})},
+    }
 
 
 def endpoint_slice(namespace: str, name: str, service: str, endpoints: list[tuple[str, dict]]) -> dict:
-    return {"metadata": {"namespace": namespace, "name": name,
-                         "labels": {"kubernetes.io/service-name": service, "serving.goodput.dev/service": service}},
-            "ports": [{"name": "metrics", "port": 8000}, {"name": "http", "port": 8000}],
-            "endpoints": [{"addresses": [a], "conditions": c} for a, c in endpoints]}
+    return {
+        "metadata": {
+            "namespace": namespace,
+            "name": name,
+            "labels": {"kubernetes.io/service-name": service, "serving.goodput.dev/service": service},
+        },
+        "ports": [{"name": "metrics", "port": 8000}, {"name": "http", "port": 8000}],
+        "endpoints": [{"addresses": [a], "conditions": c} for a, c in endpoints],
+    }
 
 
 def test_ready_urls_leave_out_starting_and_terminating_endpoints():
-    piece = endpoint_slice("ns", "chat-abc", "chat", [("10.0.0.1", {"ready": True}), ("10.0.0.2", {"ready": False}),
-                                                      ("10.0.0.3", {"ready": True, "terminating": True}),
-                                                      ("fd00::4", {})])
+    piece = endpoint_slice(
+        "ns",
+        "chat-abc",
+        "chat",
+        [
+            ("10.0.0.1", {"ready": True}),
+            ("10.0.0.2", {"ready": False}),
+            ("10.0.0.3", {"ready": True, "terminating": True}),
+            ("fd00::4", {}),
+        ],
+    )
     assert ready_urls(piece) == ("http://10.0.0.1:8000", "http://[fd00::4]:8000")
 
 
 def test_a_model_resolves_by_served_name_across_namespaces_and_by_namespace_where_shared():
     r = Registry()
-    r.reset_services([isvc("a", "chat", {"model": {"source": "file:///m", "servedName": "llama"}}),
-                      isvc("b", "embed"), isvc("c", "llama")])
-    r.reset_slices([endpoint_slice("a", "chat-1", "chat", [("10.0.0.1", {"ready": True})]),
-                    endpoint_slice("a", "chat-2", "chat", [("10.0.0.2", {"ready": True})])])
+    r.reset_services(
+        [
+            isvc("a", "chat", {"model": {"source": "file:///m", "servedName": "llama"}}),
+            isvc("b", "embed"),
+            isvc("c", "llama"),
+        ]
+    )
+    r.reset_slices(
+        [
+            endpoint_slice("a", "chat-1", "chat", [("10.0.0.1", {"ready": True})]),
+            endpoint_slice("a", "chat-2", "chat", [("10.0.0.2", {"ready": True})]),
+        ]
+    )
     assert [s.name for s in r.resolve("embed")] == ["embed"]
     assert len(r.resolve("llama")) == 2  # ambiguous: the gateway asks for a namespace
     assert [s.namespace for s in r.resolve("c/llama")] == ["c"]
@@ -43,8 +67,10 @@ def test_watch_events_update_services_and_endpoints():
     r = Registry()
     r.reset_services([])
     r.reset_slices([])
-    r.service_event("ADDED", isvc("ns", "chat", {"routing": {"policy": "least-load"},
-                                                 "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}))
+    r.service_event(
+        "ADDED",
+        isvc("ns", "chat", {"routing": {"policy": "least-load"}, "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}),
+    )
     svc = r.services[("ns", "chat")]
     assert (svc.policy, svc.min_replicas, svc.replicas) == ("least-load", 0, 0)
     r.slice_event("ADDED", endpoint_slice("ns", "chat-1", "chat", [("10.0.0.1", {"ready": True})]))

@@ -14,8 +14,15 @@ from goodput_operator.capacity import ModelConfig
 Q = gguf_py.GGMLQuantizationType
 
 
-def write(path: Path, arch: str = "llama", name: str = "Tiny Test", tensor_type=Q.Q4_1, tied: bool = True,
-          vocab: int = 300, bias: bool = False) -> Path:
+def write(
+    path: Path,
+    arch: str = "llama",
+    name: str = "Tiny Test",
+    tensor_type=Q.Q4_1,
+    tied: bool = True,
+    vocab: int = 300,
+    bias: bool = False,
+) -> Path:
     writer = gguf_py.GGUFWriter(str(path), arch)
     writer.add_name(name)
     writer.add_block_count(2)
@@ -62,11 +69,14 @@ def test_the_header_reads_as_the_gguf_package_reads_it(tmp_path):
     assert header.tensor_types() == {"F32": 1, "Q4_1": 1}
 
 
-@pytest.mark.parametrize(("arch", "name", "architecture", "model_type"), [
-    ("llama", "Tiny Test", "LlamaForCausalLM", "llama"),
-    ("llama", "Mistral 7B Instruct", "MistralForCausalLM", "mistral"),
-    ("qwen2", "Qwen2.5 0.5B", "Qwen2ForCausalLM", "qwen2"),
-])
+@pytest.mark.parametrize(
+    ("arch", "name", "architecture", "model_type"),
+    [
+        ("llama", "Tiny Test", "LlamaForCausalLM", "llama"),
+        ("llama", "Mistral 7B Instruct", "MistralForCausalLM", "mistral"),
+        ("qwen2", "Qwen2.5 0.5B", "Qwen2ForCausalLM", "qwen2"),
+    ],
+)
 def test_the_config_it_implies_sizes_the_model(tmp_path, arch, name, architecture, model_type):
     config = gguf.hf_config(gguf.read_header(write(tmp_path / "m.gguf", arch, name, bias=arch == "qwen2")))
     assert config["architectures"] == [architecture] and config["model_type"] == model_type
@@ -91,8 +101,10 @@ def test_unsupported_tensor_types_are_named_with_the_supported_ones(tmp_path):
     header = gguf.read_header(write(tmp_path / "m.gguf", tensor_type=Q.Q8_0))
     assert gguf.quantization_problem(header, ["F32", "Q8_0"], "m.gguf") is None
     problem = gguf.quantization_problem(header, ["F32", "Q4_1"], "m.gguf")
-    assert problem == ("m.gguf holds tensors of unsupported GGUF quantization type Q8_0 (1 tensors, e.g. "
-                       "blk.0.ffn_up.weight); supported: F32, Q4_1")
+    assert problem == (
+        "m.gguf holds tensors of unsupported GGUF quantization type Q8_0 (1 tensors, e.g. "
+        "blk.0.ffn_up.weight); supported: F32, Q4_1"
+    )
 
 
 def test_not_gguf_and_truncated_headers_are_refused(tmp_path):

@@ -30,9 +30,15 @@ def test_wait_for_lets_other_errors_through():
 def test_stop_process_terminates_then_kills():
     polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     assert stop_process(polite, timeout=10) == -15
-    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
-                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"],
-                                stdout=subprocess.PIPE)
+    stubborn = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
     assert stubborn.stdout is not None and stubborn.stdout.readline()  # SIGTERM is ignored from here on
     started = time.monotonic()
     assert stop_process(stubborn, timeout=0.2) == -9

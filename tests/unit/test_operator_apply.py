@@ -7,9 +7,18 @@ from goodput_operator.k8s import ApiError, is_subset, resource_path
 
 def test_server_defaults_do_not_count_as_drift():
     desired = {"spec": {"replicas": 1, "template": {"spec": {"containers": [{"name": "runtime", "image": "a"}]}}}}
-    live = {"spec": {"replicas": 1, "revisionHistoryLimit": 10, "template": {"spec": {
-        "containers": [{"name": "runtime", "image": "a", "terminationMessagePath": "/dev/termination-log"}],
-        "dnsPolicy": "ClusterFirst"}}}}
+    live = {
+        "spec": {
+            "replicas": 1,
+            "revisionHistoryLimit": 10,
+            "template": {
+                "spec": {
+                    "containers": [{"name": "runtime", "image": "a", "terminationMessagePath": "/dev/termination-log"}],
+                    "dnsPolicy": "ClusterFirst",
+                }
+            },
+        }
+    }
     assert is_subset(desired, live)
 
 
@@ -18,8 +27,14 @@ def test_hand_edits_count_as_drift():
     assert not is_subset(desired, {"spec": {"replicas": 5, "template": desired["spec"]["template"]}})
     edited = {"spec": {"replicas": 1, "template": {"spec": {"containers": [{"name": "runtime", "image": "b"}]}}}}
     assert not is_subset(desired, edited)
-    extra = {"spec": {"replicas": 1, "template": {"spec": {"containers": [
-        {"name": "runtime", "image": "a"}, {"name": "sidecar", "image": "c"}]}}}}
+    extra = {
+        "spec": {
+            "replicas": 1,
+            "template": {
+                "spec": {"containers": [{"name": "runtime", "image": "a"}, {"name": "sidecar", "image": "c"}]}
+            },
+        }
+    }
     assert not is_subset(desired, extra)
 
 
@@ -38,8 +53,10 @@ def test_a_namespace_being_deleted_is_told_apart_from_other_refusals():
     def error(status, message):
         return ApiError(status, "x", json.dumps({"kind": "Status", "message": message}))
 
-    assert error(403, 'deployments.apps "a" is forbidden: unable to create new content in namespace t '
-                      "because it is being terminated").namespace_going
+    assert error(
+        403,
+        'deployments.apps "a" is forbidden: unable to create new content in namespace t because it is being terminated',
+    ).namespace_going
     assert error(404, 'namespaces "t" not found').namespace_going
     assert not error(403, 'deployments.apps "a" is forbidden: User "x" cannot create resource').namespace_going
     assert not error(404, 'deployments.apps "a" not found').namespace_going

@@ -30,8 +30,9 @@ def test_the_key_reaches_the_engine_from_its_secret_only(kind: str, variable: st
 
 def test_the_default_key_name_is_api_key_and_no_auth_means_no_variable() -> None:
     c = container({**SPEC, "auth": {"apiKeySecretRef": {"name": "chat-keys"}}})
-    assert {"name": "GOODPUT_API_KEY", "valueFrom": {"secretKeyRef": {"name": "chat-keys", "key": "apiKey"}}} \
-        in c["env"]
+    assert {"name": "GOODPUT_API_KEY", "valueFrom": {"secretKeyRef": {"name": "chat-keys", "key": "apiKey"}}} in c[
+        "env"
+    ]
     assert all(e["name"] != "GOODPUT_API_KEY" for e in container({"model": SPEC["model"]})["env"])
 
 
@@ -44,8 +45,11 @@ def test_an_engine_that_takes_keys_only_as_arguments_is_refused() -> None:
 
 def test_a_key_in_the_pod_environment_of_the_spec_is_refused() -> None:
     with pytest.raises(SpecError) as caught:
-        parse("chat", "team", {**SPEC, "template": {"env": [{"name": "A", "value": "1"},
-                                                            {"name": "GOODPUT_API_KEY", "value": "sk-1"}]}})
+        parse(
+            "chat",
+            "team",
+            {**SPEC, "template": {"env": [{"name": "A", "value": "1"}, {"name": "GOODPUT_API_KEY", "value": "sk-1"}]}},
+        )
     assert caught.value.field == "spec.template.env[1]"
     assert "sk-1" not in str(caught.value)
 

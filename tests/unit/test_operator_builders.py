@@ -27,8 +27,14 @@ FULL = {
         "quantization": "int8",
         "tokenSecretRef": {"name": "hf-token", "key": "token"},
     },
-    "engine": {"maxNumSeqs": 128, "maxBatchedTokens": 4096, "prefixCaching": True,
-               "gpuMemoryUtilization": 0.85, "maxQueue": 64, "extraArgs": ["--seed", "7"]},
+    "engine": {
+        "maxNumSeqs": 128,
+        "maxBatchedTokens": 4096,
+        "prefixCaching": True,
+        "gpuMemoryUtilization": 0.85,
+        "maxQueue": 64,
+        "extraArgs": ["--seed", "7"],
+    },
     "parallelism": {"tensor": 2},
     "resources": {"gpu": 2, "cpu": "8", "memory": "64Gi", "gpuProduct": "NVIDIA-L4"},
     "slo": {"ttft": "500ms", "tpot": "50ms", "attainment": 0.95},
@@ -39,19 +45,54 @@ FULL = {
 
 def test_runtime_command_line_is_derived_from_the_spec():
     assert runtime_args(parse("chat", "ns", FULL)) == [
-        "--model", "Qwen/Qwen2.5-7B-Instruct", "--served-model-name", "qwen", "--revision", "v1",
-        "--host", "0.0.0.0", "--port", "8000", "--device", "cuda", "--dtype", "bfloat16", "--max-model-len", "8192",
-        "--max-num-seqs", "128", "--max-num-batched-tokens", "4096", "--gpu-memory-utilization", "0.85",
-        "--enable-prefix-caching", "--max-queue", "64", "--slo-ttft", "0.5", "--slo-tpot", "0.05",
-        "--tensor-parallel-size", "2", "--quantization", "int8", "--shutdown-delay", "5", "--seed", "7",
+        "--model",
+        "Qwen/Qwen2.5-7B-Instruct",
+        "--served-model-name",
+        "qwen",
+        "--revision",
+        "v1",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--device",
+        "cuda",
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "8192",
+        "--max-num-seqs",
+        "128",
+        "--max-num-batched-tokens",
+        "4096",
+        "--gpu-memory-utilization",
+        "0.85",
+        "--enable-prefix-caching",
+        "--max-queue",
+        "64",
+        "--slo-ttft",
+        "0.5",
+        "--slo-tpot",
+        "0.05",
+        "--tensor-parallel-size",
+        "2",
+        "--quantization",
+        "int8",
+        "--shutdown-delay",
+        "5",
+        "--seed",
+        "7",
     ]
 
 
 def test_one_gguf_file_of_a_hub_repository_reaches_the_runtime_as_an_hf_url():
     spec = {"model": {"source": "hf://acme/tiny-GGUF/tiny.Q4_K_M.gguf", "quantization": "int8-w8a8"}}
     args = build_parser().parse_args(runtime_args(parse("chat", "ns", spec)))
-    assert (args.model, args.revision, args.quantization) == ("hf://acme/tiny-GGUF/tiny.Q4_K_M.gguf", "main",
-                                                              "int8-w8a8")
+    assert (args.model, args.revision, args.quantization) == (
+        "hf://acme/tiny-GGUF/tiny.Q4_K_M.gguf",
+        "main",
+        "int8-w8a8",
+    )
 
 
 def test_deployment_runs_tensor_gpus_per_pod_with_probes_and_a_restricted_context():
@@ -71,7 +112,9 @@ def test_deployment_runs_tensor_gpus_per_pod_with_probes_and_a_restricted_contex
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
     assert container["securityContext"] == {
-        "runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
         "capabilities": {"drop": ["ALL"]},
     }
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -120,7 +163,8 @@ def test_service_exposes_http_and_metrics():
     assert service["metadata"]["name"] == "chat"
     assert service["spec"]["selector"] == {"serving.goodput.dev/service": "chat"}
     assert [(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
-        ("http", 80, "http"), ("metrics", 8000, "http"),
+        ("http", 80, "http"),
+        ("metrics", 8000, "http"),
     ]
 
 
@@ -139,8 +183,11 @@ def test_monitors_scrape_the_metrics_endpoint():
 
 def test_the_runtime_accepts_the_command_line_the_operator_derives():
     parser = build_parser()
-    for name, spec in (("chat", FULL), ("local", {"model": {"source": "pvc://weights/m"}, "resources": {"gpu": 0}}),
-                       ("bare", {"model": {"source": "file:///models/tiny"}})):
+    for name, spec in (
+        ("chat", FULL),
+        ("local", {"model": {"source": "pvc://weights/m"}, "resources": {"gpu": 0}}),
+        ("bare", {"model": {"source": "file:///models/tiny"}}),
+    ):
         svc = parse(name, "ns", spec)
         args = parser.parse_args(runtime_args(svc))
         assert args.served_model_name == svc.model.served_name

@@ -71,16 +71,23 @@ def test_weight_bytes_by_dtype_and_int8_quantization():
     # int8: 32 layers x 218,103,808 linear weights at 1 byte, plus one float32 scale per
     # output channel (4096+1024+1024+4096+14336+14336+4096 = 43,008 per layer), plus
     # embeddings, head and norms (1,050,939,392) at 2 bytes.
-    assert capacity.weight_bytes(llama, "bfloat16", "int8") == (
-        6_979_321_856 + 32 * 43_008 * 4 + 1_050_939_392 * 2
-    ) == 9_086_705_664
+    assert (
+        capacity.weight_bytes(llama, "bfloat16", "int8")
+        == (6_979_321_856 + 32 * 43_008 * 4 + 1_050_939_392 * 2)
+        == 9_086_705_664
+    )
     assert capacity.weight_bytes(llama, "bfloat16", "fp8") == 9_086_705_664
 
 
 def test_llama3_8b_on_one_80gib_gpu_holds_56_full_length_sequences():
     plan = capacity.plan(
-        ModelConfig.from_dict(LLAMA3_8B), dtype="auto", quantization="none", tensor=1,
-        max_model_len=8192, device_memory_bytes=80 * GIB, utilization=0.9,
+        ModelConfig.from_dict(LLAMA3_8B),
+        dtype="auto",
+        quantization="none",
+        tensor=1,
+        max_model_len=8192,
+        device_memory_bytes=80 * GIB,
+        utilization=0.9,
     )
     # 80 GiB x 0.9 = 77,309,411,328; minus weights 16,060,522,496 and 512 MiB reserve
     # = 60,712,017,920 bytes of KV; one 8192-token sequence takes 131,072 x 8192 = 1 GiB.
@@ -88,16 +95,25 @@ def test_llama3_8b_on_one_80gib_gpu_holds_56_full_length_sequences():
     assert plan.max_concurrent_sequences == 56
     assert plan.fits is True
     assert plan.as_status() == {
-        "weightBytes": 16_060_522_496, "kvBytesPerToken": 131_072, "maxModelLen": 8192,
-        "kvCacheBytes": 60_712_017_920, "maxConcurrentSequences": 56, "fits": True,
+        "weightBytes": 16_060_522_496,
+        "kvBytesPerToken": 131_072,
+        "maxModelLen": 8192,
+        "kvCacheBytes": 60_712_017_920,
+        "maxConcurrentSequences": 56,
+        "fits": True,
     }
     assert "56 sequences of 8192 tokens" in plan.describe(0.9)
 
 
 def test_qwen25_7b_on_two_24gib_gpus_at_full_context():
     plan = capacity.plan(
-        ModelConfig.from_dict(QWEN25_7B), dtype="bfloat16", quantization="none", tensor=2,
-        max_model_len=None, device_memory_bytes=24 * GIB, utilization=0.9,
+        ModelConfig.from_dict(QWEN25_7B),
+        dtype="bfloat16",
+        quantization="none",
+        tensor=2,
+        max_model_len=None,
+        device_memory_bytes=24 * GIB,
+        utilization=0.9,
     )
     # weights 15,231,233,024 / 2 = 7,615,616,512 per GPU; 24 GiB x 0.9 = 23,192,823,398
     # minus weights and reserve = 15,040,335,974; a 32768-token sequence at 28,672 B/token
@@ -110,8 +126,13 @@ def test_qwen25_7b_on_two_24gib_gpus_at_full_context():
 
 def test_a_model_too_big_for_the_gpu_does_not_fit():
     plan = capacity.plan(
-        ModelConfig.from_dict(LLAMA3_8B), dtype="bfloat16", quantization="none", tensor=1,
-        max_model_len=8192, device_memory_bytes=16 * GIB, utilization=0.9,
+        ModelConfig.from_dict(LLAMA3_8B),
+        dtype="bfloat16",
+        quantization="none",
+        tensor=1,
+        max_model_len=8192,
+        device_memory_bytes=16 * GIB,
+        utilization=0.9,
     )
     assert plan.fits is False
     assert plan.max_concurrent_sequences == 0
@@ -120,8 +141,13 @@ def test_a_model_too_big_for_the_gpu_does_not_fit():
 
 def test_unknown_gpu_memory_leaves_the_fit_unknown():
     plan = capacity.plan(
-        ModelConfig.from_dict(QWEN25_7B), dtype="auto", quantization="none", tensor=1,
-        max_model_len=4096, device_memory_bytes=None, utilization=0.9,
+        ModelConfig.from_dict(QWEN25_7B),
+        dtype="auto",
+        quantization="none",
+        tensor=1,
+        max_model_len=4096,
+        device_memory_bytes=None,
+        utilization=0.9,
     )
     assert plan.fits is None
     assert "fits" not in plan.as_status()

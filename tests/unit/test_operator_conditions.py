@@ -38,8 +38,9 @@ def test_ready_needs_a_valid_spec_and_serving_pods():
 
 
 def test_conditions_are_listed_ready_first_and_found_by_type():
-    merged = merge(None, [Condition(AVAILABLE, FALSE, "X"), Condition(VALID, TRUE, "Y"),
-                          Condition(READY, FALSE, "X")], 1, "t")
+    merged = merge(
+        None, [Condition(AVAILABLE, FALSE, "X"), Condition(VALID, TRUE, "Y"), Condition(READY, FALSE, "X")], 1, "t"
+    )
     assert [c["type"] for c in merged] == [READY, VALID, AVAILABLE]
     assert find(merged, VALID)["reason"] == "Y"
     assert find(merged, MODEL_FITS) is None

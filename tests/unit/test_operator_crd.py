@@ -39,4 +39,11 @@ def test_names_subresources_and_columns():
         "labelSelectorPath": ".status.selector",
     }
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Model", "Replicas", "Ready", "Status", "Attainment", "Age", "Message"]
+        "Model",
+        "Replicas",
+        "Ready",
+        "Status",
+        "Attainment",
+        "Age",
+        "Message",
+    ]

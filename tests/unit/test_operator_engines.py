@@ -14,16 +14,33 @@ from goodput_operator.settings import Settings
 from goodput_operator.spec import SpecError, parse
 
 OWNER = owner_reference("chat", "0000-uid")
-SETTINGS = Settings(runtime_image="registry.local/goodput-runtime:test", vllm_image="registry.local/vllm:gpu",
-                    vllm_cpu_image="registry.local/vllm:cpu", sglang_image="registry.local/sglang:test")
+SETTINGS = Settings(
+    runtime_image="registry.local/goodput-runtime:test",
+    vllm_image="registry.local/vllm:gpu",
+    vllm_cpu_image="registry.local/vllm:cpu",
+    sglang_image="registry.local/sglang:test",
+)
 
 
 def full(kind: str, **engine) -> dict:
     return {
-        "model": {"source": "hf://Qwen/Qwen2.5-7B-Instruct", "revision": "v1", "servedName": "qwen",
-                  "maxModelLen": 8192, "dtype": "bfloat16", "quantization": "fp8"},
-        "engine": {"kind": kind, "maxNumSeqs": 128, "maxBatchedTokens": 4096, "prefixCaching": True,
-                   "gpuMemoryUtilization": 0.85, "extraArgs": ["--seed", "7"], **engine},
+        "model": {
+            "source": "hf://Qwen/Qwen2.5-7B-Instruct",
+            "revision": "v1",
+            "servedName": "qwen",
+            "maxModelLen": 8192,
+            "dtype": "bfloat16",
+            "quantization": "fp8",
+        },
+        "engine": {
+            "kind": kind,
+            "maxNumSeqs": 128,
+            "maxBatchedTokens": 4096,
+            "prefixCaching": True,
+            "gpuMemoryUtilization": 0.85,
+            "extraArgs": ["--seed", "7"],
+            **engine,
+        },
         "parallelism": {"tensor": 2},
         "resources": {"gpu": 2, "memory": "64Gi"},
         "slo": {"ttft": "300ms", "tpot": "45ms"},
@@ -40,12 +57,33 @@ def test_vllm_command_line_carries_every_field_under_its_own_flag():
     args = runtime_args(svc(full("vllm")))
     buckets = args.index("--custom-histogram-buckets")
     assert args[:buckets] == [
-        "--model", "Qwen/Qwen2.5-7B-Instruct", "--served-model-name", "qwen", "--revision", "v1",
-        "--host", "0.0.0.0", "--port", "8000", "--dtype", "bfloat16", "--max-model-len", "8192",
-        "--max-num-seqs", "128", "--max-num-batched-tokens", "4096", "--gpu-memory-utilization", "0.85",
-        "--tensor-parallel-size", "2", "--quantization", "fp8", "--enable-prefix-caching",
+        "--model",
+        "Qwen/Qwen2.5-7B-Instruct",
+        "--served-model-name",
+        "qwen",
+        "--revision",
+        "v1",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "8192",
+        "--max-num-seqs",
+        "128",
+        "--max-num-batched-tokens",
+        "4096",
+        "--gpu-memory-utilization",
+        "0.85",
+        "--tensor-parallel-size",
+        "2",
+        "--quantization",
+        "fp8",
+        "--enable-prefix-caching",
     ]
-    assert args[buckets + 2:] == ["--seed", "7"]  # extraArgs last, so they win over derived flags
+    assert args[buckets + 2 :] == ["--seed", "7"]  # extraArgs last, so they win over derived flags
     families = json.loads(args[buckets + 1])
     # the SLOs are bucket boundaries; vLLM's own boundaries stay around them
     assert 0.3 in families["time_to_first_token"] and 0.25 in families["time_to_first_token"]
@@ -58,25 +96,58 @@ def test_sglang_command_line_carries_every_field_under_its_own_flag():
     args = runtime_args(svc(full("sglang", maxQueue=64)))
     ttft = args.index("--bucket-time-to-first-token")
     assert args[:ttft] == [
-        "--model-path", "Qwen/Qwen2.5-7B-Instruct", "--served-model-name", "qwen", "--revision", "v1",
-        "--host", "0.0.0.0", "--port", "8000", "--enable-metrics", "--dtype", "bfloat16",
-        "--context-length", "8192", "--max-running-requests", "128", "--chunked-prefill-size", "4096",
-        "--mem-fraction-static", "0.85", "--max-queued-requests", "64", "--tp-size", "2", "--quantization", "fp8",
+        "--model-path",
+        "Qwen/Qwen2.5-7B-Instruct",
+        "--served-model-name",
+        "qwen",
+        "--revision",
+        "v1",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--enable-metrics",
+        "--dtype",
+        "bfloat16",
+        "--context-length",
+        "8192",
+        "--max-running-requests",
+        "128",
+        "--chunked-prefill-size",
+        "4096",
+        "--mem-fraction-static",
+        "0.85",
+        "--max-queued-requests",
+        "64",
+        "--tp-size",
+        "2",
+        "--quantization",
+        "fp8",
     ]
     tpot = args.index("--bucket-inter-token-latency")
-    assert "0.3" in args[ttft + 1:tpot] and "0.2" in args[ttft + 1:tpot]
-    assert "0.045" in args[tpot + 1:] and args[-2:] == ["--seed", "7"]
+    assert "0.3" in args[ttft + 1 : tpot] and "0.2" in args[ttft + 1 : tpot]
+    assert "0.045" in args[tpot + 1 :] and args[-2:] == ["--seed", "7"]
 
 
-@pytest.mark.parametrize(("kind", "on", "off"), [
-    ("goodput", ["--enable-prefix-caching"], ["--no-enable-prefix-caching"]),
-    ("vllm", ["--enable-prefix-caching"], ["--no-enable-prefix-caching"]),
-    ("sglang", [], ["--disable-radix-cache"]),  # SGLang's radix cache is on unless disabled
-])
+@pytest.mark.parametrize(
+    ("kind", "on", "off"),
+    [
+        ("goodput", ["--enable-prefix-caching"], ["--no-enable-prefix-caching"]),
+        ("vllm", ["--enable-prefix-caching"], ["--no-enable-prefix-caching"]),
+        ("sglang", [], ["--disable-radix-cache"]),  # SGLang's radix cache is on unless disabled
+    ],
+)
 def test_prefix_caching_both_ways(kind, on, off):
     def caching(value):
-        args = runtime_args(svc({"model": {"source": "hf://org/m"}, "engine": {"kind": kind, "prefixCaching": value},
-                                 "resources": {"gpu": 1}}))
+        args = runtime_args(
+            svc(
+                {
+                    "model": {"source": "hf://org/m"},
+                    "engine": {"kind": kind, "prefixCaching": value},
+                    "resources": {"gpu": 1},
+                }
+            )
+        )
         return [a for a in args if "prefix-caching" in a or "radix" in a]
 
     assert caching(True) == on
@@ -91,8 +162,16 @@ def test_without_slo_vllm_keeps_its_default_buckets_and_sglang_its_own():
 
 
 def test_vllm_with_only_a_ttft_target_sets_only_that_family():
-    args = runtime_args(svc({"model": {"source": "hf://org/m"}, "engine": {"kind": "vllm"},
-                             "resources": {"gpu": 1}, "slo": {"ttft": "2s"}}))
+    args = runtime_args(
+        svc(
+            {
+                "model": {"source": "hf://org/m"},
+                "engine": {"kind": "vllm"},
+                "resources": {"gpu": 1},
+                "slo": {"ttft": "2s"},
+            }
+        )
+    )
     assert list(json.loads(args[args.index("--custom-histogram-buckets") + 1])) == ["time_to_first_token"]
 
 
@@ -103,23 +182,29 @@ def test_every_field_our_runtime_takes_is_mapped_or_refused_by_each_engine():
         "sglang": {"resources.gpu": "0 GPUs refused"},
     }
     for kind in handled_otherwise:  # engine.speculative is refused as a whole (test_spec_operator.py)
-        handled_otherwise[kind].update(dict.fromkeys(
-            ("engine.speculative.method", "engine.speculative.tokens", "engine.speculative.draftModel"), "refused"))
+        handled_otherwise[kind].update(
+            dict.fromkeys(
+                ("engine.speculative.method", "engine.speculative.tokens", "engine.speculative.draftModel"), "refused"
+            )
+        )
     for kind, table in (("vllm", engines.VLLM_FLAGS), ("sglang", engines.SGLANG_FLAGS)):
         for field in flags.CR_FIELD_FLAGS:
             assert field in table or field in handled_otherwise[kind], (kind, field)
 
 
-@pytest.mark.parametrize(("kind", "change", "field"), [
-    ("vllm", {"model": {"quantization": "int8"}}, "spec.model.quantization"),
-    ("vllm", {"model": {"quantization": "int8-w8a8"}}, "spec.model.quantization"),
-    ("vllm", {"engine": {"maxQueue": 32}}, "spec.engine.maxQueue"),
-    ("vllm", {"model": {"source": "hf://acme/tiny-GGUF/tiny.Q4_K_M.gguf"}}, "spec.model.source"),
-    ("sglang", {"model": {"quantization": "int8"}}, "spec.model.quantization"),
-    ("sglang", {"resources": {"gpu": 0}}, "spec.resources.gpu"),
-    ("sglang", {"model": {"source": "hf://acme/tiny-GGUF/tiny.Q4_K_M.gguf"}}, "spec.model.source"),
-    ("vllm", {"image": "a:1", "engine": {"image": "b:2"}}, "spec.engine.image"),
-])
+@pytest.mark.parametrize(
+    ("kind", "change", "field"),
+    [
+        ("vllm", {"model": {"quantization": "int8"}}, "spec.model.quantization"),
+        ("vllm", {"model": {"quantization": "int8-w8a8"}}, "spec.model.quantization"),
+        ("vllm", {"engine": {"maxQueue": 32}}, "spec.engine.maxQueue"),
+        ("vllm", {"model": {"source": "hf://acme/tiny-GGUF/tiny.Q4_K_M.gguf"}}, "spec.model.source"),
+        ("sglang", {"model": {"quantization": "int8"}}, "spec.model.quantization"),
+        ("sglang", {"resources": {"gpu": 0}}, "spec.resources.gpu"),
+        ("sglang", {"model": {"source": "hf://acme/tiny-GGUF/tiny.Q4_K_M.gguf"}}, "spec.model.source"),
+        ("vllm", {"image": "a:1", "engine": {"image": "b:2"}}, "spec.engine.image"),
+    ],
+)
 def test_a_field_the_engine_cannot_honour_is_refused_naming_it(kind, change, field):
     spec = {"model": {"source": "hf://org/m"}, "engine": {"kind": kind}, "resources": {"gpu": 1}}
     for key, value in change.items():
@@ -131,8 +216,13 @@ def test_a_field_the_engine_cannot_honour_is_refused_naming_it(kind, change, fie
 
 
 def test_our_runtime_still_takes_what_the_others_refuse():
-    svc({"model": {"source": "hf://acme/tiny-GGUF/tiny.Q4_K_M.gguf", "quantization": "int8"},
-         "engine": {"maxQueue": 32}, "resources": {"gpu": 0}})
+    svc(
+        {
+            "model": {"source": "hf://acme/tiny-GGUF/tiny.Q4_K_M.gguf", "quantization": "int8"},
+            "engine": {"maxQueue": 32},
+            "resources": {"gpu": 0},
+        }
+    )
 
 
 class FakeKube:
@@ -154,9 +244,11 @@ class FakeContext:
 
 def test_refusal_is_valid_false_with_the_field_and_an_event():
     ctx = FakeContext()
-    body = {"metadata": {"namespace": "ns", "name": "chat", "uid": "u", "generation": 1},
-            "spec": {"model": {"source": "hf://org/m", "quantization": "int8"}, "engine": {"kind": "vllm"}},
-            "status": {}}
+    body = {
+        "metadata": {"namespace": "ns", "name": "chat", "uid": "u", "generation": 1},
+        "spec": {"model": {"source": "hf://org/m", "quantization": "int8"}, "engine": {"kind": "vllm"}},
+        "status": {},
+    }
     assert asyncio.run(_reconcile(ctx, body)) == "invalid"
     (status,) = ctx.kube.statuses
     valid = find(status["conditions"], "Valid")
@@ -218,7 +310,6 @@ def test_settings_read_each_engine_image_from_the_environment():
         assert ":" in image and not image.endswith(":latest")  # pinned by tag
 
 
-
 @pytest.mark.parametrize("sample", ["chat.yaml", "chat-vllm.yaml", "chat-sglang.yaml"])
 def test_each_sample_is_valid_for_its_engine(sample):
     import pathlib
@@ -237,11 +328,18 @@ def test_monitors_of_other_engines_name_the_model_and_tag_the_slo_buckets():
     assert "metricRelabelings" not in ours  # our runtime counts good requests itself
     endpoint = build_pod_monitor(svc(full("vllm")), OWNER)["spec"]["podMetricsEndpoints"][0]
     relabel = endpoint["metricRelabelings"]
-    assert relabel[0] == {"sourceLabels": ["model_name"], "regex": "(.+)", "targetLabel": "model",
-                          "replacement": "$1", "action": "replace"}
+    assert relabel[0] == {
+        "sourceLabels": ["model_name"],
+        "regex": "(.+)",
+        "targetLabel": "model",
+        "replacement": "$1",
+        "action": "replace",
+    }
     tags = {r["replacement"]: r["regex"] for r in relabel[1:]}
     # the `le` the engine prints for each target (prometheus_client's formatting), escaped for the regex
-    assert tags == {"ttft": r"vllm:time_to_first_token_seconds_bucket;0\.3",
-                    "tpot": r"vllm:request_time_per_output_token_seconds_bucket;0\.045"}
+    assert tags == {
+        "ttft": r"vllm:time_to_first_token_seconds_bucket;0\.3",
+        "tpot": r"vllm:request_time_per_output_token_seconds_bucket;0\.045",
+    }
     sglang = build_service_monitor(svc(full("sglang")), OWNER)["spec"]["endpoints"][0]["metricRelabelings"]
     assert sglang[2]["regex"] == r"sglang:inter_token_latency_seconds_bucket;0\.045"

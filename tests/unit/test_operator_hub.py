@@ -6,8 +6,15 @@ from aiohttp import web
 
 from goodput_operator.hub import ConfigFetcher
 
-CONFIG = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
-          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+CONFIG = {
+    "model_type": "llama",
+    "vocab_size": 1000,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
 async def _hub(requests):
@@ -92,9 +99,15 @@ def _gguf_file(path):
     import numpy as np
 
     writer = gguf_py.GGUFWriter(str(path), "llama")
-    for add, value in [("add_block_count", 2), ("add_context_length", 2048), ("add_embedding_length", 64),
-                       ("add_feed_forward_length", 128), ("add_head_count", 4), ("add_head_count_kv", 2),
-                       ("add_vocab_size", 1000)]:
+    for add, value in [
+        ("add_block_count", 2),
+        ("add_context_length", 2048),
+        ("add_embedding_length", 64),
+        ("add_feed_forward_length", 128),
+        ("add_head_count", 4),
+        ("add_head_count_kv", 2),
+        ("add_vocab_size", 1000),
+    ]:
         getattr(writer, add)(value)
     writer.add_tensor("token_embd.weight", np.zeros((1000, 64), dtype=np.float32))  # 256 KB of tensor data
     writer.write_header_to_file()
@@ -147,8 +160,11 @@ async def test_a_gguf_source_is_sized_from_its_repos_config_json_else_its_header
         assert with_config.config.num_layers == 7 and ranges == []  # config.json wins; the file is not read
         bare = await _answer(fetcher, "acme/bare", "tiny.gguf")
         assert bare.error is None
-        assert (bare.config.architectures, bare.config.num_layers, bare.config.vocab_size) == \
-            (("LlamaForCausalLM",), 2, 1000)
+        assert (bare.config.architectures, bare.config.num_layers, bare.config.vocab_size) == (
+            ("LlamaForCausalLM",),
+            2,
+            1000,
+        )
         assert ranges == [f"bytes=0-{hub.GGUF_HEADER_BYTES - 1}"]  # a range request, not the whole file
         missing = await _answer(fetcher, "acme/bare", "other.gguf")
         assert "acme/bare has no config.json, and its GGUF file answered HTTP 404" in missing.error

@@ -13,14 +13,21 @@ def pod(name="chat-runtime-abc", phase="Pending", containers=(), conditions=(), 
     meta = {"name": name, "namespace": "ns"}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return {"metadata": meta, "status": {"phase": phase, "containerStatuses": list(containers),
-                                         "conditions": list(conditions)}}
+    return {
+        "metadata": meta,
+        "status": {"phase": phase, "containerStatuses": list(containers), "conditions": list(conditions)},
+    }
 
 
 def crash_looping(restarts=3, message=CANNOT_SERVE, code=1, reason="Error"):
-    return {"name": "runtime", "image": "img", "ready": False, "restartCount": restarts,
-            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed"}},
-            "lastState": {"terminated": {"exitCode": code, "reason": reason, "message": message}}}
+    return {
+        "name": "runtime",
+        "image": "img",
+        "ready": False,
+        "restartCount": restarts,
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed"}},
+        "lastState": {"terminated": {"exitCode": code, "reason": reason, "message": message}},
+    }
 
 
 def test_a_crash_loop_names_the_pod_exit_code_restarts_and_termination_message():
@@ -45,8 +52,11 @@ def test_oom_kill_without_a_message_says_so():
 
 def test_between_two_crashes_a_restarted_container_still_counts_as_failing():
     restarted = {**crash_looping(restarts=2), "state": {"running": {"startedAt": "2026-01-01T00:01:00Z"}}}
-    not_ready_since_before = {"type": "ContainersReady", "status": "False",
-                              "lastTransitionTime": "2026-01-01T00:00:30Z"}
+    not_ready_since_before = {
+        "type": "ContainersReady",
+        "status": "False",
+        "lastTransitionTime": "2026-01-01T00:00:30Z",
+    }
     f = failure([pod(phase="Running", containers=[restarted], conditions=[not_ready_since_before])])
     assert f is not None and f.reason == "RuntimeFailing"
     # ready once since this start, then not: a readiness hiccup, not the old crash
@@ -57,32 +67,53 @@ def test_between_two_crashes_a_restarted_container_still_counts_as_failing():
 
 
 def test_image_and_config_problems_carry_the_kubelets_message():
-    pull = {"name": "runtime", "image": "registry.test/nope:1", "restartCount": 0,
-            "state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}}}
+    pull = {
+        "name": "runtime",
+        "image": "registry.test/nope:1",
+        "restartCount": 0,
+        "state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}},
+    }
     f = failure([pod(containers=[pull])])
     assert f.reason == "ImagePullFailed"
-    assert f.message == ('pod chat-runtime-abc: cannot pull image registry.test/nope:1 (ImagePullBackOff): '
-                         'Back-off pulling image "x"')
+    assert f.message == (
+        'pod chat-runtime-abc: cannot pull image registry.test/nope:1 (ImagePullBackOff): Back-off pulling image "x"'
+    )
     err = {**pull, "state": {"waiting": {"reason": "ErrImagePull", "message": "rpc error: not found"}}}
     assert failure([pod(containers=[err])]).key == f.key  # the two alternate; one failure
-    config = {"name": "runtime", "image": "img", "restartCount": 0,
-              "state": {"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "hf" not found'}}}
+    config = {
+        "name": "runtime",
+        "image": "img",
+        "restartCount": 0,
+        "state": {"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "hf" not found'}},
+    }
     f = failure([pod(containers=[config])])
-    assert (f.reason, f.message) == ("ContainerConfigError", 'pod chat-runtime-abc: runtime cannot start '
-                                                             '(CreateContainerConfigError): secret "hf" not found')
+    assert (f.reason, f.message) == (
+        "ContainerConfigError",
+        'pod chat-runtime-abc: runtime cannot start (CreateContainerConfigError): secret "hf" not found',
+    )
 
 
 def test_unschedulable_carries_the_schedulers_message():
-    scheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                 "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}
+    scheduled = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+    }
     f = failure([pod(conditions=[scheduled])])
-    assert (f.reason, f.message) == ("Unschedulable", "pod chat-runtime-abc: cannot be scheduled: "
-                                                      "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+    assert (f.reason, f.message) == (
+        "Unschedulable",
+        "pod chat-runtime-abc: cannot be scheduled: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+    )
 
 
 def test_starting_terminating_and_evicted_pods_are_not_failures():
-    creating = {"name": "runtime", "image": "img", "restartCount": 0,
-                "state": {"waiting": {"reason": "ContainerCreating"}}}
+    creating = {
+        "name": "runtime",
+        "image": "img",
+        "restartCount": 0,
+        "state": {"waiting": {"reason": "ContainerCreating"}},
+    }
     assert failure([pod(containers=[creating]), pod()]) is None
     assert failure([pod(containers=[crash_looping()], deleting=True)]) is None
     assert failure([pod(phase="Failed", containers=[crash_looping()])]) is None
@@ -90,14 +121,21 @@ def test_starting_terminating_and_evicted_pods_are_not_failures():
 
 def test_the_most_severe_failure_is_reported_then_the_first_pod():
     scheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no GPUs"}
-    f = failure([pod("b", conditions=[scheduled]), pod("c", containers=[crash_looping()]),
-                 pod("a", containers=[crash_looping()])])
+    f = failure(
+        [
+            pod("b", conditions=[scheduled]),
+            pod("c", containers=[crash_looping()]),
+            pod("a", containers=[crash_looping()]),
+        ]
+    )
     assert f.reason == "RuntimeFailing" and f.message.startswith("pod a:")
 
 
 def test_a_log_tail_is_trimmed_to_the_line_that_names_the_error():
-    tail = ("INFO loading weights\nTraceback (most recent call last):\n  File \"x.py\", line 3, in <module>\n"
-            "    raise ValueError(msg)\nValueError: unsupported architecture FooForCausalLM\n")
+    tail = (
+        'INFO loading weights\nTraceback (most recent call last):\n  File "x.py", line 3, in <module>\n'
+        "    raise ValueError(msg)\nValueError: unsupported architecture FooForCausalLM\n"
+    )
     assert one_line(tail) == "ValueError: unsupported architecture FooForCausalLM"
     assert one_line("Cannot serve /m:\nno config.json\n") == "Cannot serve /m: no config.json"
     assert len(one_line("x" * 1000)) == 300
@@ -124,8 +162,11 @@ class FakeContext:
 
 
 def _body(available_message=""):
-    conditions = [{"type": "Available", "status": "False", "reason": "RuntimeFailing",
-                   "message": available_message}] if available_message else []
+    conditions = (
+        [{"type": "Available", "status": "False", "reason": "RuntimeFailing", "message": available_message}]
+        if available_message
+        else []
+    )
     return {"metadata": {"namespace": "ns", "name": "chat", "uid": "u"}, "status": {"conditions": conditions}}
 
 
@@ -146,6 +187,7 @@ def test_one_event_per_distinct_failure_and_again_after_it_cleared():
         await _report(ctx, _body(), other)
         await _report(ctx, _body(), None)  # serves again
         await _report(ctx, _body(), three)
+
     asyncio.run(run())
     assert [e[2] for e in ctx.events] == [three.message, other.message, three.message]
     assert all(e[0] == "Warning" for e in ctx.events)

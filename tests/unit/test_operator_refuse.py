@@ -24,9 +24,13 @@ class FakeContext:
 
 
 def _body(spec, status=None):
-    return {"apiVersion": "serving.goodput.dev/v1alpha1", "kind": "InferenceService",
-            "metadata": {"namespace": "ns", "name": "chat", "uid": "u", "generation": 2},
-            "spec": spec, "status": status or {}}
+    return {
+        "apiVersion": "serving.goodput.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"namespace": "ns", "name": "chat", "uid": "u", "generation": 2},
+        "spec": spec,
+        "status": status or {},
+    }
 
 
 def test_fp8_on_cpu_writes_model_fits_false_beside_valid_false():

@@ -13,8 +13,14 @@ def test_defaults_watch_every_namespace_with_the_published_runtime_image():
 
 
 def test_environment_sets_namespace_image_and_hub():
-    settings = Settings.from_env({"WATCH_NAMESPACE": "team-a", "RUNTIME_IMAGE": "reg/rt:1",
-                                  "HF_ENDPOINT": "https://hf-mirror.example/", "METRICS_PORT": "0"})
+    settings = Settings.from_env(
+        {
+            "WATCH_NAMESPACE": "team-a",
+            "RUNTIME_IMAGE": "reg/rt:1",
+            "HF_ENDPOINT": "https://hf-mirror.example/",
+            "METRICS_PORT": "0",
+        }
+    )
     assert settings.namespace == "team-a"
     assert settings.runtime_image == "reg/rt:1"
     assert settings.hf_endpoint == "https://hf-mirror.example"

@@ -18,8 +18,10 @@ def test_slots_admit_a_user_change_then_the_backlog_before_side_triggers_that_wa
 
         first = asyncio.create_task(run("first", RESUME))
         await asyncio.sleep(0)
-        waiting = [asyncio.create_task(run(name, priority)) for name, priority in
-                   (("resync", RESYNC), ("backlog", RESUME), ("side", SIDE), ("apply", CHANGE))]
+        waiting = [
+            asyncio.create_task(run(name, priority))
+            for name, priority in (("resync", RESYNC), ("backlog", RESUME), ("side", SIDE), ("apply", CHANGE))
+        ]
         await asyncio.sleep(0)
         assert slots.waiting == 4
         gate.set()
@@ -68,20 +70,28 @@ def test_side_triggers_queue_a_service_once_until_it_is_taken():
 
 def test_watched_children_and_pods_are_kept_without_managed_fields():
     observed = Observed()
-    deployment = {"kind": "Deployment", "metadata": {"name": "chat-runtime", "namespace": "ns",
-                                                     "managedFields": [{"manager": "x"}] * 50},
-                  "spec": {"replicas": 1}}
+    deployment = {
+        "kind": "Deployment",
+        "metadata": {"name": "chat-runtime", "namespace": "ns", "managedFields": [{"manager": "x"}] * 50},
+        "spec": {"replicas": 1},
+    }
     observed.child_event(None, deployment)
     kept = observed.child("Deployment", "ns", "chat-runtime")
     assert kept["spec"] == {"replicas": 1} and "managedFields" not in kept["metadata"]
     observed.child_event("DELETED", deployment)
     assert observed.child("Deployment", "ns", "chat-runtime") is None
 
-    pod = {"metadata": {"name": "chat-runtime-1", "namespace": "ns", "labels": {"a": "b"}},
-           "spec": {"containers": [{"name": "runtime"}]},
-           "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False"}]}}
+    pod = {
+        "metadata": {"name": "chat-runtime-1", "namespace": "ns", "labels": {"a": "b"}},
+        "spec": {"containers": [{"name": "runtime"}]},
+        "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False"}]},
+    }
     observed.pod_event("ADDED", pod, "chat")
-    assert observed.pods("ns", "chat") == [{"metadata": {"name": "chat-runtime-1"},
-                                            "status": {"phase": "Pending", "conditions": pod["status"]["conditions"]}}]
+    assert observed.pods("ns", "chat") == [
+        {
+            "metadata": {"name": "chat-runtime-1"},
+            "status": {"phase": "Pending", "conditions": pod["status"]["conditions"]},
+        }
+    ]
     observed.pod_event("DELETED", pod, "chat")
     assert observed.pods("ns", "chat") == []

@@ -21,8 +21,11 @@ def test_minimal_spec_gets_the_documented_defaults():
 
 def test_batch_max_replicas_is_read_and_defaults_to_none():
     assert parse("chat", "ns", MINIMAL).batch.max_replicas == 0
-    spec = {**MINIMAL, "autoscaling": {"mode": "goodput", "minReplicas": 0, "maxReplicas": 4},
-            "batch": {"maxReplicas": 2}}
+    spec = {
+        **MINIMAL,
+        "autoscaling": {"mode": "goodput", "minReplicas": 0, "maxReplicas": 4},
+        "batch": {"maxReplicas": 2},
+    }
     assert parse("chat", "ns", spec).batch.max_replicas == 2
 
 
@@ -64,19 +67,27 @@ def test_sources():
 @pytest.mark.parametrize(
     ("spec", "field", "reason"),
     [
-        ({"autoscaling": {"minReplicas": 4, "maxReplicas": 2}}, "spec.autoscaling.maxReplicas",
-         "ReplicaBoundsInverted"),
+        (
+            {"autoscaling": {"minReplicas": 4, "maxReplicas": 2}},
+            "spec.autoscaling.maxReplicas",
+            "ReplicaBoundsInverted",
+        ),
         ({"parallelism": {"tensor": 2}, "resources": {"gpu": 1}}, "spec.resources.gpu", "GPUCountMismatch"),
         ({"slo": {"ttft": "0ms"}}, "spec.slo.ttft", "InvalidSpec"),
         ({"slo": {"tpot": "fast"}}, "spec.slo.tpot", "InvalidSpec"),
         ({"resources": {"memory": "lots"}}, "spec.resources.memory", "InvalidSpec"),
-        ({"model": {"source": "pvc://w/m", "cacheClaimName": "w"}}, "spec.model.cacheClaimName",
-         "CacheClaimIsSource"),
-        ({"autoscaling": {"mode": "goodput", "maxReplicas": 2}, "batch": {"maxReplicas": 3}},
-         "spec.batch.maxReplicas", "BatchReplicasAboveMax"),
+        ({"model": {"source": "pvc://w/m", "cacheClaimName": "w"}}, "spec.model.cacheClaimName", "CacheClaimIsSource"),
+        (
+            {"autoscaling": {"mode": "goodput", "maxReplicas": 2}, "batch": {"maxReplicas": 3}},
+            "spec.batch.maxReplicas",
+            "BatchReplicasAboveMax",
+        ),
         ({"batch": {"maxReplicas": 1}}, "spec.batch.maxReplicas", "BatchReplicasWithoutAutoscaling"),
-        ({"autoscaling": {"mode": "goodput", "maxReplicas": 2}, "batch": {"maxReplicas": "2"}},
-         "spec.batch.maxReplicas", "InvalidSpec"),
+        (
+            {"autoscaling": {"mode": "goodput", "maxReplicas": 2}, "batch": {"maxReplicas": "2"}},
+            "spec.batch.maxReplicas",
+            "InvalidSpec",
+        ),
     ],
 )
 def test_invalid_specs_name_the_field(spec, field, reason):

@@ -3,9 +3,19 @@
 from goodput_operator.pipeline_spec import SpecError, parse_pipeline
 from goodput_operator.pipelines import pipeline_conditions
 
-SPEC = parse_pipeline("p", "ns", {"steps": [
-    {"kind": "guard", "classifier": {"service": "guard", "template": "{input}", "allow": ["y"], "block": ["n"]}},
-    {"kind": "generate", "service": "chat"}]})
+SPEC = parse_pipeline(
+    "p",
+    "ns",
+    {
+        "steps": [
+            {
+                "kind": "guard",
+                "classifier": {"service": "guard", "template": "{input}", "allow": ["y"], "block": ["n"]},
+            },
+            {"kind": "generate", "service": "chat"},
+        ]
+    },
+)
 
 
 def svc(status, reason="Serving"):

@@ -32,35 +32,78 @@ def test_generate_defaults_become_openai_fields():
     assert dict(spec.generate.defaults) == {"temperature": 0.2, "max_tokens": 64}
 
 
-@pytest.mark.parametrize(("spec", "field", "why"), [
-    (steps(), "spec.steps", "non-empty"),
-    (steps({"kind": "template", "system": "x"}), "spec.steps", "exactly one generate"),
-    (steps(GENERATE_STEP, GENERATE_STEP), "spec.steps", "exactly one generate"),
-    (steps(GENERATE_STEP, {"kind": "template", "system": "x"}), "spec.steps[1]", "before the generate"),
-    (steps({"kind": "guard", "stage": "output", "rules": {"maxLength": 5}}, GENERATE_STEP), "spec.steps[0].stage",
-     "output guards after"),
-    (steps({"kind": "guard", "rules": {"deny": [{"name": "x", "pattern": "("}]}}, GENERATE_STEP),
-     "spec.steps[0].rules.deny[0].pattern", "not a valid regular expression"),
-    (steps({"kind": "guard", "rules": {"deny": [{"name": "x", "pattern": "a*"}]}}, GENERATE_STEP),
-     "spec.steps[0].rules.deny[0].pattern", "empty string"),
-    (steps({"kind": "guard", "rules": {"pii": [{"type": "ssn"}]}}, GENERATE_STEP), "spec.steps[0].rules.pii[0].type",
-     "email, phone, card"),
-    (steps({"kind": "guard"}, GENERATE_STEP), "spec.steps[0]", "rules, a classifier or both"),
-    (steps({"kind": "guard", "classifier": {"service": "g", "template": "no placeholder", "allow": ["yes"],
-                                            "block": ["no"]}}, GENERATE_STEP),
-     "spec.steps[0].classifier.template", "{input}"),
-    (steps({"kind": "guard", "classifier": {"service": "g", "template": "{input}", "allow": ["yes"],
-                                            "block": ["Yes"]}}, GENERATE_STEP),
-     "spec.steps[0].classifier.block", "shares 'yes'"),
-    (steps(GENERATE_STEP, {"kind": "guard", "stage": "output", "classifier": {
-        "service": "g", "template": "{input}", "allow": ["a"], "block": ["b"]}}),
-     "spec.steps[1].classifier", "input guards only"),
-    (steps({"kind": "template", "prompt": "no placeholder"}, GENERATE_STEP), "spec.steps[0].prompt", "{input}"),
-    (steps({**GENERATE_STEP, "system": "x"}), "spec.steps[0].system", "does not apply to a generate step"),
-    (steps({**GENERATE_STEP, "defaults": {"logprobs": True}}), "spec.steps[0].defaults.logprobs", "not a sampling"),
-    (steps({"kind": "guard", "holdBack": 8, "rules": {"maxLength": 9}}, GENERATE_STEP), "spec.steps[0].holdBack",
-     "output guards only"),
-])
+@pytest.mark.parametrize(
+    ("spec", "field", "why"),
+    [
+        (steps(), "spec.steps", "non-empty"),
+        (steps({"kind": "template", "system": "x"}), "spec.steps", "exactly one generate"),
+        (steps(GENERATE_STEP, GENERATE_STEP), "spec.steps", "exactly one generate"),
+        (steps(GENERATE_STEP, {"kind": "template", "system": "x"}), "spec.steps[1]", "before the generate"),
+        (
+            steps({"kind": "guard", "stage": "output", "rules": {"maxLength": 5}}, GENERATE_STEP),
+            "spec.steps[0].stage",
+            "output guards after",
+        ),
+        (
+            steps({"kind": "guard", "rules": {"deny": [{"name": "x", "pattern": "("}]}}, GENERATE_STEP),
+            "spec.steps[0].rules.deny[0].pattern",
+            "not a valid regular expression",
+        ),
+        (
+            steps({"kind": "guard", "rules": {"deny": [{"name": "x", "pattern": "a*"}]}}, GENERATE_STEP),
+            "spec.steps[0].rules.deny[0].pattern",
+            "empty string",
+        ),
+        (
+            steps({"kind": "guard", "rules": {"pii": [{"type": "ssn"}]}}, GENERATE_STEP),
+            "spec.steps[0].rules.pii[0].type",
+            "email, phone, card",
+        ),
+        (steps({"kind": "guard"}, GENERATE_STEP), "spec.steps[0]", "rules, a classifier or both"),
+        (
+            steps(
+                {
+                    "kind": "guard",
+                    "classifier": {"service": "g", "template": "no placeholder", "allow": ["yes"], "block": ["no"]},
+                },
+                GENERATE_STEP,
+            ),
+            "spec.steps[0].classifier.template",
+            "{input}",
+        ),
+        (
+            steps(
+                {
+                    "kind": "guard",
+                    "classifier": {"service": "g", "template": "{input}", "allow": ["yes"], "block": ["Yes"]},
+                },
+                GENERATE_STEP,
+            ),
+            "spec.steps[0].classifier.block",
+            "shares 'yes'",
+        ),
+        (
+            steps(
+                GENERATE_STEP,
+                {
+                    "kind": "guard",
+                    "stage": "output",
+                    "classifier": {"service": "g", "template": "{input}", "allow": ["a"], "block": ["b"]},
+                },
+            ),
+            "spec.steps[1].classifier",
+            "input guards only",
+        ),
+        (steps({"kind": "template", "prompt": "no placeholder"}, GENERATE_STEP), "spec.steps[0].prompt", "{input}"),
+        (steps({**GENERATE_STEP, "system": "x"}), "spec.steps[0].system", "does not apply to a generate step"),
+        (steps({**GENERATE_STEP, "defaults": {"logprobs": True}}), "spec.steps[0].defaults.logprobs", "not a sampling"),
+        (
+            steps({"kind": "guard", "holdBack": 8, "rules": {"maxLength": 9}}, GENERATE_STEP),
+            "spec.steps[0].holdBack",
+            "output guards only",
+        ),
+    ],
+)
 def test_a_rejected_spec_names_the_field_and_why(spec, field, why):
     with pytest.raises(SpecError) as err:
         parse_pipeline("p", "ns", spec)
@@ -96,8 +139,18 @@ def test_every_step_field_in_the_crd_is_one_the_parser_reads():
     crd = yaml.safe_load(CRD.read_text())
     step = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["steps"]
     fields = set(step["items"]["properties"])
-    assert fields == {"name", "kind", "stage", "holdBack", "rules", "classifier", "system", "prompt", "service",
-                      "defaults"}
+    assert fields == {
+        "name",
+        "kind",
+        "stage",
+        "holdBack",
+        "rules",
+        "classifier",
+        "system",
+        "prompt",
+        "service",
+        "defaults",
+    }
     defaults = set(step["items"]["properties"]["defaults"]["properties"])
     generate = {"kind": "generate", "service": "s", "defaults": dict.fromkeys(defaults, 1)}
     spec = parse_pipeline("p", "ns", steps(generate))

@@ -30,8 +30,11 @@ def writable(pod: dict[str, Any], path: str) -> bool:
     volumes = {v["name"]: v for v in pod["volumes"]}
     for mount in pod["containers"][0]["volumeMounts"]:
         volume = volumes[mount["name"]]
-        if (path + "/").startswith(mount["mountPath"].rstrip("/") + "/") and not mount.get("readOnly") and (
-                "emptyDir" in volume or "persistentVolumeClaim" in volume):
+        if (
+            (path + "/").startswith(mount["mountPath"].rstrip("/") + "/")
+            and not mount.get("readOnly")
+            and ("emptyDir" in volume or "persistentVolumeClaim" in volume)
+        ):
             return True
     return False
 
@@ -55,8 +58,10 @@ def test_runtime_pods_of_every_spec_are_restricted_with_writable_caches(spec: di
 
 
 def test_template_volumes_outside_the_profile_are_refused_naming_the_field() -> None:
-    spec = {"model": {"source": "hf://org/m"},
-            "template": {"volumes": [{"name": "ok", "emptyDir": {}}, {"name": "host", "hostPath": {"path": "/"}}]}}
+    spec = {
+        "model": {"source": "hf://org/m"},
+        "template": {"volumes": [{"name": "ok", "emptyDir": {}}, {"name": "host", "hostPath": {"path": "/"}}]},
+    }
     with pytest.raises(SpecError) as caught:
         parse("svc", "team", spec)
     assert caught.value.field == "spec.template.volumes[1]"
@@ -64,8 +69,9 @@ def test_template_volumes_outside_the_profile_are_refused_naming_the_field() -> 
 
 
 def workloads(documents: list[Any]) -> list[tuple[str, dict[str, Any]]]:
-    return [(f"{d['kind']} {d['metadata']['name']}", pod) for d in documents if isinstance(d, dict)
-            for pod in pod_specs(d)]
+    return [
+        (f"{d['kind']} {d['metadata']['name']}", pod) for d in documents if isinstance(d, dict) for pod in pod_specs(d)
+    ]
 
 
 def strategic_merge(base: Any, patch: Any) -> Any:
@@ -79,8 +85,11 @@ def strategic_merge(base: Any, patch: Any) -> Any:
             else:
                 merged[key] = strategic_merge(base.get(key), value)
         return merged
-    if isinstance(base, list) and isinstance(patch, list) and all(
-            isinstance(i, dict) and "name" in i for i in [*base, *patch]):
+    if (
+        isinstance(base, list)
+        and isinstance(patch, list)
+        and all(isinstance(i, dict) and "name" in i for i in [*base, *patch])
+    ):
         by_name = {i["name"]: i for i in base}
         for item in patch:
             by_name[item["name"]] = strategic_merge(by_name.get(item["name"]), item)
@@ -90,10 +99,17 @@ def strategic_merge(base: Any, patch: Any) -> Any:
 
 def manifest_workloads() -> list[tuple[str, dict[str, Any]]]:
     """Every workload under manifests/; a `*-patch.yaml` is checked as the workload it patches would be."""
-    documents: dict[Path, list[Any]] = {path: [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
-                                        for path in sorted((ROOT / "manifests").rglob("*.yaml"))}
-    bases = {(d["kind"], d["metadata"]["name"]): d for path, docs in documents.items()
-             if not path.name.endswith("-patch.yaml") for d in docs if "kind" in d and "metadata" in d}
+    documents: dict[Path, list[Any]] = {
+        path: [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+        for path in sorted((ROOT / "manifests").rglob("*.yaml"))
+    }
+    bases = {
+        (d["kind"], d["metadata"]["name"]): d
+        for path, docs in documents.items()
+        if not path.name.endswith("-patch.yaml")
+        for d in docs
+        if "kind" in d and "metadata" in d
+    }
     found = []
     for path, docs in documents.items():
         if path.name.endswith("-patch.yaml"):
@@ -117,8 +133,10 @@ def script_workloads() -> list[tuple[str, dict[str, Any]]]:
 
 def test_the_installed_operator_and_gateway_are_restricted() -> None:
     found = dict(manifest_workloads())
-    assert {"manifests/operator.yaml: Deployment goodput-operator",
-            "manifests/gateway.yaml: Deployment goodput-gateway"} <= set(found)
+    assert {
+        "manifests/operator.yaml: Deployment goodput-operator",
+        "manifests/gateway.yaml: Deployment goodput-gateway",
+    } <= set(found)
     for name, pod in found.items():
         assert violations(pod) == [], name
 
@@ -135,11 +153,29 @@ def test_the_demo_model_job_is_restricted_and_writes_only_to_volumes() -> None:
 
 
 def test_the_checker_names_each_broken_rule() -> None:
-    pod = {"hostNetwork": True, "securityContext": {"seccompProfile": {"type": "Unconfined"}},
-           "volumes": [{"name": "h", "hostPath": {"path": "/"}}],
-           "containers": [{"name": "c", "ports": [{"containerPort": 80, "hostPort": 80}],
-                           "securityContext": {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}}}]}
+    pod = {
+        "hostNetwork": True,
+        "securityContext": {"seccompProfile": {"type": "Unconfined"}},
+        "volumes": [{"name": "h", "hostPath": {"path": "/"}}],
+        "containers": [
+            {
+                "name": "c",
+                "ports": [{"containerPort": 80, "hostPort": 80}],
+                "securityContext": {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}},
+            }
+        ],
+    }
     found = " | ".join(violations(pod))
-    for rule in ("hostNetwork", "hostPath", "privileged", "allowPrivilegeEscalation", "drop ALL", "SYS_ADMIN",
-                 "runAsNonRoot", "seccompProfile", "hostPort", "readOnlyRootFilesystem"):
+    for rule in (
+        "hostNetwork",
+        "hostPath",
+        "privileged",
+        "allowPrivilegeEscalation",
+        "drop ALL",
+        "SYS_ADMIN",
+        "runAsNonRoot",
+        "seccompProfile",
+        "hostPort",
+        "readOnlyRootFilesystem",
+    ):
         assert rule in found, rule

@@ -35,10 +35,20 @@ def test_batched_penalties_equal_the_reference_for_every_row():
         SampleRow(SamplingParams(), ("a", 0), [1, 2, 3, 4], 2),
         SampleRow(SamplingParams(repetition_penalty=1.5), ("b", 0), [5, 6, 7, 7, 8], 3),
         SampleRow(SamplingParams(presence_penalty=0.5, frequency_penalty=-0.7), ("c", 0), [9, 10, 11, 11, 11, 12], 2),
-        SampleRow(SamplingParams(logit_bias=((4, 250.0), (8, -3.0)), min_tokens=3, stop_token_ids=(20,)),
-                  ("d", 0), [1, 2, 3], 2),
-        SampleRow(SamplingParams(repetition_penalty=0.8, presence_penalty=1.0, frequency_penalty=1.0,
-                                 ignore_eos=True, min_tokens=9), ("e", 0), [13, 14, 13, 15, 3, 3], 1),
+        SampleRow(
+            SamplingParams(logit_bias=((4, 250.0), (8, -3.0)), min_tokens=3, stop_token_ids=(20,)),
+            ("d", 0),
+            [1, 2, 3],
+            2,
+        ),
+        SampleRow(
+            SamplingParams(
+                repetition_penalty=0.8, presence_penalty=1.0, frequency_penalty=1.0, ignore_eos=True, min_tokens=9
+            ),
+            ("e", 0),
+            [13, 14, 13, 15, 3, 3],
+            1,
+        ),
     ]
     got = Sampler(eos_token_ids=frozenset({EOS})).process(logits, rows)
     for i, r in enumerate(rows):
@@ -59,8 +69,10 @@ def test_seeded_rows_draw_the_same_tokens_whatever_else_is_in_the_batch():
     alone = [Sampler().sample(logits[:1], [seeded])[0][0] for _ in range(3)]
     mixed = [Sampler(seed=s).sample(logits, [seeded, *others])[0][0] for s in range(3)]
     assert mixed == alone
-    draws = {Sampler().sample(logits[:1], [SampleRow(SamplingParams(temperature=1.0, seed=s), ("x", 0), [1], 1)])[0][0]
-             for s in range(30)}
+    draws = {
+        Sampler().sample(logits[:1], [SampleRow(SamplingParams(temperature=1.0, seed=s), ("x", 0), [1], 1)])[0][0]
+        for s in range(30)
+    }
     assert len(draws) > 5  # different seeds, different tokens
 
 
@@ -69,8 +81,10 @@ def test_top_k_top_p_and_min_p_keep_only_the_likeliest_tokens():
     sampler = Sampler()
 
     def support(**settings) -> set[int]:
-        return {sampler.sample(logits, [SampleRow(SamplingParams(temperature=1.0, **settings), ("k", 0), [1], 1)])[0][0]
-                for _ in range(300)}
+        return {
+            sampler.sample(logits, [SampleRow(SamplingParams(temperature=1.0, **settings), ("k", 0), [1], 1)])[0][0]
+            for _ in range(300)
+        }
 
     assert support(top_k=2) == {0, 1}
     assert support(top_p=0.5) == {0}  # the likeliest token holds 0.64 of the mass

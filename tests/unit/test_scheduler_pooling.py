@@ -21,8 +21,9 @@ def step(s: Scheduler):
     out = s.schedule()
     ends = [item.samples for item in out.scheduled]  # the step reaches the prompt's (or output's) end
     # a stand-in model: every sampling position gets token 7; embedding requests never sample
-    advanced = s.update(out, [7 if end and item.seq.pooling is None else None
-                              for item, end in zip(out.scheduled, ends, strict=True)])
+    advanced = s.update(
+        out, [7 if end and item.seq.pooling is None else None for item, end in zip(out.scheduled, ends, strict=True)]
+    )
     return out, advanced, ends
 
 

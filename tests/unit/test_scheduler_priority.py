@@ -126,8 +126,9 @@ def test_metrics_split_requests_and_the_queue_by_priority_and_the_slo_series_cou
     m = RuntimeMetrics("m", slo_ttft=0.5, slo_tpot=None)
     m.record_finished(RequestTimes(arrival=0.0, first_scheduled=0.1, first_token=0.2, finished=1.0, priority=0))
     m.record_finished(RequestTimes(arrival=0.0, first_scheduled=0.1, first_token=3.0, finished=4.0, priority=1))
-    m.record_step(running=1, waiting=5, kv_usage=0.1, prompt_tokens=0, generation_tokens=0, preemptions=0,
-                  waiting_batch=3)
+    m.record_step(
+        running=1, waiting=5, kv_usage=0.1, prompt_tokens=0, generation_tokens=0, preemptions=0, waiting_batch=3
+    )
     value = m.registry.get_sample_value
     assert value("goodput_requests_by_priority_total", {"model": "m", "priority": "online", "outcome": "success"}) == 1
     assert value("goodput_requests_by_priority_total", {"model": "m", "priority": "batch", "outcome": "success"}) == 1
@@ -145,8 +146,9 @@ def test_metrics_split_requests_and_the_queue_by_priority_and_the_slo_series_cou
 # --- the batch cap: batch sequences beside online ones, from the measured step time and the TPOT target
 
 
-def timed_cap(tpot_target: float, fixed: float = 0.01, per_seq: float = 0.01, per_token: float = 0.001,
-              margin: float = 0.0) -> BatchCap:
+def timed_cap(
+    tpot_target: float, fixed: float = 0.01, per_seq: float = 0.01, per_token: float = 0.001, margin: float = 0.0
+) -> BatchCap:
     """A cap whose step-time model has measured steps costing fixed + per_seq · n + per_token · p seconds."""
     cap = BatchCap(tpot_target, margin)
     for n in (1, 2, 4, 8):

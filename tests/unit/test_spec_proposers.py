@@ -58,8 +58,9 @@ def test_the_switch_turns_speculation_off_above_its_threshold():
 
 
 def scheduler(blocks: int = 16, prefix_caching: bool = True) -> Scheduler:
-    scheduler = Scheduler(BlockManager(blocks, 4, prefix_caching), max_num_seqs=4, max_num_batched_tokens=64,
-                          max_model_len=64)
+    scheduler = Scheduler(
+        BlockManager(blocks, 4, prefix_caching), max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64
+    )
     scheduler.switch = SpeculationSwitch(4)
     return scheduler
 

@@ -30,6 +30,7 @@ def fake_machine(costs):
             assert plan.head_form(tokens) == form
             runs.append((threads, form, tokens))
             return costs(threads, form, tokens, prompt)
+
         return run
 
     return seconds(False), seconds(True), runs

@@ -50,11 +50,16 @@ RULE = ROOT / "manifests" / "monitoring" / "prometheus-rule.yaml"
 
 def spec(model_dir: Path) -> dict:
     return {
-        "model": {"source": f"file://{model_dir}", "servedName": "smollm2", "maxModelLen": 1024,
-                  "dtype": "float32"},
+        "model": {"source": f"file://{model_dir}", "servedName": "smollm2", "maxModelLen": 1024, "dtype": "float32"},
         # --enforce-eager: no torch.compile warm-up, which takes minutes on two CPU cores
-        "engine": {"kind": "vllm", "maxNumSeqs": MAX_NUM_SEQS, "maxBatchedTokens": 1024, "prefixCaching": False,
-                   "gpuMemoryUtilization": 0.1, "extraArgs": ["--enforce-eager"]},
+        "engine": {
+            "kind": "vllm",
+            "maxNumSeqs": MAX_NUM_SEQS,
+            "maxBatchedTokens": 1024,
+            "prefixCaching": False,
+            "gpuMemoryUtilization": 0.1,
+            "extraArgs": ["--enforce-eager"],
+        },
         "resources": {"gpu": 0, "memory": "4Gi"},
         "slo": {"ttft": f"{SLO_TTFT:g}s", "tpot": f"{SLO_TPOT:g}s"},
     }
@@ -146,14 +151,21 @@ def test_vllm_own_parser_takes_every_flag_the_table_derives(smollm2_dir):
     full["parallelism"] = {"tensor": 2}
     svc = parse("chat", "ns", full)
     engines.validate(svc)
-    probe = ("import json, sys\n"
-             "from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args\n"
-             "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-             "ns = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])\n"
-             "validate_parsed_serve_args(ns)\n"
-             "print(json.dumps({k: v for k, v in vars(ns).items()}, default=str))\n")
-    out = subprocess.run([vllm_python(), "-c", probe, *engines.vllm_args(svc)], capture_output=True, text=True,
-                         timeout=300, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    probe = (
+        "import json, sys\n"
+        "from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "ns = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])\n"
+        "validate_parsed_serve_args(ns)\n"
+        "print(json.dumps({k: v for k, v in vars(ns).items()}, default=str))\n"
+    )
+    out = subprocess.run(
+        [vllm_python(), "-c", probe, *engines.vllm_args(svc)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     ns = json.loads(out.stdout.strip().splitlines()[-1])
     assert ns["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and ns["served_model_name"] == ["smollm2"]
@@ -188,17 +200,32 @@ def prometheus(server, smollm2_dir, tmp_path_factory):
     for group in groups:
         group["interval"] = "1s"
     (workdir / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
-    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-              "rule_files": [str(workdir / "rules.yaml")],
-              "scrape_configs": [{"job_name": "vllm", "metric_relabel_configs": relabel,
-                                  "static_configs": [{"targets": [server.url.removeprefix("http://")],
-                                                      "labels": {"namespace": "ns", "pod": "chat-0"}}]}]}
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(workdir / "rules.yaml")],
+        "scrape_configs": [
+            {
+                "job_name": "vllm",
+                "metric_relabel_configs": relabel,
+                "static_configs": [
+                    {"targets": [server.url.removeprefix("http://")], "labels": {"namespace": "ns", "pod": "chat-0"}}
+                ],
+            }
+        ],
+    }
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     with (workdir / "prometheus.log").open("wb") as log:
-        process = subprocess.Popen([PROMETHEUS, f"--config.file={workdir / 'prometheus.yml'}",
-                                    f"--storage.tsdb.path={workdir / 'data'}",
-                                    f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
@@ -222,8 +249,9 @@ def _snake(key: str) -> str:
 
 
 def _query(url: str, expr: str) -> list[dict]:
-    with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}",
-                                timeout=30) as response:
+    with urllib.request.urlopen(
+        f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}", timeout=30
+    ) as response:
         return list(json.loads(response.read())["data"]["result"])
 
 
@@ -258,6 +286,7 @@ def run(server, prometheus) -> Run:
     async def load():
         before = await source.read(key, "smollm2", endpoints, time.monotonic(), engine="vllm", slo=slo)
         client = Client(server.url)
+
         async def all_requests() -> None:
             await asyncio.gather(*(client.one(prompt, tokens) for _ in range(requests)))
 
@@ -275,8 +304,18 @@ def run(server, prometheus) -> Run:
         return before, after, client
 
     before, after, client = asyncio.run(load())
-    return Run(client, before, after, source._history[key], seen, blocks, block_size, tokens, requests,
-               ttft_sum(server.metrics()) - ttft_before)
+    return Run(
+        client,
+        before,
+        after,
+        source._history[key],
+        seen,
+        blocks,
+        block_size,
+        tokens,
+        requests,
+        ttft_sum(server.metrics()) - ttft_before,
+    )
 
 
 def test_the_autoscaler_reads_what_the_requests_saw(run):
@@ -304,7 +343,8 @@ def test_the_autoscaler_reads_what_the_requests_saw(run):
     near = sum(SLO_TTFT - 0.05 < r["ttft"] <= SLO_TTFT + max(gap, 0.0) + 0.05 for r in client.results)
     assert abs(share_within(ttft, SLO_TTFT) * requests - met_ttft) <= near
     assert abs(share_within(tpot, SLO_TPOT) * requests - met_tpot) <= sum(
-        abs(r["tpot"] - SLO_TPOT) < 0.01 for r in client.results)
+        abs(r["tpot"] - SLO_TPOT) < 0.01 for r in client.results
+    )
     assert 0 < met_ttft < requests  # the queue made some requests miss TTFT: the check above means something
     # attainment: the smaller share, an upper bound of the share within both, here exact
     assert s.attainment == pytest.approx(good / total)
@@ -326,12 +366,14 @@ def test_the_autoscaler_reads_what_the_requests_saw(run):
     assert (s.running, s.waiting, s.kv_usage) == (0, 0, 0.0)  # all finished, the cache freed
     ttfts = sorted(round(r["ttft"], 2) for r in client.results)
     tpots = sorted(round(r["tpot"] * 1000) for r in client.results)
-    print(f"\nclient: {met_ttft}/{requests} within TTFT {SLO_TTFT}s (TTFTs {ttfts} s), {met_tpot}/{requests} "
-          f"within TPOT {SLO_TPOT}s (TPOTs {tpots} ms); autoscaler: TTFT share "
-          f"{share_within(ttft, SLO_TTFT):.3f}, TPOT share {share_within(tpot, SLO_TPOT):.3f}, attainment "
-          f"{s.attainment:.3f}; scrapes under load {len(seen)}, max waiting {max(w for _, _, w, _ in seen)}, "
-          f"max KV {max(k for _, _, _, k in seen):.4f}; KV blocks {blocks}x{block_size}; client-minus-vLLM "
-          f"TTFT {gap:.3f}s over {requests} requests")
+    print(
+        f"\nclient: {met_ttft}/{requests} within TTFT {SLO_TTFT}s (TTFTs {ttfts} s), {met_tpot}/{requests} "
+        f"within TPOT {SLO_TPOT}s (TPOTs {tpots} ms); autoscaler: TTFT share "
+        f"{share_within(ttft, SLO_TTFT):.3f}, TPOT share {share_within(tpot, SLO_TPOT):.3f}, attainment "
+        f"{s.attainment:.3f}; scrapes under load {len(seen)}, max waiting {max(w for _, _, w, _ in seen)}, "
+        f"max KV {max(k for _, _, _, k in seen):.4f}; KV blocks {blocks}x{block_size}; client-minus-vLLM "
+        f"TTFT {gap:.3f}s over {requests} requests"
+    )
     sys.stdout.flush()
 
 
@@ -347,8 +389,9 @@ def test_prometheus_and_the_recording_rules_read_the_same(run, prometheus):
         # windows longer than the whole run, which Prometheus saw from before its first request
         source = PrometheusSource(prometheus, window=300, long_window=600)
         try:
-            return await source.read(("ns", "chat"), "smollm2", Endpoints(ready=("pod",)), 0.0, engine="vllm",
-                                     slo=(SLO_TTFT, SLO_TPOT))
+            return await source.read(
+                ("ns", "chat"), "smollm2", Endpoints(ready=("pod",)), 0.0, engine="vllm", slo=(SLO_TTFT, SLO_TPOT)
+            )
         finally:
             await source.close()
 
@@ -360,5 +403,7 @@ def test_prometheus_and_the_recording_rules_read_the_same(run, prometheus):
     assert len(recorded) == 1 and float(recorded[0]["value"][1]) == pytest.approx(direct, abs=0.01)
     p90 = _query(prometheus, 'goodput:ttft_seconds:p90_rate5m{namespace="ns",model="smollm2"}')
     assert p90 and float(p90[0]["value"][1]) > SLO_TTFT  # most requests waited past the target
-    print(f"\nattainment: direct {direct:.3f}, Prometheus source {reading.signals.attainment:.3f}, "
-          f"recorded {float(recorded[0]['value'][1]):.3f}")
+    print(
+        f"\nattainment: direct {direct:.3f}, Prometheus source {reading.signals.attainment:.3f}, "
+        f"recorded {float(recorded[0]['value'][1]):.3f}"
+    )

@@ -23,8 +23,14 @@ class Client:
         usage = None
         try:
             stream = await self.openai.completions.create(
-                model="smollm2", prompt=prompt, max_tokens=tokens, temperature=0.0, stream=True,
-                stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+                model="smollm2",
+                prompt=prompt,
+                max_tokens=tokens,
+                temperature=0.0,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+            )
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].text:
                     times.append(time.monotonic())

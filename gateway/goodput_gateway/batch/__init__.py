@@ -33,8 +33,11 @@ class BatchSettings:
 
 
 async def _off(request: web.Request) -> web.Response:
-    raise APIError(404, "The batch API is off at this gateway: start it with --database (sqlite:///PATH or "
-                        "postgresql://...)", code="batch_api_disabled")
+    raise APIError(
+        404,
+        "The batch API is off at this gateway: start it with --database (sqlite:///PATH or postgresql://...)",
+        code="batch_api_disabled",
+    )
 
 
 def install(app: web.Application, gateway: Any, settings: BatchSettings) -> None:

@@ -42,8 +42,13 @@ def reject_unknown_query(request: web.Request, known: set[str]) -> None:
 
 def page(data: list[dict[str, Any]], limit: int) -> dict[str, Any]:
     shown = data[:limit]
-    return {"object": "list", "data": shown, "first_id": shown[0]["id"] if shown else None,
-            "last_id": shown[-1]["id"] if shown else None, "has_more": len(data) > limit}
+    return {
+        "object": "list",
+        "data": shown,
+        "first_id": shown[0]["id"] if shown else None,
+        "last_id": shown[-1]["id"] if shown else None,
+        "has_more": len(data) > limit,
+    }
 
 
 def path_id(request: web.Request, kind: str) -> str:
@@ -61,8 +66,11 @@ class BatchAPI:
 
     async def create_file(self, request: web.Request) -> web.Response:
         if not request.content_type.startswith("multipart/"):
-            raise invalid("Upload the file as multipart/form-data with the fields 'file' and 'purpose'", "file",
-                          "invalid_content_type")
+            raise invalid(
+                "Upload the file as multipart/form-data with the fields 'file' and 'purpose'",
+                "file",
+                "invalid_content_type",
+            )
         fields: dict[str, str] = {}
         data, filename = None, "input.jsonl"
         async for part in await request.multipart():
@@ -73,8 +81,9 @@ class BatchAPI:
                 filename = getattr(part, "filename", None) or filename
                 data = bytes(await part.read(decode=False))  # type: ignore[union-attr]
                 if len(data) > MAX_FILE_BYTES:
-                    raise APIError(413, f"A file may hold at most {MAX_FILE_BYTES} bytes", param="file",
-                                   code="file_too_large")
+                    raise APIError(
+                        413, f"A file may hold at most {MAX_FILE_BYTES} bytes", param="file", code="file_too_large"
+                    )
             else:
                 fields[name] = await part.text()  # type: ignore[union-attr]
         purpose = fields.get("purpose")
@@ -93,8 +102,7 @@ class BatchAPI:
         order = request.query.get("order", "desc")
         if order not in ("asc", "desc"):
             raise invalid(f"'order' must be 'asc' or 'desc', got '{order}'", "order")
-        data = await self.store.list_files(request.query.get("purpose"), request.query.get("after"), limit + 1,
-                                           order)
+        data = await self.store.list_files(request.query.get("purpose"), request.query.get("after"), limit + 1, order)
         return web.json_response(page(data, limit))
 
     async def get_file(self, request: web.Request) -> web.Response:
@@ -134,11 +142,11 @@ class BatchAPI:
                 raise invalid(f"'{name}' is a required property", name, "missing_required_parameter")
         endpoint = body["endpoint"]
         if endpoint not in ENDPOINTS:
-            raise invalid(f"'endpoint' must be one of {', '.join(ENDPOINTS)}, got {json.dumps(endpoint)}",
-                          "endpoint")
+            raise invalid(f"'endpoint' must be one of {', '.join(ENDPOINTS)}, got {json.dumps(endpoint)}", "endpoint")
         if body["completion_window"] != "24h":
-            raise invalid(f"'completion_window' must be '24h', got {json.dumps(body['completion_window'])}",
-                          "completion_window")
+            raise invalid(
+                f"'completion_window' must be '24h', got {json.dumps(body['completion_window'])}", "completion_window"
+            )
         metadata = body.get("metadata")
         if metadata is not None:
             check_metadata(metadata)
@@ -147,8 +155,7 @@ class BatchAPI:
         if found is None:
             raise invalid(f"No such file: {json.dumps(input_file_id)}", "input_file_id", "not_found")
         if found["purpose"] != "batch":
-            raise invalid(f"The file '{input_file_id}' has purpose '{found['purpose']}', not 'batch'",
-                          "input_file_id")
+            raise invalid(f"The file '{input_file_id}' has purpose '{found['purpose']}', not 'batch'", "input_file_id")
         batch_id = await self.store.create_batch(endpoint, input_file_id, "24h", metadata)
         self.woken()
         return web.json_response(await self.store.get_batch(batch_id))
@@ -172,8 +179,9 @@ class BatchAPI:
         if status is None:
             raise not_found("batch", batch_id)
         if status not in ("cancelling", "cancelled"):
-            raise APIError(409, f"Cannot cancel a batch with status '{status}'", param="id",
-                           code="batch_not_cancellable")
+            raise APIError(
+                409, f"Cannot cancel a batch with status '{status}'", param="id", code="batch_not_cancellable"
+            )
         self.woken()
         return web.json_response(await self.store.get_batch(batch_id))
 
@@ -185,8 +193,10 @@ def check_metadata(metadata: Any) -> None:
         raise invalid("'metadata' may hold at most 16 keys", "metadata")
     for key, value in metadata.items():
         if len(key) > 64 or not isinstance(value, str) or len(value) > 512:
-            raise invalid(f"'metadata.{key[:64]}': keys are at most 64 characters, values strings of at most 512",
-                          f"metadata.{key[:64]}")
+            raise invalid(
+                f"'metadata.{key[:64]}': keys are at most 64 characters, values strings of at most 512",
+                f"metadata.{key[:64]}",
+            )
 
 
 def add_routes(app: web.Application, api: BatchAPI) -> None:

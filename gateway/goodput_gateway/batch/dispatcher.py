@@ -53,20 +53,31 @@ class DispatchSettings:
 
 class BatchMetrics:
     def __init__(self, registry: Any) -> None:
-        self.lines = MetricCounter(names.BATCH_REQUESTS.removesuffix("_total"),
-                                   "Batch lines finished by this gateway (completed: a 2xx answer; failed: "
-                                   "another answer or none after every attempt), and attempts given back to retry",
-                                   ["state"], registry=registry)
+        self.lines = MetricCounter(
+            names.BATCH_REQUESTS.removesuffix("_total"),
+            "Batch lines finished by this gateway (completed: a 2xx answer; failed: "
+            "another answer or none after every attempt), and attempts given back to retry",
+            ["state"],
+            registry=registry,
+        )
         for state in ("completed", "failed", "retried"):
             self.lines.labels(state)
-        self.pending = Gauge(names.BATCH_LINES_PENDING, "Lines of running batches not yet done (all gateways)",
-                             registry=registry)
-        self.service_pending = Gauge(names.BATCH_SERVICE_LINES_PENDING,
-                                     "Lines of running batches not yet done, by the service their model resolves to "
-                                     "(all gateways): what spec.batch.maxReplicas scales on",
-                                     ["namespace", "service"], registry=registry)
-        self.limit = Gauge(names.BATCH_CONCURRENCY, "Batch lines a service may have in flight (the AIMD limit)",
-                           ["namespace", "service"], registry=registry)
+        self.pending = Gauge(
+            names.BATCH_LINES_PENDING, "Lines of running batches not yet done (all gateways)", registry=registry
+        )
+        self.service_pending = Gauge(
+            names.BATCH_SERVICE_LINES_PENDING,
+            "Lines of running batches not yet done, by the service their model resolves to "
+            "(all gateways): what spec.batch.maxReplicas scales on",
+            ["namespace", "service"],
+            registry=registry,
+        )
+        self.limit = Gauge(
+            names.BATCH_CONCURRENCY,
+            "Batch lines a service may have in flight (the AIMD limit)",
+            ["namespace", "service"],
+            registry=registry,
+        )
 
 
 class Dispatcher:
@@ -88,8 +99,10 @@ class Dispatcher:
         self.wake.set()
 
     async def run_forever(self) -> None:
-        loops = [asyncio.create_task(self._every(self.settings.lease_seconds / 3, self._renew)),
-                 asyncio.create_task(self._every(self.settings.control_seconds, self._control))]
+        loops = [
+            asyncio.create_task(self._every(self.settings.lease_seconds / 3, self._renew)),
+            asyncio.create_task(self._every(self.settings.control_seconds, self._control)),
+        ]
         try:
             while True:
                 try:
@@ -167,8 +180,9 @@ class Dispatcher:
         key = (svc.namespace, svc.name)
         control = self.controls.get(key)
         if control is None:
-            control = self.controls[key] = AIMD(target_attainment=self.settings.target_attainment,
-                                                per_replica_cap=self.settings.per_replica_cap)
+            control = self.controls[key] = AIMD(
+                target_attainment=self.settings.target_attainment, per_replica_cap=self.settings.per_replica_cap
+            )
             self.metrics.limit.labels(*key).set(control.limit)
         return control
 
@@ -176,8 +190,14 @@ class Dispatcher:
         data = await self.store.file_content(input_file_id)
         errors: list[dict[str, Any]] = []
         if data is None:
-            errors.append({"code": "file_not_found", "message": f"The input file {input_file_id} was deleted",
-                           "param": "input_file_id", "line": None})
+            errors.append(
+                {
+                    "code": "file_not_found",
+                    "message": f"The input file {input_file_id} was deleted",
+                    "param": "input_file_id",
+                    "line": None,
+                }
+            )
         else:
             try:
                 parsed = parse_input(data)
@@ -185,12 +205,24 @@ class Dispatcher:
                 errors.append({"code": err.code, "message": err.message, "param": "input_file_id", "line": None})
             else:
                 if parsed.url != endpoint:
-                    errors.append({"code": "invalid_url", "message": f"The lines' url {parsed.url} is not the "
-                                   f"batch's endpoint {endpoint}", "param": "url", "line": 1})
+                    errors.append(
+                        {
+                            "code": "invalid_url",
+                            "message": f"The lines' url {parsed.url} is not the batch's endpoint {endpoint}",
+                            "param": "url",
+                            "line": 1,
+                        }
+                    )
                 elif len(self.gateway.registry.resolve(parsed.model)) != 1:
-                    errors.append({"code": "model_not_found", "message": f"The model '{parsed.model}' is not "
-                                   "served here (or is served in several namespaces; name it namespace/model)",
-                                   "param": "body.model", "line": 1})
+                    errors.append(
+                        {
+                            "code": "model_not_found",
+                            "message": f"The model '{parsed.model}' is not "
+                            "served here (or is served in several namespaces; name it namespace/model)",
+                            "param": "body.model",
+                            "line": 1,
+                        }
+                    )
                 elif await self.store.start_batch(batch_id, parsed.model, parsed.lines):
                     logger.info("Batch %s in progress: %d lines for %s", batch_id, len(parsed.lines), parsed.model)
                     return
@@ -226,8 +258,12 @@ class Dispatcher:
         outstanding = self.gateway.proxy.outstanding
         outstanding[url] += 1
         try:
-            async with self.session.post(url + endpoint, json=body, headers={PRIORITY_HEADER: BATCH_PRIORITY},
-                                         timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout)) as r:
+            async with self.session.post(
+                url + endpoint,
+                json=body,
+                headers={PRIORITY_HEADER: BATCH_PRIORITY},
+                timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout),
+            ) as r:
                 raw = await r.read()
                 status = r.status
                 request_id = r.headers.get("x-request-id", "")
@@ -250,7 +286,7 @@ class Dispatcher:
 
     async def _retry_or_fail(self, line: Claimed, error: dict[str, str] | None) -> None:
         if line.attempts < self.settings.max_attempts:
-            await asyncio.sleep(min(5.0, 0.2 * 2 ** line.attempts))
+            await asyncio.sleep(min(5.0, 0.2 * 2**line.attempts))
             await self.store.release(line, self.owner)
             self.metrics.lines.labels("retried").inc()
             return

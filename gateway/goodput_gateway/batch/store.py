@@ -22,9 +22,28 @@ from goodput_gateway.batch.validate import Line
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 TERMINAL = ("completed", "failed", "expired", "cancelled")
-BATCH_COLUMNS = ("id", "endpoint", "input_file_id", "completion_window", "status", "model", "created_at",
-                 "expires_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
-                 "cancelling_at", "cancelled_at", "output_file_id", "error_file_id", "errors", "metadata", "total")
+BATCH_COLUMNS = (
+    "id",
+    "endpoint",
+    "input_file_id",
+    "completion_window",
+    "status",
+    "model",
+    "created_at",
+    "expires_at",
+    "in_progress_at",
+    "finalizing_at",
+    "completed_at",
+    "failed_at",
+    "expired_at",
+    "cancelling_at",
+    "cancelled_at",
+    "output_file_id",
+    "error_file_id",
+    "errors",
+    "metadata",
+    "total",
+)
 FILE_COLUMNS = ("id", "purpose", "filename", "bytes", "created_at")
 
 
@@ -44,9 +63,17 @@ class Claimed:
 
 def file_object(row: tuple[Any, ...]) -> dict[str, Any]:
     f = dict(zip(FILE_COLUMNS, row, strict=True))
-    return {"id": f["id"], "object": "file", "bytes": f["bytes"], "created_at": f["created_at"],
-            "filename": f["filename"], "purpose": f["purpose"], "status": "processed", "expires_at": None,
-            "status_details": None}
+    return {
+        "id": f["id"],
+        "object": "file",
+        "bytes": f["bytes"],
+        "created_at": f["created_at"],
+        "filename": f["filename"],
+        "purpose": f["purpose"],
+        "status": "processed",
+        "expires_at": None,
+        "status_details": None,
+    }
 
 
 class Store:
@@ -69,8 +96,11 @@ class Store:
                 os.fsync(f.fileno())
             temp.replace(target)
             content, path = None, str(target)
-        tx.execute("INSERT INTO batch_files (id, purpose, filename, bytes, created_at, content, path) "
-                   "VALUES (?, ?, ?, ?, ?, ?, ?)", (file_id, purpose, filename, len(data), now, content, path))
+        tx.execute(
+            "INSERT INTO batch_files (id, purpose, filename, bytes, created_at, content, path) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (file_id, purpose, filename, len(data), now, content, path),
+        )
 
     async def create_file(self, purpose: str, filename: str, data: bytes) -> dict[str, Any]:
         file_id, now = new_id("file-"), int(time.time())
@@ -83,8 +113,9 @@ class Store:
         return file_object((file_id, purpose, filename, len(data), now))
 
     async def get_file(self, file_id: str) -> dict[str, Any] | None:
-        row = await self.db.run(lambda db: _one(db, f"SELECT {', '.join(FILE_COLUMNS)} FROM batch_files WHERE id = ?",
-                                                (file_id,)))
+        row = await self.db.run(
+            lambda db: _one(db, f"SELECT {', '.join(FILE_COLUMNS)} FROM batch_files WHERE id = ?", (file_id,))
+        )
         return None if row is None else file_object(row)
 
     async def list_files(self, purpose: str | None, after: str | None, limit: int, order: str) -> list[dict]:
@@ -95,8 +126,10 @@ class Store:
         if after:
             where.append("id < ?" if order == "desc" else "id > ?")
             params.append(after)
-        sql = (f"SELECT {', '.join(FILE_COLUMNS)} FROM batch_files WHERE {' AND '.join(where)} "
-               f"ORDER BY id {'DESC' if order == 'desc' else 'ASC'} LIMIT ?")
+        sql = (
+            f"SELECT {', '.join(FILE_COLUMNS)} FROM batch_files WHERE {' AND '.join(where)} "
+            f"ORDER BY id {'DESC' if order == 'desc' else 'ASC'} LIMIT ?"
+        )
         rows = await self.db.run(lambda db: _all(db, sql, (*params, limit)))
         return [file_object(r) for r in rows]
 
@@ -125,16 +158,26 @@ class Store:
 
     # batches
 
-    async def create_batch(self, endpoint: str, input_file_id: str, window: str,
-                           metadata: dict[str, str] | None) -> str:
+    async def create_batch(
+        self, endpoint: str, input_file_id: str, window: str, metadata: dict[str, str] | None
+    ) -> str:
         batch_id, now = new_id("batch_"), int(time.time())
 
         def work(db: Database) -> None:
             with db.transaction() as tx:
-                tx.execute("INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, created_at, "
-                           "expires_at, metadata) VALUES (?, ?, ?, ?, 'validating', ?, ?, ?)",
-                           (batch_id, endpoint, input_file_id, window, now, now + 24 * 3600,
-                            None if metadata is None else json.dumps(metadata)))
+                tx.execute(
+                    "INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, created_at, "
+                    "expires_at, metadata) VALUES (?, ?, ?, ?, 'validating', ?, ?, ?)",
+                    (
+                        batch_id,
+                        endpoint,
+                        input_file_id,
+                        window,
+                        now,
+                        now + 24 * 3600,
+                        None if metadata is None else json.dumps(metadata),
+                    ),
+                )
 
         await self.db.run(work)
         return batch_id
@@ -151,21 +194,34 @@ class Store:
         if row is None:
             return None
         b = dict(zip(BATCH_COLUMNS, row, strict=True))
-        counts = dict(tx.all("SELECT CASE WHEN status_code BETWEEN 200 AND 299 THEN 'completed' ELSE 'failed' END, "
-                             "COUNT(*) FROM batch_lines WHERE batch_id = ? AND state = 'done' GROUP BY 1",
-                             (batch_id,)))
+        counts = dict(
+            tx.all(
+                "SELECT CASE WHEN status_code BETWEEN 200 AND 299 THEN 'completed' ELSE 'failed' END, "
+                "COUNT(*) FROM batch_lines WHERE batch_id = ? AND state = 'done' GROUP BY 1",
+                (batch_id,),
+            )
+        )
         errors = json.loads(b.pop("errors")) if b["errors"] else None
-        return {"id": b.pop("id"), "object": "batch", **b, "model": b["model"] or None,
-                "errors": None if errors is None else {"object": "list", "data": errors},
-                "metadata": json.loads(b["metadata"]) if b["metadata"] else None,
-                "request_counts": {"total": b.pop("total"), "completed": counts.get("completed", 0),
-                                   "failed": counts.get("failed", 0)}}
+        return {
+            "id": b.pop("id"),
+            "object": "batch",
+            **b,
+            "model": b["model"] or None,
+            "errors": None if errors is None else {"object": "list", "data": errors},
+            "metadata": json.loads(b["metadata"]) if b["metadata"] else None,
+            "request_counts": {
+                "total": b.pop("total"),
+                "completed": counts.get("completed", 0),
+                "failed": counts.get("failed", 0),
+            },
+        }
 
     async def list_batches(self, after: str | None, limit: int) -> list[dict[str, Any]]:
         def work(db: Database) -> list[dict[str, Any]]:
             with db.transaction() as tx:
-                ids = tx.all("SELECT id FROM batches WHERE id < ? ORDER BY id DESC LIMIT ?",
-                             (after or "batch_~", limit))
+                ids = tx.all(
+                    "SELECT id FROM batches WHERE id < ? ORDER BY id DESC LIMIT ?", (after or "batch_~", limit)
+                )
                 return [b for (i,) in ids if (b := self._batch(tx, i)) is not None]
 
         return await self.db.run(work)
@@ -179,8 +235,10 @@ class Store:
                 if row is None:
                     return None
                 if row[0] in ("validating", "in_progress"):
-                    tx.execute("UPDATE batches SET status = 'cancelling', cancelling_at = ?, lease_until = 0 "
-                               "WHERE id = ?", (int(time.time()), batch_id))
+                    tx.execute(
+                        "UPDATE batches SET status = 'cancelling', cancelling_at = ?, lease_until = 0 WHERE id = ?",
+                        (int(time.time()), batch_id),
+                    )
                     return "cancelling"
                 return str(row[0])
 
@@ -194,8 +252,11 @@ class Store:
 
         def work(db: Database) -> list[tuple[str, str, str]]:
             with db.transaction() as tx:
-                rows = tx.all("SELECT id, input_file_id, endpoint FROM batches WHERE status = 'validating' AND "
-                              f"lease_until < ? ORDER BY id LIMIT 4{tx.skip_locked()}", (now,))
+                rows = tx.all(
+                    "SELECT id, input_file_id, endpoint FROM batches WHERE status = 'validating' AND "
+                    f"lease_until < ? ORDER BY id LIMIT 4{tx.skip_locked()}",
+                    (now,),
+                )
                 for r in rows:
                     tx.execute("UPDATE batches SET lease_until = ? WHERE id = ?", (now + owner_lease, r[0]))
                 return rows
@@ -205,14 +266,17 @@ class Store:
     async def start_batch(self, batch_id: str, model: str, lines: list[Line]) -> bool:
         def work(db: Database) -> bool:
             with db.transaction() as tx:
-                updated = tx.execute("UPDATE batches SET status = 'in_progress', in_progress_at = ?, model = ?, "
-                                     "total = ?, lease_until = 0 WHERE id = ? AND status = 'validating'",
-                                     (int(time.time()), model, len(lines), batch_id))
+                updated = tx.execute(
+                    "UPDATE batches SET status = 'in_progress', in_progress_at = ?, model = ?, "
+                    "total = ?, lease_until = 0 WHERE id = ? AND status = 'validating'",
+                    (int(time.time()), model, len(lines), batch_id),
+                )
                 if updated.rowcount != 1:
                     return False
-                tx.many("INSERT INTO batch_lines (batch_id, idx, custom_id, body, state) "
-                        "VALUES (?, ?, ?, ?, 'pending')",
-                        [(batch_id, i, line.custom_id, line.body) for i, line in enumerate(lines)])
+                tx.many(
+                    "INSERT INTO batch_lines (batch_id, idx, custom_id, body, state) VALUES (?, ?, ?, ?, 'pending')",
+                    [(batch_id, i, line.custom_id, line.body) for i, line in enumerate(lines)],
+                )
                 return True
 
         return await self.db.run(work)
@@ -220,15 +284,21 @@ class Store:
     async def fail_batch(self, batch_id: str, errors: list[dict[str, Any]]) -> None:
         def work(db: Database) -> None:
             with db.transaction() as tx:
-                tx.execute("UPDATE batches SET status = 'failed', failed_at = ?, errors = ? "
-                           "WHERE id = ? AND status = 'validating'", (int(time.time()), json.dumps(errors), batch_id))
+                tx.execute(
+                    "UPDATE batches SET status = 'failed', failed_at = ?, errors = ? "
+                    "WHERE id = ? AND status = 'validating'",
+                    (int(time.time()), json.dumps(errors), batch_id),
+                )
 
         await self.db.run(work)
 
     async def running(self) -> list[tuple[str, str, str, int]]:
         """(id, model, endpoint, expires_at) of batches whose lines may be claimed."""
-        return await self.db.run(lambda db: _all(db, "SELECT id, model, endpoint, expires_at FROM batches "
-                                                     "WHERE status = 'in_progress' ORDER BY id", ()))
+        return await self.db.run(
+            lambda db: _all(
+                db, "SELECT id, model, endpoint, expires_at FROM batches WHERE status = 'in_progress' ORDER BY id", ()
+            )
+        )
 
     async def claim(self, batch_id: str, owner: str, count: int, lease: float) -> list[Claimed]:
         now = time.time()
@@ -242,7 +312,8 @@ class Store:
                     f"status = 'in_progress') ORDER BY idx LIMIT ?{tx.skip_locked()}) "
                     "UPDATE batch_lines SET state = 'claimed', owner = ?, lease_until = ?, attempts = attempts + 1 "
                     "WHERE batch_id = ? AND idx IN (SELECT idx FROM picked) RETURNING idx, custom_id, body, attempts",
-                    (batch_id, now, batch_id, count, owner, now + lease, batch_id))
+                    (batch_id, now, batch_id, count, owner, now + lease, batch_id),
+                )
                 return [Claimed(batch_id, *r) for r in sorted(rows)]
 
         return await self.db.run(work)
@@ -250,22 +321,40 @@ class Store:
     async def renew(self, owner: str, lease: float) -> None:
         def work(db: Database) -> None:
             with db.transaction() as tx:
-                tx.execute("UPDATE batch_lines SET lease_until = ? WHERE owner = ? AND state = 'claimed'",
-                           (time.time() + lease, owner))
+                tx.execute(
+                    "UPDATE batch_lines SET lease_until = ? WHERE owner = ? AND state = 'claimed'",
+                    (time.time() + lease, owner),
+                )
 
         await self.db.run(work)
 
-    async def finish_line(self, line: Claimed, owner: str, status_code: int | None, request_id: str | None,
-                          response: Any, error: dict[str, str] | None) -> bool:
+    async def finish_line(
+        self,
+        line: Claimed,
+        owner: str,
+        status_code: int | None,
+        request_id: str | None,
+        response: Any,
+        error: dict[str, str] | None,
+    ) -> bool:
         """Record a line's result; False when the line is no longer this owner's (its lease ran out)."""
 
         def work(db: Database) -> bool:
             with db.transaction() as tx:
-                updated = tx.execute("UPDATE batch_lines SET state = 'done', status_code = ?, request_id = ?, "
-                                     "response = ?, error = ?, owner = NULL WHERE batch_id = ? AND idx = ? AND "
-                                     "state = 'claimed' AND owner = ?",
-                                     (status_code, request_id, None if response is None else json.dumps(response),
-                                      None if error is None else json.dumps(error), line.batch_id, line.idx, owner))
+                updated = tx.execute(
+                    "UPDATE batch_lines SET state = 'done', status_code = ?, request_id = ?, "
+                    "response = ?, error = ?, owner = NULL WHERE batch_id = ? AND idx = ? AND "
+                    "state = 'claimed' AND owner = ?",
+                    (
+                        status_code,
+                        request_id,
+                        None if response is None else json.dumps(response),
+                        None if error is None else json.dumps(error),
+                        line.batch_id,
+                        line.idx,
+                        owner,
+                    ),
+                )
                 return bool(updated.rowcount == 1)
 
         return await self.db.run(work)
@@ -275,17 +364,24 @@ class Store:
 
         def work(db: Database) -> None:
             with db.transaction() as tx:
-                tx.execute("UPDATE batch_lines SET state = 'pending', owner = NULL, lease_until = 0 "
-                           "WHERE batch_id = ? AND idx = ? AND state = 'claimed' AND owner = ?",
-                           (line.batch_id, line.idx, owner))
+                tx.execute(
+                    "UPDATE batch_lines SET state = 'pending', owner = NULL, lease_until = 0 "
+                    "WHERE batch_id = ? AND idx = ? AND state = 'claimed' AND owner = ?",
+                    (line.batch_id, line.idx, owner),
+                )
 
         await self.db.run(work)
 
     async def pending_lines(self) -> dict[str, int]:
         """Lines of running batches not yet done, by the batches' model."""
-        rows = await self.db.run(lambda db: _all(
-            db, "SELECT b.model, COUNT(*) FROM batch_lines l JOIN batches b ON b.id = l.batch_id "
-                "WHERE l.state <> 'done' AND b.status IN ('in_progress', 'cancelling') GROUP BY b.model", ()))
+        rows = await self.db.run(
+            lambda db: _all(
+                db,
+                "SELECT b.model, COUNT(*) FROM batch_lines l JOIN batches b ON b.id = l.batch_id "
+                "WHERE l.state <> 'done' AND b.status IN ('in_progress', 'cancelling') GROUP BY b.model",
+                (),
+            )
+        )
         return {model: int(count) for model, count in rows}
 
     async def to_finalize(self) -> list[tuple[str, str]]:
@@ -293,11 +389,13 @@ class Store:
         their window (expired), or cancelled with no line in flight. A line claimed by a gateway that died
         is left to run until it is done: its lapsed lease makes it claimable again, never finished."""
         now = time.time()
-        sql = ("SELECT b.id, b.status, b.expires_at, "
-               "(SELECT COUNT(*) FROM batch_lines l WHERE l.batch_id = b.id AND l.state <> 'done'), "
-               "(SELECT COUNT(*) FROM batch_lines l WHERE l.batch_id = b.id AND l.state = 'claimed' "
-               " AND l.lease_until >= ?) FROM batches b WHERE b.status IN ('in_progress', 'finalizing', 'cancelling') "
-               "AND b.lease_until < ?")
+        sql = (
+            "SELECT b.id, b.status, b.expires_at, "
+            "(SELECT COUNT(*) FROM batch_lines l WHERE l.batch_id = b.id AND l.state <> 'done'), "
+            "(SELECT COUNT(*) FROM batch_lines l WHERE l.batch_id = b.id AND l.state = 'claimed' "
+            " AND l.lease_until >= ?) FROM batches b WHERE b.status IN ('in_progress', 'finalizing', 'cancelling') "
+            "AND b.lease_until < ?"
+        )
         rows = await self.db.run(lambda db: _all(db, sql, (now, now)))
         out = []
         for batch_id, status, expires_at, left, in_flight in rows:
@@ -318,11 +416,18 @@ class Store:
         def begin(db: Database) -> bool:
             with db.transaction() as tx:
                 moving = "finalizing" if final == "completed" else "cancelling" if final == "cancelled" else None
-                status = ("'in_progress', 'finalizing'" if final == "completed" else
-                          "'cancelling'" if final == "cancelled" else "'in_progress', 'finalizing'")
-                updated = tx.execute(f"UPDATE batches SET status = ?, finalizing_at = COALESCE(finalizing_at, ?), "
-                                     f"lease_until = ? WHERE id = ? AND status IN ({status}) AND lease_until < ?",
-                                     (moving or "finalizing", now, time.time() + lease, batch_id, time.time()))
+                status = (
+                    "'in_progress', 'finalizing'"
+                    if final == "completed"
+                    else "'cancelling'"
+                    if final == "cancelled"
+                    else "'in_progress', 'finalizing'"
+                )
+                updated = tx.execute(
+                    f"UPDATE batches SET status = ?, finalizing_at = COALESCE(finalizing_at, ?), "
+                    f"lease_until = ? WHERE id = ? AND status IN ({status}) AND lease_until < ?",
+                    (moving or "finalizing", now, time.time() + lease, batch_id, time.time()),
+                )
                 return bool(updated.rowcount == 1)
 
         if not await self.db.run(begin):
@@ -333,36 +438,52 @@ class Store:
                 code = {"expired": "batch_expired", "cancelled": "batch_cancelled"}.get(final)
                 if code is not None:
                     message = f"This request was not run: the batch was {final} first"
-                    tx.execute("UPDATE batch_lines SET state = 'done', owner = NULL, error = ? "
-                               "WHERE batch_id = ? AND state <> 'done'",
-                               (json.dumps({"code": code, "message": message}), batch_id))
-                rows = tx.all("SELECT idx, custom_id, status_code, request_id, response, error FROM batch_lines "
-                              "WHERE batch_id = ? ORDER BY idx", (batch_id,))
+                    tx.execute(
+                        "UPDATE batch_lines SET state = 'done', owner = NULL, error = ? "
+                        "WHERE batch_id = ? AND state <> 'done'",
+                        (json.dumps({"code": code, "message": message}), batch_id),
+                    )
+                rows = tx.all(
+                    "SELECT idx, custom_id, status_code, request_id, response, error FROM batch_lines "
+                    "WHERE batch_id = ? ORDER BY idx",
+                    (batch_id,),
+                )
                 output: list[str] = []
                 errors: list[str] = []
                 for idx, custom_id, status_code, request_id, response, error in rows:
-                    line = {"id": f"batch_req_{batch_id.removeprefix('batch_')}_{idx}", "custom_id": custom_id,
-                            "response": None if status_code is None else {
-                                "status_code": status_code, "request_id": request_id or "",
-                                "body": json.loads(response) if response else None},
-                            "error": json.loads(error) if error else None}
+                    line = {
+                        "id": f"batch_req_{batch_id.removeprefix('batch_')}_{idx}",
+                        "custom_id": custom_id,
+                        "response": None
+                        if status_code is None
+                        else {
+                            "status_code": status_code,
+                            "request_id": request_id or "",
+                            "body": json.loads(response) if response else None,
+                        },
+                        "error": json.loads(error) if error else None,
+                    }
                     ok = status_code is not None and 200 <= status_code < 300
                     (output if ok else errors).append(json.dumps(line) + "\n")
                 output_id = new_id("file-") if output else None
                 error_id = new_id("file-") if errors else None
                 stamp = {"completed": "completed_at", "expired": "expired_at", "cancelled": "cancelled_at"}[final]
-                updated = tx.execute(f"UPDATE batches SET status = ?, {stamp} = ?, output_file_id = ?, "
-                                     "error_file_id = ?, lease_until = 0 WHERE id = ? AND status IN "
-                                     "('finalizing', 'cancelling', 'in_progress')",
-                                     (final, int(time.time()), output_id, error_id, batch_id))
+                updated = tx.execute(
+                    f"UPDATE batches SET status = ?, {stamp} = ?, output_file_id = ?, "
+                    "error_file_id = ?, lease_until = 0 WHERE id = ? AND status IN "
+                    "('finalizing', 'cancelling', 'in_progress')",
+                    (final, int(time.time()), output_id, error_id, batch_id),
+                )
                 if updated.rowcount != 1:
                     return False
                 if output_id:
-                    self._put_file(tx, output_id, "batch_output", f"{batch_id}_output.jsonl",
-                                   "".join(output).encode(), now)
+                    self._put_file(
+                        tx, output_id, "batch_output", f"{batch_id}_output.jsonl", "".join(output).encode(), now
+                    )
                 if error_id:
-                    self._put_file(tx, error_id, "batch_output", f"{batch_id}_error.jsonl",
-                                   "".join(errors).encode(), now)
+                    self._put_file(
+                        tx, error_id, "batch_output", f"{batch_id}_error.jsonl", "".join(errors).encode(), now
+                    )
                 return True
 
         return await self.db.run(write)

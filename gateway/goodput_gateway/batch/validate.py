@@ -56,8 +56,11 @@ def parse_input(data: bytes) -> BatchInput:
         if not isinstance(custom_id, str) or not custom_id:
             raise line_error(number, "'custom_id' must be a non-empty string")
         if custom_id in seen:
-            raise line_error(number, f"the custom_id '{custom_id}' is used by an earlier line; each must be unique",
-                             "duplicate_custom_id")
+            raise line_error(
+                number,
+                f"the custom_id '{custom_id}' is used by an earlier line; each must be unique",
+                "duplicate_custom_id",
+            )
         seen.add(custom_id)
         if item.get("method") != "POST":
             raise line_error(number, "'method' must be POST")
@@ -74,15 +77,20 @@ def parse_input(data: bytes) -> BatchInput:
         if not isinstance(line_model, str) or not line_model:
             raise line_error(number, "'body.model' must be a non-empty string")
         if model is not None and line_model != model:
-            raise line_error(number, f"every line must name the same model; an earlier line names '{model}'",
-                             "mismatched_model")
+            raise line_error(
+                number, f"every line must name the same model; an earlier line names '{model}'", "mismatched_model"
+            )
         model = line_model
         if body.get("stream"):
             raise line_error(number, "'body.stream' is not allowed in a batch")
         lines.append(Line(custom_id, line_url, json.dumps(body)))
         if len(lines) > MAX_LINES:
-            raise APIError(400, f"A batch input file may hold at most {MAX_LINES} requests", param="file",
-                           code="too_many_requests_in_file")
+            raise APIError(
+                400,
+                f"A batch input file may hold at most {MAX_LINES} requests",
+                param="file",
+                code="too_many_requests_in_file",
+            )
     if not lines or model is None or url is None:
         raise APIError(400, "The batch input file holds no request", param="file", code="empty_file")
     return BatchInput(lines, model, url)

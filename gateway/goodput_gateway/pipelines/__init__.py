@@ -38,5 +38,8 @@ async def start_watch(kube: Kube, table: PipelineTable) -> list[Watch]:
         logger.warning("The cluster serves no InferencePipelines (crds/ not applied?): serving services only")
         table.synced = True
         return []
-    return [Watch(kube, f"/apis/{GROUP}/{VERSION}/{PLURAL}", "", asyncio.get_running_loop(), table.reset,
-                  table.event).start()]
+    return [
+        Watch(
+            kube, f"/apis/{GROUP}/{VERSION}/{PLURAL}", "", asyncio.get_running_loop(), table.reset, table.event
+        ).start()
+    ]

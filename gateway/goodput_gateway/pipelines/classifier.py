@@ -17,9 +17,15 @@ TOP_LOGPROBS = 20  # the most our runtime (and vLLM by default) returns per toke
 
 
 def request_body(classifier: Classifier, served_name: str, text: str) -> dict[str, Any]:
-    return {"model": served_name,
-            "messages": [{"role": "user", "content": classifier.template.replace(INPUT_PLACEHOLDER, text)}],
-            "max_tokens": 1, "temperature": 0, "logprobs": True, "top_logprobs": TOP_LOGPROBS, "stream": False}
+    return {
+        "model": served_name,
+        "messages": [{"role": "user", "content": classifier.template.replace(INPUT_PLACEHOLDER, text)}],
+        "max_tokens": 1,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": TOP_LOGPROBS,
+        "stream": False,
+    }
 
 
 def _side(classifier: Classifier, token: str) -> str | None:

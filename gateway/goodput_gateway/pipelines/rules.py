@@ -61,8 +61,11 @@ class Compiled:
 
     def finditer(self, text: str) -> list[Match]:
         block = self.rule.action == BLOCK
-        return [Match(self.rule.name, m.start(), m.end(), block, self.rule.replacement)
-                for m in self.expression.finditer(text) if m.end() > m.start() and self.accept(m)]
+        return [
+            Match(self.rule.name, m.start(), m.end(), block, self.rule.replacement)
+            for m in self.expression.finditer(text)
+            if m.end() > m.start() and self.accept(m)
+        ]
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,8 @@ class RuleSet:
         self.max_length = rules.max_length
         self.patterns = tuple(
             [Compiled(p, re.compile(p.pattern), lambda m: True) for p in rules.deny]
-            + [Compiled(p, PII[p.pattern][0], PII[p.pattern][1]) for p in rules.pii])
+            + [Compiled(p, PII[p.pattern][0], PII[p.pattern][1]) for p in rules.pii]
+        )
 
     def matches(self, text: str) -> list[Match]:
         """Every rule's matches, by start; where two overlap the earlier (then longer) one wins."""
@@ -107,7 +111,7 @@ def redact(text: str, found: list[Match]) -> str:
         return text
     parts, at = [], 0
     for m in found:
-        parts.append(text[at:m.start])
+        parts.append(text[at : m.start])
         parts.append(m.replacement)
         at = m.end
     parts.append(text[at:])

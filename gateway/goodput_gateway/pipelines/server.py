@@ -47,8 +47,13 @@ HIDDEN_BY_OUTPUT_GUARDS = ("logprobs", "top_logprobs", "echo")
 
 
 def refused(pipeline: str, step: str, what: str) -> APIError:
-    return APIError(400, f"The pipeline '{pipeline}' refused this request: {what} in step '{step}' matched",
-                    "invalid_request_error", None, CONTENT_FILTER)
+    return APIError(
+        400,
+        f"The pipeline '{pipeline}' refused this request: {what} in step '{step}' matched",
+        "invalid_request_error",
+        None,
+        CONTENT_FILTER,
+    )
 
 
 @dataclass
@@ -63,8 +68,14 @@ class Outcome:
 
 
 class PipelineServer:
-    def __init__(self, table: PipelineTable, registry: Registry, proxy: Proxy, metrics: PipelineMetrics,
-                 keys: ServiceKeys | None = None) -> None:
+    def __init__(
+        self,
+        table: PipelineTable,
+        registry: Registry,
+        proxy: Proxy,
+        metrics: PipelineMetrics,
+        keys: ServiceKeys | None = None,
+    ) -> None:
         self.table, self.registry, self.proxy, self.metrics = table, registry, proxy, metrics
         self.keys = keys or ServiceKeys(None)
 
@@ -72,16 +83,25 @@ class PipelineServer:
         found = self.table.resolve(model)
         if len(found) > 1:
             names = ", ".join(f"{e.namespace}/{e.name}" for e in found)
-            raise invalid(f"The pipeline '{model}' exists in several namespaces; name one of {names}", "model",
-                          "ambiguous_model")
+            raise invalid(
+                f"The pipeline '{model}' exists in several namespaces; name one of {names}", "model", "ambiguous_model"
+            )
         return found[0] if found else None
 
     def card(self, entry: Entry, created: int) -> dict[str, Any]:
         spec = entry.spec
-        return {"id": self.table.model_id(entry), "object": "model", "created": created, "owned_by": "goodput",
-                "root": spec.generate.service if spec else None, "parent": None, "namespace": entry.namespace,
-                "pipeline": entry.name, "steps": spec.summary if spec else None,
-                "ready": spec is not None and all(self.registry.ready((entry.namespace, s)) for s in spec.services)}
+        return {
+            "id": self.table.model_id(entry),
+            "object": "model",
+            "created": created,
+            "owned_by": "goodput",
+            "root": spec.generate.service if spec else None,
+            "parent": None,
+            "namespace": entry.namespace,
+            "pipeline": entry.name,
+            "steps": spec.summary if spec else None,
+            "ready": spec is not None and all(self.registry.ready((entry.namespace, s)) for s in spec.services),
+        }
 
     async def cards(self, created: int, authorization: str | None = None) -> list[dict[str, Any]]:
         """The pipelines the caller may use: a pipeline asks for its generate service's key."""
@@ -112,16 +132,19 @@ class PipelineServer:
     def service(self, entry: Entry, name: str) -> Service:
         svc = self.registry.services.get((entry.namespace, name))
         if svc is None:
-            raise unavailable(f"The pipeline '{entry.name}' calls the InferenceService '{name}', which does not exist",
-                              "pipeline_not_ready")
+            raise unavailable(
+                f"The pipeline '{entry.name}' calls the InferenceService '{name}', which does not exist",
+                "pipeline_not_ready",
+            )
         return svc
 
     async def serve(self, request: web.Request, entry: Entry, body: dict[str, Any]) -> web.StreamResponse:
         started = time.monotonic()
         path = request.path
         if path not in (CHAT, COMPLETIONS):
-            raise invalid(f"The pipeline '{entry.name}' answers {CHAT} and {COMPLETIONS} only", "model",
-                          "unsupported_endpoint")
+            raise invalid(
+                f"The pipeline '{entry.name}' answers {CHAT} and {COMPLETIONS} only", "model", "unsupported_endpoint"
+            )
         spec = entry.spec
         if spec is None:
             raise unavailable(f"The pipeline '{entry.name}' is not valid: {entry.error}", "pipeline_invalid", 30)
@@ -129,12 +152,19 @@ class PipelineServer:
         if outputs:
             for name in HIDDEN_BY_OUTPUT_GUARDS:
                 if body.get(name) not in (None, False):
-                    raise invalid(f"'{name}' is not supported by the pipeline '{entry.name}': its output guards "
-                                  "check the text before the client sees it", name, "unsupported_parameter")
+                    raise invalid(
+                        f"'{name}' is not supported by the pipeline '{entry.name}': its output guards "
+                        "check the text before the client sees it",
+                        name,
+                        "unsupported_parameter",
+                    )
             for name in ("n", "best_of"):
                 if body.get(name) not in (None, 1):
-                    raise invalid(f"'{name}' must be 1 for the pipeline '{entry.name}', which filters one answer",
-                                  name, "unsupported_value")
+                    raise invalid(
+                        f"'{name}' must be 1 for the pipeline '{entry.name}', which filters one answer",
+                        name,
+                        "unsupported_value",
+                    )
         upstream_auth = await self.authorize(entry, request.headers.get("Authorization"))
         labels = (entry.namespace, entry.name)
         self.metrics.seen(*labels)
@@ -158,14 +188,16 @@ class PipelineServer:
         finally:
             self.account(entry, spec.generate, body, started, result)
 
-    async def input_guard(self, entry: Entry, step: Step, path: str, body: dict[str, Any],
-                          result: Outcome) -> dict[str, Any]:
+    async def input_guard(
+        self, entry: Entry, step: Step, path: str, body: dict[str, Any], result: Outcome
+    ) -> dict[str, Any]:
         rules = entry.rules[step.name]
         blocked: str | None = None
         redacted: set[str] = set()
         if rules.max_length is not None and sum(len(t) for t in texts(path, body)) > rules.max_length:
             blocked = MAX_LENGTH_RULE  # the whole prompt's length; the patterns run message by message
         elif rules.patterns:
+
             def check(text: str) -> str:
                 nonlocal blocked
                 verdict = rules.check(text, length=False)
@@ -191,21 +223,37 @@ class PipelineServer:
         authorization = await self.own_key(svc)
         try:
             async with asyncio.timeout(guard.timeout_seconds):
-                async with self.proxy.open("POST", CHAT, {"Content-Type": "application/json"}, svc, guard.service,
-                                           json.dumps(payload).encode(), payload, authorization) as upstream:
+                async with self.proxy.open(
+                    "POST",
+                    CHAT,
+                    {"Content-Type": "application/json"},
+                    svc,
+                    guard.service,
+                    json.dumps(payload).encode(),
+                    payload,
+                    authorization,
+                ) as upstream:
                     answer = await upstream.read()
                     status = upstream.status
         except TimeoutError:
-            raise unavailable(f"The classifier '{guard.service}' of the pipeline '{entry.name}' did not answer "
-                              f"within {guard.timeout_seconds:g} s", "classifier_unavailable") from None
+            raise unavailable(
+                f"The classifier '{guard.service}' of the pipeline '{entry.name}' did not answer "
+                f"within {guard.timeout_seconds:g} s",
+                "classifier_unavailable",
+            ) from None
         except aiohttp.ClientError as err:
-            raise unavailable(f"The classifier '{guard.service}' of the pipeline '{entry.name}' failed: {err}",
-                              "classifier_unavailable") from None
+            raise unavailable(
+                f"The classifier '{guard.service}' of the pipeline '{entry.name}' failed: {err}",
+                "classifier_unavailable",
+            ) from None
         if status != 200:
-            logger.warning("Classifier %s/%s answered %d for pipeline %s", entry.namespace, guard.service, status,
-                           entry.name)
-            raise unavailable(f"The classifier '{guard.service}' of the pipeline '{entry.name}' answered {status}",
-                              "classifier_unavailable")
+            logger.warning(
+                "Classifier %s/%s answered %d for pipeline %s", entry.namespace, guard.service, status, entry.name
+            )
+            raise unavailable(
+                f"The classifier '{guard.service}' of the pipeline '{entry.name}' answered {status}",
+                "classifier_unavailable",
+            )
         decision, _answer = classify.decide(guard, json.loads(answer))
         if decision == BLOCK:
             self.block(entry, step, "classifier", result)
@@ -214,17 +262,39 @@ class PipelineServer:
     def block(self, entry: Entry, step: Step, rule: str, result: Outcome) -> None:
         result.outcome = "refused" if step.stage == INPUT else "filtered"
         self.metrics.blocks.labels(entry.namespace, entry.name, rule).inc()
-        logger.info("Pipeline %s/%s: step %s blocked a %s by rule %s", entry.namespace, entry.name, step.name,
-                    "request" if step.stage == INPUT else "stream", rule)
+        logger.info(
+            "Pipeline %s/%s: step %s blocked a %s by rule %s",
+            entry.namespace,
+            entry.name,
+            step.name,
+            "request" if step.stage == INPUT else "stream",
+            rule,
+        )
 
-    async def generate(self, request: web.Request, entry: Entry, step: Step, body: dict[str, Any],
-                       outputs: list[Step], result: Outcome, authorization: str | None = None) -> web.StreamResponse:
+    async def generate(
+        self,
+        request: web.Request,
+        entry: Entry,
+        step: Step,
+        body: dict[str, Any],
+        outputs: list[Step],
+        result: Outcome,
+        authorization: str | None = None,
+    ) -> web.StreamResponse:
         svc = self.service(entry, step.service)
         payload = apply_defaults(step, {**body, "model": svc.served_name})
         sent = time.monotonic()
         filters = [(s, OutputFilter(entry.rules[s.name], s.hold_back)) for s in outputs]
-        async with self.proxy.open("POST", request.path_qs, request.headers, svc, step.service,
-                                   json.dumps(payload).encode(), payload, authorization) as upstream:
+        async with self.proxy.open(
+            "POST",
+            request.path_qs,
+            request.headers,
+            svc,
+            step.service,
+            json.dumps(payload).encode(),
+            payload,
+            authorization,
+        ) as upstream:
             content_type = upstream.headers.get("Content-Type", "")
             if upstream.status != 200 or not content_type.startswith(("text/event-stream", "application/json")):
                 data = await upstream.read()
@@ -233,8 +303,9 @@ class PipelineServer:
                 return await self.relay_stream(request, upstream, entry, filters, sent, result)
             return await self.relay_whole(upstream, entry, filters, sent, result)
 
-    def run_filters(self, entry: Entry, filters: list[tuple[Step, OutputFilter]], delta: str, result: Outcome,
-                    final: bool = False) -> Release:
+    def run_filters(
+        self, entry: Entry, filters: list[tuple[Step, OutputFilter]], delta: str, result: Outcome, final: bool = False
+    ) -> Release:
         """delta through every output guard in turn; `final`: the text ends here, release all of it."""
         text = delta
         for step, f in filters:
@@ -252,11 +323,18 @@ class PipelineServer:
             text = release.text
         return Release(text)
 
-    async def relay_stream(self, request: web.Request, upstream: Upstream, entry: Entry,
-                           filters: list[tuple[Step, OutputFilter]], sent: float,
-                           result: Outcome) -> web.StreamResponse:
-        response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
-                                                           "Cache-Control": "no-cache"})
+    async def relay_stream(
+        self,
+        request: web.Request,
+        upstream: Upstream,
+        entry: Entry,
+        filters: list[tuple[Step, OutputFilter]],
+        sent: float,
+        result: Outcome,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         await response.prepare(request)
         model = self.table.model_id(entry)
         buffer = b""
@@ -322,8 +400,9 @@ class PipelineServer:
         await response.write_eof()
         return response
 
-    async def relay_whole(self, upstream: Upstream, entry: Entry,
-                          filters: list[tuple[Step, OutputFilter]], sent: float, result: Outcome) -> web.Response:
+    async def relay_whole(
+        self, upstream: Upstream, entry: Entry, filters: list[tuple[Step, OutputFilter]], sent: float, result: Outcome
+    ) -> web.Response:
         answer = json.loads(await upstream.read())
         result.generate_ttft = time.monotonic() - sent
         for choice in answer.get("choices") or ():

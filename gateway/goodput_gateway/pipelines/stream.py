@@ -45,7 +45,7 @@ class OutputFilter:
         pending = self.pending
         limit = self.rules.max_length
         if limit is not None and self.released_chars + len(pending) > limit:
-            pending = pending[:limit - self.released_chars]
+            pending = pending[: limit - self.released_chars]
             self.blocked_by = MAX_LENGTH_RULE
         found = self.rules.matches(pending)
         blocking = next((m for m in found if m.block), None)

@@ -35,8 +35,9 @@ def texts(path: str, body: dict[str, Any]) -> list[str]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
-        raise invalid("A pipeline takes a completion's prompt as one string (its guards read text, not token ids)",
-                      "prompt")
+        raise invalid(
+            "A pipeline takes a completion's prompt as one string (its guards read text, not token ids)", "prompt"
+        )
     return [prompt]
 
 
@@ -68,8 +69,9 @@ def apply_template(step: Step, path: str, body: dict[str, Any]) -> dict[str, Any
     out = copy.deepcopy(body)
     prompt = step.prompt
     if path == CHAT:
-        messages = [m for m in out["messages"]
-                    if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))]
+        messages = [
+            m for m in out["messages"] if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))
+        ]
         if prompt is not None:
             for message in reversed(messages):
                 if isinstance(message, dict) and message.get("role") == "user":

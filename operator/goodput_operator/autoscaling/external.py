@@ -35,14 +35,18 @@ def build_hpa(svc: ServiceSpec, owner: dict[str, Any], api_version: str = "autos
             "scaleTargetRef": _target_ref(svc),
             "minReplicas": a.min_replicas,
             "maxReplicas": a.max_replicas,
-            "metrics": [{
-                "type": "External",
-                "external": {
-                    "metric": {"name": DESIRED_METRIC,
-                               "selector": {"matchLabels": {"namespace": svc.namespace, "name": svc.name}}},
-                    "target": {"type": "AverageValue", "averageValue": "1"},
-                },
-            }],
+            "metrics": [
+                {
+                    "type": "External",
+                    "external": {
+                        "metric": {
+                            "name": DESIRED_METRIC,
+                            "selector": {"matchLabels": {"namespace": svc.namespace, "name": svc.name}},
+                        },
+                        "target": {"type": "AverageValue", "averageValue": "1"},
+                    },
+                }
+            ],
             "behavior": {
                 "scaleUp": {"stabilizationWindowSeconds": int(a.scale_up_window_seconds)},
                 "scaleDown": {
@@ -69,13 +73,15 @@ def build_scaled_object(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest | N
             "minReplicaCount": a.min_replicas,
             "maxReplicaCount": a.max_replicas,
             "cooldownPeriod": int(a.scale_down_window_seconds),
-            "triggers": [{
-                "type": "prometheus",
-                "metadata": {
-                    "serverAddress": a.prometheus_address,
-                    "query": query,
-                    "threshold": "1",
-                },
-            }],
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    "metadata": {
+                        "serverAddress": a.prometheus_address,
+                        "query": query,
+                        "threshold": "1",
+                    },
+                }
+            ],
         },
     }

@@ -53,8 +53,12 @@ REFUSED_FAMILY = GATEWAY_REQUESTS_REFUSED.removesuffix("_total")  # the parser n
 def parse_gateway_metrics(text: str) -> dict[Key, GatewayView]:
     views: dict[Key, GatewayView] = {}
     for family in text_string_to_metric_families(text):
-        if family.name not in (GATEWAY_REQUESTS_WAITING, GATEWAY_LAST_REQUEST, BATCH_SERVICE_LINES_PENDING,
-                               REFUSED_FAMILY):
+        if family.name not in (
+            GATEWAY_REQUESTS_WAITING,
+            GATEWAY_LAST_REQUEST,
+            BATCH_SERVICE_LINES_PENDING,
+            REFUSED_FAMILY,
+        ):
             continue
         for sample in family.samples:
             if family.name == REFUSED_FAMILY and not sample.name.endswith("_total"):
@@ -79,8 +83,12 @@ def merge(readings: list[dict[Key, GatewayView]]) -> dict[Key, GatewayView]:
         for key, view in reading.items():
             old = merged.get(key, GatewayView())
             times = [t for t in (old.last_request, view.last_request) if t is not None]
-            merged[key] = GatewayView(old.held + view.held, max(times) if times else None,
-                                      max(old.batch_pending, view.batch_pending), old.refused + view.refused)
+            merged[key] = GatewayView(
+                old.held + view.held,
+                max(times) if times else None,
+                max(old.batch_pending, view.batch_pending),
+                old.refused + view.refused,
+            )
     return merged
 
 
@@ -107,8 +115,12 @@ def with_gateway_demand(signals: Signals, held: int, refused_rate: float) -> Sig
     if not held and refused_rate <= 0:
         return signals
     now_rate = None if signals.arrival_rate_now is None else signals.arrival_rate_now + refused_rate
-    return replace(signals, waiting=signals.waiting + held, arrival_rate=signals.arrival_rate + refused_rate,
-                   arrival_rate_now=now_rate)
+    return replace(
+        signals,
+        waiting=signals.waiting + held,
+        arrival_rate=signals.arrival_rate + refused_rate,
+        arrival_rate_now=now_rate,
+    )
 
 
 class GatewayReader:

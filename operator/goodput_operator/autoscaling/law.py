@@ -27,8 +27,10 @@ from goodput_operator.autoscaling.arrival import beyond_noise, noise, rate_ahead
 UP, DOWN, HOLD = "up", "down", "hold"
 # every (direction, cause) a replica change can carry; the operator exports each at zero from the start,
 # so the first change of a kind is an increase Prometheus can see, not a series that appears at 1
-SCALE_CAUSES = {UP: ("slo_guard", "capacity", "forecast", "bounds", "wake", "batch"),
-                DOWN: ("scale_down", "idle", "bounds", "batch")}
+SCALE_CAUSES = {
+    UP: ("slo_guard", "capacity", "forecast", "bounds", "wake", "batch"),
+    DOWN: ("scale_down", "idle", "bounds", "batch"),
+}
 MARGIN = 0.01  # the capacity estimate aims attainment this far above the target
 LEARNING_RATE = 0.3  # a load met above the plan moves the plan this share of the way towards it
 EVIDENCE_Z = 1.5  # the estimate moves when attainment differs from the aim by this many standard deviations
@@ -222,15 +224,24 @@ def decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
     current = obs.current
     floor = min(policy.batch_max_replicas, policy.max_replicas) if obs.batch_pending else 0
     if floor > current and _clamp(current, policy) == current:
-        return Decision(floor, UP, "batch", f"{obs.batch_pending} batch lines pending: spec.batch.maxReplicas "
-                        f"{policy.batch_max_replicas} lets batch work have {floor} replicas",
-                        replace(memory, high_since=obs.now, changed_at=obs.now, idle_since=None))
+        return Decision(
+            floor,
+            UP,
+            "batch",
+            f"{obs.batch_pending} batch lines pending: spec.batch.maxReplicas "
+            f"{policy.batch_max_replicas} lets batch work have {floor} replicas",
+            replace(memory, high_since=obs.now, changed_at=obs.now, idle_since=None),
+        )
     decision = _decide(policy, obs, memory)
     if decision.desired < floor:  # the law would take away replicas the batch is still using
-        return Decision(floor, HOLD if floor == current else DOWN, "batch",
-                        f"{obs.batch_pending} batch lines pending keep {floor} replicas "
-                        f"(spec.batch.maxReplicas); online: {decision.reason}",
-                        replace(decision.memory, high_since=obs.now, idle_since=None))
+        return Decision(
+            floor,
+            HOLD if floor == current else DOWN,
+            "batch",
+            f"{obs.batch_pending} batch lines pending keep {floor} replicas "
+            f"(spec.batch.maxReplicas); online: {decision.reason}",
+            replace(decision.memory, high_since=obs.now, idle_since=None),
+        )
     return decision
 
 
@@ -239,19 +250,36 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
     bounded = _clamp(current, policy)
     if bounded != current:
         direction = UP if bounded > current else DOWN
-        return Decision(bounded, direction, "bounds",
-                        f"{current} replicas is outside [{_floor(policy)}, {policy.max_replicas}]",
-                        replace(memory, high_since=obs.now))
+        return Decision(
+            bounded,
+            direction,
+            "bounds",
+            f"{current} replicas is outside [{_floor(policy)}, {policy.max_replicas}]",
+            replace(memory, high_since=obs.now),
+        )
     if current == 0:  # no pod, so no pod metrics: the gateway's held requests are the only signal
         if obs.held:
-            return Decision(min(1, policy.max_replicas), UP, "wake", f"{obs.held} requests held at the gateway",
-                            replace(memory, high_since=obs.now, changed_at=obs.now, idle_since=None))
-        return Decision(0, HOLD, "steady", "at zero: no requests held at the gateway"
-                        if obs.held is not None else "at zero; the gateway's held requests are unknown", memory)
+            return Decision(
+                min(1, policy.max_replicas),
+                UP,
+                "wake",
+                f"{obs.held} requests held at the gateway",
+                replace(memory, high_since=obs.now, changed_at=obs.now, idle_since=None),
+            )
+        return Decision(
+            0,
+            HOLD,
+            "steady",
+            "at zero: no requests held at the gateway"
+            if obs.held is not None
+            else "at zero; the gateway's held requests are unknown",
+            memory,
+        )
     s = obs.signals
     if s is None:
-        return Decision(current, HOLD, "metrics_missing",
-                        f"holding {current} replicas: {obs.missing or 'metrics missing'}", memory)
+        return Decision(
+            current, HOLD, "metrics_missing", f"holding {current} replicas: {obs.missing or 'metrics missing'}", memory
+        )
 
     dt = obs.now - memory.seen_at if memory.seen_at is not None else 0.0
     starting = max(0, current - obs.ready)
@@ -262,8 +290,11 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
     memory = smooth(memory, s, dt, policy.window_seconds)
     mu = memory.capacity_per_replica
     idle = s.arrival_rate == 0 and s.waiting == 0 and s.running == 0
-    memory = replace(memory, seen_at=obs.now,
-                     idle_since=(memory.idle_since if memory.idle_since is not None else obs.now) if idle else None)
+    memory = replace(
+        memory,
+        seen_at=obs.now,
+        idle_since=(memory.idle_since if memory.idle_since is not None else obs.now) if idle else None,
+    )
     util = policy.target_utilization
     planned = planned_load(mu, current, util) if mu else None
     level = memory.level or 0.0
@@ -271,8 +302,11 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
     # while requests queue, the newest period's rate and the queue itself are demand too
     surge = level
     if s.waiting:
-        surge = max(level, s.arrival_rate if s.arrival_rate > level + noise(level, policy.window_seconds) else 0.0,
-                    beyond_noise(s.arrival_rate_now or 0.0, level, max(dt, 1.0)))
+        surge = max(
+            level,
+            s.arrival_rate if s.arrival_rate > level + noise(level, policy.window_seconds) else 0.0,
+            beyond_noise(s.arrival_rate_now or 0.0, level, max(dt, 1.0)),
+        )
     if s.waiting and planned:
         surge += s.waiting / policy.window_seconds  # drained within one window
     need_now = _count(surge, mu, current, util)
@@ -286,27 +320,40 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
     if wanted > current:
         desired = min(wanted, max(current * 2, current + 1), policy.max_replicas)
         if desired <= current:
-            return Decision(current, HOLD, "bounds", f"at maxReplicas {policy.max_replicas}; " + (
-                slo_miss_text(policy, s) if missing_slo else f"arrival {s.arrival_rate:.2f} req/s"),
-                replace(memory, high_since=obs.now))
+            return Decision(
+                current,
+                HOLD,
+                "bounds",
+                f"at maxReplicas {policy.max_replicas}; "
+                + (slo_miss_text(policy, s) if missing_slo else f"arrival {s.arrival_rate:.2f} req/s"),
+                replace(memory, high_since=obs.now),
+            )
         if guard >= need:
             cause, reason = "slo_guard", slo_miss_text(policy, s)
         elif need > need_now:
             cause = "forecast"
-            reason = (f"arrival {level:.2f} req/s rising {memory.trend * 60:.2f} req/s per minute: "
-                      f"{ahead:.2f} req/s in {horizon:.0f} s needs {need} replicas at "
-                      f"{planned_load(mu or 0.0, need, util):.2f} req/s each")
+            reason = (
+                f"arrival {level:.2f} req/s rising {memory.trend * 60:.2f} req/s per minute: "
+                f"{ahead:.2f} req/s in {horizon:.0f} s needs {need} replicas at "
+                f"{planned_load(mu or 0.0, need, util):.2f} req/s each"
+            )
         else:
             cause = "capacity"
             queued = f" and {s.waiting} queued" if s.waiting else ""
-            reason = (f"arrival {surge:.2f} req/s{queued} needs {need} replicas at "
-                      f"{planned_load(mu or 0.0, need, util):.2f} req/s each (of {mu:.2f} learnt capacity)")
+            reason = (
+                f"arrival {surge:.2f} req/s{queued} needs {need} replicas at "
+                f"{planned_load(mu or 0.0, need, util):.2f} req/s each (of {mu:.2f} learnt capacity)"
+            )
         return Decision(desired, UP, cause, reason, replace(memory, high_since=obs.now, changed_at=obs.now))
 
     if missing_slo:  # pods are starting: they are the added capacity
-        return Decision(current, HOLD, "slo_guard",
-                        f"{starting} replicas starting; " + slo_miss_text(policy, s),
-                        replace(memory, high_since=obs.now))
+        return Decision(
+            current,
+            HOLD,
+            "slo_guard",
+            f"{starting} replicas starting; " + slo_miss_text(policy, s),
+            replace(memory, high_since=obs.now),
+        )
     fewer = current - 1
     rate = _rate_text(memory, ahead, horizon)
     if current == 1:  # one replica: only idleness (its own, or the gateway's) takes it to zero
@@ -314,8 +361,7 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
     if mu is None and idle:  # nothing to learn a capacity from, and nothing to serve (a batch just done)
         return _scale_down(policy, obs, s, memory, 0.0)
     if mu is None or max(level, ahead) > fewer * planned_load(mu, fewer, util) * (1 - TOLERANCE):
-        return Decision(current, HOLD, "steady", f"{current} replicas fit {rate}",
-                        replace(memory, high_since=obs.now))
+        return Decision(current, HOLD, "steady", f"{current} replicas fit {rate}", replace(memory, high_since=obs.now))
     return _scale_down(policy, obs, s, memory, planned_load(mu, fewer, util))
 
 
@@ -336,8 +382,9 @@ def _rate_text(memory: Memory, ahead: float, horizon: float) -> str:
     return text + (f" ({ahead:.2f} req/s expected in {horizon:.0f} s)" if ahead > level else "")
 
 
-def _scale_down(policy: Policy, obs: Observation, s: Signals, memory: Memory, planned: float,
-                rate: str = "the load") -> Decision:
+def _scale_down(
+    policy: Policy, obs: Observation, s: Signals, memory: Memory, planned: float, rate: str = "the load"
+) -> Decision:
     current, now = obs.current, obs.now
     since = memory.high_since if memory.high_since is not None else now
     held = now - since
@@ -348,12 +395,22 @@ def _scale_down(policy: Policy, obs: Observation, s: Signals, memory: Memory, pl
         if obs.last_request_age is not None and memory.idle_since is not None:
             idle_for = obs.last_request_age  # the gateway sees every request, and remembers across restarts
         if policy.idle_period and idle_for >= policy.idle_period:
-            return Decision(0, DOWN, "idle", f"no requests for {idle_for:.0f} s "
-                            f"(idle period {policy.idle_period:.0f} s)", replace(memory, high_since=now))
+            return Decision(
+                0,
+                DOWN,
+                "idle",
+                f"no requests for {idle_for:.0f} s (idle period {policy.idle_period:.0f} s)",
+                replace(memory, high_since=now),
+            )
         return Decision(current, HOLD, "steady", f"1 replica serves {rate}", memory)
     if held < policy.scale_down_window:
-        return Decision(current, HOLD, "stabilizing", f"{current - 1} replicas would do; stabilising "
-                        f"{held:.0f} of {policy.scale_down_window:.0f} s", memory)
+        return Decision(
+            current,
+            HOLD,
+            "stabilizing",
+            f"{current - 1} replicas would do; stabilising {held:.0f} of {policy.scale_down_window:.0f} s",
+            memory,
+        )
     if s.attainment is not None and s.attainment < policy.attainment_target:
         return Decision(current, HOLD, "steady", f"attainment {s.attainment:.2f} below target", memory)
     if s.waiting > 0:
@@ -364,7 +421,9 @@ def _scale_down(policy: Policy, obs: Observation, s: Signals, memory: Memory, pl
         reason = f"no requests: {fewer} would do; {current} not needed for {held:.0f} s"
     else:
         load = level / ((current - 1) * planned)  # planned: the load planned at current − 1
-        reason = (f"arrival {level:.2f} req/s: {fewer} would run at {load:.0%} of the planned "
-                  f"{planned:.2f} req/s each; {current} not needed for {held:.0f} s")
+        reason = (
+            f"arrival {level:.2f} req/s: {fewer} would run at {load:.0%} of the planned "
+            f"{planned:.2f} req/s each; {current} not needed for {held:.0f} s"
+        )
     # the window has passed: further steps may follow period by period while N−1 stays under the plan
     return Decision(current - 1, DOWN, "scale_down", reason, replace(memory, changed_at=now))

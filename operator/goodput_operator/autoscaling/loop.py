@@ -85,13 +85,22 @@ class Autoscaler:
     def from_context(cls, ctx: Context) -> Autoscaler:
         s = ctx.settings
         long_window = s.autoscaler_window_seconds * 5
-        source: Source = (PrometheusSource(s.prometheus_url, s.autoscaler_window_seconds, long_window)
-                          if s.prometheus_url else DirectSource(s.autoscaler_window_seconds, long_window))
+        source: Source = (
+            PrometheusSource(s.prometheus_url, s.autoscaler_window_seconds, long_window)
+            if s.prometheus_url
+            else DirectSource(s.autoscaler_window_seconds, long_window)
+        )
         api = load_config()
         api.user_agent = FIELD_MANAGER
         kube = Kube(api, FIELD_MANAGER)
-        return cls(ctx, kube, source, s.autoscaler_period_seconds, s.autoscaler_window_seconds,
-                   gateway=GatewayReader(kube, s.gateway_namespace, s.gateway_urls))
+        return cls(
+            ctx,
+            kube,
+            source,
+            s.autoscaler_period_seconds,
+            s.autoscaler_window_seconds,
+            gateway=GatewayReader(kube, s.gateway_namespace, s.gateway_urls),
+        )
 
     def __post_init__(self) -> None:
         for direction, causes in SCALE_CAUSES.items():
@@ -159,8 +168,14 @@ class Autoscaler:
         current = svc.desired_replicas
         endpoints = await service_endpoints(self.kube, self._slice_version, namespace, name)
         now = time.monotonic()
-        reading = await self.source.read(key, svc.model.served_name, endpoints, now, engine=svc.engine.kind,
-                                         slo=(svc.slo.ttft_seconds, svc.slo.tpot_seconds))
+        reading = await self.source.read(
+            key,
+            svc.model.served_name,
+            endpoints,
+            now,
+            engine=svc.engine.kind,
+            slo=(svc.slo.ttft_seconds, svc.slo.tpot_seconds),
+        )
         if reading.failed:
             metrics.AUTOSCALER_METRIC_ERRORS.inc()
         startup = self.startups.setdefault(key, StartupClock()).observe(now, current, reading.ready)
@@ -175,8 +190,20 @@ class Autoscaler:
             refused = self.refusals.setdefault(key, RefusalRate()).observe(now, gateway.refused, self.window)
             if signals is not None:  # requests waiting or turned away at the gateway are demand the pods miss
                 signals = with_gateway_demand(signals, gateway.held, refused)
-        decision = decide(policy, Observation(now, current, reading.ready, signals, reading.missing,
-                                              held=held, last_request_age=age, batch_pending=batch), memory)
+        decision = decide(
+            policy,
+            Observation(
+                now,
+                current,
+                reading.ready,
+                signals,
+                reading.missing,
+                held=held,
+                last_request_age=age,
+                batch_pending=batch,
+            ),
+            memory,
+        )
         self.memories[key] = decision.memory
         if decision.desired != current and svc.autoscaling.mode == "goodput":
             try:
@@ -190,17 +217,24 @@ class Autoscaler:
             metrics.AUTOSCALER_WRITE_ERRORS.labels(target="status").inc()
             raise WriteFailed(f"writing status.autoscaler failed: {err}") from err
         metrics.AUTOSCALER_DESIRED.labels(namespace=namespace, name=name).set(decision.desired)
-        for kind, value in (("current", current), ("ready", reading.ready), ("min", policy.min_replicas),
-                            ("max", policy.max_replicas), ("starting", max(0, current - reading.ready))):
+        for kind, value in (
+            ("current", current),
+            ("ready", reading.ready),
+            ("min", policy.min_replicas),
+            ("max", policy.max_replicas),
+            ("starting", max(0, current - reading.ready)),
+        ):
             metrics.AUTOSCALER_REPLICAS.labels(namespace=namespace, name=name, kind=kind).set(value)
         if decision.memory.capacity_per_replica is not None:
-            metrics.AUTOSCALER_CAPACITY.labels(namespace=namespace, name=name).set(
-                decision.memory.capacity_per_replica)
+            metrics.AUTOSCALER_CAPACITY.labels(namespace=namespace, name=name).set(decision.memory.capacity_per_replica)
         if reading.signals is not None and reading.signals.attainment is not None:
             metrics.AUTOSCALER_ATTAINMENT.labels(namespace=namespace, name=name).set(reading.signals.attainment)
         ahead = forecast(decision.memory, policy, self.period)
-        for kind, rate in (("observed", signals.arrival_rate if signals else None),
-                           ("smoothed", decision.memory.level), ("forecast", ahead)):
+        for kind, rate in (
+            ("observed", signals.arrival_rate if signals else None),
+            ("smoothed", decision.memory.level),
+            ("forecast", ahead),
+        ):
             if rate is not None:
                 metrics.AUTOSCALER_ARRIVAL.labels(namespace=namespace, name=name, kind=kind).set(rate)
         return decision
@@ -210,23 +244,34 @@ class Autoscaler:
         path = owner_path(meta["namespace"], meta["name"])
         patch = {"spec": {"replicas": decision.desired}}
         try:
-            await self.kube.request("PATCH", path + "/scale", body=patch, query={"fieldManager": FIELD_MANAGER},
-                                        content_type="application/merge-patch+json")
+            await self.kube.request(
+                "PATCH",
+                path + "/scale",
+                body=patch,
+                query={"fieldManager": FIELD_MANAGER},
+                content_type="application/merge-patch+json",
+            )
         except ApiError as err:
             # API servers before 1.21 refuse the scale subresource of a custom resource whose spec.replicas
             # is unset; that first write sets it on the object itself, under the same field manager.
             if not (err.status == 500 and "does not exist" in err.message and svc.replicas is None):
                 raise
-            await self.kube.request("PATCH", path, body=patch, query={"fieldManager": FIELD_MANAGER},
-                                        content_type="application/merge-patch+json")
+            await self.kube.request(
+                "PATCH",
+                path,
+                body=patch,
+                query={"fieldManager": FIELD_MANAGER},
+                content_type="application/merge-patch+json",
+            )
         verb = "ScaledUp" if decision.direction == UP else "ScaledDown"
         message = f"{current} → {decision.desired} replicas: {decision.reason}"
         logger.info("%s %s/%s %s", verb, meta["namespace"], meta["name"], message)
         metrics.AUTOSCALER_SCALE_EVENTS.labels(direction=decision.direction, reason=decision.cause).inc()
         await self.ctx.event(body, "Normal", verb, message)
 
-    async def _write_status(self, body: dict[str, Any], svc: ServiceSpec, current: int, decision: Decision,
-                            reading: Reading) -> None:
+    async def _write_status(
+        self, body: dict[str, Any], svc: ServiceSpec, current: int, decision: Decision, reading: Reading
+    ) -> None:
         meta = body["metadata"]
         before = body.get("status") or {}
         mode = svc.autoscaling.mode
@@ -246,16 +291,20 @@ class Autoscaler:
         if decision.desired != current and acting:
             autoscaler["lastDecision"] = {
                 "time": now_timestamp(),
-                "from": current, "to": decision.desired, "reason": decision.reason,
+                "from": current,
+                "to": decision.desired,
+                "reason": decision.reason,
             }
         status: dict[str, Any] = {"autoscaler": autoscaler}
         s = reading.signals
         if s is not None:
-            slo = {"window": f"{self.window:.0f}s",
-                   "goodputRequestsPerSecond": round(s.arrival_rate * (s.attainment or 0.0), 3),
-                   "attainment": None if s.attainment is None else round(s.attainment, 4),
-                   "ttftP90": None if s.ttft_p90 is None else round(s.ttft_p90, 4),
-                   "tpotP90": None if s.tpot_p90 is None else round(s.tpot_p90, 4)}
+            slo = {
+                "window": f"{self.window:.0f}s",
+                "goodputRequestsPerSecond": round(s.arrival_rate * (s.attainment or 0.0), 3),
+                "attainment": None if s.attainment is None else round(s.attainment, 4),
+                "ttftP90": None if s.ttft_p90 is None else round(s.ttft_p90, 4),
+                "tpotP90": None if s.tpot_p90 is None else round(s.tpot_p90, 4),
+            }
             status["slo"] = slo
         old = before.get("autoscaler") or {}
         if all(old.get(k) == v for k, v in autoscaler.items()) and status.get("slo") in (None, before.get("slo")):
@@ -265,14 +314,20 @@ class Autoscaler:
 
 def _forget_series(namespace: str, name: str) -> None:
     """A service gone from goodput mode leaves no stale gauges behind."""
-    for gauge in (metrics.AUTOSCALER_DESIRED, metrics.AUTOSCALER_ATTAINMENT, metrics.AUTOSCALER_CAPACITY,
-                  metrics.AUTOSCALER_STARTUP):
+    for gauge in (
+        metrics.AUTOSCALER_DESIRED,
+        metrics.AUTOSCALER_ATTAINMENT,
+        metrics.AUTOSCALER_CAPACITY,
+        metrics.AUTOSCALER_STARTUP,
+    ):
         try:
             gauge.remove(namespace, name)
         except KeyError:
             pass
-    for gauge, kinds in ((metrics.AUTOSCALER_REPLICAS, ("current", "ready", "starting", "min", "max")),
-                         (metrics.AUTOSCALER_ARRIVAL, ("observed", "smoothed", "forecast"))):
+    for gauge, kinds in (
+        (metrics.AUTOSCALER_REPLICAS, ("current", "ready", "starting", "min", "max")),
+        (metrics.AUTOSCALER_ARRIVAL, ("observed", "smoothed", "forecast")),
+    ):
         for kind in kinds:
             try:
                 gauge.remove(namespace, name, kind)

@@ -41,8 +41,10 @@ def _detect(names: set[str]) -> EngineMetrics:
     for metrics in ENGINE_METRICS.values():
         if metrics.requests[0] in names:
             return metrics
-    raise ValueError(f"no {' or '.join(m.requests[0] for m in ENGINE_METRICS.values())} series: "
-                     "not a Goodput runtime nor a known engine")
+    raise ValueError(
+        f"no {' or '.join(m.requests[0] for m in ENGINE_METRICS.values())} series: "
+        "not a Goodput runtime nor a known engine"
+    )
 
 
 def parse_pod_metrics(text: str) -> PodSample:
@@ -75,14 +77,23 @@ def parse_pod_metrics(text: str) -> PodSample:
             table[le] = table.get(le, 0.0) + value
         return tuple(sorted(table.items()))
 
-    failed = sum(value for counter, label, values in m.failed for labels, value in by_name.get(counter, ())
-                 if not label or labels.get(label) in values)
+    failed = sum(
+        value
+        for counter, label, values in m.failed
+        for labels, value in by_name.get(counter, ())
+        if not label or labels.get(label) in values
+    )
     return PodSample(
         requests=sum(total(name) for name in m.requests),
         good=total(m.good) if m.good else 0.0,
-        running=gauge(m.running), waiting=gauge(m.waiting), kv_usage=gauge(m.kv_usage, average=True),
-        ttft_buckets=buckets(m.ttft), tpot_buckets=buckets(m.tpot),
-        engine=m.engine, failed=failed, counts_good=m.good is not None,
+        running=gauge(m.running),
+        waiting=gauge(m.waiting),
+        kv_usage=gauge(m.kv_usage, average=True),
+        ttft_buckets=buckets(m.ttft),
+        tpot_buckets=buckets(m.tpot),
+        engine=m.engine,
+        failed=failed,
+        counts_good=m.good is not None,
         rejected=sum(total(name) for name in m.rejected),
     )
 
@@ -208,8 +219,15 @@ class History:
         `base`: a request admission refused with 429 was demand all the same, and the count that would
         have served it is what the autoscaler must find."""
         elapsed = max(self.scrapes[-1][0] - base[0], 1e-9)
-        arrived = sum(_delta(new.requests, old.requests) + _delta(new.rejected, old.rejected)
-                      + new.running + new.waiting - old.running - old.waiting for new, old in self._pairs(base))
+        arrived = sum(
+            _delta(new.requests, old.requests)
+            + _delta(new.rejected, old.rejected)
+            + new.running
+            + new.waiting
+            - old.running
+            - old.waiting
+            for new, old in self._pairs(base)
+        )
         return max(0.0, arrived / elapsed)
 
     def signals(self, now: float, window: float, long_window: float) -> Signals | None:

@@ -53,8 +53,16 @@ class Reading:
 class Source(Protocol):
     """Signals for one service from its ready endpoints; DirectSource and PrometheusSource below."""
 
-    async def read(self, key: tuple[str, str], served_name: str, endpoints: Endpoints, now: float, *,
-                   engine: str = "goodput", slo: Slo = (None, None)) -> Reading: ...
+    async def read(
+        self,
+        key: tuple[str, str],
+        served_name: str,
+        endpoints: Endpoints,
+        now: float,
+        *,
+        engine: str = "goodput",
+        slo: Slo = (None, None),
+    ) -> Reading: ...
     def forget(self, key: tuple[str, str]) -> None: ...
     async def close(self) -> None: ...
 
@@ -68,8 +76,10 @@ async def endpoint_slice_version(kube: Kube) -> str:
 
 async def service_endpoints(kube: Kube, version: str, namespace: str, service: str) -> Endpoints:
     listing = await kube.request(
-        "GET", f"/apis/{version}/namespaces/{namespace}/endpointslices",
-        query={"labelSelector": f"kubernetes.io/service-name={service}"})
+        "GET",
+        f"/apis/{version}/namespaces/{namespace}/endpointslices",
+        query={"labelSelector": f"kubernetes.io/service-name={service}"},
+    )
     ready: list[str] = []
     for piece in (listing or {}).get("items") or ():
         ports = {p.get("name"): p.get("port") for p in piece.get("ports") or ()}
@@ -101,8 +111,16 @@ class DirectSource:
             response.raise_for_status()
             return parse_pod_metrics(await response.text())
 
-    async def read(self, key: tuple[str, str], served_name: str, endpoints: Endpoints, now: float, *,
-                   engine: str = "goodput", slo: Slo = (None, None)) -> Reading:
+    async def read(
+        self,
+        key: tuple[str, str],
+        served_name: str,
+        endpoints: Endpoints,
+        now: float,
+        *,
+        engine: str = "goodput",
+        slo: Slo = (None, None),
+    ) -> Reading:
         history = self._history.setdefault(key, History(keep_seconds=self.long_window + self.window))
         history.slo_ttft, history.slo_tpot = slo
         if not endpoints.ready:
@@ -111,11 +129,13 @@ class DirectSource:
         failed = [(url, r) for url, r in zip(endpoints.ready, results, strict=True) if isinstance(r, BaseException)]
         if failed:
             url, err = failed[0]
-            return Reading(len(endpoints.ready), None,
-                           f"metrics of {len(failed)} of {len(endpoints.ready)} ready pods unreadable ({url}: {err})",
-                           failed=True)
-        history.add(now, {url: r for url, r in zip(endpoints.ready, results, strict=True)
-                          if isinstance(r, PodSample)})
+            return Reading(
+                len(endpoints.ready),
+                None,
+                f"metrics of {len(failed)} of {len(endpoints.ready)} ready pods unreadable ({url}: {err})",
+                failed=True,
+            )
+        history.add(now, {url: r for url, r in zip(endpoints.ready, results, strict=True) if isinstance(r, PodSample)})
         signals = history.signals(now, self.window, self.long_window)
         return Reading(len(endpoints.ready), signals, "" if signals else "waiting for a second scrape")
 
@@ -155,8 +175,16 @@ class PrometheusSource:
             body: dict[str, Any] = await response.json()
         return sorted((float(r["metric"]["le"]), float(r["value"][1])) for r in body["data"]["result"])
 
-    async def read(self, key: tuple[str, str], served_name: str, endpoints: Endpoints, now: float, *,
-                   engine: str = "goodput", slo: Slo = (None, None)) -> Reading:
+    async def read(
+        self,
+        key: tuple[str, str],
+        served_name: str,
+        endpoints: Endpoints,
+        now: float,
+        *,
+        engine: str = "goodput",
+        slo: Slo = (None, None),
+    ) -> Reading:
         if not endpoints.ready:
             return Reading(0, None, "no ready pods to read metrics from")
         m = ENGINE_METRICS[engine]
@@ -189,11 +217,17 @@ class PrometheusSource:
             return f"sum(rate({m.good}{{{sel}}}[{window}])) / sum(rate({m.requests[0]}{{{sel}}}[{window}]))"
 
         arrivals = m.requests + m.rejected  # refused requests (429) were demand too
-        scalars = [f"sum(rate({m.requests[0]}{{{sel}}}[{w}]))", rate(arrivals, w), rate(m.requests, lw),
-                   failed(w), failed(lw),
-                   first(m.waiting, lambda n: f"sum({n}{{{sel}}})"), first(m.running, lambda n: f"sum({n}{{{sel}}})"),
-                   first(m.kv_usage, lambda n: f"avg({n}{{{sel}}})"),
-                   f"({rate(m.requests, lw)}) * {self.long_window:.0f}"]
+        scalars = [
+            f"sum(rate({m.requests[0]}{{{sel}}}[{w}]))",
+            rate(arrivals, w),
+            rate(m.requests, lw),
+            failed(w),
+            failed(lw),
+            first(m.waiting, lambda n: f"sum({n}{{{sel}}})"),
+            first(m.running, lambda n: f"sum({n}{{{sel}}})"),
+            first(m.kv_usage, lambda n: f"avg({n}{{{sel}}})"),
+            f"({rate(m.requests, lw)}) * {self.long_window:.0f}",
+        ]
         if m.good:
             scalars += [attainment(w), attainment(lw)]
         histograms = [buckets(m.ttft, w), buckets(m.tpot, w), buckets(m.ttft, lw), buckets(m.tpot, lw)]
@@ -208,19 +242,35 @@ class PrometheusSource:
         if m.good:
             att, att_long = values[9], values[10]
         else:  # estimated from the histograms against the SLO, as History does for direct scrapes
-            def estimate(requests: float | None, failures: float | None, t: list[tuple[float, float]],
-                         p: list[tuple[float, float]]) -> float | None:
+
+            def estimate(
+                requests: float | None,
+                failures: float | None,
+                t: list[tuple[float, float]],
+                p: list[tuple[float, float]],
+            ) -> float | None:
                 if not requests:
                     return None
-                good = estimated_good(max(0.0, requests - (failures or 0.0)), share_within(t, slo[0]),
-                                      share_within(p, slo[1]))
+                good = estimated_good(
+                    max(0.0, requests - (failures or 0.0)), share_within(t, slo[0]), share_within(p, slo[1])
+                )
                 return min(1.0, good / requests)
 
             att, att_long = estimate(total, fail, ttft, tpot), estimate(total_long, fail_long, ttft_long, tpot_long)
-        return Reading(len(endpoints.ready), Signals(
-            arrival_rate=total or 0.0, attainment=att, attainment_long=att_long, waiting=round(waiting),
-            running=round(running or 0), kv_usage=kv or 0.0, ttft_p90=histogram_quantile(0.9, ttft),
-            tpot_p90=histogram_quantile(0.9, tpot), finished_long=finished))
+        return Reading(
+            len(endpoints.ready),
+            Signals(
+                arrival_rate=total or 0.0,
+                attainment=att,
+                attainment_long=att_long,
+                waiting=round(waiting),
+                running=round(running or 0),
+                kv_usage=kv or 0.0,
+                ttft_p90=histogram_quantile(0.9, ttft),
+                tpot_p90=histogram_quantile(0.9, tpot),
+                finished_long=finished,
+            ),
+        )
 
     def forget(self, key: tuple[str, str]) -> None:
         pass

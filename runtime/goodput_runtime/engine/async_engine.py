@@ -109,8 +109,9 @@ class AsyncEngine:
         """The length of an embedding: the model's hidden size."""
         return int(self.core.runner.model.config.hidden_size)
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    pooling: PoolingParams | None = None) -> RequestStream:
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, pooling: PoolingParams | None = None
+    ) -> RequestStream:
         if not self.admitting or self.loop_task is None:
             raise EngineStoppedError("the server is shutting down and admits no new requests")
         if self.num_waiting >= self.config.max_queue:

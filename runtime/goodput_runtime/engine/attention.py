@@ -32,11 +32,12 @@ class KVCache:
     values: list[torch.Tensor]
 
     @classmethod
-    def allocate(cls, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> KVCache:
+    def allocate(
+        cls, num_layers: int, num_slots: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    ) -> KVCache:
         def make() -> list[torch.Tensor]:
-            return [torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device)
-                    for _ in range(num_layers)]
+            return [torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+
         return cls(make(), make())
 
 
@@ -152,36 +153,76 @@ def kernel_attends_decodes(cache: KVCache) -> bool:
     return triton_attention.available(keys)
 
 
-def attend_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
-                  mask: torch.Tensor, scaling: float | None, gqa: bool, window: int | None) -> torch.Tensor:
+def attend_decode(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    group: DecodeGroup,
+    mask: torch.Tensor,
+    scaling: float | None,
+    gqa: bool,
+    window: int | None,
+) -> torch.Tensor:
     """query [B, H, D] of one decode group -> [B, H, D]; mask is the group's decode_mask for window."""
     if DECODE_KERNEL != "torch" and not query.is_cuda:
-        out = native_attention.decode(query, k_cache, v_cache, group.blocks, group.lens, group.block_size,
-                                      scaling, window)
+        out = native_attention.decode(
+            query, k_cache, v_cache, group.blocks, group.lens, group.block_size, scaling, window
+        )
         if out is not None:
             return out
     if DECODE_KERNEL != "torch" and triton_attention.available(query):
-        return triton_attention.decode(query, k_cache, v_cache, group.blocks, group.lens, group.block_size,
-                                       scaling, window)
-    o = F.scaled_dot_product_attention(query.unsqueeze(2), gather_blocks(k_cache, group),
-                                       gather_blocks(v_cache, group), attn_mask=mask, scale=scaling, enable_gqa=gqa)
+        return triton_attention.decode(
+            query, k_cache, v_cache, group.blocks, group.lens, group.block_size, scaling, window
+        )
+    o = F.scaled_dot_product_attention(
+        query.unsqueeze(2),
+        gather_blocks(k_cache, group),
+        gather_blocks(v_cache, group),
+        attn_mask=mask,
+        scale=scaling,
+        enable_gqa=gqa,
+    )
     return o.squeeze(2)
 
 
-def attend(batch: PagedBatch, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-           scaling: float | None = None, sliding_window: int | None = None,
-           rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def attend(
+    batch: PagedBatch,
+    layer: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """One layer's attention for the step: query [T, H, D], key and value [T, KVH, D] of the step's
     new tokens (written into the cache here); returns [T, H, D]. `rotary` (cos, sin [T, 1, D]): the
     query and key come unrotated, and the rotary embedding (rotate-half) is applied here, by the
     Triton kernel itself in a decode-only step on CUDA."""
     k_cache, v_cache = batch.cache.keys[layer], batch.cache.values[layer]
-    if (len(batch.decodes) == 1 and not batch.prefills and DECODE_KERNEL != "torch"
-            and triton_attention.available(query) and (rotary is None or triton_attention.ROTARY)):
+    if (
+        len(batch.decodes) == 1
+        and not batch.prefills
+        and DECODE_KERNEL != "torch"
+        and triton_attention.available(query)
+        and (rotary is None or triton_attention.ROTARY)
+    ):
         # a decode-only step on CUDA: the cache writes and the attention in one launch
         group = batch.decodes[0]
-        return triton_attention.decode(query, k_cache, v_cache, group.blocks, group.lens, group.block_size,
-                                       scaling, sliding_window, key, value, batch.slot_mapping, rotary=rotary)
+        return triton_attention.decode(
+            query,
+            k_cache,
+            v_cache,
+            group.blocks,
+            group.lens,
+            group.block_size,
+            scaling,
+            sliding_window,
+            key,
+            value,
+            batch.slot_mapping,
+            rotary=rotary,
+        )
     if rotary is not None:
         from goodput_runtime.models.fused import rotate  # (the models package imports this module)
 
@@ -191,18 +232,34 @@ def attend(batch: PagedBatch, layer: int, query: torch.Tensor, key: torch.Tensor
     gqa = query.shape[1] != key.shape[1]
     if len(batch.decodes) == 1 and not batch.prefills:
         # a decode-only step in one batch: no output buffer to copy into
-        return attend_decode(query, k_cache, v_cache, batch.decodes[0], batch.decode_mask(0, sliding_window),
-                             scaling, gqa, sliding_window)
+        return attend_decode(
+            query,
+            k_cache,
+            v_cache,
+            batch.decodes[0],
+            batch.decode_mask(0, sliding_window),
+            scaling,
+            gqa,
+            sliding_window,
+        )
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     for i, group in enumerate(batch.decodes):
-        out[group.rows] = attend_decode(query[group.rows], k_cache, v_cache, group,
-                                        batch.decode_mask(i, sliding_window), scaling, gqa,
-                                        sliding_window)
+        out[group.rows] = attend_decode(
+            query[group.rows],
+            k_cache,
+            v_cache,
+            group,
+            batch.decode_mask(i, sliding_window),
+            scaling,
+            gqa,
+            sliding_window,
+        )
     for i, chunk in enumerate(batch.prefills):
         if PREFILL_KERNEL != "torch" and not query.is_cuda:
             slots = batch.slot_mapping[chunk.rows] if chunk.slots is None else chunk.slots
-            native = native_attention.prefill(query[chunk.rows], k_cache, v_cache, slots, chunk.start, scaling,
-                                              sliding_window)
+            native = native_attention.prefill(
+                query[chunk.rows], k_cache, v_cache, slots, chunk.start, scaling, sliding_window
+            )
             if native is not None:
                 out[chunk.rows] = native
                 continue
@@ -212,19 +269,41 @@ def attend(batch: PagedBatch, layer: int, query: torch.Tensor, key: torch.Tensor
         else:
             k, v = gather(k_cache, chunk.slots), gather(v_cache, chunk.slots)  # [start + n, KVH, D]
         mask = batch.prefill_mask(i, sliding_window)
-        o = F.scaled_dot_product_attention(q, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
-                                           attn_mask=mask, is_causal=mask is None, scale=scaling, enable_gqa=gqa)
+        o = F.scaled_dot_product_attention(
+            q,
+            k.transpose(0, 1).unsqueeze(0),
+            v.transpose(0, 1).unsqueeze(0),
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=scaling,
+            enable_gqa=gqa,
+        )
         out[chunk.rows] = o[0].transpose(0, 1)
     return out
 
 
-def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    attention_mask: torch.Tensor | None, scaling: float | None = None,
-                    dropout: float = 0.0, sliding_window: int | None = None, **kwargs):
+def paged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    **kwargs,
+):
     """transformers' attention interface: query [1, H, T, D]; key, value [1, KVH, T, D] of the step's
     new tokens only; returns [1, T, H, D]."""
-    out = attend(kwargs["paged"], module.layer_idx, query[0].transpose(0, 1), key[0].transpose(0, 1),  # type: ignore[arg-type]
-                 value[0].transpose(0, 1), scaling, sliding_window)
+    out = attend(
+        kwargs["paged"],
+        module.layer_idx,
+        query[0].transpose(0, 1),
+        key[0].transpose(0, 1),  # type: ignore[arg-type]
+        value[0].transpose(0, 1),
+        scaling,
+        sliding_window,
+    )
     return out.unsqueeze(0), None
 
 

@@ -74,8 +74,9 @@ class StepTimeModel:
         if not self.sizes or prompt_tokens < MIN_PREFILL_SAMPLE:
             return  # a few prompt tokens tell the step's fixed cost, not the cost per token
         per_token = max(seconds - self.decode_seconds(decodes), seconds * 0.1) / prompt_tokens
-        self.per_token = per_token if self.per_token is None else (
-            (1 - EWMA_WEIGHT) * self.per_token + EWMA_WEIGHT * per_token)
+        self.per_token = (
+            per_token if self.per_token is None else ((1 - EWMA_WEIGHT) * self.per_token + EWMA_WEIGHT * per_token)
+        )
 
     def _observe_decode(self, decodes: int, seconds: float) -> None:
         for faded in self.sizes.values():

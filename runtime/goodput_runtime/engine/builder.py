@@ -84,8 +84,10 @@ def available_memory(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
 
 def cgroup_memory_headroom(root: Path) -> int | None:
     """The cgroup's memory limit minus its usage, or None where no limit is set."""
-    for limit_file, usage_file in (("memory.max", "memory.current"),
-                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+    for limit_file, usage_file in (
+        ("memory.max", "memory.current"),
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
+    ):
         try:
             limit_text = (root / limit_file).read_text().strip()
             usage = int((root / usage_file).read_text().strip())
@@ -111,8 +113,9 @@ def kv_cache_bytes(config: EngineConfig, device: torch.device, model_config) -> 
     return max(int(budget), 0)
 
 
-def load_for_rank(config: EngineConfig, model_dir: Path, rank: int = 0, world: int = 1,
-                  port: int | None = None) -> tuple[Any, torch.device]:
+def load_for_rank(
+    config: EngineConfig, model_dir: Path, rank: int = 0, world: int = 1, port: int | None = None
+) -> tuple[Any, torch.device]:
     """This rank's model: loaded, sharded when tensor parallel, on its device."""
     model_config = load_config(model_dir)
     device = pick_device(config.device)
@@ -137,8 +140,9 @@ def load_for_rank(config: EngineConfig, model_dir: Path, rank: int = 0, world: i
     return model, device
 
 
-def size_kv_cache(config: EngineConfig, device: torch.device, model_config, dtype: torch.dtype,
-                  max_model_len: int) -> int:
+def size_kv_cache(
+    config: EngineConfig, device: torch.device, model_config, dtype: torch.dtype, max_model_len: int
+) -> int:
     """Blocks of this rank's KV cache; refuses a cache that cannot hold one full-length sequence."""
     world = config.tensor_parallel_size
     layout = KVLayout.of(model_config, dtype, world)
@@ -154,11 +158,18 @@ def size_kv_cache(config: EngineConfig, device: torch.device, model_config, dtyp
             f"--max-model-len {max_model_len}; give it more memory (--kv-cache-memory on CPU, "
             f"--gpu-memory-utilization on GPU) or lower --max-model-len"
         )
-    log.info("KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB, %d bytes per token%s); "
-             "%.1f sequences of %d tokens fit at once",
-             num_blocks, config.block_size, tokens, num_blocks * block_bytes * world / 2**20,
-             layout.bytes_per_token() * world, f", split over {world} ranks" if world > 1 else "",
-             tokens / max_model_len, max_model_len)
+    log.info(
+        "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB, %d bytes per token%s); "
+        "%.1f sequences of %d tokens fit at once",
+        num_blocks,
+        config.block_size,
+        tokens,
+        num_blocks * block_bytes * world / 2**20,
+        layout.bytes_per_token() * world,
+        f", split over {world} ranks" if world > 1 else "",
+        tokens / max_model_len,
+        max_model_len,
+    )
     return num_blocks
 
 
@@ -168,8 +179,9 @@ def warm_up_triton(runner: ModelRunner, model_config, world: int) -> None:
     started, layout = time.monotonic(), runner.layout
     heads = model_config.num_attention_heads // world
     for window in {None, getattr(model_config, "sliding_window", None)}:
-        triton_attention.warm_up(heads, layout.kv_heads, layout.head_dim, runner.block_size, layout.dtype,
-                                 runner.device, window)
+        triton_attention.warm_up(
+            heads, layout.kv_heads, layout.head_dim, runner.block_size, layout.dtype, runner.device, window
+        )
     log.info("compiled the Triton decode attention kernels in %.1f s", time.monotonic() - started)
 
 
@@ -177,8 +189,9 @@ def compile_layers(runner: ModelRunner) -> None:
     """torch.compile the compact modules' stack of layers and compile it now, with a step of each
     size whose projections take another form under the step plan, so no request waits for it."""
     model = runner.model
-    reason = ("the model runs on transformers' modules" if not hasattr(model, "compile_layers")
-              else model.compile_layers())
+    reason = (
+        "the model runs on transformers' modules" if not hasattr(model, "compile_layers") else model.compile_layers()
+    )
     if reason is not None:
         log.info("--compile left off: %s", reason)
         return
@@ -187,12 +200,21 @@ def compile_layers(runner: ModelRunner) -> None:
     if runner.plan is not None:
         sizes |= {n for n in (*runner.plan.counts, runner.plan.limit + 1) if n <= COMPILED_MAX_TOKENS}
     runner.warm_up(sorted(sizes))
-    log.info("compiled the decoder layers in %.1f s (steps of up to %d tokens; larger ones run eagerly)",
-             time.monotonic() - started, COMPILED_MAX_TOKENS)
+    log.info(
+        "compiled the decoder layers in %.1f s (steps of up to %d tokens; larger ones run eagerly)",
+        time.monotonic() - started,
+        COMPILED_MAX_TOKENS,
+    )
 
 
-def configure_speculation(config: EngineConfig, runner: ModelRunner, scheduler: Scheduler,
-                          metrics: RuntimeMetrics | None, model_config, num_blocks: int) -> None:
+def configure_speculation(
+    config: EngineConfig,
+    runner: ModelRunner,
+    scheduler: Scheduler,
+    metrics: RuntimeMetrics | None,
+    model_config,
+    num_blocks: int,
+) -> None:
     """The proposer (prompt lookup, or the draft model with a KV cache of as many tokens as the
     target's) and the switch, its threshold timed here unless --speculative-max-batch gives it."""
     k = config.num_speculative_tokens
@@ -203,8 +225,10 @@ def configure_speculation(config: EngineConfig, runner: ModelRunner, scheduler: 
         check_architecture(draft_dir)
         draft_config = load_config(draft_dir)
         if draft_config.vocab_size != model_config.vocab_size:
-            raise EngineConfigError(f"--speculative-model has a vocabulary of {draft_config.vocab_size} tokens, the "
-                                    f"model {model_config.vocab_size}: a draft model needs the model's tokenizer")
+            raise EngineConfigError(
+                f"--speculative-model has a vocabulary of {draft_config.vocab_size} tokens, the "
+                f"model {model_config.vocab_size}: a draft model needs the model's tokenizer"
+            )
         draft_model, _ = load_for_rank(dataclasses.replace(config, quantization="none"), draft_dir)
         draft = ModelRunner(draft_model, num_blocks, config.block_size, config.seed)
         runner.proposer = DraftProposer(draft, BlockManager(num_blocks, config.block_size, False), k)
@@ -215,10 +239,14 @@ def configure_speculation(config: EngineConfig, runner: ModelRunner, scheduler: 
         costs = step_costs(timer(runner.time_step), k) if config.speculative_max_batch is None else None
         runner.proposer = NgramProposer(k, config.ngram_min, config.ngram_max, costs)
         if costs is not None:
-            log.info("Prompt lookup: a step of 1..%d tokens for one sequence costs %s times one of 1 token",
-                     k + 1, ", ".join(map(str, costs)))
+            log.info(
+                "Prompt lookup: a step of 1..%d tokens for one sequence costs %s times one of 1 token",
+                k + 1,
+                ", ".join(map(str, costs)),
+            )
     max_batch = config.speculative_max_batch
     if max_batch is None:
+
         def step(batch: int, tokens: int) -> None:
             runner.time_step(batch, tokens)
             if draft is not None and tokens > 1:  # a verification's proposals cost k draft steps
@@ -226,15 +254,23 @@ def configure_speculation(config: EngineConfig, runner: ModelRunner, scheduler: 
                     draft.time_step(batch, 1)
 
         max_batch, ratios = measure_max_batch(timer(step), k, config.max_num_seqs)
-        log.info("Speculative decoding timed: a step of %d tokens per sequence costs %s times one of 1 token "
-                 "(by running batch); it pays up to %d running requests",
-                 k + 1, ", ".join(f"{b}: {r}" for b, r in ratios.items()), max_batch)
+        log.info(
+            "Speculative decoding timed: a step of %d tokens per sequence costs %s times one of 1 token "
+            "(by running batch); it pays up to %d running requests",
+            k + 1,
+            ", ".join(f"{b}: {r}" for b, r in ratios.items()),
+            max_batch,
+        )
     scheduler.switch = SpeculationSwitch(max_batch)
     if metrics is not None:
         metrics.speculation_configured(max_batch, k)
-    log.info("Speculative decoding: %s, %d tokens per step, on up to %d running requests%s",
-             config.speculative_method, k, max_batch,
-             "; verification steps run eagerly, beside the decode CUDA graphs" if runner.device.type == "cuda" else "")
+    log.info(
+        "Speculative decoding: %s, %d tokens per step, on up to %d running requests%s",
+        config.speculative_method,
+        k,
+        max_batch,
+        "; verification steps run eagerly, beside the decode CUDA graphs" if runner.device.type == "cuda" else "",
+    )
 
 
 def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> EngineCore:
@@ -265,12 +301,17 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
         elif isinstance(source, list):
             eos.update(source)
     block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-    scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, max_model_len,
-                          frozenset(eos))
+    scheduler = Scheduler(
+        block_manager, config.max_num_seqs, config.max_num_batched_tokens, max_model_len, frozenset(eos)
+    )
     if config.slo_tpot is not None and config.batch_cap != "off":
         scheduler.batch_cap = BatchCap(config.slo_tpot, config.batch_cap_margin)
-        log.info("Batch work beside online requests is capped so a step stays within %.3fs (TPOT target %gs "
-                 "less %g%%)", scheduler.batch_cap.budget, config.slo_tpot, 100 * config.batch_cap_margin)
+        log.info(
+            "Batch work beside online requests is capped so a step stays within %.3fs (TPOT target %gs less %g%%)",
+            scheduler.batch_cap.budget,
+            config.slo_tpot,
+            100 * config.batch_cap_margin,
+        )
     runner = ModelRunner(model, num_blocks, config.block_size, config.seed, world)
     if followers is not None:
         parallel.broadcast(num_blocks)

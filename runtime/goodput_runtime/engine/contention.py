@@ -55,11 +55,18 @@ def compute_threads_delay() -> int | None:
 class ContentionWatch:
     """Decides each step's threads from the planned count and the run delay the last steps saw."""
 
-    def __init__(self, enter: float = 0.2, leave: float = 0.08, window: float = 1.5, confirm: int = 2,
-                 probe: float = 2.0, probe_max: float = 20.0,
-                 read: Callable[[], int | None] = compute_threads_delay,
-                 clock: Callable[[], float] = time.monotonic,
-                 on_switch: Callable[[bool], None] | None = None) -> None:
+    def __init__(
+        self,
+        enter: float = 0.2,
+        leave: float = 0.08,
+        window: float = 1.5,
+        confirm: int = 2,
+        probe: float = 2.0,
+        probe_max: float = 20.0,
+        read: Callable[[], int | None] = compute_threads_delay,
+        clock: Callable[[], float] = time.monotonic,
+        on_switch: Callable[[bool], None] | None = None,
+    ) -> None:
         self.enter, self.leave, self.window, self.confirm = enter, leave, window, confirm
         self.probe, self.probe_max = probe, probe_max
         self.read, self.clock = read, clock
@@ -130,9 +137,16 @@ class ContentionWatch:
         if self.on_switch is not None:
             self.on_switch(contended)
         if contended:
-            log.warning("Other processes take this runtime's cores: its compute threads waited for a CPU %.0f%% "
-                        "of their time; steps run on one thread, and their planned threads are tried again "
-                        "after %g s, then less often", 100 * share, self.probe)
+            log.warning(
+                "Other processes take this runtime's cores: its compute threads waited for a CPU %.0f%% "
+                "of their time; steps run on one thread, and their planned threads are tried again "
+                "after %g s, then less often",
+                100 * share,
+                self.probe,
+            )
         else:
-            log.warning("The cores are free again (a step's threads waited %.0f%% of their time); steps run "
-                        "with their planned threads", 100 * share)
+            log.warning(
+                "The cores are free again (a step's threads waited %.0f%% of their time); steps run "
+                "with their planned threads",
+                100 * share,
+            )

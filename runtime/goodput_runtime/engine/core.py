@@ -54,9 +54,16 @@ class Request:
 
 
 class EngineCore:
-    def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer, max_model_len: int,
-                 metrics: RuntimeMetrics | None = None, followers: Followers | None = None,
-                 sampling_defaults: dict[str, float | int] | None = None) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        tokenizer,
+        max_model_len: int,
+        metrics: RuntimeMetrics | None = None,
+        followers: Followers | None = None,
+        sampling_defaults: dict[str, float | int] | None = None,
+    ) -> None:
         self.runner = runner
         self.followers = followers  # the other tensor-parallel ranks, when there are any
         self.scheduler = scheduler
@@ -69,8 +76,9 @@ class EngineCore:
         runner.sampler.eos_token_ids = scheduler.eos_token_ids  # min_tokens holds them off
         self.requests: dict[str, Request] = {}
 
-    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-            pooling: PoolingParams | None = None) -> None:
+    def add(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, pooling: PoolingParams | None = None
+    ) -> None:
         """Queue a request. With `pooling` it is an embedding request: its prompt is prefilled like any
         other (chunked, sharing steps with generation), then pooled instead of sampled; it finishes with
         its vector in the output and generates nothing (params then only need n == 1)."""
@@ -85,26 +93,36 @@ class EngineCore:
         if not prompt_token_ids:
             raise InvalidPromptError("the prompt is empty")
         first = Sequence.new(request_id, prompt_token_ids, params, time.monotonic())
-        seqs = [first] + [Sequence.new(request_id, prompt_token_ids,
-                                       dataclasses.replace(params, seed=params.choice_seed(i)),
-                                       first.times.arrival, first.times, index=i) for i in range(1, params.n)]
+        seqs = [first] + [
+            Sequence.new(
+                request_id,
+                prompt_token_ids,
+                dataclasses.replace(params, seed=params.choice_seed(i)),
+                first.times.arrival,
+                first.times,
+                index=i,
+            )
+            for i in range(1, params.n)
+        ]
         first.forks = seqs[1:]  # forked from the first choice once its prefill ends
         if params.grammar is not None:
             for seq in seqs:
                 seq.grammar = params.grammar.matcher()
-        choices = [Choice(seq, IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop))
-                   for seq in seqs]
+        choices = [Choice(seq, IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop)) for seq in seqs]
         prompt_logprobs: list[TokenLogprob | None] | None = None
         if params.prompt_logprobs is not None:
             prompt_logprobs = [None]
         self.requests[request_id] = Request(choices, prompt_logprobs)
         self.scheduler.add(first)
 
-    def _add_embedding(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       pooling: PoolingParams) -> None:
+    def _add_embedding(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, pooling: PoolingParams
+    ) -> None:
         if len(prompt_token_ids) > self.max_model_len:
-            raise PromptTooLongError(f"the input has {len(prompt_token_ids)} tokens, more than the maximum model "
-                                     f"length of {self.max_model_len} tokens")
+            raise PromptTooLongError(
+                f"the input has {len(prompt_token_ids)} tokens, more than the maximum model "
+                f"length of {self.max_model_len} tokens"
+            )
         if not prompt_token_ids:
             raise InvalidPromptError("the input is empty")
         if params.n != 1 or params.prompt_logprobs is not None:
@@ -144,8 +162,7 @@ class EngineCore:
     def warmup(self) -> None:
         """One short request through every phase before serving, so the first real request does not
         pay for lazy initialisation; it leaves no trace in the metrics."""
-        self.add(WARMUP_REQUEST_ID, list(range(1, 9)),
-                 SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+        self.add(WARMUP_REQUEST_ID, list(range(1, 9)), SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
         while WARMUP_REQUEST_ID in self.requests:
             out = self.schedule()
             if out.scheduled:
@@ -177,9 +194,15 @@ class EngineCore:
         if self.metrics and record:
             num_sampling = sum(t is not None for t in result.tokens)  # forked choices computed nothing
             num_proposed = sum(len(s.draft) for s in out.scheduled)
-            self.metrics.record_step(len(self.scheduler.running), len(self.scheduler.waiting),
-                                     self.block_manager.usage, out.num_tokens - num_sampling - num_proposed,
-                                     result.num_sampled, out.num_preempted, self.scheduler.num_waiting_batch)
+            self.metrics.record_step(
+                len(self.scheduler.running),
+                len(self.scheduler.waiting),
+                self.block_manager.usage,
+                out.num_tokens - num_sampling - num_proposed,
+                result.num_sampled,
+                out.num_preempted,
+                self.scheduler.num_waiting_batch,
+            )
             if self.scheduler.switch is not None:
                 self.metrics.record_speculation(out.speculative, result.verified)
             if self.scheduler.batch_cap is not None:
@@ -218,8 +241,15 @@ class EngineCore:
             self.scheduler.finish(choice.seq, outcome)
         if self.metrics and open_choices:
             # the gauges move now, not at the next step: an idle engine may take none for a long while
-            self.metrics.record_step(len(self.scheduler.running), len(self.scheduler.waiting),
-                                     self.block_manager.usage, 0, 0, 0, self.scheduler.num_waiting_batch)
+            self.metrics.record_step(
+                len(self.scheduler.running),
+                len(self.scheduler.waiting),
+                self.block_manager.usage,
+                0,
+                0,
+                0,
+                self.scheduler.num_waiting_batch,
+            )
         now = time.monotonic()
         return [self._output(request, choice, now) for choice in open_choices]
 

@@ -70,10 +70,19 @@ class DecodeGraphs:
     The cache must have one block more than the block manager hands out: `scratch_block`.
     """
 
-    def __init__(self, forward: Callable[[torch.Tensor, torch.Tensor, PagedBatch], torch.Tensor],
-                 cache: KVCache, block_size: int, scratch_block: int, max_batch: int, max_len: int,
-                 device: torch.device, capture: bool, max_tokens: int | None = None,
-                 min_width: int = MIN_WIDTH) -> None:
+    def __init__(
+        self,
+        forward: Callable[[torch.Tensor, torch.Tensor, PagedBatch], torch.Tensor],
+        cache: KVCache,
+        block_size: int,
+        scratch_block: int,
+        max_batch: int,
+        max_len: int,
+        device: torch.device,
+        capture: bool,
+        max_tokens: int | None = None,
+        min_width: int = MIN_WIDTH,
+    ) -> None:
         self.forward = forward
         self.cache = cache
         self.block_size = block_size
@@ -115,8 +124,15 @@ class DecodeGraphs:
         b = shape.batch
         return self.forward(self.input_ids[None, :b], self.positions[None, :b], self._batch(shape))
 
-    def fill(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
-             lens: list[int], shape: Shape) -> None:
+    def fill(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        slots: list[int],
+        tables: list[list[int]],
+        lens: list[int],
+        shape: Shape,
+    ) -> None:
         """Copy one step's decodes into the static buffers, padding rows up to the shape's batch."""
         n, b = len(tokens), shape.batch
         blocks = shape.width // self.block_size
@@ -124,8 +140,10 @@ class DecodeGraphs:
         scratch_slot = self.scratch_block * self.block_size
         table_rows = [t[:blocks] + [self.scratch_block] * (blocks - len(t[:blocks])) for t in tables]
         table_rows += [[self.scratch_block] * blocks] * pad
-        host = torch.tensor([tokens + [0] * pad, positions + [0] * pad, slots + [scratch_slot] * pad,
-                             lens + [1] * pad], dtype=torch.long)
+        host = torch.tensor(
+            [tokens + [0] * pad, positions + [0] * pad, slots + [scratch_slot] * pad, lens + [1] * pad],
+            dtype=torch.long,
+        )
         non_blocking = self.device.type == "cuda"
         self.input_ids[:b].copy_(host[0], non_blocking=non_blocking)
         self.positions[:b].copy_(host[1], non_blocking=non_blocking)
@@ -172,5 +190,11 @@ class DecodeGraphs:
         torch.cuda.empty_cache()
         self.capture_bytes = free_before - torch.cuda.mem_get_info(self.device)[0]
         self.capture_seconds = time.monotonic() - started
-        log.info("captured %d decode CUDA graphs (batch sizes %s, context widths %s) in %.1f s, %.0f MiB",
-                 len(self.graphs), self.batches, self.widths, self.capture_seconds, self.capture_bytes / 2**20)
+        log.info(
+            "captured %d decode CUDA graphs (batch sizes %s, context widths %s) in %.1f s, %.0f MiB",
+            len(self.graphs),
+            self.batches,
+            self.widths,
+            self.capture_seconds,
+            self.capture_bytes / 2**20,
+        )

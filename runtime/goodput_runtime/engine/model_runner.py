@@ -24,8 +24,7 @@ log = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    def __init__(self, model: Any, num_blocks: int, block_size: int, seed: int = 0,
-                 tensor_parallel: int = 1) -> None:
+    def __init__(self, model: Any, num_blocks: int, block_size: int, seed: int = 0, tensor_parallel: int = 1) -> None:
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = model.get_input_embeddings().weight.dtype
@@ -33,8 +32,14 @@ class ModelRunner:
         self.layout = KVLayout.of(model.config, self.dtype, tensor_parallel)
         # one block more than the block manager hands out: the scratch block that padded decode rows write to
         self.scratch_block = num_blocks
-        self.cache = KVCache.allocate(self.layout.num_layers, (num_blocks + 1) * block_size, self.layout.kv_heads,
-                                      self.layout.head_dim, self.dtype, self.device)
+        self.cache = KVCache.allocate(
+            self.layout.num_layers,
+            (num_blocks + 1) * block_size,
+            self.layout.kv_heads,
+            self.layout.head_dim,
+            self.dtype,
+            self.device,
+        )
         self.sampler = Sampler(seed)
         # whether a kernel attends decodes (attention.kernel_attends_decodes): then all of a step's
         # decodes form one group, one call per layer; the torch path takes groups of similar context,
@@ -61,9 +66,18 @@ class ModelRunner:
 
     def enable_decode_graphs(self, max_batch: int, max_len: int, capture: bool, min_width: int = MIN_WIDTH) -> None:
         """Run decode-only steps over static buffers; with `capture`, replay them as CUDA graphs."""
-        self.graphs = DecodeGraphs(self._decode_forward, self.cache, self.block_size, self.scratch_block,
-                                   max_batch, max_len, self.device, capture,
-                                   max_tokens=self.scratch_block * self.block_size, min_width=min_width)
+        self.graphs = DecodeGraphs(
+            self._decode_forward,
+            self.cache,
+            self.block_size,
+            self.scratch_block,
+            max_batch,
+            max_len,
+            self.device,
+            capture,
+            max_tokens=self.scratch_block * self.block_size,
+            min_width=min_width,
+        )
         self.graphs.capture()
 
     @torch.inference_mode()
@@ -75,8 +89,9 @@ class ModelRunner:
             self.execute([StepItem([0] * n, 0, table, True)])
 
     def _decode_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
-        return self.model(input_ids=input_ids, position_ids=positions, paged=batch, logits_to_keep=0,
-                          use_cache=False).logits[0]
+        return self.model(
+            input_ids=input_ids, position_ids=positions, paged=batch, logits_to_keep=0, use_cache=False
+        ).logits[0]
 
     def forget(self, request_id: str) -> None:
         """Drop what the runner keeps for a finished request (its sampling generator, a pooling sum)."""
@@ -111,8 +126,9 @@ class ModelRunner:
             seq = scheduled.seq
             if item.prompt_count:
                 span = scheduled.prompt_logprobs
-                prompt_jobs.append((pos, at, seq.token_ids[span.start + 1 : span.stop + 1],
-                                    seq.params.prompt_logprobs or 0))
+                prompt_jobs.append(
+                    (pos, at, seq.token_ids[span.start + 1 : span.stop + 1], seq.params.prompt_logprobs or 0)
+                )
                 at += item.prompt_count
             if item.samples and item.num_draft:
                 draft = item.token_ids[-item.num_draft :]
@@ -121,8 +137,9 @@ class ModelRunner:
                 at += item.num_draft + 1
             elif item.samples:
                 for j, choice in enumerate([seq, *seq.forks]):
-                    rows.append(SampleRow(choice.params, choice.key, choice.token_ids, choice.num_prompt_tokens,
-                                          choice.grammar))
+                    rows.append(
+                        SampleRow(choice.params, choice.key, choice.token_ids, choice.num_prompt_tokens, choice.grammar)
+                    )
                     logit_rows.append(at)
                     targets.append((pos, j))
                 at += 1
@@ -181,8 +198,14 @@ class ModelRunner:
             logits = self.execute(items)
         logits.argmax(dim=-1).tolist()  # waits for the device
 
-    def _pool(self, out: SchedulerOutput, order: list[int], items: list[StepItem], pooled: dict[int, torch.Tensor],
-              result: StepResult) -> None:
+    def _pool(
+        self,
+        out: SchedulerOutput,
+        order: list[int],
+        items: list[StepItem],
+        pooled: dict[int, torch.Tensor],
+        result: StepResult,
+    ) -> None:
         """Fold this step's pooled hidden states into each embedding request's; a request whose prompt
         is complete gets its vector (normalized if asked) in result.embeddings."""
         for i, part in pooled.items():
@@ -202,8 +225,7 @@ class ModelRunner:
             result.embeddings[seq.key] = vector.cpu().tolist()
 
     @staticmethod
-    def _prompt_logprobs(logits: torch.Tensor, jobs: list[tuple[int, int, list[int], int]],
-                         result: StepResult) -> None:
+    def _prompt_logprobs(logits: torch.Tensor, jobs: list[tuple[int, int, list[int], int]], result: StepResult) -> None:
         """Each prompt row's logprob of the prompt token after it, all jobs in one batch."""
         index = [first + i for _, first, targets, _ in jobs for i in range(len(targets))]
         chosen = torch.tensor([t for _, _, targets, _ in jobs for t in targets], device=logits.device)
@@ -227,8 +249,13 @@ class ModelRunner:
             cache.index_copy_(0, target, cache.index_select(0, source))
 
     @torch.inference_mode()
-    def execute(self, items: list[StepItem], logits: bool = True, copy_blocks: bool = True,
-                pooled: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+    def execute(
+        self,
+        items: list[StepItem],
+        logits: bool = True,
+        copy_blocks: bool = True,
+        pooled: dict[int, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """The forward pass: logits [N, V] of the rows the items keep (see StepItem.kept_rows), or
         hidden states without the LM head. With `pooled`, each embedding item's share of this step's
         final hidden states (float32) goes there by its index in items: the sum of its rows for mean
@@ -248,18 +275,28 @@ class ModelRunner:
             if self.watch is not None:
                 self.watch.end()
 
-    def _forward(self, items: list[StepItem], input_ids: torch.Tensor, positions: torch.Tensor, batch: PagedBatch,
-                 sample_rows: list[int], logits: bool, pooled: dict[int, torch.Tensor] | None) -> torch.Tensor:
+    def _forward(
+        self,
+        items: list[StepItem],
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: PagedBatch,
+        sample_rows: list[int],
+        logits: bool,
+        pooled: dict[int, torch.Tensor] | None,
+    ) -> torch.Tensor:
         kept = [r for last, item in zip(sample_rows, items, strict=True) for r in item.kept_rows(last)]
         keep = torch.tensor(kept or [0], device=self.device)
         if not logits:  # a follower rank: the leader alone samples
-            return self.model.model(input_ids=input_ids[None], position_ids=positions[None], paged=batch,
-                                    use_cache=False).last_hidden_state
+            return self.model.model(
+                input_ids=input_ids[None], position_ids=positions[None], paged=batch, use_cache=False
+            ).last_hidden_state
         if pooled is not None and any(item.pool for item in items):
             # the decoder's output (after its final norm), then the LM head over the kept rows alone:
             # what the model's own forward does with logits_to_keep
-            hidden = self.model.model(input_ids=input_ids[None], position_ids=positions[None], paged=batch,
-                                      use_cache=False).last_hidden_state[0]
+            hidden = self.model.model(
+                input_ids=input_ids[None], position_ids=positions[None], paged=batch, use_cache=False
+            ).last_hidden_state[0]
             for i, (item, last) in enumerate(zip(items, sample_rows, strict=True)):
                 if item.pool == "mean":
                     pooled[i] = hidden[last - len(item.token_ids) + 1 : last + 1].float().sum(0)
@@ -267,8 +304,9 @@ class ModelRunner:
                     pooled[i] = hidden[last].float()
             head = self.model.logits if isinstance(self.model, CausalLM) else self.model.lm_head
             return head(hidden[keep]).float()
-        output = self.model(input_ids=input_ids[None], position_ids=positions[None], paged=batch,
-                            logits_to_keep=keep, use_cache=False)
+        output = self.model(
+            input_ids=input_ids[None], position_ids=positions[None], paged=batch, logits_to_keep=keep, use_cache=False
+        )
         return output.logits[0].float()  # [N, V]
 
     def _decode_static(self, items: list[StepItem]) -> torch.Tensor | None:
@@ -280,9 +318,14 @@ class ModelRunner:
         if shape is None:
             return None
         bs = self.block_size
-        graphs.fill([i.token_ids[0] for i in items], [i.start for i in items],
-                    [i.block_table[i.start // bs] * bs + i.start % bs for i in items],
-                    [i.block_table for i in items], [i.context_len for i in items], shape)
+        graphs.fill(
+            [i.token_ids[0] for i in items],
+            [i.start for i in items],
+            [i.block_table[i.start // bs] * bs + i.start % bs for i in items],
+            [i.block_table for i in items],
+            [i.context_len for i in items],
+            shape,
+        )
         return graphs.run(shape, len(items)).float()
 
     def _context_blocks(self, tables: list[list[int]], width: int) -> torch.Tensor:
@@ -329,8 +372,8 @@ class ModelRunner:
             lens = [item.context_len for item in group]
             # the widest row's blocks (plan_step orders decodes longest first: the first row's)
             context = self._context_blocks([item.block_table for item in group], max(lens))
-            batch.decodes.append(DecodeGroup(slice(first, last), context, torch.tensor(lens, device=self.device),
-                                             self.block_size))
+            batch.decodes.append(
+                DecodeGroup(slice(first, last), context, torch.tensor(lens, device=self.device), self.block_size)
+            )
             first = last
-        return (torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device),
-                batch, sample_rows)
+        return (torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device), batch, sample_rows)

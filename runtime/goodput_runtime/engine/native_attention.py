@@ -62,8 +62,20 @@ def _cpu_flags() -> str:
 
 def build_name() -> str:
     """The extension's name: a digest of everything its binary depends on."""
-    key = "\n".join([SOURCE, CPP_DECL, PREFILL_SOURCE, PREFILL_DECL, OPS_SOURCE, OPS_DECL, " ".join(CFLAGS + LDFLAGS),
-                     torch.__version__, platform.machine(), _cpu_flags()])
+    key = "\n".join(
+        [
+            SOURCE,
+            CPP_DECL,
+            PREFILL_SOURCE,
+            PREFILL_DECL,
+            OPS_SOURCE,
+            OPS_DECL,
+            " ".join(CFLAGS + LDFLAGS),
+            torch.__version__,
+            platform.machine(),
+            _cpu_flags(),
+        ]
+    )
     return "goodput_attention_" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -91,15 +103,20 @@ def _build() -> Any:
         with (folder / "goodput.flock").open("w") as held:
             fcntl.flock(held, fcntl.LOCK_EX)
             (folder / "lock").unlink(missing_ok=True)
-            module = load_inline(name=name, cpp_sources=[CPP_DECL, PREFILL_DECL, OPS_DECL, SOURCE, PREFILL_SOURCE,
-                                                                OPS_SOURCE],
-                                 functions=["decode", "prefill", *OPS_FUNCTIONS],
-                                 extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS), build_directory=str(folder),
-                                 verbose=False)
+            module = load_inline(
+                name=name,
+                cpp_sources=[CPP_DECL, PREFILL_DECL, OPS_DECL, SOURCE, PREFILL_SOURCE, OPS_SOURCE],
+                functions=["decode", "prefill", *OPS_FUNCTIONS],
+                extra_cflags=list(CFLAGS),
+                extra_ldflags=list(LDFLAGS),
+                build_directory=str(folder),
+                verbose=False,
+            )
     except Exception as exc:  # a missing toolchain piece, a read-only cache, a failed build: the torch path serves
         last = (str(exc).strip().splitlines() or [""])[-1]
-        log.warning("native decode attention unavailable (%s: %s); decode attention stays on torch",
-                    type(exc).__name__, last)
+        log.warning(
+            "native decode attention unavailable (%s: %s); decode attention stays on torch", type(exc).__name__, last
+        )
         return None
     log.info("native decode attention ready in %.1f s", time.monotonic() - started)
     return module
@@ -120,12 +137,25 @@ def available() -> bool:
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether the kernel takes these tensors (the build aside)."""
-    return (query.device.type == "cpu" and query.dtype in DTYPES and k_cache.dtype == query.dtype
-            and query.dim() == 3 and query.shape[1] % k_cache.shape[1] == 0)
+    return (
+        query.device.type == "cpu"
+        and query.dtype in DTYPES
+        and k_cache.dtype == query.dtype
+        and query.dim() == 3
+        and query.shape[1] % k_cache.shape[1] == 0
+    )
 
 
-def decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
-           lens: torch.Tensor, block_size: int, scale: float | None, window: int | None) -> torch.Tensor | None:
+def decode(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    blocks: torch.Tensor,
+    lens: torch.Tensor,
+    block_size: int,
+    scale: float | None,
+    window: int | None,
+) -> torch.Tensor | None:
     """query [B, H, D] attended over each row's paged context -> [B, H, D]; None where the kernel is
     unavailable or does not take these tensors (the caller then runs the torch path).
 
@@ -136,8 +166,9 @@ def decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
     if ext is None:
         return None
     blocks, lens = _int64_rows(blocks), _int64_rows(lens)
-    return ext.decode(*_common(query, k_cache, v_cache), blocks, lens, block_size, _scale(query, scale),
-                      _window(window))
+    return ext.decode(
+        *_common(query, k_cache, v_cache), blocks, lens, block_size, _scale(query, scale), _window(window)
+    )
 
 
 def _common(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -157,8 +188,15 @@ def _window(window: int | None) -> int:
     return -1 if window is None else int(window)
 
 
-def prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, start: int,
-            scale: float | None, window: int | None) -> torch.Tensor | None:
+def prefill(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    start: int,
+    scale: float | None,
+    window: int | None,
+) -> torch.Tensor | None:
     """query [n, H, D] of a prompt chunk whose first position is ``start``, attended causally over
     its context (the chunk's own keys and values already in the cache) -> [n, H, D]; None where the
     kernel is unavailable or does not take these tensors (it needs AVX-512 and D a multiple of 16
@@ -169,5 +207,6 @@ def prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
     ext = module() if supports(query, k_cache) else None
     if ext is None:
         return None
-    return ext.prefill(*_common(query, k_cache, v_cache), _int64_rows(slots), int(start), _scale(query, scale),
-                       _window(window))
+    return ext.prefill(
+        *_common(query, k_cache, v_cache), _int64_rows(slots), int(start), _scale(query, scale), _window(window)
+    )

@@ -308,5 +308,7 @@ at::Tensor decode(const at::Tensor& query, const at::Tensor& k_cache, const at::
 }
 """
 
-CPP_DECL = ("at::Tensor decode(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache, "
-            "const at::Tensor& blocks, const at::Tensor& lens, int64_t block_size, double scale, int64_t window);")
+CPP_DECL = (
+    "at::Tensor decode(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache, "
+    "const at::Tensor& blocks, const at::Tensor& lens, int64_t block_size, double scale, int64_t window);"
+)

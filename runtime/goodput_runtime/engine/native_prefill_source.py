@@ -244,5 +244,7 @@ at::Tensor prefill(const at::Tensor& query, const at::Tensor& k_cache, const at:
 }
 """
 
-PREFILL_DECL = ("at::Tensor prefill(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache, "
-                "const at::Tensor& slots, int64_t start, double scale, int64_t window);")
+PREFILL_DECL = (
+    "at::Tensor prefill(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache, "
+    "const at::Tensor& slots, int64_t start, double scale, int64_t window);"
+)

@@ -54,5 +54,12 @@ class RequestOutput:
     embedding: list[float] | None = None  # an embedding request's vector, on its finished output
 
 
-__all__ = ["EngineError", "EngineStoppedError", "InvalidPromptError", "PromptTooLongError", "QueueFullError",
-           "RequestOutput", "TokenLogprob"]
+__all__ = [
+    "EngineError",
+    "EngineStoppedError",
+    "InvalidPromptError",
+    "PromptTooLongError",
+    "QueueFullError",
+    "RequestOutput",
+    "TokenLogprob",
+]

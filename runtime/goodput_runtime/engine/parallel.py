@@ -55,7 +55,8 @@ def validate(model_config, world: int, device: torch.device) -> None:
         raise TensorParallelError(problem)
     if device.type == "cuda" and world > torch.cuda.device_count():
         raise TensorParallelError(
-            f"{flags.TENSOR_PARALLEL_SIZE} {world} needs {world} GPUs; {torch.cuda.device_count()} are visible")
+            f"{flags.TENSOR_PARALLEL_SIZE} {world} needs {world} GPUs; {torch.cuda.device_count()} are visible"
+        )
 
 
 def _shard(linear: nn.Linear, dim: int, rank: int, world: int) -> None:
@@ -96,8 +97,9 @@ def init_group(rank: int, world: int, port: int, device: torch.device) -> None:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=COLLECTIVE_TIMEOUT)
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT
+    )
 
 
 def rank_device(device: torch.device, rank: int) -> torch.device:
@@ -116,9 +118,23 @@ class Followers:
 
     def __init__(self, world: int, port: int, model_dir: Path, config_json: str) -> None:
         self.procs = [
-            subprocess.Popen([sys.executable, "-m", "goodput_runtime.engine.tp_worker", "--rank", str(rank),
-                              "--world-size", str(world), "--port", str(port), "--model-dir", str(model_dir),
-                              "--config", config_json])
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "goodput_runtime.engine.tp_worker",
+                    "--rank",
+                    str(rank),
+                    "--world-size",
+                    str(world),
+                    "--port",
+                    str(port),
+                    "--model-dir",
+                    str(model_dir),
+                    "--config",
+                    config_json,
+                ]
+            )
             for rank in range(1, world)
         ]
         self.stopping = False

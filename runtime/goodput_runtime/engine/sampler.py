@@ -100,11 +100,19 @@ class Sampler:
         bias = [(i, t, b) for i, r in enumerate(rows) for t, b in r.params.logit_bias if 0 <= t < vocab]
         if bias:
             at = torch.tensor([[i for i, _, _ in bias], [t for _, t, _ in bias]], device=device)
-            values = torch.tensor([max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, b)) for _, _, b in bias],
-                                  device=device, dtype=logits.dtype)
+            values = torch.tensor(
+                [max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, b)) for _, _, b in bias],
+                device=device,
+                dtype=logits.dtype,
+            )
             logits.index_put_((at[0], at[1]), values, accumulate=True)
-        held = [(i, t) for i, r in enumerate(rows) if r.num_output_tokens < r.params.min_tokens
-                for t in self._stop_ids(r.params) if 0 <= t < vocab]
+        held = [
+            (i, t)
+            for i, r in enumerate(rows)
+            if r.num_output_tokens < r.params.min_tokens
+            for t in self._stop_ids(r.params)
+            if 0 <= t < vocab
+        ]
         if held:
             at = torch.tensor(held, device=device)
             logits[at[:, 0], at[:, 1]] = float("-inf")
@@ -117,8 +125,16 @@ class Sampler:
         frequency = [r.params.frequency_penalty for r in rows]
         presence = [r.params.presence_penalty for r in rows]
         if any(frequency) or any(presence):
-            counts = self._bins(rows, vocab, device, lambda r: r.token_ids[r.num_prompt_tokens:]
-                                if r.params.frequency_penalty or r.params.presence_penalty else [])
+            counts = self._bins(
+                rows,
+                vocab,
+                device,
+                lambda r: (
+                    r.token_ids[r.num_prompt_tokens :]
+                    if r.params.frequency_penalty or r.params.presence_penalty
+                    else []
+                ),
+            )
             logits -= torch.tensor(frequency, device=device, dtype=logits.dtype)[:, None] * counts
             logits -= torch.tensor(presence, device=device, dtype=logits.dtype)[:, None] * (counts > 0)
         return logits
@@ -127,8 +143,9 @@ class Sampler:
         return set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
 
     @staticmethod
-    def _bins(rows: list[SampleRow], vocab: int, device: torch.device,
-              tokens: Callable[[SampleRow], list[int]]) -> torch.Tensor:
+    def _bins(
+        rows: list[SampleRow], vocab: int, device: torch.device, tokens: Callable[[SampleRow], list[int]]
+    ) -> torch.Tensor:
         """[N, V] counts of each row's tokens, by one scatter_add over a padded [N, L] id tensor."""
         lists = [tokens(r) for r in rows]
         width = max(1, max(len(t) for t in lists))
@@ -200,8 +217,9 @@ class Sampler:
             return result
         index = torch.tensor(wanted, device=scores.device)
         chosen = torch.tensor([tokens[i] for i in wanted], device=scores.device)
-        for i, entry in zip(wanted, logprob_rows(scores[index], chosen, [params[i].logprobs or 0 for i in wanted]),
-                            strict=True):
+        for i, entry in zip(
+            wanted, logprob_rows(scores[index], chosen, [params[i].logprobs or 0 for i in wanted]), strict=True
+        ):
             result[i] = entry
         return result
 
@@ -216,5 +234,7 @@ def logprob_rows(logits: torch.Tensor, chosen: torch.Tensor, ks: list[int]) -> l
     if k:
         values, ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
         top_values, top_ids = values.tolist(), ids.tolist()
-    return [TokenLogprob(token, value, list(zip(top_ids[i][:ks[i]], top_values[i][:ks[i]], strict=True)))
-            for i, (token, value) in enumerate(zip(chosen.tolist(), picked, strict=True))]
+    return [
+        TokenLogprob(token, value, list(zip(top_ids[i][: ks[i]], top_values[i][: ks[i]], strict=True)))
+        for i, (token, value) in enumerate(zip(chosen.tolist(), picked, strict=True))
+    ]

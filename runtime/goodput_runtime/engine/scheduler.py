@@ -96,8 +96,14 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, eos_token_ids: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_ids: frozenset[int] = frozenset(),
+    ) -> None:
         self.eos_token_ids = eos_token_ids
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -220,8 +226,9 @@ class Scheduler:
         allowances = []
         for seq in self.running:
             if not is_batch(seq) and seq.times.first_token is not None:
-                allowance = self.batch_cap.allowance(now - seq.times.first_token, seq.num_output_tokens,
-                                                     seq.params.max_tokens)
+                allowance = self.batch_cap.allowance(
+                    now - seq.times.first_token, seq.num_output_tokens, seq.params.max_tokens
+                )
                 if allowance is not None:
                     allowances.append(allowance)
         return allowances
@@ -287,9 +294,14 @@ class Scheduler:
                 seq.num_prompt_logprob_positions = stop
         return scheduled
 
-    def update(self, out: SchedulerOutput, sampled: list[int | None],
-               fork_tokens: dict[int, list[int]] | None = None, accepted: dict[int, list[int]] | None = None,
-               proposals: dict[int, list[int]] | None = None) -> list[Sequence]:
+    def update(
+        self,
+        out: SchedulerOutput,
+        sampled: list[int | None],
+        fork_tokens: dict[int, list[int]] | None = None,
+        accepted: dict[int, list[int]] | None = None,
+        proposals: dict[int, list[int]] | None = None,
+    ) -> list[Sequence]:
         """Record computed tokens and sampled ones; return the sequences that got new tokens, and the
         embedding requests whose prompt this step completed (finished here).
         By scheduled position: fork_tokens, the first tokens of the choices forking there; accepted,

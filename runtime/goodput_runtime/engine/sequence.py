@@ -55,8 +55,15 @@ class Sequence:
     grammar: Grammar | None = None
 
     @classmethod
-    def new(cls, request_id: str, prompt: list[int], params: SamplingParams, arrival: float,
-            times: RequestTimes | None = None, index: int = 0) -> Sequence:
+    def new(
+        cls,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        arrival: float,
+        times: RequestTimes | None = None,
+        index: int = 0,
+    ) -> Sequence:
         times = times or RequestTimes(arrival=arrival, num_prompt_tokens=len(prompt), priority=params.priority)
         return cls(request_id, list(prompt), len(prompt), params, times, index=index)
 

@@ -73,8 +73,11 @@ class StepResult:
 
     @property
     def num_sampled(self) -> int:
-        return (sum(t is not None for t in self.tokens) + sum(len(t) for t in self.fork_tokens.values())
-                + sum(len(t) for t in self.accepted.values()))
+        return (
+            sum(t is not None for t in self.tokens)
+            + sum(len(t) for t in self.fork_tokens.values())
+            + sum(len(t) for t in self.accepted.values())
+        )
 
 
 def plan_step(out: SchedulerOutput) -> tuple[list[int], list[StepItem]]:
@@ -82,14 +85,28 @@ def plan_step(out: SchedulerOutput) -> tuple[list[int], list[StepItem]]:
     attention batch; with the scheduled position of each."""
     scheduled = out.scheduled
     # by the context the step attends to (a one-token prefill chunk is a decode of a short context)
-    order = sorted(range(len(scheduled)),
-                   key=lambda i: (scheduled[i].num_tokens != 1, -(scheduled[i].start + scheduled[i].num_tokens)))
+    order = sorted(
+        range(len(scheduled)),
+        key=lambda i: (scheduled[i].num_tokens != 1, -(scheduled[i].start + scheduled[i].num_tokens)),
+    )
     items = []
     for i in order:
         s = scheduled[i]
         tokens = s.seq.token_ids[s.start : s.start + s.num_tokens - len(s.draft)] + s.draft
         prompt = s.prompt_logprobs
         pool = s.seq.pooling.mode if s.seq.pooling is not None else None
-        items.append(StepItem(tokens, s.start, list(s.seq.block_table), s.samples and pool is None, s.block_copies,
-                              prompt.start - s.start if prompt else 0, len(prompt), pool, s.samples, len(s.draft)))
+        items.append(
+            StepItem(
+                tokens,
+                s.start,
+                list(s.seq.block_table),
+                s.samples and pool is None,
+                s.block_copies,
+                prompt.start - s.start if prompt else 0,
+                len(prompt),
+                pool,
+                s.samples,
+                len(s.draft),
+            )
+        )
     return order, items

@@ -111,9 +111,14 @@ class StepPlan:
         return "; ".join([*parts, f"larger steps {self.pool} threads, {SHOWN[self.large]}"])
 
 
-def tune(step_seconds: Callable[[StepPlan, int], float], prefill_seconds: Callable[[StepPlan, int], float],
-         pool: int, max_tokens: int, forms: tuple[str, ...] = FORMS,
-         clock: Callable[[], float] = time.monotonic) -> tuple[StepPlan, dict[int | str, dict[str, float]]]:
+def tune(
+    step_seconds: Callable[[StepPlan, int], float],
+    prefill_seconds: Callable[[StepPlan, int], float],
+    pool: int,
+    max_tokens: int,
+    forms: tuple[str, ...] = FORMS,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[StepPlan, dict[int | str, dict[str, float]]]:
     """The plan from timing: step_seconds(plan, n) runs one decode step of n sequences under `plan`,
     prefill_seconds(plan, n) one n-token prompt; both return seconds. Also the times measured, in ms
     by count (and "prefill") and combination ("2 linear": two threads, F.linear)."""
@@ -122,8 +127,13 @@ def tune(step_seconds: Callable[[StepPlan, int], float], prefill_seconds: Callab
     combos = [(t, f) for t in ([pool, 1] if pool > 1 else [pool]) for f in forms]
     started = clock()
 
-    def fastest(run: Callable[[StepPlan, int], float], tokens: int, choices: list[tuple[int, str]],
-                key: int | str, measured: dict) -> tuple[int, str]:
+    def fastest(
+        run: Callable[[StepPlan, int], float],
+        tokens: int,
+        choices: list[tuple[int, str]],
+        key: int | str,
+        measured: dict,
+    ) -> tuple[int, str]:
         plans = [StepPlan.uniform(t, f, limit) for t, f in choices]
         best = [float("inf")] * len(plans)
         for plan in plans:
@@ -150,8 +160,15 @@ def tune(step_seconds: Callable[[StepPlan, int], float], prefill_seconds: Callab
         candidates = [c for i, c in enumerate(candidates) if i == 0 or times[f"{c[0]} {c[1]}"] <= DROP * quickest]
     _, large = fastest(prefill_seconds, PREFILL, [(pool, f) for f in forms], "prefill", measured)
     keep = [i for i in range(len(counts)) if i == 0 or chosen[i] != chosen[i - 1]]  # equal neighbours merge
-    plan = StepPlan(pool, tuple(counts[i] for i in keep), tuple(chosen[i][0] for i in keep),
-                    tuple(chosen[i][1] for i in keep), tuple(chosen[i][1] for i in keep), limit=limit, large=large)
+    plan = StepPlan(
+        pool,
+        tuple(counts[i] for i in keep),
+        tuple(chosen[i][0] for i in keep),
+        tuple(chosen[i][1] for i in keep),
+        tuple(chosen[i][1] for i in keep),
+        limit=limit,
+        large=large,
+    )
     log.info("Step tuning (%.1f s): %s", clock() - started, plan.describe())
     return plan, measured
 
@@ -170,6 +187,7 @@ def tune_runner(runner: Any, max_tokens: int) -> dict[int | str, dict[str, float
             started = time.perf_counter()
             run(tokens)
             return time.perf_counter() - started
+
         return seconds
 
     pool = runner.plan.pool
@@ -182,7 +200,8 @@ def tune_runner(runner: Any, max_tokens: int) -> dict[int | str, dict[str, float
         model.unpack_weights()
     elif plan.only(ONEDNN):
         freed = model.drop_unpacked_weights()
-        log.info("Step tuning: every step runs on oneDNN's packed weights; %.0f MiB of unpacked ones freed",
-                 freed / 2**20)
+        log.info(
+            "Step tuning: every step runs on oneDNN's packed weights; %.0f MiB of unpacked ones freed", freed / 2**20
+        )
     runner.set_plan(plan)
     return measured

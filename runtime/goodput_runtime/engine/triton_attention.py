@@ -91,11 +91,21 @@ def splits_for(batch: int, kv_heads: int, width: int) -> int:
     return max(1, min(width // 256, _cdiv(128, programs), 16))
 
 
-def decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
-           lens: torch.Tensor, block_size: int, scaling: float | None, window: int | None,
-           key: torch.Tensor | None = None, value: torch.Tensor | None = None,
-           slots: torch.Tensor | None = None, splits: int | None = None,
-           rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def decode(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    blocks: torch.Tensor,
+    lens: torch.Tensor,
+    block_size: int,
+    scaling: float | None,
+    window: int | None,
+    key: torch.Tensor | None = None,
+    value: torch.Tensor | None = None,
+    slots: torch.Tensor | None = None,
+    splits: int | None = None,
+    rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """query [B, H, D] -> [B, H, D], each row attended to its context in the paged cache.
 
     k_cache, v_cache [num_slots, KVH, D], contiguous; blocks [B, N] each row's cache blocks; lens [B]
@@ -129,25 +139,80 @@ def decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
     else:
         part_m = part_l = part_acc = out  # unread
     cos, sin = (query, query) if rotary is None else (t.reshape(t.shape[0], -1) for t in rotary)
-    assert rotary is None or (cos.shape == sin.shape == (b, dim) and cos.stride(1) == sin.stride(1) == 1
-                              and cos.stride(0) == sin.stride(0)), (cos.shape, sin.shape)
+    assert rotary is None or (
+        cos.shape == sin.shape == (b, dim) and cos.stride(1) == sin.stride(1) == 1 and cos.stride(0) == sin.stride(0)
+    ), (cos.shape, sin.shape)
     kernels = _kernels()
     kernels.paged_decode[(b, kv_heads, splits)](
-        query, new_k, new_v, k_cache, v_cache, new_slots, blocks, lens, out, part_m, part_l, part_acc, cos, sin,
-        float(dim**-0.5 if scaling is None else scaling), int(window or 0), chunk,
-        query.stride(0), query.stride(1), new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1),
-        out.stride(0), out.stride(1), blocks.stride(0), cos.stride(0),
-        KVH=kv_heads, D=dim, D_PAD=d_pad, G=group, G_PAD=g_pad, BLOCK=block_size, TILE=tile_keys,
-        HAS_WINDOW=window is not None, FUSED_WRITE=fused, IEEE=query.dtype == torch.float32, SPLIT=splits > 1,
-        ROTARY=rotary is not None, num_warps=4)
+        query,
+        new_k,
+        new_v,
+        k_cache,
+        v_cache,
+        new_slots,
+        blocks,
+        lens,
+        out,
+        part_m,
+        part_l,
+        part_acc,
+        cos,
+        sin,
+        float(dim**-0.5 if scaling is None else scaling),
+        int(window or 0),
+        chunk,
+        query.stride(0),
+        query.stride(1),
+        new_k.stride(0),
+        new_k.stride(1),
+        new_v.stride(0),
+        new_v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        blocks.stride(0),
+        cos.stride(0),
+        KVH=kv_heads,
+        D=dim,
+        D_PAD=d_pad,
+        G=group,
+        G_PAD=g_pad,
+        BLOCK=block_size,
+        TILE=tile_keys,
+        HAS_WINDOW=window is not None,
+        FUSED_WRITE=fused,
+        IEEE=query.dtype == torch.float32,
+        SPLIT=splits > 1,
+        ROTARY=rotary is not None,
+        num_warps=4,
+    )
     if splits > 1:
-        kernels.merge_splits[(b, kv_heads)](part_m, part_l, part_acc, out, out.stride(0), out.stride(1), splits,
-                                            KVH=kv_heads, D=dim, D_PAD=d_pad, G=group, G_PAD=g_pad, num_warps=4)
+        kernels.merge_splits[(b, kv_heads)](
+            part_m,
+            part_l,
+            part_acc,
+            out,
+            out.stride(0),
+            out.stride(1),
+            splits,
+            KVH=kv_heads,
+            D=dim,
+            D_PAD=d_pad,
+            G=group,
+            G_PAD=g_pad,
+            num_warps=4,
+        )
     return out
 
 
-def warm_up(heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype, device: torch.device,
-            window: int | None) -> None:
+def warm_up(
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    window: int | None,
+) -> None:
     """Compile, before the first request, each variant of the kernels a model's steps launch: with and
     without the fused write (decode-only steps, and steps mixing decodes with prompt chunks), one
     program or a split context (and the merge), in half precision also with the rotary embedding.
@@ -161,14 +226,42 @@ def warm_up(heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: to
     rows = torch.zeros(1, head_dim, dtype=dtype, device=device)
     global ROTARY
     for splits in (1, 2):
-        decode(query, keys, values, blocks, lens, block_size, None, window, new, new,
-               torch.tensor([width - 1], device=device), splits=splits)
+        decode(
+            query,
+            keys,
+            values,
+            blocks,
+            lens,
+            block_size,
+            None,
+            window,
+            new,
+            new,
+            torch.tensor([width - 1], device=device),
+            splits=splits,
+        )
         decode(query, keys, values, blocks, lens, block_size, None, window, splits=splits)
         if dtype != torch.float32 and ROTARY:  # a half-precision layer's chain (models.llama.forward_gemv)
             try:
-                decode(query, keys, values, blocks, lens, block_size, None, window, new, new,
-                       torch.tensor([width - 1], device=device), splits=splits, rotary=(rows, rows))
+                decode(
+                    query,
+                    keys,
+                    values,
+                    blocks,
+                    lens,
+                    block_size,
+                    None,
+                    window,
+                    new,
+                    new,
+                    torch.tensor([width - 1], device=device),
+                    splits=splits,
+                    rotary=(rows, rows),
+                )
             except Exception as e:  # the chain then rotates in torch (attention.attend): the server starts
                 ROTARY = False
-                log.warning("the decode kernel's rotary variant failed to build (%s: %s); the rotary embedding "
-                            "runs before it", type(e).__name__, e)
+                log.warning(
+                    "the decode kernel's rotary variant failed to build (%s: %s); the rotary embedding runs before it",
+                    type(e).__name__,
+                    e,
+                )

@@ -10,17 +10,54 @@ def _rope(x, partner, cos, sin, sign):
     """The rotary embedding of x (rotate-half: partner is x with its halves swapped, sign -1 on the
     first half), each product rounded to x's dtype before the sum, as the model's modules round it."""
     dtype = x.dtype
-    return ((x.to(tl.float32) * cos).to(dtype).to(tl.float32)
-            + (sign * partner.to(tl.float32) * sin).to(dtype).to(tl.float32)).to(dtype)
+    return (
+        (x.to(tl.float32) * cos).to(dtype).to(tl.float32)
+        + (sign * partner.to(tl.float32) * sin).to(dtype).to(tl.float32)
+    ).to(dtype)
 
 
 @triton.jit
-def paged_decode(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, slots_ptr, blocks_ptr, lens_ptr, out_ptr,
-                 part_m_ptr, part_l_ptr, part_acc_ptr, cos_ptr, sin_ptr, scale, window, chunk,
-                 stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh, stride_tb,
-                 stride_cb, KVH: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, G: tl.constexpr,
-                 G_PAD: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                 FUSED_WRITE: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr, ROTARY: tl.constexpr):
+def paged_decode(
+    q_ptr,
+    kn_ptr,
+    vn_ptr,
+    kc_ptr,
+    vc_ptr,
+    slots_ptr,
+    blocks_ptr,
+    lens_ptr,
+    out_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    cos_ptr,
+    sin_ptr,
+    scale,
+    window,
+    chunk,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kh,
+    stride_vb,
+    stride_vh,
+    stride_ob,
+    stride_oh,
+    stride_tb,
+    stride_cb,
+    KVH: tl.constexpr,
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+    TILE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    FUSED_WRITE: tl.constexpr,
+    IEEE: tl.constexpr,
+    SPLIT: tl.constexpr,
+    ROTARY: tl.constexpr,
+):
     """One program per (sequence, kv head, split): the split's `chunk` keys of the context. With SPLIT,
     each program leaves its running maximum, sum and unnormalised output for merge_splits; the
     first split also stores the new key and value and counts the new token. ROTARY: the query and
@@ -41,16 +78,26 @@ def paged_decode(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, slots_ptr, blocks_ptr, l
         sign = tl.where(d < D // 2, -1.0, 1.0)
         cos = tl.load(cos_ptr + b * stride_cb + d, mask=dmask, other=0.0).to(tl.float32)
         sin = tl.load(sin_ptr + b * stride_cb + d, mask=dmask, other=0.0).to(tl.float32)
-        q = _rope(q, tl.load(q_rows + partner[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0),
-                  cos[None, :], sin[None, :], sign[None, :])
+        q = _rope(
+            q,
+            tl.load(q_rows + partner[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0),
+            cos[None, :],
+            sin[None, :],
+            sign[None, :],
+        )
     length = tl.load(lens_ptr + b)
     pos = length - 1  # the new token's position
     row = KVH * D  # one cache slot
     if FUSED_WRITE:
         k_new = tl.load(kn_ptr + b * stride_kb + kvh * stride_kh + d, mask=dmask, other=0.0)
         if ROTARY:
-            k_new = _rope(k_new, tl.load(kn_ptr + b * stride_kb + kvh * stride_kh + partner, mask=dmask, other=0.0),
-                          cos, sin, sign)
+            k_new = _rope(
+                k_new,
+                tl.load(kn_ptr + b * stride_kb + kvh * stride_kh + partner, mask=dmask, other=0.0),
+                cos,
+                sin,
+                sign,
+            )
         v_new = tl.load(vn_ptr + b * stride_vb + kvh * stride_vh + d, mask=dmask, other=0.0)
         slot = tl.load(slots_ptr + b).to(tl.int64)  # offsets past 2**31 elements in a large cache
         first = dmask & (split == 0)
@@ -108,13 +155,28 @@ def paged_decode(q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, slots_ptr, blocks_ptr, l
         tl.store(part_acc_ptr + part[:, None] * D_PAD + d[None, :], acc)
     else:
         out = acc / total[:, None]
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
+        tl.store(
+            out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=gmask[:, None] & dmask[None, :],
+        )
 
 
 @triton.jit
-def merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, stride_ob, stride_oh, splits,
-                 KVH: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr):
+def merge_splits(
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    out_ptr,
+    stride_ob,
+    stride_oh,
+    splits,
+    KVH: tl.constexpr,
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+):
     """One program per (sequence, kv head): paged_decode's splits combined into the attention output."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -134,8 +196,11 @@ def merge_splits(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, stride_ob, strid
         acc += w[:, None] * tl.load(part_acc_ptr + part[:, None] * D_PAD + d[None, :])
     out = acc / total[:, None]
     heads = kvh * G + g
-    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=(g < G)[:, None] & (d < D)[None, :])
+    tl.store(
+        out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=(g < G)[:, None] & (d < D)[None, :],
+    )
 
 
 @triton.jit
@@ -143,13 +208,13 @@ def _gemv_weights(rows, k, nmask, K, EVEN_K: tl.constexpr):
     """One BLOCK_N x BLOCK_K tile of the weight's rows, read once (evicted first from the cache)."""
     if EVEN_K:
         return tl.load(rows + k[None, :], mask=nmask[:, None], other=0.0, eviction_policy="evict_first")
-    return tl.load(rows + k[None, :], mask=nmask[:, None] & (k < K)[None, :], other=0.0,
-                   eviction_policy="evict_first")
+    return tl.load(rows + k[None, :], mask=nmask[:, None] & (k < K)[None, :], other=0.0, eviction_policy="evict_first")
 
 
 @triton.jit
-def _gemv_input(x_ptr, nw_ptr, k, K, rstd, dtype: tl.constexpr, EVEN_K: tl.constexpr, NORM: tl.constexpr,
-                SILU: tl.constexpr):
+def _gemv_input(
+    x_ptr, nw_ptr, k, K, rstd, dtype: tl.constexpr, EVEN_K: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr
+):
     """The product's input at columns k, in float32, after its prologue: NORM, the RMS norm (x * rstd,
     rounded to the model's dtype, times the norm's weight, rounded again, as the model computes it);
     SILU, silu(gate) * up of x = [gate | up] (K each), each rounded as the model rounds it."""
@@ -168,9 +233,27 @@ def _gemv_input(x_ptr, nw_ptr, k, K, rstd, dtype: tl.constexpr, EVEN_K: tl.const
 
 
 @triton.jit
-def gemv(x_ptr, w_ptr, b_ptr, out_ptr, nw_ptr, res_ptr, N, K, stride_w, eps,
-         HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-         NORM: tl.constexpr, SILU: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+def gemv(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    nw_ptr,
+    res_ptr,
+    N,
+    K,
+    stride_w,
+    eps,
+    HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NORM: tl.constexpr,
+    SILU: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    PDL: tl.constexpr,
+    EARLY: tl.constexpr,
+):
     """out [N] = W [N, K] @ f(x) [K] (+ bias) (+ residual), one program per BLOCK_N rows of W: each
     streams its rows' BLOCK_N x BLOCK_K tiles once, multiplying in float32 into a tile-shaped
     accumulator that is summed across K only at the end. f: the input's prologue (_gemv_input); the

@@ -56,16 +56,32 @@ Config = tuple[int, int, int]  # rows per program, columns per iteration, warps
 # with 4 warps was the fastest on every shape, 1.05x to 1.55x cuBLAS; the next best there are the other
 # candidates, and two wider ones the grid did not hold.
 DEFAULT: Config = (2, 1024, 4)
-CANDIDATES: tuple[Config, ...] = (DEFAULT, (1, 2048, 4), (2, 2048, 4), (4, 1024, 8), (8, 1024, 8), (16, 256, 4),
-                                  (16, 512, 4), (8, 512, 4))
+CANDIDATES: tuple[Config, ...] = (
+    DEFAULT,
+    (1, 2048, 4),
+    (2, 2048, 4),
+    (4, 1024, 8),
+    (8, 1024, 8),
+    (16, 256, 4),
+    (16, 512, 4),
+    (8, 512, 4),
+)
 TUNE_BYTES = 256 << 20  # weight copies a tuning graph cycles through: well beyond an H200's 60 MB of L2
 TUNE_MIN_BYTES = 4 << 20  # smaller weights take DEFAULT: their call is mostly launch and tail, whatever the tile
 # With the RMS norm before it, each program also reads the whole input and the norm's weight (for
 # its sum of squares and its tiles): from the L2 cache, but as much again as its rows of weight at
 # two rows a program. Taller tiles share that among more rows; the norm's product is tuned on its own.
 NORM_DEFAULT: Config = (8, 512, 4)
-NORM_CANDIDATES: tuple[Config, ...] = (NORM_DEFAULT, DEFAULT, (4, 1024, 4), (8, 1024, 8), (16, 256, 4),
-                                       (16, 512, 8), (32, 256, 8), (32, 128, 4))
+NORM_CANDIDATES: tuple[Config, ...] = (
+    NORM_DEFAULT,
+    DEFAULT,
+    (4, 1024, 4),
+    (8, 1024, 8),
+    (16, 256, 4),
+    (16, 512, 8),
+    (32, 256, 8),
+    (32, 128, 4),
+)
 _chosen: dict[tuple[int, int, torch.dtype, bool], Config] = {}
 
 
@@ -79,9 +95,15 @@ def config_for(n: int, k: int, dtype: torch.dtype, norm: bool = False) -> Config
     return _chosen.get((n, k, dtype, norm), NORM_DEFAULT if norm else DEFAULT)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         config: Config | None = None, norm: tuple[torch.Tensor, float] | None = None, silu: bool = False,
-         residual: torch.Tensor | None = None) -> torch.Tensor:
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: Config | None = None,
+    norm: tuple[torch.Tensor, float] | None = None,
+    silu: bool = False,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
     """x [1, K] @ weight [N, K]^T (+ bias [N]) (+ residual [1, N]) -> [1, N] in x's dtype, accumulated
     in float32. norm (the RMS norm's weight [K], eps): the product of rms_norm(x) instead; silu: of
     silu(gate) * up for x = [gate | up] [1, 2K]."""
@@ -93,11 +115,28 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     rows, cols, warps = config or config_for(n, k, weight.dtype, norm is not None)
     pdl = {"launch_pdl": True} if _pdl(x.device) else {}
     _kernels().gemv[(-(-n // rows),)](
-        x, weight, x if bias is None else bias, out, x if norm is None else norm[0],
-        x if residual is None else residual.contiguous(), n, k, weight.stride(0), 0.0 if norm is None else norm[1],
-        HAS_BIAS=bias is not None, EVEN_K=k % cols == 0, BLOCK_N=rows, BLOCK_K=cols, NORM=norm is not None,
-        SILU=silu, HAS_RES=residual is not None, PDL=bool(pdl), EARLY=bool(pdl) and PDL == "early",
-        num_warps=warps, **pdl)
+        x,
+        weight,
+        x if bias is None else bias,
+        out,
+        x if norm is None else norm[0],
+        x if residual is None else residual.contiguous(),
+        n,
+        k,
+        weight.stride(0),
+        0.0 if norm is None else norm[1],
+        HAS_BIAS=bias is not None,
+        EVEN_K=k % cols == 0,
+        BLOCK_N=rows,
+        BLOCK_K=cols,
+        NORM=norm is not None,
+        SILU=silu,
+        HAS_RES=residual is not None,
+        PDL=bool(pdl),
+        EARLY=bool(pdl) and PDL == "early",
+        num_warps=warps,
+        **pdl,
+    )
     return out
 
 
@@ -112,16 +151,29 @@ def _capability(index: int) -> int:
 
 
 @torch.library.custom_op("goodput::gemv", mutates_args=())
-def gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm_weight: torch.Tensor | None = None,
-            eps: float = 0.0, silu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+def gemv_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    silu: bool = False,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
     """`gemv` as an operator the compiled graph keeps opaque (models.llama's project and forward_gemv)."""
-    return gemv(x, weight, bias, norm=None if norm_weight is None else (norm_weight, eps), silu=silu,
-                residual=residual)
+    return gemv(x, weight, bias, norm=None if norm_weight is None else (norm_weight, eps), silu=silu, residual=residual)
 
 
 @gemv_op.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm_weight: torch.Tensor | None = None,
-      eps: float = 0.0, silu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+def _(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    silu: bool = False,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
     return x.new_empty(1, weight.shape[0])
 
 
@@ -157,8 +209,13 @@ def weight_copies(n: int, k: int, dtype: torch.dtype, device: torch.device) -> l
     return [torch.randn(n, k, dtype=dtype, device=device) * 0.02 for _ in range(copies)]
 
 
-def tune(shapes: Iterable[Iterable[int]], dtype: torch.dtype, device: torch.device,
-         candidates: Iterable[Config] | None = None, norm: bool = False) -> dict[tuple[int, int], tuple[Config, float]]:
+def tune(
+    shapes: Iterable[Iterable[int]],
+    dtype: torch.dtype,
+    device: torch.device,
+    candidates: Iterable[Config] | None = None,
+    norm: bool = False,
+) -> dict[tuple[int, int], tuple[Config, float]]:
     """Time each candidate tile on each [N, K] shape of at least TUNE_MIN_BYTES (with the RMS norm
     before the product where `norm`, among NORM_CANDIDATES by default); keep the fastest for `gemv`.
     Returns, per shape timed, the chosen tile and its device seconds a call."""
@@ -171,8 +228,10 @@ def tune(shapes: Iterable[Iterable[int]], dtype: torch.dtype, device: torch.devi
         weights = weight_copies(n, k, dtype, device)
         x = torch.randn(1, k, dtype=dtype, device=device)
         prologue = (torch.ones(k, dtype=dtype, device=device), 1e-6) if norm else None
-        timed = {c: replay_seconds([functools.partial(gemv, x, w, None, c, norm=prologue) for w in weights])
-                 for c in candidates}
+        timed = {
+            c: replay_seconds([functools.partial(gemv, x, w, None, c, norm=prologue) for w in weights])
+            for c in candidates
+        }
         best = min(timed, key=timed.__getitem__)
         _chosen[(n, k, dtype, norm)] = best
         picked[(n, k)] = (best, timed[best])
@@ -211,11 +270,18 @@ def enable(model: Any, device: torch.device) -> None:
         normed = [lin for lin in getattr(model, "normed_linears", list)() if FUSE and getattr(lin, "gemv", False)]
         try:
             picked = {(n, k, ""): c for (n, k), c in tune([lin.weight.shape for lin in linears], dtype, device).items()}
-            picked.update({(n, k, " after the norm"): c for (n, k), c in
-                           tune([lin.weight.shape for lin in normed], dtype, device, norm=True).items()})
+            picked.update(
+                {
+                    (n, k, " after the norm"): c
+                    for (n, k), c in tune([lin.weight.shape for lin in normed], dtype, device, norm=True).items()
+                }
+            )
         except torch.cuda.OutOfMemoryError:  # its weight copies did not fit beside the cache: default tiles
-            log.warning("no memory to tune the batch-1 GEMV's tiles; every shape takes %s (%s after a norm)",
-                        DEFAULT, NORM_DEFAULT)
+            log.warning(
+                "no memory to tune the batch-1 GEMV's tiles; every shape takes %s (%s after a norm)",
+                DEFAULT,
+                NORM_DEFAULT,
+            )
             picked = {}
             torch.cuda.empty_cache()
         with torch.inference_mode():
@@ -226,13 +292,19 @@ def enable(model: Any, device: torch.device) -> None:
     except Exception as e:  # any failure to build or launch it leaves cuBLAS serving
         for lin in linears:
             lin.__dict__["gemv"] = False
-        log.warning("the batch-1 Triton GEMV failed to start (%s: %s); cuBLAS serves every product",
-                    type(e).__name__, e)
+        log.warning(
+            "the batch-1 Triton GEMV failed to start (%s: %s); cuBLAS serves every product", type(e).__name__, e
+        )
         return
-    log.info("batch-1 projections through the Triton GEMV (%d of them); tuned in %.1f s: %s", marked,
-             time.monotonic() - started,
-             ", ".join(f"{n}x{k}{what}: {c[0]} rows x {c[1]} cols, {c[2]} warps, {s * 1e6:.1f} us"
-                       for (n, k, what), (c, s) in picked.items()))
+    log.info(
+        "batch-1 projections through the Triton GEMV (%d of them); tuned in %.1f s: %s",
+        marked,
+        time.monotonic() - started,
+        ", ".join(
+            f"{n}x{k}{what}: {c[0]} rows x {c[1]} cols, {c[2]} warps, {s * 1e6:.1f} us"
+            for (n, k, what), (c, s) in picked.items()
+        ),
+    )
 
 
 def warm_up(linear: nn.Linear, device: torch.device) -> None:
@@ -246,6 +318,6 @@ def warm_up(linear: nn.Linear, device: torch.device) -> None:
         residual = torch.zeros(1, n, dtype=dtype, device=device)
         gemv(x, linear.weight, linear.bias, norm=(torch.ones(k, dtype=dtype, device=device), 1e-6))
         gemv(x, linear.weight, linear.bias, residual=residual)
-        gemv(torch.zeros(1, 2 * k, dtype=dtype, device=device), linear.weight, linear.bias, silu=True,
-             residual=residual)
-
+        gemv(
+            torch.zeros(1, 2 * k, dtype=dtype, device=device), linear.weight, linear.bias, silu=True, residual=residual
+        )

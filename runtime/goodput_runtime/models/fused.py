@@ -45,8 +45,9 @@ def enabled(x: torch.Tensor) -> bool:
     return _ext(x) is not None
 
 
-def rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm(
+    h: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(s) * weight, s) with s = h + residual, written into residual in place (s = h when
     residual is None): the residual stream's sum and the norm that reads it, transformers' LlamaRMSNorm
     (float32) on the sum."""

@@ -46,9 +46,14 @@ def fuse(linears: list[nn.Linear]) -> nn.Linear:
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=any(has_bias), device=weight.device, dtype=weight.dtype)
     fused.weight = nn.Parameter(weight, requires_grad=False)
     if any(has_bias):
-        bias = torch.cat([lin.bias.detach() if lin.bias is not None
-                          else torch.zeros(lin.out_features, dtype=weight.dtype, device=weight.device)
-                          for lin in linears])
+        bias = torch.cat(
+            [
+                lin.bias.detach()
+                if lin.bias is not None
+                else torch.zeros(lin.out_features, dtype=weight.dtype, device=weight.device)
+                for lin in linears
+            ]
+        )
         fused.bias = nn.Parameter(bias, requires_grad=False)
     return fused
 
@@ -123,8 +128,16 @@ ONEDNN_OP = "onednn-op"  # the onednn form as the compiled graph runs it (projec
 
 
 @torch.library.custom_op("goodput::paged_attention", mutates_args=())
-def paged_attention_op(qk: torch.Tensor, qkv: torch.Tensor, heads: int, layer: int, scaling: float,
-                       window: int, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None) -> torch.Tensor:
+def paged_attention_op(
+    qk: torch.Tensor,
+    qkv: torch.Tensor,
+    heads: int,
+    layer: int,
+    scaling: float,
+    window: int,
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
+) -> torch.Tensor:
     """attention.attend on STEP's batch (window < 0: none); writes the step's keys and values to the cache.
 
     qk [T, H + KVH, D]: the queries and keys after the rotary embedding (before it, with cos and sin:
@@ -133,14 +146,30 @@ def paged_attention_op(qk: torch.Tensor, qkv: torch.Tensor, heads: int, layer: i
     into a new tensor first (two copies a layer).
     """
     t, width, dim = qk.shape
-    value = qkv[:, width * dim:].view(t, width - heads, dim)
-    return attend(STEP[-1], layer, qk[:, :heads], qk[:, heads:], value, scaling, None if window < 0 else window,
-                  None if cos is None or sin is None else (cos, sin)).contiguous()
+    value = qkv[:, width * dim :].view(t, width - heads, dim)
+    return attend(
+        STEP[-1],
+        layer,
+        qk[:, :heads],
+        qk[:, heads:],
+        value,
+        scaling,
+        None if window < 0 else window,
+        None if cos is None or sin is None else (cos, sin),
+    ).contiguous()
 
 
 @paged_attention_op.register_fake
-def _(qk: torch.Tensor, qkv: torch.Tensor, heads: int, layer: int, scaling: float, window: int,
-      cos: torch.Tensor | None = None, sin: torch.Tensor | None = None) -> torch.Tensor:
+def _(
+    qk: torch.Tensor,
+    qkv: torch.Tensor,
+    heads: int,
+    layer: int,
+    scaling: float,
+    window: int,
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
+) -> torch.Tensor:
     return qk.new_empty(qk.shape[0], heads, qk.shape[2])
 
 
@@ -165,8 +194,9 @@ def run_layers(layers: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
 
 
 class Attention(nn.Module):
-    def __init__(self, source: Any, layer_idx: int, heads: int, kv_heads: int, head_dim: int,
-                 sliding_window: int | None) -> None:
+    def __init__(
+        self, source: Any, layer_idx: int, heads: int, kv_heads: int, head_dim: int, sliding_window: int | None
+    ) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
@@ -175,13 +205,20 @@ class Attention(nn.Module):
         self.qkv_proj = fuse([source.q_proj, source.k_proj, source.v_proj])
         self.o_proj = source.o_proj
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch | None,
-                form: str = LINEAR) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch | None, form: str = LINEAR
+    ) -> torch.Tensor:
         """batch None: inside the compiled graph, attention through its operator (on STEP's batch)."""
         return project(self.attend(project(x, self.qkv_proj, form), cos, sin, batch), self.o_proj, form)
 
-    def attend(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch | None,
-               rotary_in_attention: bool = False) -> torch.Tensor:
+    def attend(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: PagedBatch | None,
+        rotary_in_attention: bool = False,
+    ) -> torch.Tensor:
         """The attention's output [T, heads * head_dim] from the qkv projection [T, (H + 2 KVH) D].
         rotary_in_attention: the rotary embedding left to attention.attend (the decode kernel on CUDA
         applies it as it reads the query and key: one launch fewer a layer)."""
@@ -193,8 +230,9 @@ class Attention(nn.Module):
             qk = rotate(qk, cos, sin) if batch is None else fused.rotary_(qk, cos, sin)
         if batch is None:
             window = -1 if self.sliding_window is None else self.sliding_window
-            out = paged_attention_op(qk, qkv, self.heads, self.layer_idx, float(self.scaling), window,
-                                     *(rotary or (None, None)))
+            out = paged_attention_op(
+                qk, qkv, self.heads, self.layer_idx, float(self.scaling), window, *(rotary or (None, None))
+            )
         else:
             q, k = qk[:, : self.heads], qk[:, self.heads :]
             v = qkv[:, qk_width:].view(t, self.kv_heads, self.head_dim)
@@ -225,15 +263,18 @@ class DecoderLayer(nn.Module):
         super().__init__()
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        self.self_attn = Attention(source.self_attn, layer_idx, config.num_attention_heads, kv_heads, head_dim,
-                                   sliding_window)
+        self.self_attn = Attention(
+            source.self_attn, layer_idx, config.num_attention_heads, kv_heads, head_dim, sliding_window
+        )
         self.mlp = MLP(source.mlp)
         self.input_layernorm = RMSNorm(source.input_layernorm.weight, source.input_layernorm.variance_epsilon)
-        self.post_attention_layernorm = RMSNorm(source.post_attention_layernorm.weight,
-                                                source.post_attention_layernorm.variance_epsilon)
+        self.post_attention_layernorm = RMSNorm(
+            source.post_attention_layernorm.weight, source.post_attention_layernorm.variance_epsilon
+        )
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch | None,
-                form: str = LINEAR) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch | None, form: str = LINEAR
+    ) -> torch.Tensor:
         if h.shape[0] == 1 and self.gemv_chain():
             return self.forward_gemv(h, cos, sin, batch)
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, form)
@@ -243,11 +284,17 @@ class DecoderLayer(nn.Module):
         """Whether a one-token step runs as forward_gemv: the layer's four projections marked for the GPU's
         GEMV (engine/triton_linear.py), its activation SiLU, the fusion on."""
         attn, mlp = self.self_attn, self.mlp
-        return triton_linear.FUSE and mlp.silu and all(
-            getattr(lin, "gemv", False) for lin in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+        return (
+            triton_linear.FUSE
+            and mlp.silu
+            and all(
+                getattr(lin, "gemv", False) for lin in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            )
+        )
 
-    def forward_gemv(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                     batch: PagedBatch | None) -> torch.Tensor:
+    def forward_gemv(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch | None
+    ) -> torch.Tensor:
         """``forward`` for one token as four GEMV launches with the work between them folded in: each
         norm into the product after it, the residual sums into the output and down projections, SiLU x
         up into the down projection, the rotary embedding into attention's kernel; only attention runs
@@ -255,13 +302,24 @@ class DecoderLayer(nn.Module):
         attn, mlp, norm1, norm2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
         gemv = triton_linear.gemv_op
         qkv = gemv(h, attn.qkv_proj.weight, attn.qkv_proj.bias, norm1.weight, norm1.eps)
-        h = gemv(attn.attend(qkv, cos, sin, batch, rotary_in_attention=True), attn.o_proj.weight, attn.o_proj.bias,
-                 residual=h)
+        h = gemv(
+            attn.attend(qkv, cos, sin, batch, rotary_in_attention=True),
+            attn.o_proj.weight,
+            attn.o_proj.bias,
+            residual=h,
+        )
         gate_up = gemv(h, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, norm2.weight, norm2.eps)
         return gemv(gate_up, mlp.down_proj.weight, mlp.down_proj.bias, silu=True, residual=h)
 
-    def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                      batch: PagedBatch, form: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_fused(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: PagedBatch,
+        form: str,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``forward`` with the residual sums folded into the norms (models/fused.py): x is the previous
         layer's MLP output (the embeddings at the first layer, residual None), residual the stream
         before it; returns this layer's MLP output and the stream before it. The stream's tensor is
@@ -282,8 +340,9 @@ class Decoder(nn.Module):
         self.plan: StepPlan | None = None  # set by the runner (engine/step_tuning.py)
         self.compiled: Any = None  # run_layers through torch.compile (CausalLM.compile_layers)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, paged: PagedBatch,
-                **_: Any) -> DecoderOutput:
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, paged: PagedBatch, **_: Any
+    ) -> DecoderOutput:
         """input_ids, position_ids [1, T]: one flat step; its projections in the form the step plan
         gives steps of T tokens (``F.linear`` without a plan), through the compiled graph when there
         is one and the step is not too large for it to pay."""
@@ -338,8 +397,14 @@ class CausalLM(nn.Module):
         self.model.compiled = torch.compile(run_layers, dynamic=True, fullgraph=True)
         return None
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, paged: PagedBatch,
-                logits_to_keep: int | torch.Tensor = 0, **_: Any) -> CausalLMOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        paged: PagedBatch,
+        logits_to_keep: int | torch.Tensor = 0,
+        **_: Any,
+    ) -> CausalLMOutput:
         """Logits of the rows `logits_to_keep` names: the last N for an int N (0: all), or an index tensor."""
         h = self.model(input_ids, position_ids, paged).last_hidden_state
         h = h[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else h[:, logits_to_keep]

@@ -125,7 +125,8 @@ def predict(scheduler: Any, rates: StepRates, num_prompt_tokens: int, n: int, pr
     in_prefill = [s for s in running if s.num_computed_tokens < s.num_prompt_tokens]
     # a batch prefill under way is not ahead of an online request either: it pauses for it
     ahead = sum(s.num_uncomputed_tokens for s in waiting) + sum(
-        s.num_uncomputed_tokens for s in in_prefill if s.params.priority <= priority)
+        s.num_uncomputed_tokens for s in in_prefill if s.params.priority <= priority
+    )
     tokens = ahead + num_prompt_tokens
     decoding = len(running) - len(in_prefill)
     budget = max(1, scheduler.max_num_batched_tokens - decoding)
@@ -134,8 +135,9 @@ def predict(scheduler: Any, rates: StepRates, num_prompt_tokens: int, n: int, pr
     finishing = sorted((remaining_tokens(s, rates.output_tokens), len(s.block_table)) for s in running)
     typical_tokens = rates.output_tokens or (finishing[-1][0] if finishing else 1.0)
     seats_taken = len(running) + sum(1 + len(s.forks) for s in waiting) + n
-    seat = wait_for_finishes(finishing, seats_taken - scheduler.max_num_seqs, scheduler.max_num_seqs,
-                             typical_tokens, step_s)
+    seat = wait_for_finishes(
+        finishing, seats_taken - scheduler.max_num_seqs, scheduler.max_num_seqs, typical_tokens, step_s
+    )
     blocks_needed = block_manager.blocks_needed(tokens + 1)
     kv = 0.0
     deficit = blocks_needed - block_manager.num_free_blocks
@@ -149,8 +151,9 @@ def predict(scheduler: Any, rates: StepRates, num_prompt_tokens: int, n: int, pr
     return Prediction(max(seat, kv) + prefill, prefill, seat, kv)
 
 
-def wait_for_finishes(finishing: list[tuple[int, int]], count: int, max_num_seqs: int, typical_tokens: float,
-                      step_s: float) -> float:
+def wait_for_finishes(
+    finishing: list[tuple[int, int]], count: int, max_num_seqs: int, typical_tokens: float, step_s: float
+) -> float:
     """Seconds until `count` more requests have finished: the running ones first (shortest remaining
     first), then later ones at the batch's steady rate, a full batch per typical request."""
     if count <= 0:
@@ -190,15 +193,26 @@ class Admission:
         over = prediction.ttft - self.settings.limit
         retry_after = max(1, math.ceil(min(over, 60.0)))
         raise APIError(
-            429, f"The server is overloaded: this request's predicted time to first token "
-                 f"({prediction.ttft:.2f}s) exceeds the {self.settings.ttft_target:g}s target; retry later",
-            "rate_limit_error", code="slo_unattainable", headers={"Retry-After": str(retry_after)})
+            429,
+            f"The server is overloaded: this request's predicted time to first token "
+            f"({prediction.ttft:.2f}s) exceeds the {self.settings.ttft_target:g}s target; retry later",
+            "rate_limit_error",
+            code="slo_unattainable",
+            headers={"Retry-After": str(retry_after)},
+        )
 
     def _log_refusal(self, prediction: Prediction) -> None:
         self._refused_since_log += 1
         now = time.monotonic()
         if now - self._last_log >= LOG_EVERY_SECONDS:
-            log.warning("Overloaded: refused %d requests predicted to miss the %gs TTFT target (latest %.2fs: "
-                        "prefill %.2fs, seat %.2fs, KV %.2fs)", self._refused_since_log, self.settings.ttft_target,
-                        prediction.ttft, prediction.prefill, prediction.seat, prediction.kv)
+            log.warning(
+                "Overloaded: refused %d requests predicted to miss the %gs TTFT target (latest %.2fs: "
+                "prefill %.2fs, seat %.2fs, KV %.2fs)",
+                self._refused_since_log,
+                self.settings.ttft_target,
+                prediction.ttft,
+                prediction.prefill,
+                prediction.seat,
+                prediction.kv,
+            )
             self._refused_since_log, self._last_log = 0, now

@@ -37,8 +37,14 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 class ServerState:
     """What the routes share: the engine once it is ready, and the serving phase."""
 
-    def __init__(self, model_name: str, metrics: RuntimeMetrics, root: str | None = None,
-                 api_keys: tuple[str, ...] = (), admission: Admission | None = None) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        metrics: RuntimeMetrics,
+        root: str | None = None,
+        api_keys: tuple[str, ...] = (),
+        admission: Admission | None = None,
+    ) -> None:
         self.model_name = model_name
         self.api_keys = api_keys  # empty: no key is asked for
         self.root = root or model_name
@@ -86,8 +92,11 @@ class ServerState:
 
     def check_model(self, model: str) -> None:
         if model != self.model_name:
-            raise invalid(f"The model '{model}' does not exist; this server serves '{self.model_name}'",
-                          "model", "model_not_found")
+            raise invalid(
+                f"The model '{model}' does not exist; this server serves '{self.model_name}'",
+                "model",
+                "model_not_found",
+            )
 
 
 STATE = web.AppKey("state", ServerState)
@@ -127,8 +136,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     echo_text = None
     if body.sampling.echo:
         echo_text = body.prompt if isinstance(body.prompt, str) else engine.tokenizer.decode(prompt_ids)
-    return await generate(request, engine, state.tracker, shape, prompt_ids, params, body.stream, "prompt",
-                          echo_text)
+    return await generate(request, engine, state.tracker, shape, prompt_ids, params, body.stream, "prompt", echo_text)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -137,15 +145,29 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state.check_model(body.model)
     engine = state.serving_engine()
     tools = state.grammars.tools(engine, body)
-    prompt_ids = chat_prompt_ids(engine.tokenizer, body.messages, state.model_name,
-                                 tools=[t.raw for t in body.tools] if tools is not None else None)
+    prompt_ids = chat_prompt_ids(
+        engine.tokenizer,
+        body.messages,
+        state.model_name,
+        tools=[t.raw for t in body.tools] if tools is not None else None,
+    )
     params = sampling_params(engine, body.sampling, len(prompt_ids), "messages")
     params = with_priority(request, body.sampling, params)
     state.admit(engine, prompt_ids, params)
     params = await state.grammars.params(engine, body.guide, params)
     shape = ChatShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
-    return await generate(request, engine, state.tracker, shape, prompt_ids, params, body.stream, "messages",
-                          tools=tools, count_calls=state.metrics.record_tool_calls)
+    return await generate(
+        request,
+        engine,
+        state.tracker,
+        shape,
+        prompt_ids,
+        params,
+        body.stream,
+        "messages",
+        tools=tools,
+        count_calls=state.metrics.record_tool_calls,
+    )
 
 
 async def embeddings(request: web.Request) -> web.Response:
@@ -172,8 +194,10 @@ def sampling_params(engine: Any, sampling: Sampling, num_prompt_tokens: int, pro
     if sampling.max_tokens is None and "max_tokens" in defaults:
         max_tokens = max(1, min(max_tokens, int(defaults["max_tokens"])))
     if sampling.min_tokens > max_tokens:
-        raise invalid(f"'min_tokens' ({sampling.min_tokens}) exceeds the {max_tokens} tokens this request may "
-                      "generate", "min_tokens")
+        raise invalid(
+            f"'min_tokens' ({sampling.min_tokens}) exceeds the {max_tokens} tokens this request may generate",
+            "min_tokens",
+        )
     check_token_ids(engine.tokenizer, sampling)
     return sampling.params(max_tokens, defaults)
 
@@ -186,8 +210,14 @@ def with_priority(request: web.Request, sampling: Sampling, params: SamplingPara
 
 
 def model_card(state: ServerState) -> dict:
-    card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "goodput",
-            "root": state.root, "parent": None}
+    card = {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "goodput",
+        "root": state.root,
+        "parent": None,
+    }
     if state.engine is not None:
         card["max_model_len"] = state.engine.max_model_len
     return card
@@ -200,8 +230,9 @@ async def list_models(request: web.Request) -> web.Response:
 async def get_model(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if request.match_info["model"] != state.model_name:
-        raise APIError(404, f"The model '{request.match_info['model']}' does not exist", param="model",
-                       code="model_not_found")
+        raise APIError(
+            404, f"The model '{request.match_info['model']}' does not exist", param="model", code="model_not_found"
+        )
     return web.json_response(model_card(state))
 
 

@@ -19,10 +19,18 @@ OPEN_PATHS = frozenset({"/health", "/metrics"})  # probes and Prometheus
 
 
 def unauthorized(missing: bool) -> APIError:
-    message = ("You didn't provide an API key. Send it as a bearer token: 'Authorization: Bearer <key>'"
-               if missing else "Incorrect API key provided")
-    return APIError(401, message, "invalid_request_error", code="invalid_api_key",
-                    headers={hdrs.WWW_AUTHENTICATE: 'Bearer realm="goodput"'})
+    message = (
+        "You didn't provide an API key. Send it as a bearer token: 'Authorization: Bearer <key>'"
+        if missing
+        else "Incorrect API key provided"
+    )
+    return APIError(
+        401,
+        message,
+        "invalid_request_error",
+        code="invalid_api_key",
+        headers={hdrs.WWW_AUTHENTICATE: 'Bearer realm="goodput"'},
+    )
 
 
 def require_api_key(keys: tuple[str, ...]) -> Any:

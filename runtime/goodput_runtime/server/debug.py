@@ -21,11 +21,19 @@ def open_files() -> int | None:
 
 def state_of(server: Any) -> dict[str, Any]:
     engine = server.engine
-    out: dict[str, Any] = {"phase": server.phase, "asyncio_tasks": len(asyncio.all_tasks()),
-                           "open_files": open_files(), "requests_in_flight": len(server.tracker)}
+    out: dict[str, Any] = {
+        "phase": server.phase,
+        "asyncio_tasks": len(asyncio.all_tasks()),
+        "open_files": open_files(),
+        "requests_in_flight": len(server.tracker),
+    }
     if engine is not None:
-        out.update(kv_blocks_free=engine.num_free_blocks, kv_blocks_total=engine.num_total_blocks,
-                   requests_waiting=engine.num_waiting, engine_streams=len(engine.streams))
+        out.update(
+            kv_blocks_free=engine.num_free_blocks,
+            kv_blocks_total=engine.num_total_blocks,
+            requests_waiting=engine.num_waiting,
+            engine_streams=len(engine.streams),
+        )
     return out
 
 

@@ -39,8 +39,9 @@ from goodput_runtime.server.protocol import (
 
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
 ENCODINGS = ("float", "base64")
-FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user", "normalize", "add_special_tokens",
-                    "priority"})
+FIELDS = frozenset(
+    {"model", "input", "encoding_format", "dimensions", "user", "normalize", "add_special_tokens", "priority"}
+)
 EMBEDDING_PARAMS = SamplingParams(max_tokens=1, temperature=0.0)  # never used to sample: nothing is generated
 
 
@@ -70,9 +71,16 @@ def parse_embedding(body: dict) -> EmbeddingRequest:
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise wrong_type("user", "a string")
-    return EmbeddingRequest(model, inputs, encoding, optional_int(body, "dimensions", minimum=1),
-                            boolean(body, "normalize", True), boolean(body, "add_special_tokens", True), single,
-                            optional_int(body, "priority"))
+    return EmbeddingRequest(
+        model,
+        inputs,
+        encoding,
+        optional_int(body, "dimensions", minimum=1),
+        boolean(body, "normalize", True),
+        boolean(body, "add_special_tokens", True),
+        single,
+        optional_int(body, "priority"),
+    )
 
 
 def embedding_inputs(value: Any) -> list[str | list[int]]:
@@ -122,8 +130,12 @@ async def embeddings(request: web.Request, state: Any) -> web.Response:
     engine = state.serving_engine()
     size = engine.embedding_size
     if body.dimensions is not None and body.dimensions != size:
-        raise invalid(f"'dimensions' must be {size} (this model's embedding size) when given: the model is not "
-                      f"trained for shorter embeddings, so they are not offered", "dimensions", "unsupported_value")
+        raise invalid(
+            f"'dimensions' must be {size} (this model's embedding size) when given: the model is not "
+            f"trained for shorter embeddings, so they are not offered",
+            "dimensions",
+            "unsupported_value",
+        )
     prompts = []
     for i, item in enumerate(body.inputs):
         param = "input" if body.single else f"input[{i}]"
@@ -131,8 +143,12 @@ async def embeddings(request: web.Request, state: Any) -> web.Response:
         if not ids:
             raise invalid(f"'{param}' holds no tokens", param)
         if len(ids) > engine.max_model_len:
-            raise invalid(f"This model's maximum context length is {engine.max_model_len} tokens, but '{param}' "
-                          f"holds {len(ids)} tokens. Shorten it.", param, "context_length_exceeded")
+            raise invalid(
+                f"This model's maximum context length is {engine.max_model_len} tokens, but '{param}' "
+                f"holds {len(ids)} tokens. Shorten it.",
+                param,
+                "context_length_exceeded",
+            )
         prompts.append(ids)
     pooling = PoolingParams(engine.pooling, body.normalize)
     priority = body.priority
@@ -163,5 +179,11 @@ async def embeddings(request: web.Request, state: Any) -> web.Response:
             raise internal()
         data.append({"object": "embedding", "index": i, "embedding": encode(out.embedding, body.encoding_format)})
     tokens = sum(len(ids) for ids in prompts)
-    return web.json_response({"object": "list", "data": data, "model": state.model_name,
-                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+    return web.json_response(
+        {
+            "object": "list",
+            "data": data,
+            "model": state.model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+    )

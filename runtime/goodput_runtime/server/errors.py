@@ -8,9 +8,15 @@ from aiohttp import web
 class APIError(Exception):
     """An error a client caused or can act on; the server answers it and carries on."""
 
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -39,8 +45,13 @@ def missing(param: str) -> APIError:
 
 
 def queue_full(retry_after: int = 1) -> APIError:
-    return APIError(429, "The server's request queue is full; retry later", "rate_limit_error",
-                    code="rate_limit_exceeded", headers={"Retry-After": str(retry_after)})
+    return APIError(
+        429,
+        "The server's request queue is full; retry later",
+        "rate_limit_error",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(retry_after)},
+    )
 
 
 def unavailable(message: str, code: str) -> APIError:
@@ -48,12 +59,15 @@ def unavailable(message: str, code: str) -> APIError:
 
 
 def internal() -> APIError:
-    return APIError(500, "The server had an error while processing your request", "server_error",
-                    code="internal_error")
+    return APIError(500, "The server had an error while processing your request", "server_error", code="internal_error")
 
 
 def from_http_exception(exc: web.HTTPException) -> APIError:
     """Routing and transport errors aiohttp raises itself (404, 405, 413), in the same shape."""
     codes = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
-    return APIError(exc.status, exc.reason if exc.status != 404 else "Not Found: no such route",
-                    "invalid_request_error", code=codes.get(exc.status))
+    return APIError(
+        exc.status,
+        exc.reason if exc.status != 404 else "Not Found: no such route",
+        "invalid_request_error",
+        code=codes.get(exc.status),
+    )

@@ -69,8 +69,9 @@ class Pieces:
     """Turns a request's outputs into each choice's pieces of text and logprobs: the echoed prompt
     first when asked for, then what the choice generated."""
 
-    def __init__(self, shape: Shape, prompt_ids: list[int], params: SamplingParams,
-                 echo_text: str | None = None) -> None:
+    def __init__(
+        self, shape: Shape, prompt_ids: list[int], params: SamplingParams, echo_text: str | None = None
+    ) -> None:
         self.shape = shape
         self.prompt_ids = prompt_ids
         self.echo_text = echo_text
@@ -101,10 +102,19 @@ class Pieces:
         return usage(last.num_prompt_tokens, sum(self.output_tokens.values()), last.num_cached_tokens)
 
 
-async def generate(request: web.Request, engine: Any, tracker: Tracker, shape: Shape,
-                   prompt_ids: list[int], params: SamplingParams, stream: bool,
-                   prompt_param: str, echo_text: str | None = None, tools: ToolSetup | None = None,
-                   count_calls: Callable[[int], None] | None = None) -> web.StreamResponse:
+async def generate(
+    request: web.Request,
+    engine: Any,
+    tracker: Tracker,
+    shape: Shape,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    stream: bool,
+    prompt_param: str,
+    echo_text: str | None = None,
+    tools: ToolSetup | None = None,
+    count_calls: Callable[[int], None] | None = None,
+) -> web.StreamResponse:
     outputs = admit(engine, shape.id, prompt_ids, params, prompt_param)
     tracker.active.add(shape.id)
     pieces = Pieces(shape, prompt_ids, params, echo_text)
@@ -126,8 +136,14 @@ async def generate(request: web.Request, engine: Any, tracker: Tracker, shape: S
         tracker.active.discard(shape.id)
 
 
-def admit(engine: Any, request_id: str, prompt_ids: list[int], params: SamplingParams,
-          prompt_param: str, pooling: PoolingParams | None = None) -> AsyncIterator[RequestOutput]:
+def admit(
+    engine: Any,
+    request_id: str,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    prompt_param: str,
+    pooling: PoolingParams | None = None,
+) -> AsyncIterator[RequestOutput]:
     try:
         if pooling is not None:
             return engine.add_request(request_id, prompt_ids, params, pooling)
@@ -139,12 +155,12 @@ def admit(engine: Any, request_id: str, prompt_ids: list[int], params: SamplingP
     except InvalidPromptError as exc:
         raise invalid(f"'{prompt_param}' cannot be served: {exc}", prompt_param) from None
     except EngineStoppedError:
-        raise unavailable("The server is shutting down and accepts no new requests",
-                          "shutting_down") from None
+        raise unavailable("The server is shutting down and accepts no new requests", "shutting_down") from None
 
 
-async def collect(outputs: AsyncIterator[RequestOutput], pieces: Pieces,
-                  tools: ToolSetup | None = None) -> tuple[list[Choice], RequestOutput]:
+async def collect(
+    outputs: AsyncIterator[RequestOutput], pieces: Pieces, tools: ToolSetup | None = None
+) -> tuple[list[Choice], RequestOutput]:
     texts: dict[int, list[str]] = {}
     entries: dict[int, list[tuple[int, TokenLogprob | None]]] = {}
     reasons: dict[int, str | None] = {}
@@ -177,9 +193,14 @@ def event(payload: dict | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-async def stream_events(request: web.Request, shape: Shape, outputs: AsyncIterator[RequestOutput],
-                        pieces: Pieces, tools: ToolSetup | None = None,
-                        count_calls: Callable[[int], None] | None = None) -> tuple[web.StreamResponse, bool]:
+async def stream_events(
+    request: web.Request,
+    shape: Shape,
+    outputs: AsyncIterator[RequestOutput],
+    pieces: Pieces,
+    tools: ToolSetup | None = None,
+    count_calls: Callable[[int], None] | None = None,
+) -> tuple[web.StreamResponse, bool]:
     """Stream chunks until the engine finishes; report whether it did. Chunks of a request's
     choices interleave, each carrying its choice's index. With tools, a choice's text goes through
     its ToolStream: content until a call begins, then tool_calls deltas."""
@@ -202,8 +223,15 @@ async def stream_events(request: web.Request, shape: Shape, outputs: AsyncIterat
                 deltas = calls.feed(text) + (calls.finish() if reason is not None else [])
                 logprobs = pieces.logprobs(out.index, entries, text) if entries else None
                 for i, delta in enumerate(deltas or ([{}] if logprobs else [])):
-                    await response.write(event(shape.delta(delta, index=out.index,  # type: ignore[attr-defined]
-                                                           logprobs=logprobs if i == 0 else None)))
+                    await response.write(
+                        event(
+                            shape.delta(
+                                delta,
+                                index=out.index,  # type: ignore[attr-defined]
+                                logprobs=logprobs if i == 0 else None,
+                            )
+                        )
+                    )
                 if reason is not None and calls.made_calls:
                     if count_calls is not None:
                         count_calls(calls.num_calls)

@@ -33,8 +33,12 @@ class Grammars:
             if self.compiler is None:
                 core = engine.core
                 observe = self.metrics.grammar_compile.observe if self.metrics is not None else None
-                self.compiler = GrammarCompiler(engine.tokenizer, int(core.runner.model.config.vocab_size),
-                                                core.scheduler.eos_token_ids, observe=observe)
+                self.compiler = GrammarCompiler(
+                    engine.tokenizer,
+                    int(core.runner.model.config.vocab_size),
+                    core.scheduler.eos_token_ids,
+                    observe=observe,
+                )
             return self.compiler
 
     def _compile(self, engine: Any, guide: Guide) -> CompiledGrammar:
@@ -46,8 +50,12 @@ class Grammars:
             return params
         if params.min_tokens > 0:
             # a grammar may complete before min_tokens, and then nothing but the end may follow
-            raise invalid(f"'min_tokens' cannot be combined with '{guide.param}': the output ends when its grammar "
-                          "completes, which may be before min_tokens", "min_tokens", "unsupported_parameter")
+            raise invalid(
+                f"'min_tokens' cannot be combined with '{guide.param}': the output ends when its grammar "
+                "completes, which may be before min_tokens",
+                "min_tokens",
+                "unsupported_parameter",
+            )
         loop = asyncio.get_running_loop()
         try:
             compiled = await loop.run_in_executor(self.executor, self._compile, engine, guide)
@@ -63,8 +71,7 @@ class Grammars:
             return None
         fmt = self.tool_call_parser or parser_for_template(getattr(engine.tokenizer, "chat_template", None))
         named = body.tool_choice if body.forced_tool and body.tool_choice != "required" else None
-        return ToolSetup(fmt, frozenset(t.name for t in body.tools), body.forced_tool, named,
-                         body.parallel_tool_calls)
+        return ToolSetup(fmt, frozenset(t.name for t in body.tools), body.forced_tool, named, body.parallel_tool_calls)
 
     def close(self) -> None:
         self.executor.shutdown(wait=False)

@@ -86,12 +86,22 @@ async def wait_until(condition: Callable[[], bool], timeout: float, *interrupts:
     return True
 
 
-async def serve(config: EngineConfig, metrics: RuntimeMetrics, host: str, port: int, shutdown_grace: float,
-                stop: asyncio.Event, force: asyncio.Event | None = None,
-                engine_factory: EngineFactory = load_engine,
-                on_listening: Callable[[int], None] | None = None, shutdown_delay: float = 0.0,
-                on_failure: Callable[[str], None] | None = None, api_keys: tuple[str, ...] = (),
-                admission: AdmissionSettings | None = None, freeze_heap: bool = False) -> int:
+async def serve(
+    config: EngineConfig,
+    metrics: RuntimeMetrics,
+    host: str,
+    port: int,
+    shutdown_grace: float,
+    stop: asyncio.Event,
+    force: asyncio.Event | None = None,
+    engine_factory: EngineFactory = load_engine,
+    on_listening: Callable[[int], None] | None = None,
+    shutdown_delay: float = 0.0,
+    on_failure: Callable[[str], None] | None = None,
+    api_keys: tuple[str, ...] = (),
+    admission: AdmissionSettings | None = None,
+    freeze_heap: bool = False,
+) -> int:
     """Serve until ``stop`` is set; return the process exit code.
 
     ``freeze_heap``: once the engine is up, move every object then alive out of the garbage
@@ -112,11 +122,16 @@ async def serve(config: EngineConfig, metrics: RuntimeMetrics, host: str, port: 
             on_failure(reason)
         return 1
 
-    state = ServerState(config.model_name, metrics, config.model, api_keys,
-                        Admission(admission) if admission is not None else None)
+    state = ServerState(
+        config.model_name, metrics, config.model, api_keys, Admission(admission) if admission is not None else None
+    )
     state.grammars.tool_call_parser = config.tool_call_parser
-    runner = web.AppRunner(build_app(state), handler_cancellation=True, shutdown_timeout=FINAL_WRITE_SECONDS,
-                           access_log_class=QuietAccessLogger)
+    runner = web.AppRunner(
+        build_app(state),
+        handler_cancellation=True,
+        shutdown_timeout=FINAL_WRITE_SECONDS,
+        access_log_class=QuietAccessLogger,
+    )
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
@@ -166,8 +181,9 @@ async def serve(config: EngineConfig, metrics: RuntimeMetrics, host: str, port: 
         log.info("Stopped")
 
 
-async def load_or_stop(config: EngineConfig, metrics: RuntimeMetrics, factory: EngineFactory,
-                       stop: asyncio.Event) -> Any:
+async def load_or_stop(
+    config: EngineConfig, metrics: RuntimeMetrics, factory: EngineFactory, stop: asyncio.Event
+) -> Any:
     loading = in_daemon_thread(lambda: factory(config, metrics))
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait({loading, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -185,8 +201,11 @@ async def shutdown_delay_phase(state: ServerState, delay: float, force: asyncio.
     and keep-alive clients keep sending here for a while yet, and those requests should succeed.
     """
     state.set_stopping()
-    log.info("Stopping: health is 503 now; still serving new requests for %.1fs, each told Connection: close "
-             "(%d in flight)", delay, len(state.tracker))
+    log.info(
+        "Stopping: health is 503 now; still serving new requests for %.1fs, each told Connection: close (%d in flight)",
+        delay,
+        len(state.tracker),
+    )
     try:
         await asyncio.wait_for(force.wait(), delay)
         log.warning("Shutdown delay cut short by a second signal")
@@ -212,8 +231,7 @@ def close_idle_connections(runner: web.AppRunner) -> int:
 
 async def drain(state: ServerState, grace: float, force: asyncio.Event) -> None:
     state.set_draining()
-    log.info("Draining: no longer admitting requests; %d in flight, up to %.1fs to finish",
-             len(state.tracker), grace)
+    log.info("Draining: no longer admitting requests; %d in flight, up to %.1fs to finish", len(state.tracker), grace)
     if await wait_until(lambda: not state.tracker.active, grace, force):
         log.info("Drained: every in-flight request finished")
         return

@@ -48,14 +48,25 @@ class Sampling:
             return value if value is not None else defaults.get(name, fallback)
 
         return SamplingParams(
-            max_tokens=max_tokens, temperature=float(pick(self.temperature, "temperature", 1.0)),
-            top_p=float(pick(self.top_p, "top_p", 1.0)), top_k=max(int(pick(self.top_k, "top_k", 0)), 0),
+            max_tokens=max_tokens,
+            temperature=float(pick(self.temperature, "temperature", 1.0)),
+            top_p=float(pick(self.top_p, "top_p", 1.0)),
+            top_k=max(int(pick(self.top_k, "top_k", 0)), 0),
             min_p=float(pick(self.min_p, "min_p", 0.0)),
             repetition_penalty=float(pick(self.repetition_penalty, "repetition_penalty", 1.0)),
-            seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
-            n=self.n, presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-            logit_bias=self.logit_bias, min_tokens=self.min_tokens, logprobs=self.logprobs,
-            prompt_logprobs=self.logprobs if self.echo else None, priority=self.priority or 0)
+            seed=self.seed,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            n=self.n,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias=self.logit_bias,
+            min_tokens=self.min_tokens,
+            logprobs=self.logprobs,
+            prompt_logprobs=self.logprobs if self.echo else None,
+            priority=self.priority or 0,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +120,9 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise invalid(f"The request body is not valid JSON: {exc}", None, "invalid_json") from None
     except RecursionError:  # the parser recurses once per level of nesting
-        raise invalid("The request body is not valid JSON: its arrays and objects nest too deeply", None,
-                      "invalid_json") from None
+        raise invalid(
+            "The request body is not valid JSON: its arrays and objects nest too deeply", None, "invalid_json"
+        ) from None
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object", None, "invalid_json")
     return body
@@ -234,9 +246,11 @@ def max_tokens_field(body: dict, names: tuple[str, ...], allow_zero: bool) -> tu
     """The output limit under any of its names; two names with different values are refused."""
     given = [(name, value) for name in names if (value := optional_int(body, name)) is not None]
     if len({value for _, value in given}) > 1:
-        raise invalid(f"'max_completion_tokens' and 'max_tokens' name the same limit and differ "
-                      f"({body['max_completion_tokens']} and {body['max_tokens']}); send one",
-                      "max_completion_tokens")
+        raise invalid(
+            f"'max_completion_tokens' and 'max_tokens' name the same limit and differ "
+            f"({body['max_completion_tokens']} and {body['max_tokens']}); send one",
+            "max_completion_tokens",
+        )
     if not given:
         return None, names[0]
     name, value = given[0]
@@ -246,23 +260,26 @@ def max_tokens_field(body: dict, names: tuple[str, ...], allow_zero: bool) -> tu
     return value, name
 
 
-def sampling(body: dict, max_tokens_names: tuple[str, ...], logprobs: int | None = None,
-             echo: bool = False) -> Sampling:
+def sampling(
+    body: dict, max_tokens_names: tuple[str, ...], logprobs: int | None = None, echo: bool = False
+) -> Sampling:
     # max_tokens 0 is allowed with echo: the prompt's logprobs and nothing generated
     max_tokens, max_tokens_param = max_tokens_field(body, max_tokens_names, allow_zero=echo)
     n = int_in(body, "n", 1, MAX_N) or 1
     best_of = optional_int(body, "best_of")
     if best_of is not None and best_of != n:
-        raise invalid(f"'best_of' must equal 'n' ({n}) when given: this server returns every choice it "
-                      f"generates, got {best_of}", "best_of", "unsupported_value")
+        raise invalid(
+            f"'best_of' must equal 'n' ({n}) when given: this server returns every choice it generates, got {best_of}",
+            "best_of",
+            "unsupported_value",
+        )
     seed = optional_int(body, "seed")
     if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
         raise invalid("'seed' must fit in 64 bits", "seed")
     stop_ids = body.get("stop_token_ids")
     min_tokens = optional_int(body, "min_tokens", minimum=0) or 0
     if max_tokens is not None and min_tokens > max_tokens:
-        raise invalid(f"'min_tokens' ({min_tokens}) must not exceed '{max_tokens_param}' ({max_tokens})",
-                      "min_tokens")
+        raise invalid(f"'min_tokens' ({min_tokens}) must not exceed '{max_tokens_param}' ({max_tokens})", "min_tokens")
     top_k = optional_int(body, "top_k", minimum=-1)
     return Sampling(
         max_tokens=max_tokens,
@@ -296,8 +313,10 @@ def header_priority(value: str | None) -> int:
     try:
         return int(value)
     except ValueError:
-        raise invalid(f"The header X-Goodput-Priority must be online, batch or an integer, got {shown(value)}",
-                      "X-Goodput-Priority") from None
+        raise invalid(
+            f"The header X-Goodput-Priority must be online, batch or an integer, got {shown(value)}",
+            "X-Goodput-Priority",
+        ) from None
 
 
 def model_name(body: dict) -> str:
@@ -328,9 +347,14 @@ def parse_completion(body: dict) -> CompletionRequest:
     stream = boolean(body, "stream")
     echo = boolean(body, "echo")
     logprobs = int_in(body, "logprobs", 0, MAX_LOGPROBS)
-    return CompletionRequest(model_name(body), completion_prompt(body.get("prompt")),
-                             sampling(body, ("max_tokens", "max_completion_tokens"), logprobs, echo), stream,
-                             include_usage(body, stream), guide(body))
+    return CompletionRequest(
+        model_name(body),
+        completion_prompt(body.get("prompt")),
+        sampling(body, ("max_tokens", "max_completion_tokens"), logprobs, echo),
+        stream,
+        include_usage(body, stream),
+        guide(body),
+    )
 
 
 GUIDED_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
@@ -338,8 +362,12 @@ GUIDED_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choic
 
 def guide(body: dict) -> Guide | None:
     """The grammar asked for by response_format or one of vLLM's guided_* fields (at most one of them)."""
-    given = [name for name in GUIDED_FIELDS if body.get(name) is not None
-             and not (name == "response_format" and isinstance(body[name], dict) and body[name].get("type") == "text")]
+    given = [
+        name
+        for name in GUIDED_FIELDS
+        if body.get(name) is not None
+        and not (name == "response_format" and isinstance(body[name], dict) and body[name].get("type") == "text")
+    ]
     if len(given) > 1:
         raise invalid(f"'{given[0]}' and '{given[1]}' both constrain the output; send one", given[1])
     if not given:
@@ -375,8 +403,10 @@ def response_format(value: Any) -> Guide | None:
         raise wrong_type("response_format", "an object")
     kind = value.get("type")
     if kind not in ("text", "json_object", "json_schema"):
-        raise invalid(f"'response_format.type' must be one of text, json_object, json_schema, got {shown(kind)}",
-                      "response_format.type")
+        raise invalid(
+            f"'response_format.type' must be one of text, json_object, json_schema, got {shown(kind)}",
+            "response_format.type",
+        )
     if kind == "text":
         return None
     if kind == "json_object":
@@ -442,13 +472,23 @@ def parse_chat(body: dict) -> ChatRequest:
     parallel = boolean(body, "parallel_tool_calls", default=True)
     output_guide = guide(body)
     if output_guide is not None and tools and choice not in ("none", "auto"):
-        raise invalid(f"'{output_guide.param}' cannot be combined with 'tool_choice' {shown(choice)}: the output "
-                      "is a tool call", output_guide.param)
+        raise invalid(
+            f"'{output_guide.param}' cannot be combined with 'tool_choice' {shown(choice)}: the output is a tool call",
+            output_guide.param,
+        )
     if tools and choice not in ("none", "auto"):
         output_guide = Guide(tool_call_spec(tools, choice, parallel), "tools", "tool_call")
-    return ChatRequest(model_name(body), chat_messages(body.get("messages")),
-                       sampling(body, ("max_completion_tokens", "max_tokens"), logprobs), stream,
-                       include_usage(body, stream), output_guide, tools, choice, parallel)
+    return ChatRequest(
+        model_name(body),
+        chat_messages(body.get("messages")),
+        sampling(body, ("max_completion_tokens", "max_tokens"), logprobs),
+        stream,
+        include_usage(body, stream),
+        output_guide,
+        tools,
+        choice,
+        parallel,
+    )
 
 
 def tool_list(value: Any) -> tuple[Tool, ...]:
@@ -489,15 +529,17 @@ def tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
         raise invalid("'tool_choice' needs 'tools'", "tool_choice")
     if isinstance(value, str):
         if value not in ("none", "auto", "required"):
-            raise invalid(f"'tool_choice' must be none, auto, required or a function object, got {shown(value)}",
-                          "tool_choice")
+            raise invalid(
+                f"'tool_choice' must be none, auto, required or a function object, got {shown(value)}", "tool_choice"
+            )
         return value
     if not isinstance(value, dict) or value.get("type") != "function" or not isinstance(value.get("function"), dict):
         raise wrong_type("tool_choice", 'none, auto, required or {"type": "function", "function": {"name": ...}}')
     name = value["function"].get("name")
     if not any(t.name == name for t in tools):
-        raise invalid(f"'tool_choice.function.name' names no tool in 'tools': {shown(name)}",
-                      "tool_choice.function.name")
+        raise invalid(
+            f"'tool_choice.function.name' names no tool in 'tools': {shown(name)}", "tool_choice.function.name"
+        )
     return name
 
 
@@ -506,10 +548,19 @@ def tool_call_spec(tools: tuple[Tool, ...], choice: str, parallel: bool) -> Gram
     object; a required call is a JSON array of {"name", "parameters"} objects, one at least."""
     if choice != "required":
         return GrammarSpec.json_schema(next(t.parameters for t in tools if t.name == choice))
-    calls = [{"type": "object", "properties": {"name": {"enum": [t.name]}, "parameters": t.parameters},
-              "required": ["name", "parameters"]} for t in tools]
-    schema: dict[str, Any] = {"type": "array", "minItems": 1,
-                              "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"enum": [t.name]}, "parameters": t.parameters},
+            "required": ["name", "parameters"],
+        }
+        for t in tools
+    ]
+    schema: dict[str, Any] = {
+        "type": "array",
+        "minItems": 1,
+        "items": calls[0] if len(calls) == 1 else {"anyOf": calls},
+    }
     if not parallel:
         schema["maxItems"] = 1
     return GrammarSpec.json_schema(schema)
@@ -533,8 +584,10 @@ def chat_message(message: Any, where: str) -> dict[str, Any]:
         raise missing(f"{where}.role")
     if role not in ROLES:
         raise invalid(f"'{where}.role' must be one of {', '.join(ROLES)}, got {shown(role)}", f"{where}.role")
-    parsed: dict[str, Any] = {"role": role, "content": message_content(message.get("content"), role,
-                                                                       f"{where}.content")}
+    parsed: dict[str, Any] = {
+        "role": role,
+        "content": message_content(message.get("content"), role, f"{where}.content"),
+    }
     if role == "assistant" and message.get("tool_calls") is not None:
         parsed["tool_calls"] = message_tool_calls(message["tool_calls"], f"{where}.tool_calls")
     if role == "tool":
@@ -564,12 +617,18 @@ def message_tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
             try:
                 arguments = json.loads(arguments or "{}")
             except json.JSONDecodeError:
-                raise invalid(f"'{at}.function.arguments' must be a JSON object's text", f"{at}.function.arguments") \
-                    from None
+                raise invalid(
+                    f"'{at}.function.arguments' must be a JSON object's text", f"{at}.function.arguments"
+                ) from None
         if not isinstance(arguments, dict):
             raise wrong_type(f"{at}.function.arguments", "a JSON object's text")
-        calls.append({"id": call.get("id") if isinstance(call.get("id"), str) else f"call_{i}", "type": "function",
-                      "function": {"name": function["name"], "arguments": arguments}})
+        calls.append(
+            {
+                "id": call.get("id") if isinstance(call.get("id"), str) else f"call_{i}",
+                "type": "function",
+                "function": {"name": function["name"], "arguments": arguments},
+            }
+        )
     return calls
 
 
@@ -585,9 +644,11 @@ def message_content(content: Any, role: str, where: str) -> str:
         for i, part in enumerate(content):
             is_text = isinstance(part, dict) and part.get("type") == "text"
             if not (is_text and isinstance(part.get("text"), str)):
-                raise invalid(f"'{where}[{i}]' must be a text part: only text content is supported",
-                              f"{where}[{i}]", "unsupported_value")
+                raise invalid(
+                    f"'{where}[{i}]' must be a text part: only text content is supported",
+                    f"{where}[{i}]",
+                    "unsupported_value",
+                )
             texts.append(part["text"])
         return "".join(texts)
     raise wrong_type(where, "a string or a list of text parts")
-

@@ -14,9 +14,12 @@ LOGPROB_FLOOR = -9999.0  # -inf (a token the request ruled out) is not JSON; rep
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
 
 
 def byte_level_alphabet() -> dict[str, int]:
@@ -103,8 +106,14 @@ class Shape:
         self.id = self.id or f"{self.prefix}-{uuid.uuid4().hex}"
 
     def envelope(self, obj: str, choices: list[dict]) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": None, "choices": choices}
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
 
     def chunk_envelope(self, choices: list[dict]) -> dict:
         body = self.envelope(self.chunk_object, choices)
@@ -123,14 +132,15 @@ class Shape:
         the piece's text. None for no tokens."""
         return None
 
-    def chunk(self, text: str, finish_reason: str | None = None, index: int = 0,
-              logprobs: dict | None = None) -> dict:
+    def chunk(self, text: str, finish_reason: str | None = None, index: int = 0, logprobs: dict | None = None) -> dict:
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return self.chunk_envelope([choice])
 
     def response(self, choices: list[Choice], counts: dict) -> dict:
-        body = [{"index": c.index, "text": c.text, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
-                for c in choices]
+        body = [
+            {"index": c.index, "text": c.text, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
+            for c in choices
+        ]
         return {**self.envelope(self.object_name, body), "usage": counts}
 
 
@@ -162,8 +172,12 @@ class CompletionShape(Shape):
             top.setdefault(token, floor(entry.logprob))
             top_logprobs.append(top)
         self.offsets[index] = offset
-        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-                "text_offset": text_offset}
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top_logprobs,
+            "text_offset": text_offset,
+        }
 
 
 @dataclass
@@ -172,8 +186,9 @@ class ChatShape(Shape):
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def delta(self, delta: dict, finish_reason: str | None = None, index: int = 0,
-              logprobs: dict | None = None) -> dict:
+    def delta(
+        self, delta: dict, finish_reason: str | None = None, index: int = 0, logprobs: dict | None = None
+    ) -> dict:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return self.chunk_envelope([choice])
 
@@ -187,17 +202,21 @@ class ChatShape(Shape):
         def item(token_id: int, logprob: float) -> dict:
             return {"token": name(token_id), "logprob": floor(logprob), "bytes": name.bytes(token_id)}
 
-        content = [{**item(token_id, entry.logprob), "top_logprobs": [item(t, lp) for t, lp in entry.top]}
-                   for token_id, entry in entries if entry is not None]
+        content = [
+            {**item(token_id, entry.logprob), "top_logprobs": [item(t, lp) for t, lp in entry.top]}
+            for token_id, entry in entries
+            if entry is not None
+        ]
         return {"content": content, "refusal": None}
 
-    def chunk(self, text: str, finish_reason: str | None = None, index: int = 0,
-              logprobs: dict | None = None) -> dict:
+    def chunk(self, text: str, finish_reason: str | None = None, index: int = 0, logprobs: dict | None = None) -> dict:
         return self.delta({"content": text} if text or logprobs else {}, finish_reason, index, logprobs)
 
     def response(self, choices: list[Choice], counts: dict) -> dict:
-        body = [{"index": c.index, "message": message(c), "logprobs": c.logprobs, "finish_reason": c.finish_reason}
-                for c in choices]
+        body = [
+            {"index": c.index, "message": message(c), "logprobs": c.logprobs, "finish_reason": c.finish_reason}
+            for c in choices
+        ]
         return {**self.envelope(self.object_name, body), "usage": counts}
 
 

@@ -17,8 +17,9 @@ from goodput_runtime.server.prompts import chat_prompt_ids, check_vocabulary
 from goodput_runtime.server.protocol import boolean, chat_messages, int_list, parse_json, reject_unknown
 
 PROMPT_FIELDS = frozenset({"model", "prompt", "add_special_tokens", "return_token_strs"})
-CHAT_FIELDS = frozenset({"model", "messages", "add_generation_prompt", "continue_final_message", "add_special_tokens",
-                         "return_token_strs"})
+CHAT_FIELDS = frozenset(
+    {"model", "messages", "add_generation_prompt", "continue_final_message", "add_special_tokens", "return_token_strs"}
+)
 DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
 
 
@@ -48,13 +49,22 @@ async def tokenize(request: web.Request, state: Any) -> web.Response:
         generation_prompt = boolean(body, "add_generation_prompt", True)
         continue_final = boolean(body, "continue_final_message")
         if generation_prompt and continue_final:
-            raise invalid("'continue_final_message' continues the last message, so it needs "
-                          "'add_generation_prompt' set to false", "continue_final_message")
+            raise invalid(
+                "'continue_final_message' continues the last message, so it needs 'add_generation_prompt' set to false",
+                "continue_final_message",
+            )
         if continue_final and messages[-1]["role"] != "assistant":
-            raise invalid("'continue_final_message' needs the last message to be the assistant's",
-                          "continue_final_message")
-        tokens = chat_prompt_ids(tokenizer, messages, state.model_name, generation_prompt, continue_final,
-                                 boolean(body, "add_special_tokens"))
+            raise invalid(
+                "'continue_final_message' needs the last message to be the assistant's", "continue_final_message"
+            )
+        tokens = chat_prompt_ids(
+            tokenizer,
+            messages,
+            state.model_name,
+            generation_prompt,
+            continue_final,
+            boolean(body, "add_special_tokens"),
+        )
     else:
         prompt = body.get("prompt")
         if prompt is None:
@@ -62,8 +72,14 @@ async def tokenize(request: web.Request, state: Any) -> web.Response:
         if not isinstance(prompt, str):
             raise wrong_type("prompt", "a string")
         tokens = list(tokenizer(prompt, add_special_tokens=boolean(body, "add_special_tokens", True)).input_ids)
-    return web.json_response({"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens,
-                              "token_strs": tokenizer.convert_ids_to_tokens(tokens) if want_strs else None})
+    return web.json_response(
+        {
+            "count": len(tokens),
+            "max_model_len": engine.max_model_len,
+            "tokens": tokens,
+            "token_strs": tokenizer.convert_ids_to_tokens(tokens) if want_strs else None,
+        }
+    )
 
 
 async def detokenize(request: web.Request, state: Any) -> web.Response:

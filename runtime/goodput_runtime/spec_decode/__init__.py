@@ -23,8 +23,13 @@ def can_speculate(params: SamplingParams, seq: Any) -> bool:
     """Whether a sequence's next tokens may be proposed: not for logprobs (each accepted token would
     need its own), penalties, logit bias or a minimum length (the logits of a later position depend on
     the tokens before it), a grammar, or an embedding request."""
-    return (params.logprobs is None and not params.penalized and params.max_tokens > 0
-            and getattr(seq, "grammar", None) is None and getattr(seq, "pooling", None) is None)
+    return (
+        params.logprobs is None
+        and not params.penalized
+        and params.max_tokens > 0
+        and getattr(seq, "grammar", None) is None
+        and getattr(seq, "pooling", None) is None
+    )
 
 
 class Proposer(Protocol):

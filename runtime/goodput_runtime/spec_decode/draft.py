@@ -48,8 +48,10 @@ class DraftProposer:
             if not live:
                 break
             shadows = [self.shadows[requests[i][0]] for i in live]
-            items = [StepItem(s.token_ids[s.num_computed_tokens :], s.num_computed_tokens, list(s.block_table), True)
-                     for s in shadows]
+            items = [
+                StepItem(s.token_ids[s.num_computed_tokens :], s.num_computed_tokens, list(s.block_table), True)
+                for s in shadows
+            ]
             # the runner's step layout: single-token decodes first, longest context first (see plan_step)
             order = sorted(range(len(items)), key=lambda j: (len(items[j].token_ids) != 1, -items[j].context_len))
             ordered = self.runner.execute([items[j] for j in order]).argmax(dim=-1).tolist()

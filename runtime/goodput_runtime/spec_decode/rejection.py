@@ -73,8 +73,9 @@ def _rejection_sample(logits: torch.Tensor, groups: list[SpecGroup], sampler: Sa
     draft_rows = [starts[i] + j for i, g in enumerate(groups) for j in range(len(g.draft))]
     drafted = [t for g in groups for t in g.draft]
     accept = probs[torch.tensor(draft_rows, device=device), torch.tensor(drafted, device=device)]
-    uniforms = _random(groups, sampler, device, lambda g: len(g.draft), lambda n, gen: torch.rand(
-        n, generator=gen, device=device))
+    uniforms = _random(
+        groups, sampler, device, lambda g: len(g.draft), lambda n, gen: torch.rand(n, generator=gen, device=device)
+    )
     rejected = (uniforms >= accept).tolist()
     kept_counts = []
     at = 0
@@ -87,8 +88,13 @@ def _rejection_sample(logits: torch.Tensor, groups: list[SpecGroup], sampler: Sa
     if residual:  # max(0, p - q) for a one-hot q: p without the rejected token
         last[[i for i, _ in residual], [t for _, t in residual]] = 0.0
     vocab = last.shape[1]
-    noise = _random(groups, sampler, device, lambda g: vocab, lambda n, gen: torch.empty(
-        n, device=device).exponential_(generator=gen)).view(len(groups), vocab)
+    noise = _random(
+        groups,
+        sampler,
+        device,
+        lambda g: vocab,
+        lambda n, gen: torch.empty(n, device=device).exponential_(generator=gen),
+    ).view(len(groups), vocab)
     drawn = (last / noise).argmax(dim=-1).tolist()
     return [[*g.draft[:n], t] for g, n, t in zip(groups, kept_counts, drawn, strict=True)]
 

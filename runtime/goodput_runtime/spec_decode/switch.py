@@ -63,8 +63,12 @@ class SpeculationSwitch:
     def decide(self, num_running: int) -> bool:
         active = 0 < num_running <= self.max_batch
         if active != self.active and num_running:
-            log.info("Speculative decoding %s: %d running requests, threshold %d",
-                     "on" if active else "off", num_running, self.max_batch)
+            log.info(
+                "Speculative decoding %s: %d running requests, threshold %d",
+                "on" if active else "off",
+                num_running,
+                self.max_batch,
+            )
             self.active = active
         return active
 

@@ -40,8 +40,12 @@ KINDS = ("json_object", "json_schema", "regex", "choice", "grammar", "structural
 # does not implement is an error, never ignored, and oneOf is not loosened to anyOf. These are
 # overrides: a schema's own "x-guidance" settings cannot change them.
 JSON_OPTIONS: JsonCompileOptions = {
-    "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
-    "lenient": False, "coerce_one_of": False}
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "lenient": False,
+    "coerce_one_of": False,
+}
 SOURCE_LINE = re.compile(r"^\s*[0-9]+ \| ")
 POSITION = re.compile(r"^at [0-9]+\([0-9]+\): ")
 PARALLEL_FILL_ROWS = 4  # from this many grammar rows a step fills their masks on the engine's threads
@@ -122,8 +126,9 @@ class CompiledGrammar:
 
     __slots__ = ("pristine", "spec", "stop_token_ids", "words")
 
-    def __init__(self, pristine: llguidance.LLMatcher, spec: GrammarSpec, stop_token_ids: list[int],
-                 words: int) -> None:
+    def __init__(
+        self, pristine: llguidance.LLMatcher, spec: GrammarSpec, stop_token_ids: list[int], words: int
+    ) -> None:
         self.pristine = pristine  # never advanced: each choice's matcher is a copy of it
         self.spec = spec
         self.stop_token_ids = stop_token_ids
@@ -136,13 +141,20 @@ class CompiledGrammar:
 class GrammarCompiler:
     """Compiles specs against one tokenizer; thread-safe, with a bounded LRU of compiled grammars."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int],
-                 cache_size: int = CACHE_SIZE, observe: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: Iterable[int],
+        cache_size: int = CACHE_SIZE,
+        observe: Callable[[float], None] | None = None,
+    ) -> None:
         self.stop_token_ids = sorted(stop_token_ids)
         self.vocab_size = vocab_size
         # a grammar ends on any of the model's end tokens (the tokenizer's own when it names none)
-        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size,
-                                                      eos_token=self.stop_token_ids or None)
+        self.tokenizer = llguidance.hf.from_tokenizer(
+            tokenizer, n_vocab=vocab_size, eos_token=self.stop_token_ids or None
+        )
         self.cache: OrderedDict[GrammarSpec, CompiledGrammar] = OrderedDict()
         self.cache_size = cache_size
         self.lock = threading.Lock()
@@ -249,8 +261,12 @@ def _close(schema: Any) -> Any:
             out[keyword] = [_close(sub) for sub in out[keyword]]
     properties = out.get("properties")
     required = out.get("required", [])
-    if (isinstance(properties, dict) and not any(k in out for k in OPEN_KEYWORDS)
-            and isinstance(required, list) and all(name in properties for name in required)):
+    if (
+        isinstance(properties, dict)
+        and not any(k in out for k in OPEN_KEYWORDS)
+        and isinstance(required, list)
+        and all(name in properties for name in required)
+    ):
         out["additionalProperties"] = False
     return out
 
@@ -281,8 +297,11 @@ def structural_lark(parts: list[dict]) -> str:
         if "text" in part:
             rules.append(f"part{i}: {lark_string(part['text'])}")
         else:
-            options = {k: v for k, v in JSON_OPTIONS.items() if k in ("whitespace_flexible", "item_separator",
-                                                                         "key_separator", "lenient")}
+            options = {
+                k: v
+                for k, v in JSON_OPTIONS.items()
+                if k in ("whitespace_flexible", "item_separator", "key_separator", "lenient")
+            }
             schema = {**closed_objects(part["schema"]), "x-guidance": options}
             rules.append(f"part{i}: %json {json.dumps(schema)}")
     return "\n".join([f"start: {' '.join(names)}", *rules])

