@@ -297,9 +297,9 @@ def paged_attention(
     new tokens only; returns [1, T, H, D]."""
     out = attend(
         kwargs["paged"],
-        module.layer_idx,
+        module.layer_idx,  # type: ignore[arg-type]
         query[0].transpose(0, 1),
-        key[0].transpose(0, 1),  # type: ignore[arg-type]
+        key[0].transpose(0, 1),
         value[0].transpose(0, 1),
         scaling,
         sliding_window,

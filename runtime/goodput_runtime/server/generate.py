@@ -225,9 +225,9 @@ async def stream_events(
                 for i, delta in enumerate(deltas or ([{}] if logprobs else [])):
                     await response.write(
                         event(
-                            shape.delta(
+                            shape.delta(  # type: ignore[attr-defined]
                                 delta,
-                                index=out.index,  # type: ignore[attr-defined]
+                                index=out.index,
                                 logprobs=logprobs if i == 0 else None,
                             )
                         )
