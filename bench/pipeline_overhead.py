@@ -149,9 +149,9 @@ def step_means(url: str) -> dict[str, dict[str, float]]:
 
 
 def rules_in_process(iterations: int) -> dict[str, float]:
+    from goodput_contract.api.pipeline_spec import parse_pipeline
     from goodput_gateway.pipelines.rules import RuleSet
     from goodput_gateway.pipelines.stream import OutputFilter
-    from goodput_operator.pipeline_spec import parse_pipeline
 
     steps = parse_pipeline("bench", "bench", {"steps": PIPELINES["output-64"]}).steps
     rules = RuleSet(steps[1].rules)

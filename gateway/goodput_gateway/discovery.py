@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from goodput_contract.api.spec import SpecError, parse
 from goodput_operator.k8s import ApiError, Kube, owner_collection
-from goodput_operator.spec import SpecError, parse
 
 logger = logging.getLogger(__name__)
 SERVICE_LABEL = "serving.goodput.dev/service"

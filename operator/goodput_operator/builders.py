@@ -7,11 +7,12 @@ from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
+from goodput_contract.api import GROUP, KIND, VERSION
+from goodput_contract.api.spec import ServiceSpec
 from goodput_contract.metrics import ENGINE_METRICS
 from goodput_operator import engines
 from goodput_operator.engines import MODEL_CACHE_DIR, RUNTIME_PORT, SHUTDOWN_DELAY_SECONDS, SOURCE_MOUNT
-from goodput_operator.settings import DEFAULT_HF_ENDPOINT, GROUP, KIND, VERSION, Settings
-from goodput_operator.spec import ServiceSpec
+from goodput_operator.settings import DEFAULT_HF_ENDPOINT, Settings
 
 SERVICE_PORT = 80
 SERVICE_LABEL = f"{GROUP}/service"

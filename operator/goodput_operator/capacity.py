@@ -15,8 +15,8 @@ from typing import Any
 from goodput_contract import architectures as arch
 from goodput_contract import parallel
 from goodput_contract import quantization as quant
-from goodput_operator.quantity import quantity_bytes
-from goodput_operator.spec import Resources
+from goodput_contract.api.quantity import quantity_bytes
+from goodput_contract.api.spec import Resources
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 QUANTIZED_BYTES = quant.WEIGHT_BYTES

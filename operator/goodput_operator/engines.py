@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from goodput_contract import api_keys, flags
+from goodput_contract.api.spec import ModelSource, ServiceSpec, SpecError
 from goodput_operator.settings import Settings
-from goodput_operator.spec import ModelSource, ServiceSpec, SpecError
 
 GOODPUT, VLLM, SGLANG = "goodput", "vllm", "sglang"
 RUNTIME_PORT = 8000  # every engine listens here, serving the API, its health check and /metrics

@@ -14,6 +14,7 @@ from typing import Any
 import kopf
 import prometheus_client
 
+from goodput_contract.api import GROUP, KIND, PLURAL, VERSION
 from goodput_operator import metrics, pipelines
 from goodput_operator.autoscaling.loop import Autoscaler
 from goodput_operator.builders import MANAGED_BY, SERVICE_LABEL
@@ -21,7 +22,7 @@ from goodput_operator.context import CHANGE, RESUME, RESYNC, Context
 from goodput_operator.hub import ConfigFetcher, Waiter
 from goodput_operator.k8s import ApiError, Kube, load_config, owner_collection
 from goodput_operator.reconcile import reconcile, reconcile_by_name
-from goodput_operator.settings import GROUP, KIND, PLURAL, VERSION, Settings
+from goodput_operator.settings import Settings
 
 logger = logging.getLogger(__name__)
 OWNED = {"app.kubernetes.io/managed-by": MANAGED_BY}
@@ -103,7 +104,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
 
     @kopf.on.startup(id="startup", registry=registry)
     async def startup(memo: kopf.Memo, **_: Any) -> None:
-        kube = Kube(load_config(), settings.field_manager)
+        kube = Kube(load_config(), settings.field_manager, on_write=metrics.count_write)
         fetcher = ConfigFetcher(
             settings.hf_endpoint,
             settings.hub_timeout_seconds,

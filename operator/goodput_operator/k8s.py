@@ -12,6 +12,7 @@ import asyncio
 import base64
 import json
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from functools import partial
@@ -20,8 +21,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from goodput_operator import metrics
-from goodput_operator.settings import GROUP, PLURAL, VERSION
+from goodput_contract.api import GROUP, PLURAL, VERSION
 
 API_THREADS = 16  # API calls the operator has out at once, at most
 PLURALS = {
@@ -152,9 +152,15 @@ def apply_body(manifest: dict[str, Any]) -> bytes:
 
 
 class Kube:
-    def __init__(self, api: kubernetes.client.ApiClient, field_manager: str) -> None:
+    """`on_write(verb)` is called before each write (any method but GET): the caller counts them in its
+    own metrics, so a process that imports this module exports only the series it registered itself."""
+
+    def __init__(
+        self, api: kubernetes.client.ApiClient, field_manager: str, on_write: Callable[[str], None] | None = None
+    ) -> None:
         self._api = api
         self.field_manager = field_manager
+        self._on_write = on_write
         # blocking client calls run here, not in the loop's default executor (cpus + 4 threads): each
         # reconcile slot may have several calls out at once
         self._pool = ThreadPoolExecutor(API_THREADS, thread_name_prefix="kube")
@@ -185,8 +191,8 @@ class Kube:
         return json.loads(data) if data else None
 
     async def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        if method != "GET":
-            metrics.API_WRITES.labels(verb=method, trigger=metrics.TRIGGER.get()).inc()
+        if method != "GET" and self._on_write is not None:
+            self._on_write(method)
         return await asyncio.get_running_loop().run_in_executor(self._pool, partial(self._call, method, path, **kwargs))
 
     async def get(self, path: str, any_version: bool = False) -> dict[str, Any] | None:

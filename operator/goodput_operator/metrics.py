@@ -33,6 +33,13 @@ API_WRITES = Counter(
 )
 # what started the pass now running in this task (the label above); set by reconcile.reconcile
 TRIGGER: contextvars.ContextVar[str] = contextvars.ContextVar("trigger", default="other")
+
+
+def count_write(verb: str) -> None:
+    """The operator's `Kube.on_write`: one write, labelled with the pass that sent it."""
+    API_WRITES.labels(verb=verb, trigger=TRIGGER.get()).inc()
+
+
 RESYNCS = Counter("goodput_operator_resyncs_total", "Resyncs of every service finished.")
 RESYNC_SECONDS = Gauge("goodput_operator_resync_duration_seconds", "Time the last resync of every service took.")
 RUNTIME_FAILURES = Counter(

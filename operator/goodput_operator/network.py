@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from goodput_contract.api.spec import ServiceSpec
 from goodput_operator import engines
 from goodput_operator.builders import Manifest, child_metadata, deployment_name, selector_labels
 from goodput_operator.settings import Settings
-from goodput_operator.spec import ServiceSpec
 
 API_VERSION = "networking.k8s.io/v1"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by the API server (1.21+)

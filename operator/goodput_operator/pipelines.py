@@ -13,19 +13,18 @@ from typing import Any
 
 import kopf
 
+from goodput_contract.api import GROUP, PIPELINE_PLURAL, VERSION
+from goodput_contract.api.pipeline_spec import PipelineSpec, SpecError, parse_pipeline
 from goodput_operator import conditions
 from goodput_operator.conditions import FALSE, READY, TRUE, VALID, Condition
 from goodput_operator.context import Context
 from goodput_operator.k8s import now_timestamp, owner_path
-from goodput_operator.pipeline_spec import PipelineSpec, SpecError, parse_pipeline
-from goodput_operator.settings import GROUP, VERSION
 
 logger = logging.getLogger(__name__)
-PIPELINES = "inferencepipelines"
 
 
 def pipeline_path(namespace: str, name: str | None = None) -> str:
-    base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PIPELINES}"
+    base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PIPELINE_PLURAL}"
     return f"{base}/{name}" if name else base
 
 
@@ -135,15 +134,15 @@ async def service_event(ctx: Context, event_type: str | None, body: dict[str, An
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
-    @kopf.on.resume(GROUP, VERSION, PIPELINES, id="pipeline", registry=registry)
-    @kopf.on.create(GROUP, VERSION, PIPELINES, id="pipeline", registry=registry)
-    @kopf.on.update(GROUP, VERSION, PIPELINES, id="pipeline", registry=registry)
+    @kopf.on.resume(GROUP, VERSION, PIPELINE_PLURAL, id="pipeline", registry=registry)
+    @kopf.on.create(GROUP, VERSION, PIPELINE_PLURAL, id="pipeline", registry=registry)
+    @kopf.on.update(GROUP, VERSION, PIPELINE_PLURAL, id="pipeline", registry=registry)
     async def pipeline_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await reconcile_pipeline(
             memo.ctx, {"metadata": dict(body.metadata), "spec": dict(body.spec), "status": dict(body.status)}
         )
 
-    @kopf.on.event(GROUP, VERSION, PIPELINES, id="pipeline-calls", registry=registry)
+    @kopf.on.event(GROUP, VERSION, PIPELINE_PLURAL, id="pipeline-calls", registry=registry)
     async def pipeline_watched(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         if getattr(memo, "ctx", None) is not None:
             pipeline_event(memo.ctx, event.get("type"), dict(event["object"]))

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from goodput_contract.api.spec import ServiceSpec, SpecError, parse
 from goodput_operator import builders, capacity, engines, metrics, network, observed, pods
 from goodput_operator.autoscaling import external
 from goodput_operator.conditions import (
@@ -24,7 +25,6 @@ from goodput_operator.conditions import (
 )
 from goodput_operator.context import CHANGE, SIDE, TRIGGERS, Context
 from goodput_operator.k8s import ApiError, now_timestamp, owner_path, resource_path
-from goodput_operator.spec import ServiceSpec, SpecError, parse
 
 logger = logging.getLogger(__name__)
 

@@ -6,10 +6,6 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-GROUP = "serving.goodput.dev"
-VERSION = "v1alpha1"
-PLURAL = "inferenceservices"
-KIND = "InferenceService"
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/goodput-dev/goodput-runtime:0.1.0"
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 # Other engines' official images, pinned by tag (engines.py holds the flags checked against these versions)

@@ -17,9 +17,11 @@ import helpers
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from goodput_contract.api import GROUP, PLURAL, VERSION
+
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "serving.goodput.dev_inferenceservices.yaml"
-GROUP, VERSION, PLURAL = "serving.goodput.dev", "v1alpha1", "inferenceservices"
+
 RUNTIME_IMAGE = "registry.test/goodput-runtime:test"
 WAIT_SECONDS = 60.0
 

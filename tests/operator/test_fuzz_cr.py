@@ -19,10 +19,10 @@ from harness import GROUP, PLURAL, VERSION, wait_for
 from hypothesis import HealthCheck, Phase, event, given, reject, settings
 from kubernetes.client.exceptions import ApiException
 
+from goodput_contract.api.spec import SpecError, parse
 from goodput_operator import builders, engines, network
 from goodput_operator.k8s import resource_path
 from goodput_operator.settings import Settings
-from goodput_operator.spec import SpecError, parse
 
 pytestmark = pytest.mark.apiserver
 

@@ -2,8 +2,8 @@
 
 import pytest
 
+from goodput_contract.api.spec import SpecError, parse
 from goodput_operator.autoscaling.loop import policy_for
-from goodput_operator.spec import SpecError, parse
 
 BASE = {"model": {"source": "hf://org/model"}, "resources": {"gpu": 1}}
 

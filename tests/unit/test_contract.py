@@ -20,9 +20,9 @@ from transformers import AutoConfig
 
 from goodput_contract import flags, parallel, quantization
 from goodput_contract import metrics as metric_names
+from goodput_contract.api.spec import parse
 from goodput_operator import capacity
 from goodput_operator.builders import runtime_args
-from goodput_operator.spec import parse
 from goodput_runtime.__main__ import build_parser, engine_config, parse_args
 from goodput_runtime.engine.builder import pick_device
 from goodput_runtime.engine.parallel import TensorParallelError, validate

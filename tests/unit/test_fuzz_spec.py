@@ -11,11 +11,11 @@ import yaml
 from crd_specs import NAMES, schema_at, specs
 from hypothesis import HealthCheck, example, given, settings
 
+from goodput_contract.api.spec import SpecError, parse
 from goodput_operator import builders, engines, network
 from goodput_operator.autoscaling import external
 from goodput_operator.k8s import apply_body
 from goodput_operator.settings import Settings
-from goodput_operator.spec import SpecError, parse
 
 OWNER = builders.owner_reference("svc", "uid-1")
 

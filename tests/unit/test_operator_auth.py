@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from goodput_contract.api.spec import SpecError, parse
 from goodput_operator import builders, engines, network
 from goodput_operator.settings import Settings
-from goodput_operator.spec import SpecError, parse
 
 OWNER = builders.owner_reference("chat", "uid-1")
 SPEC = {"model": {"source": "hf://org/model"}, "auth": {"apiKeySecretRef": {"name": "chat-keys", "key": "k"}}}

@@ -1,5 +1,6 @@
 """The children an InferenceService turns into, compared as plain dicts."""
 
+from goodput_contract.api.spec import parse
 from goodput_operator.builders import (
     RUNTIME_DRAIN_SECONDS,
     SHUTDOWN_DELAY_SECONDS,
@@ -12,7 +13,6 @@ from goodput_operator.builders import (
     runtime_args,
 )
 from goodput_operator.settings import Settings
-from goodput_operator.spec import parse
 from goodput_runtime.__main__ import build_parser
 
 OWNER = owner_reference("chat", "0000-uid")

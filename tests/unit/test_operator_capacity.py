@@ -2,9 +2,9 @@
 
 import pytest
 
+from goodput_contract.api.spec import Resources
 from goodput_operator import capacity
 from goodput_operator.capacity import ModelConfig
-from goodput_operator.spec import Resources
 
 # meta-llama/Meta-Llama-3-8B config.json (the fields that size it)
 LLAMA3_8B = {
@@ -203,8 +203,8 @@ def test_device_memory_from_spec_product_or_host_memory():
 
 
 def test_fp8_needs_ada_or_newer_when_the_gpu_is_known():
+    from goodput_contract.api.spec import Resources
     from goodput_operator.capacity import quantization_problem
-    from goodput_operator.spec import Resources
 
     assert quantization_problem("fp8", Resources(gpu=1, gpu_product="NVIDIA-H100-80GB-HBM3")) is None
     assert quantization_problem("fp8", Resources(gpu=1, gpu_product="NVIDIA-L4")) is None

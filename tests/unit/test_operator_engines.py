@@ -6,12 +6,12 @@ import json
 import pytest
 
 from goodput_contract import flags
+from goodput_contract.api.spec import SpecError, parse
 from goodput_operator import engines
 from goodput_operator.builders import build_deployment, owner_reference, runtime_args
 from goodput_operator.conditions import find
 from goodput_operator.reconcile import _reconcile
 from goodput_operator.settings import Settings
-from goodput_operator.spec import SpecError, parse
 
 OWNER = owner_reference("chat", "0000-uid")
 SETTINGS = Settings(

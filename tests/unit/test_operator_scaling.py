@@ -2,9 +2,9 @@
 
 import pytest
 
+from goodput_contract.api.spec import SpecError, parse
 from goodput_operator.autoscaling.external import build_hpa, build_scaled_object
 from goodput_operator.builders import owner_reference
-from goodput_operator.spec import SpecError, parse
 
 OWNER = owner_reference("chat", "uid-1")
 MODEL = {"source": "hf://Qwen/Qwen2.5-7B-Instruct", "servedName": "qwen"}

@@ -2,7 +2,7 @@
 
 import pytest
 
-from goodput_operator.spec import SpecError, parse, parse_duration, parse_source
+from goodput_contract.api.spec import SpecError, parse, parse_duration, parse_source
 
 MINIMAL = {"model": {"source": "hf://Qwen/Qwen2.5-7B-Instruct"}}
 

@@ -1,6 +1,6 @@
 """An InferencePipeline's conditions from its spec and the services it calls (pure)."""
 
-from goodput_operator.pipeline_spec import SpecError, parse_pipeline
+from goodput_contract.api.pipeline_spec import SpecError, parse_pipeline
 from goodput_operator.pipelines import pipeline_conditions
 
 SPEC = parse_pipeline(

@@ -4,11 +4,11 @@ import itertools
 
 import pytest
 
+from goodput_contract.api.pipeline_spec import Classifier, parse_pipeline
 from goodput_gateway.pipelines.classifier import decide, request_body
 from goodput_gateway.pipelines.rules import RuleSet, luhn
 from goodput_gateway.pipelines.stream import OutputFilter
 from goodput_gateway.pipelines.template import CHAT, COMPLETIONS, apply_defaults, apply_template, map_texts
-from goodput_operator.pipeline_spec import Classifier, parse_pipeline
 
 
 def rules(**spec):

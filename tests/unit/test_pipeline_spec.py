@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from goodput_operator.pipeline_spec import GENERATE, GUARD, OUTPUT, SpecError, parse_pipeline
+from goodput_contract.api.pipeline_spec import GENERATE, GUARD, OUTPUT, SpecError, parse_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "serving.goodput.dev_inferencepipelines.yaml"

@@ -16,9 +16,9 @@ from crd_specs import specs
 from hypothesis import HealthCheck, given, settings
 from pod_security import pod_specs, violations
 
+from goodput_contract.api.spec import SpecError, parse
 from goodput_operator import builders, engines
 from goodput_operator.settings import Settings
-from goodput_operator.spec import SpecError, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER = builders.owner_reference("svc", "uid-1")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from goodput_contract.api.spec import SpecError, parse
 from goodput_operator import capacity, engines
 from goodput_operator.builders import runtime_args
 from goodput_operator.capacity import ModelConfig
-from goodput_operator.spec import SpecError, parse
 from goodput_runtime.__main__ import build_parser
 
 SMOLLM2 = {

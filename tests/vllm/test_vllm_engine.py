@@ -32,10 +32,10 @@ import yaml
 from helpers import stop_process, wait_for
 from vllm_reading import Client, cache_config, ttft_sum
 
+from goodput_contract.api.spec import parse
 from goodput_operator import builders, engines
 from goodput_operator.autoscaling.signals import History, share_within
 from goodput_operator.autoscaling.sources import DirectSource, Endpoints, PrometheusSource, Reading
-from goodput_operator.spec import parse
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from goodput_operator.spec import SpecError
+from goodput_contract.api.spec import SpecError
 
 GUARD, TEMPLATE, GENERATE = "guard", "template", "generate"
 INPUT, OUTPUT = "input", "output"

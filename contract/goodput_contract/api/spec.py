@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from goodput_operator import names
-from goodput_operator.quantity import parse_quantity
+from goodput_contract.api import names
+from goodput_contract.api.quantity import parse_quantity
 
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 MAX_NAME_LENGTH = 55  # "<name>-runtime" must stay a 63-character DNS label

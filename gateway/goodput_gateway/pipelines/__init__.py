@@ -10,18 +10,17 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from goodput_contract.api import GROUP, PIPELINE_PLURAL, VERSION
 from goodput_gateway.discovery import Watch
 from goodput_gateway.pipelines.metrics import PipelineMetrics
 from goodput_gateway.pipelines.server import PipelineServer
 from goodput_gateway.pipelines.table import PipelineTable
 from goodput_operator.k8s import Kube
-from goodput_operator.settings import GROUP, VERSION
 
 if TYPE_CHECKING:
     from goodput_gateway.app import Gateway
 
 logger = logging.getLogger(__name__)
-PLURAL = "inferencepipelines"
 
 __all__ = ["PipelineServer", "PipelineTable", "install", "start_watch"]
 
@@ -34,12 +33,12 @@ def install(gateway: Gateway, table: PipelineTable) -> PipelineServer:
 
 
 async def start_watch(kube: Kube, table: PipelineTable) -> list[Watch]:
-    if not await kube.has_resource(f"{GROUP}/{VERSION}", PLURAL):
+    if not await kube.has_resource(f"{GROUP}/{VERSION}", PIPELINE_PLURAL):
         logger.warning("The cluster serves no InferencePipelines (crds/ not applied?): serving services only")
         table.synced = True
         return []
     return [
         Watch(
-            kube, f"/apis/{GROUP}/{VERSION}/{PLURAL}", "", asyncio.get_running_loop(), table.reset, table.event
+            kube, f"/apis/{GROUP}/{VERSION}/{PIPELINE_PLURAL}", "", asyncio.get_running_loop(), table.reset, table.event
         ).start()
     ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from goodput_operator.pipeline_spec import ALLOW, BLOCK, INPUT_PLACEHOLDER, Classifier
+from goodput_contract.api.pipeline_spec import ALLOW, BLOCK, INPUT_PLACEHOLDER, Classifier
 
 TOP_LOGPROBS = 20  # the most our runtime (and vLLM by default) returns per token
 

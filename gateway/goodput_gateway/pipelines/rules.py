@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from goodput_operator.pipeline_spec import BLOCK, Pattern, Rules
+from goodput_contract.api.pipeline_spec import BLOCK, Pattern, Rules
 
 MAX_LENGTH_RULE = "max-length"
 

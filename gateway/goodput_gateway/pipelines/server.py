@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from goodput_contract.api.pipeline_spec import BLOCK, GENERATE, GUARD, INPUT, OUTPUT, TEMPLATE, Step
 from goodput_gateway.auth import ServiceKeys
 from goodput_gateway.discovery import Registry, Service
 from goodput_gateway.errors import APIError, invalid, unavailable
@@ -38,7 +39,6 @@ from goodput_gateway.pipelines.template import (
     texts,
 )
 from goodput_gateway.proxy import Proxy, Upstream
-from goodput_operator.pipeline_spec import BLOCK, GENERATE, GUARD, INPUT, OUTPUT, TEMPLATE, Step
 
 logger = logging.getLogger(__name__)
 CONTENT_FILTER = "content_filter"

@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
+from goodput_contract.api.pipeline_spec import GUARD, PipelineSpec, SpecError, parse_pipeline
 from goodput_gateway.pipelines.rules import RuleSet
-from goodput_operator.pipeline_spec import GUARD, PipelineSpec, SpecError, parse_pipeline
 
 logger = logging.getLogger(__name__)
 Key = tuple[str, str]

@@ -10,8 +10,8 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+from goodput_contract.api.pipeline_spec import INPUT_PLACEHOLDER, Step
 from goodput_gateway.errors import invalid
-from goodput_operator.pipeline_spec import INPUT_PLACEHOLDER, Step
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from goodput_contract.api import GROUP, KIND, VERSION
+from goodput_contract.api.spec import ServiceSpec
 from goodput_contract.metrics import AUTOSCALER_DESIRED_REPLICAS as DESIRED_METRIC
 from goodput_operator.builders import Manifest, child_metadata
-from goodput_operator.settings import GROUP, KIND, VERSION
-from goodput_operator.spec import ServiceSpec
 
 
 def _target_ref(svc: ServiceSpec) -> dict[str, str]:

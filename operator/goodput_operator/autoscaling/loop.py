@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from goodput_contract.api.spec import ServiceSpec, SpecError, parse
 from goodput_contract.metrics import AUTOSCALER_DESIRED_REPLICAS as DESIRED_METRIC
 from goodput_operator import metrics
 from goodput_operator.autoscaling.arrival import forecast
@@ -40,7 +41,6 @@ from goodput_operator.autoscaling.sources import (
 from goodput_operator.autoscaling.startup import StartupClock
 from goodput_operator.context import Context
 from goodput_operator.k8s import ApiError, Kube, load_config, now_timestamp, owner_collection, owner_path
-from goodput_operator.spec import ServiceSpec, SpecError, parse
 
 logger = logging.getLogger(__name__)
 FIELD_MANAGER = "goodput-autoscaler"
@@ -92,7 +92,7 @@ class Autoscaler:
         )
         api = load_config()
         api.user_agent = FIELD_MANAGER
-        kube = Kube(api, FIELD_MANAGER)
+        kube = Kube(api, FIELD_MANAGER, on_write=metrics.count_write)
         return cls(
             ctx,
             kube,
