@@ -1,4 +1,4 @@
-"""Fixtures shared by every tier: models made on the fly, never downloaded."""
+"""Fixtures shared by every tier: models made on the fly, never downloaded. Imports no torch."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-# Triton's kernels (runtime engine/triton_kernels.py), where Triton is installed, run through its
+# The control-plane fixtures of the operator and gateway tiers (cluster, namespace, hub, operator).
+pytest_plugins = ["apiserver_fixtures"]
+
+# Triton's kernels (the runtime's Triton modules), where Triton is installed, run through its
 # interpreter on a machine without a GPU. Triton reads this when it is first imported (importing the
-# runtime imports it, through transformers), so it is set here, before any tier's conftest.
-if not torch.cuda.is_available():
+# runtime imports it, through transformers), so it is set here, before any tier's conftest. The GPU is
+# looked for in /dev rather than through torch, so that tiers without the runtime never import torch.
+if not any(Path("/dev").glob("nvidia[0-9]*")):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parents[1]

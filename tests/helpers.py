@@ -9,7 +9,10 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 
 def wait_for(
@@ -61,3 +64,24 @@ def stop_process(process: subprocess.Popen[Any], timeout: float) -> int:
         process.kill()
         process.wait()
     return process.returncode
+
+
+def tier(conftest: str, *markers: str, when: dict[str, str] | None = None) -> Callable[[list[pytest.Item]], None]:
+    """A directory's `pytest_collection_modifyitems`: every test under the directory of `conftest` (its
+    ``__file__``) gets `markers`, and the markers of `when` ({marker: fixture}) where it uses that fixture.
+    The tiers' markers come from here, one line in each directory's conftest, not from each file."""
+    directory = Path(conftest).resolve().parent
+    extra = when or {}
+
+    @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by them
+    def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+        for item in items:
+            if directory not in item.path.resolve().parents:
+                continue
+            for name in markers:
+                item.add_marker(name)
+            for name, fixture in extra.items():
+                if fixture in getattr(item, "fixturenames", ()):
+                    item.add_marker(name)
+
+    return pytest_collection_modifyitems

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import tier
 from node import OPERATOR_NAMESPACE, ROOT, Node, copy_model, node_unsupported, wait_for
 
 NAMESPACE = "goodput-e2e"
@@ -25,10 +26,7 @@ MODELS_CLAIM = "models"
 OPERATOR_READY_SECONDS = 180
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if Path(str(item.fspath)).parent == Path(__file__).parent:
-            item.add_marker(pytest.mark.e2e)
+pytest_collection_modifyitems = tier(__file__, "e2e")
 
 
 @pytest.fixture(scope="module")

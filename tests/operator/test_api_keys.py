@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from harness import wait_for
 from kubernetes.client.exceptions import ApiException
-
-pytestmark = pytest.mark.apiserver
 
 KEY = "sk-goodput-scan-5e0c2b7d"
 SPEC = {

@@ -3,8 +3,6 @@
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-pytestmark = pytest.mark.apiserver
-
 GOOD = {"model": {"source": "hf://Qwen/Qwen2.5-0.5B-Instruct"}}
 
 

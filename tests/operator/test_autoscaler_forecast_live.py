@@ -39,7 +39,7 @@ from live_pods import Actuator, OpenLoad, Pod, autoscaling_operator
 
 from goodput_operator.autoscaling.signals import History, parse_pod_metrics
 
-pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 PERIOD, WINDOW = 2.0, 10.0
 TARGET = 0.95

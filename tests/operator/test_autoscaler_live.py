@@ -29,11 +29,7 @@ from prometheus_process import PROMETHEUS, Prometheus, dashboard_queries
 from goodput_operator.autoscaling.signals import History, parse_pod_metrics
 from goodput_operator.autoscaling.sources import Endpoints, PrometheusSource
 
-pytestmark = [
-    pytest.mark.apiserver,
-    pytest.mark.slow,
-    pytest.mark.skipif(PROMETHEUS is None, reason="prometheus missing (make prometheus)"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(PROMETHEUS is None, reason="prometheus missing (make prometheus)")]
 
 PERIOD, WINDOW, DOWN_WINDOW = 2.0, 6.0, 6.0
 TARGET = 0.9

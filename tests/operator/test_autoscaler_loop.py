@@ -9,8 +9,6 @@ from autoscaling_helpers import free_port, host_address, operator_metric, put_en
 from harness import ROOT, OperatorProcess, wait_for
 from kubernetes.client.exceptions import ApiException
 
-pytestmark = pytest.mark.apiserver
-
 SPEC = {
     "model": {"source": "file:///models/tiny", "servedName": "tiny"},
     "resources": {"gpu": 0, "memory": "2Gi"},

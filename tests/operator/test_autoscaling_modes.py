@@ -1,9 +1,6 @@
 """hpa and keda modes: an autoscaler object aimed at the scale subresource, and only in its mode."""
 
-import pytest
 from harness import wait_for
-
-pytestmark = pytest.mark.apiserver
 
 SPEC = {
     "model": {"source": "file:///models/tiny"},

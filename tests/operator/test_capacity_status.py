@@ -2,8 +2,6 @@
 
 import pytest
 
-pytestmark = pytest.mark.apiserver
-
 QWEN25_7B = {
     "architectures": ["Qwen2ForCausalLM"],
     "model_type": "qwen2",

@@ -7,8 +7,6 @@ from kubernetes.client.exceptions import ApiException
 
 from goodput_operator.settings import DEFAULT_VLLM_IMAGE
 
-pytestmark = pytest.mark.apiserver
-
 SPEC = {
     "model": {"source": "hf://acme/tiny-chat", "servedName": "chat", "maxModelLen": 2048},
     "engine": {"kind": "vllm", "maxNumSeqs": 16, "prefixCaching": True},

@@ -27,7 +27,7 @@ import urllib3
 from harness import GROUP, PLURAL, ROOT, VERSION, Cluster, wait_for
 from kubernetes.client.exceptions import ApiException
 
-pytestmark = [pytest.mark.apiserver, pytest.mark.faults, pytest.mark.slow]
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 COUNT = 20
 CONVERGE_SECONDS = 180

@@ -24,8 +24,6 @@ from goodput_operator import builders, engines, network
 from goodput_operator.k8s import resource_path
 from goodput_operator.settings import Settings
 
-pytestmark = pytest.mark.apiserver
-
 # each example costs API calls: no shrinking (a failure prints its spec whole)
 SLOW_EXAMPLES = settings(
     deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, phases=[Phase.explicit, Phase.generate]

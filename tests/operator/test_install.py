@@ -8,8 +8,6 @@ import subprocess
 import pytest
 from harness import ROOT
 
-pytestmark = pytest.mark.apiserver
-
 
 def _modern_kubectl(cluster):
     """A kubectl whose kustomize takes directories as resources (1.21 or newer)."""

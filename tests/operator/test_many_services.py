@@ -2,10 +2,7 @@
 
 import time
 
-import pytest
 from harness import wait_for
-
-pytestmark = pytest.mark.apiserver
 
 COUNT = 50
 

@@ -3,8 +3,6 @@
 import pytest
 from harness import wait_for
 
-pytestmark = pytest.mark.apiserver
-
 SPEC = {"model": {"source": "file:///models/tiny"}, "resources": {"gpu": 0, "memory": "2Gi"}}
 SERVICE_MONITOR_CRD = {
     "apiVersion": "apiextensions.k8s.io/v1",

@@ -8,8 +8,6 @@ import uuid
 import pytest
 from harness import OperatorProcess, wait_for
 
-pytestmark = pytest.mark.apiserver
-
 SPEC = {"model": {"source": "file:///models/tiny"}, "resources": {"gpu": 0, "memory": "2Gi"}}
 
 

@@ -8,8 +8,6 @@ import urllib.request
 import pytest
 from harness import OperatorProcess, wait_for
 
-pytestmark = pytest.mark.apiserver
-
 COUNT = 30
 RESYNC = 'trigger="resync"'  # the writes the resync passes sent (a side trigger follows a changed child)
 

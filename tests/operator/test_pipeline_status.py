@@ -11,8 +11,6 @@ import pytest
 from harness import Cluster, wait_for
 from pipeline_helpers import create_pipeline, install_pipeline_crd, pipeline_condition
 
-pytestmark = pytest.mark.apiserver
-
 SERVICE = {
     "model": {"source": "file:///models/tiny", "servedName": "chat-model"},
     "resources": {"gpu": 0, "memory": "2Gi"},

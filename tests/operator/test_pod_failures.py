@@ -14,8 +14,6 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from harness import RUNTIME_IMAGE, Cluster, OperatorProcess, wait_for
 
-pytestmark = pytest.mark.apiserver
-
 SPEC = {"model": {"source": "pvc://models/missing-dir"}, "resources": {"gpu": 0, "memory": "2Gi"}}
 CANNOT_SERVE = "Cannot serve /mnt/models/missing-dir: no config.json in the directory"
 SELECTOR = "serving.goodput.dev/service={}"

@@ -3,8 +3,6 @@
 import pytest
 from harness import OperatorProcess, service_account_kubeconfig, wait_for
 
-pytestmark = pytest.mark.apiserver
-
 SPEC = {"model": {"source": "file:///models/tiny"}, "resources": {"gpu": 0, "memory": "2Gi"}}
 
 

@@ -5,8 +5,6 @@ import time
 import pytest
 from harness import RUNTIME_IMAGE, wait_for
 
-pytestmark = pytest.mark.apiserver
-
 SPEC = {
     "model": {"source": "hf://acme/tiny-chat", "servedName": "chat", "maxModelLen": 2048},
     "engine": {"maxNumSeqs": 16, "prefixCaching": True},

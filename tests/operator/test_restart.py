@@ -2,10 +2,7 @@
 
 import time
 
-import pytest
 from harness import wait_for
-
-pytestmark = pytest.mark.apiserver
 
 SPEC = {"model": {"source": "file:///models/tiny"}, "resources": {"gpu": 0, "memory": "2Gi"}}
 NAMES = ("alpha", "beta", "gamma")

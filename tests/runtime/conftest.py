@@ -22,11 +22,13 @@ from typing import Any
 import aiohttp
 import pytest
 import torch
-from helpers import stop_process, wait_for
+from helpers import stop_process, tier, wait_for
 
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.server.lifecycle import load_engine, serve
+
+pytest_collection_modifyitems = tier(__file__, "runtime")
 
 MODEL_NAME = "tiny"
 SMALL_KV = 1 << 20  # 2,048 tokens of the tiny model
@@ -34,9 +36,9 @@ SMALL_KV = 1 << 20  # 2,048 tokens of the tiny model
 
 @pytest.fixture(scope="session")
 def kernel() -> None:
-    """The native extension (engine/native_attention.py: the attention kernels and fused functions),
+    """The native extension (layers/native_attention.py: the attention kernels and fused functions),
     built; the test is skipped where it cannot be."""
-    from goodput_runtime.engine import native_attention
+    from goodput_runtime.layers import native_attention
 
     if not native_attention.available():
         pytest.skip(
@@ -301,7 +303,7 @@ def interpret(monkeypatch):
     interpreter, not to the kernel)."""
     if torch.cuda.is_available():
         return
-    from goodput_runtime.engine import triton_attention
+    from goodput_runtime.layers import triton_attention
 
     assert triton_attention.interpreting()
     from triton.runtime import interpreter

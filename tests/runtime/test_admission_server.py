@@ -14,8 +14,6 @@ from helpers import wait_for
 
 from goodput_runtime.server.admission import AdmissionSettings
 
-pytestmark = pytest.mark.runtime
-
 FLOOD = 40
 # Each request holds its seat for OUTPUT decode steps. The tiny model's decode step takes 0.4–0.6 ms
 # here, so the flood's last request waits 19 rounds × 200 steps ≈ 1.5–2.3 s: three to four times the

@@ -7,10 +7,7 @@ import asyncio
 from typing import Any
 
 import openai
-import pytest
 from conftest import ServerThread
-
-pytestmark = pytest.mark.runtime
 
 BATCH = {"priority": 1, "ignore_eos": True}
 PROMPTS = ["The river bends where", "Seven lanterns in the", "A falcon over quartz"]

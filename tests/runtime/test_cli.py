@@ -10,8 +10,6 @@ import pytest
 
 from goodput_runtime.__main__ import byte_size, engine_config, parse_args
 
-pytestmark = pytest.mark.runtime
-
 
 def run_cli(*flags: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "goodput_runtime", *flags], capture_output=True, text=True, timeout=60)

@@ -13,12 +13,10 @@ import torch
 from test_engine_greedy import BYTES_PER_TOKEN, reference, run_all, small_config, workload
 
 from goodput_runtime.config import EngineConfig
-from goodput_runtime.engine import attention
 from goodput_runtime.engine.builder import build_core
 from goodput_runtime.engine.decode_graphs import batch_buckets, width_buckets
+from goodput_runtime.layers import attention
 from goodput_runtime.metrics import RuntimeMetrics
-
-pytestmark = pytest.mark.runtime
 
 
 def test_buckets_cover_every_batch_and_context_with_few_shapes():
@@ -156,7 +154,7 @@ def test_fp8_weights_decode_close_to_full_precision(tiny_model_dir: Path):
     prompts = [prompt for prompt, _ in workload(seed=8, n=8)]
     full_core = build_core(gpu_config(tiny_model_dir, dtype="bfloat16"))
     fp8_core = build_core(gpu_config(tiny_model_dir, dtype="bfloat16", quantization="fp8"))
-    from goodput_runtime.quantization import QuantizedLinear
+    from goodput_runtime.layers.quantization import QuantizedLinear
 
     assert any(
         isinstance(m, QuantizedLinear) and m.weight.dtype == torch.float8_e4m3fn

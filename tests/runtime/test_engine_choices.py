@@ -15,8 +15,6 @@ from goodput_runtime.engine.builder import build_core
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
 
-pytestmark = pytest.mark.runtime
-
 LONG_PROMPT = [random.Random(7).randrange(5, 1000) for _ in range(201)]  # 12 full blocks of 16 and 9 tokens
 
 

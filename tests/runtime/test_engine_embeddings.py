@@ -15,8 +15,6 @@ from goodput_runtime.engine.builder import build_core
 from goodput_runtime.engine.sequence import PoolingParams
 from goodput_runtime.sampling import SamplingParams
 
-pytestmark = pytest.mark.runtime
-
 BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4  # k and v, 2 layers, 2 kv heads, head dim 16, fp32
 
 

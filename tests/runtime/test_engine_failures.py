@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.async_engine import AsyncEngine
 from goodput_runtime.sampling import SamplingParams
-
-pytestmark = pytest.mark.runtime
 
 
 async def collect(stream) -> tuple[list[int], str | None]:

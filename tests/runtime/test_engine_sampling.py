@@ -11,8 +11,6 @@ from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.builder import build_core
 from goodput_runtime.sampling import SamplingParams
 
-pytestmark = pytest.mark.runtime
-
 
 @pytest.fixture(scope="module")
 def core(tiny_model_dir):

@@ -1,12 +1,9 @@
 """The engine's CPU forward passes use the threads it was given (--num-threads), not torch's default."""
 
-import pytest
 import torch
 
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.builder import build_core
-
-pytestmark = pytest.mark.runtime
 
 
 def test_the_engine_runs_with_the_threads_it_was_given(tiny_model_dir):

@@ -1,4 +1,4 @@
-"""The compact decoder's fused element-wise operations (models/fused.py) against the torch operations
+"""The compact decoder's fused element-wise operations (layers/fused.py) against the torch operations
 they replace, and the engine's greedy tokens with them on and off."""
 
 from __future__ import annotations
@@ -10,11 +10,8 @@ from test_models import mistral_dir
 from torch import nn
 from transformers.activations import ACT2FN
 
-from goodput_runtime.engine import native_attention
 from goodput_runtime.engine.builder import build_core
-from goodput_runtime.models import fused
-
-pytestmark = pytest.mark.runtime
+from goodput_runtime.layers import fused, native_attention
 
 
 def torch_only(monkeypatch) -> None:

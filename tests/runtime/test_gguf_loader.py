@@ -17,8 +17,6 @@ from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.builder import build_core
 from goodput_runtime.loader import ModelLoadError, check_architecture, dequantizable_types, resolve_model_path
 
-pytestmark = pytest.mark.runtime
-
 
 def test_the_real_files_header_gives_smollm2s_shape(smollm2_gguf, smollm2_dir):
     header = gguf.read_header(smollm2_gguf)

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-pytestmark = [pytest.mark.runtime, pytest.mark.faults]
+pytestmark = pytest.mark.faults
 
 CLIENTS = 24
 MAX_TOKENS = 64

@@ -15,8 +15,6 @@ from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.builder import EngineConfigError, build_core
 from goodput_runtime.loader import ModelLoadError, resolve_model_path
 
-pytestmark = pytest.mark.runtime
-
 
 def test_a_hugging_face_id_resolves_through_the_standard_cache(tiny_model_dir, tmp_path):
     # the hub's cache layout, filled from the local model: no network is touched (offline mode)

@@ -16,12 +16,10 @@ from test_engine_greedy import reference, run_all, small_config, workload
 from goodput_runtime.engine.builder import build_core
 from goodput_runtime.engine.contention import ContentionWatch
 from goodput_runtime.engine.step import StepItem
-from goodput_runtime.engine.step_tuning import ONEDNN, TRANSPOSED, StepPlan
+from goodput_runtime.layers.quantization import QuantizedLinear
+from goodput_runtime.layers.step_plan import ONEDNN, TRANSPOSED, StepPlan
 from goodput_runtime.models import llama
 from goodput_runtime.models.llama import CausalLM
-from goodput_runtime.quantization import QuantizedLinear
-
-pytestmark = pytest.mark.runtime
 
 
 def mistral_dir(tiny_model_dir: Path, tmp_path: Path) -> Path:

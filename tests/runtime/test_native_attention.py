@@ -11,12 +11,10 @@ import torch
 from test_engine_greedy import run_all, small_config, workload
 from test_models import mistral_dir
 
-from goodput_runtime.engine import attention, native_attention
-from goodput_runtime.engine.attention import DecodeGroup, KVCache, PagedBatch
 from goodput_runtime.engine.builder import build_core
+from goodput_runtime.layers import attention, native_attention
+from goodput_runtime.layers.attention import DecodeGroup, KVCache, PagedBatch
 from goodput_runtime.sampling import SamplingParams
-
-pytestmark = pytest.mark.runtime
 
 
 def paged_case(

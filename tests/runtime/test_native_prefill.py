@@ -9,11 +9,9 @@ import torch
 from test_engine_greedy import run_all, small_config, workload
 from test_models import mistral_dir
 
-from goodput_runtime.engine import attention, native_attention
-from goodput_runtime.engine.attention import KVCache, PagedBatch, PrefillChunk
 from goodput_runtime.engine.builder import build_core
-
-pytestmark = pytest.mark.runtime
+from goodput_runtime.layers import attention, native_attention
+from goodput_runtime.layers.attention import KVCache, PagedBatch, PrefillChunk
 
 
 def prefill_step(

@@ -21,11 +21,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.builder import build_core
+from goodput_runtime.layers.quantization import QuantizedLinear, quantize_model
 from goodput_runtime.metrics import RuntimeMetrics
-from goodput_runtime.quantization import QuantizedLinear, quantize_model
 from goodput_runtime.sampling import SamplingParams
-
-pytestmark = pytest.mark.runtime
 
 CPU = torch.device("cpu")
 TEXT = (

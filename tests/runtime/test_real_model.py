@@ -21,8 +21,6 @@ from goodput_runtime.engine.builder import build_core
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
 
-pytestmark = pytest.mark.runtime
-
 QUESTIONS = [
     "What is the capital of France?",
     "What is the capital of Japan?",

@@ -20,9 +20,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from goodput_runtime.quantization import quantize_model
-
-pytestmark = pytest.mark.runtime
+from goodput_runtime.layers.quantization import quantize_model
 
 ROOT = Path(__file__).resolve().parents[2]
 NUM_TOKENS = 3072

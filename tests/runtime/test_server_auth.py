@@ -8,8 +8,6 @@ import pytest
 
 from goodput_runtime.server.auth import key_matches, split_keys
 
-pytestmark = pytest.mark.runtime
-
 KEY, SECOND_KEY = "sk-goodput-first-7c1d", "sk-goodput-second-93ab"
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 

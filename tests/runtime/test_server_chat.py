@@ -8,8 +8,6 @@ import aiohttp
 import openai
 import pytest
 
-pytestmark = pytest.mark.runtime
-
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say something."}]
 
 

@@ -6,9 +6,6 @@ import asyncio
 import json
 
 import aiohttp
-import pytest
-
-pytestmark = pytest.mark.runtime
 
 
 async def test_completion_returns_text_and_usage(server) -> None:

@@ -14,8 +14,6 @@ import pytest
 import torch
 from helpers import wait_for
 
-pytestmark = pytest.mark.runtime
-
 TOLERANCE = 1e-4
 TEXT = "The quick brown fox jumps over the lazy dog"
 

@@ -8,8 +8,6 @@ import aiohttp
 import openai
 import pytest
 
-pytestmark = pytest.mark.runtime
-
 GOOD_COMPLETION = {"model": "tiny", "prompt": "Hello", "max_tokens": 4}
 GOOD_CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
 ERROR_KEYS = {"message", "type", "param", "code"}

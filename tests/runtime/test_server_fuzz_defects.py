@@ -9,8 +9,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-pytestmark = pytest.mark.runtime
-
 POST_PATHS = ["/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/tokenize", "/detokenize"]
 
 

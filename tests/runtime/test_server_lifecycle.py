@@ -15,8 +15,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from goodput_runtime.server.lifecycle import load_engine
 
-pytestmark = pytest.mark.runtime
-
 LONG = {"prompt": "Tell me everything", "max_tokens": 1800, "ignore_eos": True}
 
 

@@ -14,8 +14,6 @@ from reference_sampling import Reference
 from test_server_errors import GOOD_CHAT, GOOD_COMPLETION, assert_openai_error, post
 from transformers import AutoTokenizer
 
-pytestmark = pytest.mark.runtime
-
 PROMPT_IDS = [random.Random(3).randrange(5, 1000) for _ in range(40)]
 
 

@@ -7,9 +7,6 @@ import json
 import signal
 
 import aiohttp
-import pytest
-
-pytestmark = pytest.mark.runtime
 
 
 async def open_stream(http: aiohttp.ClientSession, url: str, max_tokens: int) -> aiohttp.ClientResponse:

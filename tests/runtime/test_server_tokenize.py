@@ -7,8 +7,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-pytestmark = pytest.mark.runtime
-
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
 
 

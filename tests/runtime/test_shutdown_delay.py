@@ -10,9 +10,6 @@ import socket
 import time
 
 import aiohttp
-import pytest
-
-pytestmark = pytest.mark.runtime
 
 SHORT = {"model": "tiny", "prompt": "Still here?", "max_tokens": 2}
 # the tiny model decodes a token in about a millisecond: room for a 4000-token stream that outlasts a delay

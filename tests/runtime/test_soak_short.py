@@ -8,7 +8,7 @@ import pytest
 
 from bench import soak
 
-pytestmark = [pytest.mark.runtime, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 def test_a_minute_of_streams_cancels_disconnects_bad_requests_and_n_leaks_nothing(smollm2_dir, tmp_path):

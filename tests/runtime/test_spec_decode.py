@@ -23,8 +23,6 @@ from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.tools.truncate_model import truncated_copy
 
-pytestmark = pytest.mark.runtime
-
 BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4  # k and v, 2 layers, 2 kv heads, head dim 16, fp32
 
 

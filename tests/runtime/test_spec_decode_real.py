@@ -6,15 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from transformers import AutoTokenizer
 
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.builder import build_core
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
-
-pytestmark = pytest.mark.runtime
 
 PASSAGE = (
     "The scheduler watches for newly created pods that have no node assigned. For every pod that the "

@@ -15,8 +15,6 @@ from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.structured.grammar import GrammarCompiler, GrammarError, GrammarSpec
 from goodput_runtime.structured.schema import check_schema
 
-pytestmark = pytest.mark.runtime
-
 RECORD = r'\{"id": [1-9][0-9]{0,2}, "ok": (true|false), "tag": "[a-z]{2,6}"\}'
 PROMPT = list(range(20, 60))
 

@@ -10,8 +10,6 @@ import jsonschema
 import openai
 import pytest
 
-pytestmark = pytest.mark.runtime
-
 SCHEMA = {
     "type": "object",
     "properties": {

@@ -15,8 +15,6 @@ from conftest import ServerThread
 from helpers import wait_for
 from pydantic import BaseModel, Field
 
-pytestmark = pytest.mark.runtime
-
 CITY = {
     "type": "object",
     "properties": {

@@ -9,14 +9,11 @@ import subprocess
 import time
 
 import aiohttp
-import pytest
 
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.builder import build_core
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
-
-pytestmark = pytest.mark.runtime
 
 BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4  # the tiny model's KV bytes per token, fp32
 

@@ -13,8 +13,6 @@ import pytest
 
 from goodput_runtime.__main__ import TERMINATION_MESSAGE_PATH, parse_args, write_termination_message
 
-pytestmark = pytest.mark.runtime
-
 
 def run_cli(*flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(

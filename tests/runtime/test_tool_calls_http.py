@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-pytestmark = pytest.mark.runtime
-
 CITY = {
     "type": "object",
     "properties": {

@@ -13,8 +13,6 @@ import pytest
 from conftest import ServerThread
 from helpers import wait_for
 
-pytestmark = pytest.mark.runtime
-
 WEATHER = {
     "type": "object",
     "properties": {

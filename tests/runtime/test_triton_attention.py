@@ -13,13 +13,10 @@ import pytest
 import torch
 from test_native_attention import paged_case
 
-from goodput_runtime.engine import attention, triton_attention
-from goodput_runtime.engine.attention import PagedBatch
+from goodput_runtime.layers import attention, triton_attention
+from goodput_runtime.layers.attention import PagedBatch
 
-pytestmark = [
-    pytest.mark.runtime,
-    pytest.mark.skipif(not triton_attention.importable(), reason="Triton is not installed"),
-]
+pytestmark = pytest.mark.skipif(not triton_attention.importable(), reason="Triton is not installed")
 
 
 def step_case(
@@ -282,7 +279,7 @@ def test_the_rotary_embedding_applied_by_the_kernel_equals_rotating_first(dtype,
     reads them (a layer's chain of GEMVs leaves it no kernel of its own). The output, and the key it
     stores, equal rotating in torch first (each product rounded to the dtype, as the model rounds it)
     then the kernel without it; and they differ from not rotating."""
-    from goodput_runtime.models.fused import rotate
+    from goodput_runtime.layers.fused import rotate
 
     monkeypatch.setattr(triton_attention, "SPLITS", splits)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -309,7 +306,7 @@ def test_the_rotary_embedding_applied_by_the_kernel_equals_rotating_first(dtype,
 def test_attend_rotates_first_where_the_kernel_does_not_serve(monkeypatch):
     """attention.attend with rotary on the torch path (a CPU, or a step mixing prompts and decodes):
     the query and key rotated in torch, then attended as before."""
-    from goodput_runtime.models.fused import rotate
+    from goodput_runtime.layers.fused import rotate
 
     query, key, value, batch = step_case([9, 40], 9, 3, 64, torch.float32, seed=23)
     cos, sin = rotary_rows([8, 39], 64, torch.float32, "cpu")
@@ -325,7 +322,7 @@ def test_a_rotary_variant_that_cannot_build_leaves_the_rotation_to_torch(interpr
     """warm_up: where the kernel's rotary variant fails to build (here its launch raises, as another
     Triton or GPU might), a warning names the error, the other variants still serve, and attend rotates
     the query and key in torch before the kernel, which then gets no `rotary`."""
-    from goodput_runtime.models.fused import rotate
+    from goodput_runtime.layers.fused import rotate
 
     monkeypatch.setattr(triton_attention, "ROTARY", True)
     kernel = triton_attention.decode

@@ -1,4 +1,4 @@
-"""The batch-1 projections' Triton GEMV (engine/triton_linear.py) against torch's products.
+"""The batch-1 projections' Triton GEMV (layers/triton_linear.py) against torch's products.
 
 Without a GPU the kernel runs through Triton's interpreter on CPU tensors (TRITON_INTERPRET=1, set
 by tests/conftest.py): the same kernel source, every mask and tile, executed by numpy. The `gpu`
@@ -14,13 +14,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from goodput_runtime.engine import triton_attention, triton_linear
+from goodput_runtime.layers import triton_attention, triton_linear
 from goodput_runtime.models import llama
 
-pytestmark = [
-    pytest.mark.runtime,
-    pytest.mark.skipif(not triton_attention.importable(), reason="Triton is not installed"),
-]
+pytestmark = pytest.mark.skipif(not triton_attention.importable(), reason="Triton is not installed")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -153,7 +150,7 @@ def test_a_batch_of_one_decodes_through_the_kernel_and_keeps_transformers_tokens
     from test_engine_greedy import reference, run_all, small_config
 
     from goodput_runtime.engine.builder import build_core
-    from goodput_runtime.models import fused
+    from goodput_runtime.layers import fused
 
     if layer_path == "chain":
         monkeypatch.setattr(fused, "enabled", lambda x: False)  # the layers' forward, as on a GPU

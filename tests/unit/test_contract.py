@@ -26,9 +26,9 @@ from goodput_operator.builders import runtime_args
 from goodput_runtime.__main__ import build_parser, engine_config, parse_args
 from goodput_runtime.engine.builder import pick_device
 from goodput_runtime.engine.parallel import TensorParallelError, validate
+from goodput_runtime.layers.quantization import QuantizationError, check_method
 from goodput_runtime.loader import ModelLoadError, check_architecture
 from goodput_runtime.metrics import RuntimeMetrics
-from goodput_runtime.quantization import QuantizationError, check_method
 from goodput_runtime.request_times import RequestTimes
 
 ROOT = Path(__file__).resolve().parents[2]

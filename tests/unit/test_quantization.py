@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from goodput_runtime.quantization import (
+from goodput_runtime.layers.quantization import (
     QuantizationError,
     QuantizedLinear,
     check_method,

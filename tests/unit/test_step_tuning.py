@@ -6,17 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from goodput_runtime.engine.step_tuning import (
-    COUNTS,
-    LINEAR,
-    MARGIN,
-    ONEDNN,
-    PREFER,
-    PREFILL,
-    TRANSPOSED,
-    StepPlan,
-    tune,
-)
+from goodput_runtime.engine.step_tuning import COUNTS, MARGIN, PREFER, PREFILL, tune
+from goodput_runtime.layers.step_plan import LINEAR, ONEDNN, TRANSPOSED, StepPlan
 
 
 def fake_machine(costs):

@@ -37,7 +37,7 @@ from goodput_operator import builders, engines
 from goodput_operator.autoscaling.signals import History, share_within
 from goodput_operator.autoscaling.sources import DirectSource, Endpoints, PrometheusSource, Reading
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_NUM_SEQS = 2

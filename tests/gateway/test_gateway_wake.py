@@ -24,7 +24,7 @@ from harness import OperatorProcess, wait_for
 from kubernetes.client.exceptions import ApiException
 from live_pods import Actuator
 
-pytestmark = [pytest.mark.apiserver, pytest.mark.gateway, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 IDLE_SECONDS = 6
 

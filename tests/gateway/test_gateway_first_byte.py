@@ -22,7 +22,7 @@ import pytest
 from autoscaling_helpers import free_port
 from gateway_helpers import GatewayProcess, publish, start_replica, tiny_spec, wait_ready
 
-pytestmark = [pytest.mark.apiserver, pytest.mark.gateway, pytest.mark.faults]
+pytestmark = pytest.mark.faults
 
 HEADERS = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"

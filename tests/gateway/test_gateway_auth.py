@@ -13,8 +13,6 @@ import pytest
 from gateway_helpers import GatewayProcess, publish, start_replica, tiny_spec, wait_ready
 from harness import service_account_kubeconfig, wait_for
 
-pytestmark = [pytest.mark.apiserver, pytest.mark.gateway]
-
 RUNTIME_KEY, CLIENT_KEY = "sk-runtime-0a41c9", "sk-client-77e2d0"  # the Secret holds both; the runtime only one
 
 

@@ -5,8 +5,6 @@ import pytest
 from gateway_helpers import GatewayProcess, publish, tiny_spec
 from harness import service_account_kubeconfig, wait_for
 
-pytestmark = [pytest.mark.apiserver, pytest.mark.gateway]
-
 USER = "system:serviceaccount:goodput-system:goodput-gateway"
 
 

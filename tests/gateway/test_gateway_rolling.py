@@ -19,7 +19,7 @@ import pytest
 from gateway_helpers import GatewayProcess, metric, publish, start_replica, tiny_spec, unpublish, wait_ready
 from harness import wait_for
 
-pytestmark = [pytest.mark.apiserver, pytest.mark.gateway, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 # the first old replica stops admitting at once (503 until its endpoint goes: the gateway retries those
 # elsewhere); the second keeps serving for its shutdown delay, as the operator's pods do

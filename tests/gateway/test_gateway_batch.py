@@ -22,7 +22,7 @@ from gateway_helpers import GatewayProcess, metric, start_replica, wait_ready
 from harness import wait_for
 from postgres_server import PostgresServer
 
-pytestmark = [pytest.mark.gateway, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 LEASE = "2"  # seconds before a dead gateway's lines go back to the pool
 

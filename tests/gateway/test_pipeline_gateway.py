@@ -22,8 +22,6 @@ from harness import wait_for
 from pipeline_helpers import create_pipeline, install_pipeline_crd
 from prometheus_process import PROMETHEUS, Prometheus, dashboard_queries
 
-pytestmark = [pytest.mark.apiserver, pytest.mark.gateway]
-
 TOPIC = 'Is this message about food or cooking? Answer yes or no.\n\nMessage: "{input}"'
 RULES = {
     "maxLength": 300,

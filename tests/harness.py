@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from goodput_contract.api import GROUP, PLURAL, VERSION
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "serving.goodput.dev_inferenceservices.yaml"
 
 RUNTIME_IMAGE = "registry.test/goodput-runtime:test"

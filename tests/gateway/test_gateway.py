@@ -22,8 +22,6 @@ from gateway_helpers import GatewayProcess, metric, publish, start_replica, tiny
 from harness import wait_for
 from prometheus_process import PROMETHEUS, Prometheus, dashboard_queries
 
-pytestmark = [pytest.mark.apiserver, pytest.mark.gateway]
-
 NAMESPACES = ("prefix", "least", "solo", "dead", "zero")
 HOLD_SECONDS, MAX_HELD = 8, 2
 
