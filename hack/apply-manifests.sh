@@ -8,6 +8,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 KUBECTL="${KUBECTL:-kubectl}"
 rendered="$("$KUBECTL" kustomize "$ROOT/manifests")"
 if ! "$KUBECTL" api-versions 2>/dev/null | grep -qx 'policy/v1'; then
+  # shellcheck disable=SC2001  # anchored at each line's start and end, which ${var//} cannot say
   rendered="$(sed 's#^apiVersion: policy/v1$#apiVersion: policy/v1beta1#' <<<"$rendered")"
 fi
 "$KUBECTL" apply "$@" -f - <<<"$rendered"

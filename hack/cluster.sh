@@ -52,10 +52,11 @@ host_ip() {
   echo "${ip:-127.0.0.1}"
 }
 
+# Every process of the cluster in $1 (default $DIR) is alive.
 running() {
-  [[ -s "$DIR/pids" ]] || return 1
-  local pid
-  while read -r _ pid; do kill -0 "$pid" 2>/dev/null || return 1; done <"$DIR/pids"
+  local dir="${1:-$DIR}" pid
+  [[ -s "$dir/pids" ]] || return 1
+  while read -r _ pid; do kill -0 "$pid" 2>/dev/null || return 1; done <"$dir/pids"
 }
 
 add_token() {
@@ -252,7 +253,7 @@ claim_node() {
   mkdir -p "$CACHE_ROOT"
   if [[ -f "$owner" ]]; then
     other="$(cat "$owner")"
-    if [[ "$other" != "$DIR" && -f "$other/pids" ]] && (DIR="$other"; running); then
+    if [[ "$other" != "$DIR" && -f "$other/pids" ]] && running "$other"; then
       die "a one-node cluster already runs in $other; \`$0 down --dir $other\` first"
     fi
   fi
@@ -360,12 +361,12 @@ remove_node_leftovers() {
   pkill -9 -f "containerd-shim.*-address $sock" 2>/dev/null || true
   # mounts under the cluster dir (pod volumes, sandboxes' shm) and the pods' netns
   local m
-  for m in $(awk -v d="$DIR/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r); do
+  while read -r m; do
     umount -l "$m" 2>/dev/null || true
-  done
-  for m in $(awk -v d="$CACHE_ROOT/containerd/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r); do
+  done < <(awk -v d="$DIR/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r)
+  while read -r m; do
     umount -l "$m" 2>/dev/null || true
-  done
+  done < <(awk -v d="$CACHE_ROOT/containerd/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r)
   if [[ -d /var/run/netns ]]; then
     for m in /var/run/netns/cni-*; do
       [[ -e "$m" ]] || continue

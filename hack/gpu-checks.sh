@@ -10,7 +10,7 @@ OUT=${OUT:-_output/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
+cd "$ROOT" || exit 1
 if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || echo "wheel install failed"
@@ -59,6 +59,7 @@ EOF
 }
 
 serve_smoke() {
+  # shellcheck disable=SC2086  # GPU_SERVE_ARGS holds several flags, split on purpose
   python3 -m goodput_runtime --model "$MODEL" --served-model-name llama-1b --device "${GPU_DEVICE:-cuda}" --dtype "${GPU_DTYPE:-bfloat16}" \
     --max-model-len 1024 --port 18080 ${GPU_SERVE_ARGS:-} >/tmp/gpu-logs/serve-server.log 2>&1 &
   local pid=$!
@@ -101,7 +102,9 @@ for s in $STEPS; do
     # the engine-level GPU tests first (a dozen; only the files that hold some, as the others import the
     # HTTP stack this machine may lack), then the Triton kernels' per-shape cases (over a
     # hundred, each compiled afresh: minutes), so a short limit still checks the engine
-    tests|gputests) step tests 300 python3 -m pytest -m gpu $(grep -l "mark.gpu" tests/runtime/test_*.py) -q -p no:cacheprovider -p no:logging \
+    tests|gputests)
+      # shellcheck disable=SC2046  # one argument per file that holds gpu tests
+      step tests 300 python3 -m pytest -m gpu $(grep -l "mark.gpu" tests/runtime/test_*.py) -q -p no:cacheprovider -p no:logging \
       --tb=short -rfEs
       [ "$s" = gputests ] || step kernels 420 python3 -m pytest -m "runtime and not gpu" tests/runtime/test_triton_attention.py \
       tests/runtime/test_triton_linear.py -q -p no:cacheprovider -p no:logging --tb=short -rfEs ;;
@@ -111,7 +114,9 @@ for s in $STEPS; do
       --variants triton+compile,triton+compile+nopdl,triton+compile+pdlearly,triton+compile+nofuse+nopdl,triton,triton+nopdl,triton+nofuse+nopdl \
       --out "$OUT/gpu_profile_gemv.json" ;;
     # the GEMV's own tests, every kernel case compiled, and the engine's CUDA-graph tests it serves in
-    gemvtests) step gemvtests 300 bash -c 'q="-q -p no:cacheprovider -p no:logging --tb=short -rfEs"
+    gemvtests)
+      # shellcheck disable=SC2016  # the script is expanded by the inner bash
+      step gemvtests 300 bash -c 'q="-q -p no:cacheprovider -p no:logging --tb=short -rfEs"
       python3 -m pytest tests/runtime/test_triton_linear.py $q; a=$?
       python3 -m pytest -m gpu tests/runtime/test_decode_graphs.py tests/runtime/test_spec_decode.py $q; exit $((a | $?))' ;;
     decode) step decode 420 python3 -m bench.gpu_decode --model "$MODEL" --out "$OUT/gpu_decode.json" ;;
