@@ -46,8 +46,8 @@ SETTINGS = {
 def attention_part(rounds: int, threads: int) -> list[dict]:
     import torch
 
-    from goodput_runtime.engine import attention, native_attention
-    from goodput_runtime.engine.attention import KVCache, PagedBatch, PrefillChunk
+    from goodput_runtime.layers import attention, native_attention
+    from goodput_runtime.layers.attention import KVCache, PagedBatch, PrefillChunk
 
     torch.set_num_threads(threads)
     if not native_attention.available():

@@ -39,7 +39,7 @@ VARIANTS = ("native", "torch")
 def make_case(b: int, context: int, block_size: int, cache_mib: int, seed: int):
     import torch
 
-    from goodput_runtime.engine.attention import DecodeGroup
+    from goodput_runtime.layers.attention import DecodeGroup
 
     rng = random.Random(seed)
     lens = [max(1, round(context * rng.uniform(0.9, 1.1))) for _ in range(b)]
@@ -68,7 +68,7 @@ def make_case(b: int, context: int, block_size: int, cache_mib: int, seed: int):
 
 
 def step(variant: str, group, caches, queries) -> None:
-    from goodput_runtime.engine import attention
+    from goodput_runtime.layers import attention
 
     attention.DECODE_KERNEL = variant
     mask = None
@@ -107,8 +107,8 @@ def engine(args) -> tuple[list[dict], dict]:
     import torch
 
     from bench.decode_step import BLOCK, build
-    from goodput_runtime.engine import attention
     from goodput_runtime.engine.step import StepItem
+    from goodput_runtime.layers import attention
     from goodput_runtime.tools import smollm2
 
     cache = REPO / smollm2.DEFAULT_CACHE
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from goodput_runtime.config import EngineConfig
-    from goodput_runtime.engine import native_attention
+    from goodput_runtime.layers import native_attention
 
     torch.set_num_threads(args.threads)
     block_size = EngineConfig(model="").block_size

@@ -31,13 +31,13 @@ BLOCK = 16
 def build(model_dir: str, variant: str, num_blocks: int):
     import torch
 
-    from goodput_runtime import models
-    from goodput_runtime.engine import attention
     from goodput_runtime.engine.model_runner import ModelRunner
+    from goodput_runtime.layers import attention
     from goodput_runtime.loader import load_model
+    from goodput_runtime.models import implementation
 
     model = load_model(Path(model_dir), torch.float32, torch.device("cpu"), attention.register())
-    model = models.choose(model, "transformers" if variant == "transformers" else "auto")
+    model = implementation.choose(model, "transformers" if variant == "transformers" else "auto")
     runner = ModelRunner(model, num_blocks, BLOCK)
     startup = 0.0
     if variant == "compiled":

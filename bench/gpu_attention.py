@@ -3,7 +3,7 @@
     python -m bench.gpu_attention                 # a 1B Llama's attention shape, bf16
 
 The torch path of a decode step, per layer: two ``index_copy_`` cache writes, two block gathers and
-``scaled_dot_product_attention``. The Triton kernel (``engine/triton_attention.py``) stores the new
+``scaled_dot_product_attention``. The Triton kernel (``layers/triton_attention.py``) stores the new
 keys and values and attends over the blocks where they lie, in one launch. Each variant is
 captured as one CUDA graph of ``--layers`` calls, each on its own layer's cache as in a model, and
 the graph replayed; the figure is the replay time over the calls. Each variant's output is
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from goodput_runtime.engine import attention, triton_attention
-from goodput_runtime.engine.attention import DecodeGroup, KVCache, PagedBatch
+from goodput_runtime.layers import attention, triton_attention
+from goodput_runtime.layers.attention import DecodeGroup, KVCache, PagedBatch
 
 
 def case(

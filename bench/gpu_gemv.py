@@ -5,7 +5,7 @@
 The default shapes are a 1B Llama's (TinyLlama's: hidden 2048, 256-wide kv projections, MLP 5632,
 vocabulary 32,000): fused qkv, output, fused gate-up, down, LM head. Each product is timed as a
 decode step runs it: launches captured into a CUDA graph over copies of the weight that together
-exceed the L2 cache (engine/triton_linear.replay_seconds), so each reads its weight from memory.
+exceed the L2 cache (layers/triton_linear.replay_seconds), so each reads its weight from memory.
 For each shape: cuBLAS, every tile of a grid, and the tile `triton_linear.tune` picks from its
 candidates (what the engine would use), as µs per call and the weight's bytes over that time. The
 last row weighs each shape by its count in a step (22 layers and one head).
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from goodput_runtime.engine import triton_linear
+from goodput_runtime.layers import triton_linear
 
 ONE_B = "2560x2048,2048x2048,11264x2048,2048x5632,32000x2048"
 GRID = [c for c in itertools.product((1, 2, 4, 8, 16, 32), (256, 512, 1024, 2048), (4, 8)) if c[0] * c[1] <= 8192]

@@ -5,7 +5,7 @@
 A variant names, joined by `+`, how decode attends: `triton` (the Triton kernel over the paged cache,
 the CUDA default), or the torch path with the cache's blocks read by `index_select` or `index`
 (advanced indexing over 8-byte words), then `cublas` (batch 1's products through cuBLAS, not the
-Triton GEMV of engine/triton_linear.py), `nofuse` (the GEMV for the products alone: norms, SiLU x
+Triton GEMV of layers/triton_linear.py), `nofuse` (the GEMV for the products alone: norms, SiLU x
 up and residual sums as their own kernels, not folded into the products), `nopdl` (the GEMVs launched
 without programmatic dependent launch; `pdlearly`: each also lets the next start at once), `compile` (`--compile`: the
 compact modules' norms, rotary embedding and MLP activation fused by inductor) and `fp8` (fp8
@@ -27,8 +27,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.gpu_decode import decode_round, peak_bandwidth, weight_bytes_per_step
 from goodput_runtime.config import EngineConfig
-from goodput_runtime.engine import attention, triton_linear
 from goodput_runtime.engine.builder import build_core
+from goodput_runtime.layers import attention, triton_linear
 
 
 def kernel_profile(core, batch: int, context: int) -> tuple[int, float, str]:
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         attention.GATHER = "auto" if parts[0] == "triton" else parts[0]
         triton_linear.ENABLED = "cublas" not in parts  # one-row products: the Triton GEMV unless named
         triton_linear.FUSE = "nofuse" not in parts  # the layer as a chain of four GEMVs, unless named
-        # the GEMVs launched with programmatic dependent launch (engine/triton_linear.PDL)
+        # the GEMVs launched with programmatic dependent launch (layers/triton_linear.PDL)
         triton_linear.PDL = "off" if "nopdl" in parts else "early" if "pdlearly" in parts else "wait"
         core = build_core(
             EngineConfig(

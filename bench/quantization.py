@@ -29,7 +29,7 @@ from bench.workload import WorkItem, WorkloadSpec, describe, make_workload, pars
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.builder import build_core
 from goodput_runtime.engine.core import EngineCore
-from goodput_runtime.quantization import FP8_MIN_CAPABILITY, QuantizedLinear, model_bytes, quantize_model
+from goodput_runtime.layers.quantization import FP8_MIN_CAPABILITY, QuantizedLinear, model_bytes, quantize_model
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.tools.make_model import SHAPES
 

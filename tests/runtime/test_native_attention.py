@@ -203,7 +203,7 @@ def test_a_build_left_locked_by_a_killed_process_does_not_hang_the_next(kernel):
 
     folder = native_attention.build_directory(native_attention.build_name())
     (folder / "lock").touch()  # as a process SIGKILLed inside torch's build leaves it
-    probe = "from goodput_runtime.engine import native_attention as n; print(n.available())"
+    probe = "from goodput_runtime.layers import native_attention as n; print(n.available())"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert out.stdout.strip() == "True", out.stderr[-2000:]
     assert not (folder / "lock").exists()

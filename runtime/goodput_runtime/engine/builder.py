@@ -12,10 +12,9 @@ from typing import Any
 
 import torch
 
-from goodput_runtime import models
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.cpu import pick_threads
-from goodput_runtime.engine import attention, parallel, triton_attention, triton_linear
+from goodput_runtime.engine import parallel
 from goodput_runtime.engine.batch_cap import BatchCap
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.contention import ContentionWatch
@@ -24,6 +23,8 @@ from goodput_runtime.engine.model_runner import ModelRunner
 from goodput_runtime.engine.scheduler import Scheduler
 from goodput_runtime.engine.step import KVLayout
 from goodput_runtime.engine.step_tuning import tune_runner
+from goodput_runtime.layers import attention, triton_attention, triton_linear
+from goodput_runtime.layers.quantization import check_method, quantize_model
 from goodput_runtime.loader import (
     ModelLoadError,
     check_architecture,
@@ -33,8 +34,8 @@ from goodput_runtime.loader import (
     resolve_model_path,
 )
 from goodput_runtime.metrics import RuntimeMetrics
+from goodput_runtime.models import implementation
 from goodput_runtime.models.llama import COMPILED_MAX_TOKENS
-from goodput_runtime.quantization import check_method, quantize_model
 from goodput_runtime.sampling import generation_defaults
 from goodput_runtime.spec_decode.draft import DraftProposer
 from goodput_runtime.spec_decode.ngram import NgramProposer
@@ -127,13 +128,13 @@ def load_for_rank(
             log.info("CPU forward passes use %d intra-op threads per rank (%s)", choice.threads, choice.reason)
     attn_implementation = attention.register()  # every rank, rank 0 and the followers, loads through here
     if world == 1:
-        model = models.choose(load_model(model_dir, dtype, device, attn_implementation), config.model_impl)
+        model = implementation.choose(load_model(model_dir, dtype, device, attn_implementation), config.model_impl)
     else:
         device = parallel.rank_device(device, rank)
         assert port is not None
         parallel.init_group(rank, world, port, device)
         model = load_model(model_dir, dtype, torch.device("cpu"), attn_implementation)
-        model = models.choose(model, config.model_impl, world)  # transformers' modules: they shard
+        model = implementation.choose(model, config.model_impl, world)  # transformers' modules: they shard
         parallel.shard_model(model, rank, world)
         model = model.to(device)
     quantize_model(model, config.quantization, device, config.quantize_lm_head)

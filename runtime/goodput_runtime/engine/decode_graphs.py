@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from goodput_runtime.engine.attention import DecodeGroup, KVCache, PagedBatch
+from goodput_runtime.layers.attention import DecodeGroup, KVCache, PagedBatch
 
 log = logging.getLogger(__name__)
 

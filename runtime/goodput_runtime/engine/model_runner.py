@@ -8,14 +8,14 @@ from typing import Any
 
 import torch
 
-from goodput_runtime.engine import attention
-from goodput_runtime.engine.attention import DecodeGroup, KVCache, PagedBatch, PrefillChunk
 from goodput_runtime.engine.contention import ContentionWatch
 from goodput_runtime.engine.decode_graphs import MIN_WIDTH, DecodeGraphs
 from goodput_runtime.engine.sampler import Sampler, SampleRow, logprob_rows
 from goodput_runtime.engine.scheduler import SchedulerOutput
 from goodput_runtime.engine.step import KVLayout, StepItem, StepResult, plan_step
-from goodput_runtime.engine.step_tuning import StepPlan
+from goodput_runtime.layers import attention
+from goodput_runtime.layers.attention import DecodeGroup, KVCache, PagedBatch, PrefillChunk
+from goodput_runtime.layers.step_plan import StepPlan
 from goodput_runtime.models.llama import CausalLM
 from goodput_runtime.spec_decode import Proposer, can_speculate
 from goodput_runtime.spec_decode.rejection import SpecGroup, verify
@@ -59,7 +59,7 @@ class ModelRunner:
             self.set_plan(StepPlan.default(torch.get_num_threads()))
 
     def set_plan(self, plan: StepPlan) -> None:
-        """Run steps as `plan` says (engine/step_tuning.py): their threads here, their products' form
+        """Run steps as `plan` says (layers/step_plan.py): their threads here, their products' form
         in the model."""
         assert isinstance(self.model, CausalLM)
         self.plan = self.model.model.plan = plan

@@ -21,11 +21,10 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from goodput_runtime.engine import triton_linear
-from goodput_runtime.engine.attention import PagedBatch, attend
-from goodput_runtime.engine.step_tuning import LINEAR, ONEDNN, StepPlan
-from goodput_runtime.models import fused
-from goodput_runtime.models.fused import rotate
+from goodput_runtime.layers import fused, triton_linear
+from goodput_runtime.layers.attention import PagedBatch, attend
+from goodput_runtime.layers.fused import rotate
+from goodput_runtime.layers.step_plan import LINEAR, ONEDNN, StepPlan
 from goodput_runtime.models.support import sliding_windows
 
 
@@ -59,10 +58,10 @@ def fuse(linears: list[nn.Linear]) -> nn.Linear:
 
 
 def project(x: torch.Tensor, linear: nn.Module, form: str = LINEAR) -> torch.Tensor:
-    """linear(x) [T, out] for x [T, in]; for a plain nn.Linear in the given form (engine/step_tuning.py):
+    """linear(x) [T, out] for x [T, in]; for a plain nn.Linear in the given form (layers/step_plan.py):
     F.linear, the same product as W @ x^T, or oneDNN's matmul over the weight packed by `pack` (ONEDNN_OP:
     the same through its custom operator, as the compiled graph calls it). A one-row product on a
-    projection engine/triton_linear.py marked (on a GPU) runs its Triton GEMV instead of cuBLAS."""
+    projection layers/triton_linear.py marked (on a GPU) runs its Triton GEMV instead of cuBLAS."""
     if form == LINEAR and x.shape[0] == 1 and type(linear) is nn.Linear and getattr(linear, "gemv", False):
         return triton_linear.gemv_op(x, linear.weight, linear.bias)
     if form == LINEAR or type(linear) is not nn.Linear:
@@ -226,7 +225,7 @@ class Attention(nn.Module):
         qk_width = (self.heads + self.kv_heads) * self.head_dim
         qk = qkv[:, :qk_width].view(t, self.heads + self.kv_heads, self.head_dim)
         rotary = (cos, sin) if rotary_in_attention else None
-        if rotary is None:  # eagerly, in place and fused (models/fused.py); compiled, as inductor fuses it
+        if rotary is None:  # eagerly, in place and fused (layers/fused.py); compiled, as inductor fuses it
             qk = rotate(qk, cos, sin) if batch is None else fused.rotary_(qk, cos, sin)
         if batch is None:
             window = -1 if self.sliding_window is None else self.sliding_window
@@ -282,7 +281,7 @@ class DecoderLayer(nn.Module):
 
     def gemv_chain(self) -> bool:
         """Whether a one-token step runs as forward_gemv: the layer's four projections marked for the GPU's
-        GEMV (engine/triton_linear.py), its activation SiLU, the fusion on."""
+        GEMV (layers/triton_linear.py), its activation SiLU, the fusion on."""
         attn, mlp = self.self_attn, self.mlp
         return (
             triton_linear.FUSE
@@ -320,7 +319,7 @@ class DecoderLayer(nn.Module):
         batch: PagedBatch,
         form: str,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``forward`` with the residual sums folded into the norms (models/fused.py): x is the previous
+        """``forward`` with the residual sums folded into the norms (layers/fused.py): x is the previous
         layer's MLP output (the embeddings at the first layer, residual None), residual the stream
         before it; returns this layer's MLP output and the stream before it. The stream's tensor is
         summed into in place."""
@@ -337,7 +336,7 @@ class Decoder(nn.Module):
         self.rotary_emb = source.rotary_emb
         self.layers = nn.ModuleList(DecoderLayer(layer, i, config, windows[i]) for i, layer in enumerate(source.layers))
         self.norm = RMSNorm(source.norm.weight, source.norm.variance_epsilon)
-        self.plan: StepPlan | None = None  # set by the runner (engine/step_tuning.py)
+        self.plan: StepPlan | None = None  # set by the runner (layers/step_plan.py)
         self.compiled: Any = None  # run_layers through torch.compile (CausalLM.compile_layers)
 
     def forward(
@@ -377,7 +376,7 @@ class CausalLM(nn.Module):
         self.model = Decoder(source.model, source.config, sliding_windows(source))
         self.lm_head = source.lm_head
         for linear in self.linears():  # project reads it each call: a missing attribute costs ~1 µs to look up
-            linear.__dict__["gemv"] = False  # (engine/triton_linear.mark sets it on a GPU)
+            linear.__dict__["gemv"] = False  # (layers/triton_linear.mark sets it on a GPU)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
@@ -425,7 +424,7 @@ class CausalLM(nn.Module):
         return found
 
     def normed_linears(self) -> list[Any]:
-        """The projections an RMS norm precedes (engine/triton_linear.py tunes them with it)."""
+        """The projections an RMS norm precedes (layers/triton_linear.py tunes them with it)."""
         layers: list[Any] = list(self.model.layers)
         return [lin for layer in layers for lin in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj)]
 

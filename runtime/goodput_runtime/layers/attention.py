@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from goodput_runtime.engine import native_attention, triton_attention
+from goodput_runtime.layers import native_attention, triton_attention
+from goodput_runtime.layers.fused import rotate
 
 ATTN_IMPLEMENTATION = "goodput_paged"
 
@@ -224,8 +225,6 @@ def attend(
             rotary=rotary,
         )
     if rotary is not None:
-        from goodput_runtime.models.fused import rotate  # (the models package imports this module)
-
         query, key = rotate(query, *rotary), rotate(key, *rotary)
     k_cache.index_copy_(0, batch.slot_mapping, key)
     v_cache.index_copy_(0, batch.slot_mapping, value)

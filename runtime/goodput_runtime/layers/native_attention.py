@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from goodput_runtime.engine.native_attention_source import CPP_DECL, SOURCE
-from goodput_runtime.engine.native_ops_source import OPS_DECL, OPS_FUNCTIONS, OPS_SOURCE
-from goodput_runtime.engine.native_prefill_source import PREFILL_DECL, PREFILL_SOURCE
+from goodput_runtime.layers.native_attention_source import CPP_DECL, SOURCE
+from goodput_runtime.layers.native_ops_source import OPS_DECL, OPS_FUNCTIONS, OPS_SOURCE
+from goodput_runtime.layers.native_prefill_source import PREFILL_DECL, PREFILL_SOURCE
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ products (the RMS norm's power, mean, sum, reciprocal root and two products, twi
 embedding's negation, concatenation, two products and sum; the MLP's SiLU and product; two
 residual sums). In a decode step each costs a dispatch of a few microseconds for almost no
 work; in a prompt step each is a pass over the step's activations. Here they are three C++
-functions (engine/native_ops_source.py, in the native attention extension):
+functions (layers/native_ops_source.py, in the native attention extension):
 
 - ``rms_norm``: the residual sum and the RMS norm after it (``residual += h`` in place, then the
   norm of the sum times the weight), as vLLM's fused_add_rms_norm;
@@ -24,7 +24,7 @@ import os
 import torch
 from torch import nn
 
-from goodput_runtime.engine import native_attention
+from goodput_runtime.layers import native_attention
 
 # "auto": the fused functions wherever they run; "off": always the torch operations
 FUSED = os.environ.get("GOODPUT_FUSED_OPS", "auto")

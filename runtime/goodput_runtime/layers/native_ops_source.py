@@ -1,4 +1,4 @@
-"""The C++ source of the fused element-wise operations of a decoder layer on CPU (models/fused.py).
+"""The C++ source of the fused element-wise operations of a decoder layer on CPU (layers/fused.py).
 
 Built into the same extension as the attention kernels (native_attention.py), after
 ``native_attention_source.SOURCE``, whose helpers (``exp16``) it uses. Each replaces a chain of

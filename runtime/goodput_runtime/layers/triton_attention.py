@@ -47,7 +47,7 @@ def available(query: torch.Tensor) -> bool:
 
 
 def _kernels() -> Any:
-    from goodput_runtime.engine import triton_kernels  # imports Triton: only where it is used
+    from goodput_runtime.layers import triton_kernels  # imports Triton: only where it is used
 
     return triton_kernels
 

@@ -86,7 +86,7 @@ _chosen: dict[tuple[int, int, torch.dtype, bool], Config] = {}
 
 
 def _kernels() -> Any:
-    from goodput_runtime.engine import triton_kernels  # imports Triton: only where it is used
+    from goodput_runtime.layers import triton_kernels  # imports Triton: only where it is used
 
     return triton_kernels
 
