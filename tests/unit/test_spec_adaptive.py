@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from goodput_runtime.spec_decode.ngram import NgramProposer, best_length, expected_yield, find_ngram
-from goodput_runtime.spec_decode.switch import step_costs
+from goodput_runtime.engine.spec_decode.ngram import NgramProposer, best_length, expected_yield, find_ngram
+from goodput_runtime.engine.spec_decode.switch import step_costs
 
 
 def test_expected_yield_counts_the_kept_proposals_and_the_targets_own_token():

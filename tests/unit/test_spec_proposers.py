@@ -5,10 +5,10 @@ from __future__ import annotations
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.scheduler import Scheduler
 from goodput_runtime.engine.sequence import Sequence
+from goodput_runtime.engine.spec_decode import can_speculate
+from goodput_runtime.engine.spec_decode.ngram import propose_ngram
+from goodput_runtime.engine.spec_decode.switch import SpeculationSwitch, expected_tokens, measure_max_batch
 from goodput_runtime.sampling import SamplingParams
-from goodput_runtime.spec_decode import can_speculate
-from goodput_runtime.spec_decode.ngram import propose_ngram
-from goodput_runtime.spec_decode.switch import SpeculationSwitch, expected_tokens, measure_max_batch
 
 
 def test_prompt_lookup_proposes_what_followed_the_latest_match_of_the_longest_suffix():

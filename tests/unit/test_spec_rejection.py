@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from goodput_runtime.engine.sampler import Sampler, SampleRow
+from goodput_runtime.engine.spec_decode.rejection import SpecGroup, verify
 from goodput_runtime.sampling import SamplingParams
-from goodput_runtime.spec_decode.rejection import SpecGroup, verify
 
 VOCAB = 6
 DRAWS = 20000

@@ -21,6 +21,9 @@ from goodput_runtime.engine.contention import ContentionWatch
 from goodput_runtime.engine.core import EngineCore
 from goodput_runtime.engine.model_runner import ModelRunner
 from goodput_runtime.engine.scheduler import Scheduler
+from goodput_runtime.engine.spec_decode.draft import DraftProposer
+from goodput_runtime.engine.spec_decode.ngram import NgramProposer
+from goodput_runtime.engine.spec_decode.switch import SpeculationSwitch, measure_max_batch, step_costs, timer
 from goodput_runtime.engine.step import KVLayout
 from goodput_runtime.engine.step_tuning import tune_runner
 from goodput_runtime.layers import attention, triton_attention, triton_linear
@@ -37,9 +40,6 @@ from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.models import implementation
 from goodput_runtime.models.llama import COMPILED_MAX_TOKENS
 from goodput_runtime.sampling import generation_defaults
-from goodput_runtime.spec_decode.draft import DraftProposer
-from goodput_runtime.spec_decode.ngram import NgramProposer
-from goodput_runtime.spec_decode.switch import SpeculationSwitch, measure_max_batch, step_costs, timer
 
 log = logging.getLogger(__name__)
 

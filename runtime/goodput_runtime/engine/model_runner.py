@@ -12,13 +12,13 @@ from goodput_runtime.engine.contention import ContentionWatch
 from goodput_runtime.engine.decode_graphs import MIN_WIDTH, DecodeGraphs
 from goodput_runtime.engine.sampler import Sampler, SampleRow, logprob_rows
 from goodput_runtime.engine.scheduler import SchedulerOutput
+from goodput_runtime.engine.spec_decode import Proposer, can_speculate
+from goodput_runtime.engine.spec_decode.rejection import SpecGroup, verify
 from goodput_runtime.engine.step import KVLayout, StepItem, StepResult, plan_step
 from goodput_runtime.layers import attention
 from goodput_runtime.layers.attention import DecodeGroup, KVCache, PagedBatch, PrefillChunk
 from goodput_runtime.layers.step_plan import StepPlan
 from goodput_runtime.models.llama import CausalLM
-from goodput_runtime.spec_decode import Proposer, can_speculate
-from goodput_runtime.spec_decode.rejection import SpecGroup, verify
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from goodput_runtime.engine.batch_cap import BatchCap
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.sequence import SeqStatus, Sequence
-from goodput_runtime.spec_decode.switch import SpeculationSwitch
+from goodput_runtime.engine.spec_decode.switch import SpeculationSwitch
 
 BATCH_PREFILL_SHARE = 8  # batch prefills take at most 1/8 of a step's token budget: a step an online
 # request arrives during stays short, so its wait for the next step does too
