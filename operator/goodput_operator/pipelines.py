@@ -4,6 +4,10 @@ The operator creates nothing for a pipeline (the gateway serves it); it only kee
 status current: on the pipeline's own changes, and whenever an InferenceService in its
 namespace changes readiness (appears, goes, turns Ready or not). Which services each pipeline
 calls is kept from the pipeline watch, so every other service event costs no API call.
+
+Pipelines take kopf's change handlers (resume, create, update), not the level-based path services
+take through controller.py: they are few and get only a status, so kopf's diff base and retries
+cost little here (docs/operator.md, "The reconcile", says why services differ).
 """
 
 from __future__ import annotations

@@ -23,8 +23,9 @@ from goodput_operator.conditions import (
     find,
     merge,
 )
-from goodput_operator.context import CHANGE, SIDE, TRIGGERS, Context
+from goodput_operator.context import Context
 from goodput_operator.k8s import ApiError, now_timestamp, owner_path, resource_path
+from goodput_operator.workqueue import CHANGE, SIDE, TRIGGERS
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ async def reconcile_by_name(ctx: Context, namespace: str, name: str, priority: i
 
 
 async def reconcile(ctx: Context, body: dict[str, Any], priority: int = CHANGE) -> None:
-    """One pass for the service; `priority` orders it among the passes waiting for a slot (context.Slots)."""
+    """One pass for the service; `priority` orders it among the passes waiting for a slot (workqueue.Slots)."""
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     async with ctx.lock(namespace, name), ctx.slots.hold(priority):

@@ -2,8 +2,8 @@
 
 import asyncio
 
-from goodput_operator.context import CHANGE, RESUME, RESYNC, SIDE, SideQueue, Slots
 from goodput_operator.observed import Observed
+from goodput_operator.workqueue import CHANGE, RESUME, RESYNC, SIDE, SideQueue, Slots
 
 
 def test_slots_admit_a_user_change_then_the_backlog_before_side_triggers_that_waited_longer():
