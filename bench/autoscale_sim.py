@@ -38,7 +38,8 @@ from pathlib import Path
 
 from bench.autoscale_model import DT, Curve, Replica, Request, Service, arrivals, traces
 from bench.autoscale_surface import surface_table, yardstick_policy
-from goodput_operator.autoscaling.law import Observation, Policy, Signals, decide, start_memory
+from goodput_operator.autoscaling.law import decide
+from goodput_operator.autoscaling.state import Observation, Policy, Signals, start_memory
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PERIOD = 15.0  # control period of every autoscaler

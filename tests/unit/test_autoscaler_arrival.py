@@ -12,8 +12,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from goodput_operator.autoscaling.arrival import forecast
-from goodput_operator.autoscaling.law import Decision, Memory, Observation, Policy, Signals, decide
+from goodput_operator.autoscaling.law import Decision, decide
 from goodput_operator.autoscaling.signals import History, parse_pod_metrics
+from goodput_operator.autoscaling.state import Memory, Observation, Policy, Signals
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.request_times import RequestTimes
 

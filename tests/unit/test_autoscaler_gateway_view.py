@@ -15,7 +15,8 @@ from goodput_operator.autoscaling.gateway import (
     parse_gateway_metrics,
     with_gateway_demand,
 )
-from goodput_operator.autoscaling.law import Memory, Observation, Policy, Signals, decide
+from goodput_operator.autoscaling.law import decide
+from goodput_operator.autoscaling.state import Memory, Observation, Policy, Signals
 
 
 def gateway_text(pending: dict[tuple[str, str], int]) -> str:

@@ -11,16 +11,12 @@ from goodput_operator.autoscaling.law import (
     HOLD,
     SCALE_CAUSES,
     UP,
-    Memory,
-    Observation,
-    Policy,
-    Signals,
     capacity_term,
     decide,
     learn_capacity,
     planned_load,
-    start_memory,
 )
+from goodput_operator.autoscaling.state import Memory, Observation, Policy, Signals, start_memory
 
 POLICY = Policy(
     min_replicas=1, max_replicas=10, attainment_target=0.95, ttft_target=0.5, tpot_target=0.05, scale_down_window=300

@@ -1,17 +1,15 @@
 """The arrival rate the law plans for: Holt's linear smoothing of the windowed rate against Poisson
 noise, the test that tells a change from noise, and the forecast over a replica's start-up.
 
-Pure, like law.py, whose `decide` calls it with the law's Memory, Signals and Policy.
+Pure, like law.py, whose `decide` calls it with the Memory, Signals and Policy of state.py.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from goodput_operator.autoscaling.law import Memory, Policy, Signals
+from goodput_operator.autoscaling.state import Memory, Policy, Signals
 
 # Holt's linear smoothing of the arrival rate: time constant in short windows (180 s for the default 60 s), trend gain
 LEVEL_WINDOWS, TREND_BETA = 3.0, 0.2

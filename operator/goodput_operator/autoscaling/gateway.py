@@ -29,8 +29,8 @@ from goodput_contract.metrics import (
     GATEWAY_REQUESTS_REFUSED,
     GATEWAY_REQUESTS_WAITING,
 )
-from goodput_operator.autoscaling.law import Signals
 from goodput_operator.autoscaling.sources import SCRAPE_TIMEOUT_SECONDS, endpoint_slice_version, service_endpoints
+from goodput_operator.autoscaling.state import Signals
 from goodput_operator.k8s import Kube
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,8 @@
 """The goodput scaling law: observed signals and the last state in, a replica count and its reason out.
 
 Pure: no clock, no API, no I/O. The loop (loop.py) and the simulator
-(bench/autoscale_sim.py) call the same `decide`. See docs/autoscaling.md for the model.
+(bench/autoscale_sim.py) call the same `decide`, with the Policy, Observation and Memory of state.py;
+the arrival rate it plans for is arrival.py's. See docs/autoscaling.md for the model.
 
     desired  = clamp(max(capacity term, forecast term, SLO guard), min, max)
     capacity = fewest N with N × planned(N) ≥ smoothed arrival rate (+ queue / window while requests queue)
@@ -23,6 +24,7 @@ import math
 from dataclasses import dataclass, replace
 
 from goodput_operator.autoscaling.arrival import beyond_noise, noise, rate_ahead, smooth
+from goodput_operator.autoscaling.state import Memory, Observation, Policy, Signals
 
 UP, DOWN, HOLD = "up", "down", "hold"
 # every (direction, cause) a replica change can carry; the operator exports each at zero from the start,
@@ -41,73 +43,6 @@ STEP_LIMITS = (0.94, 0.98, 1.02, 1.2)  # ... down between the first two factors,
 PLANNED_BAND = (0.7, 1.1)  # a period is evidence when the load ran at this share of the planned load
 REFERENCE_REPLICAS = 4  # the replica count at which the headroom is exactly 1 − target utilisation
 TOLERANCE = 0.05  # up when the load exceeds the plan by this share; down when N−1 stay this far under it
-
-
-@dataclass(frozen=True)
-class Policy:
-    min_replicas: int
-    max_replicas: int
-    attainment_target: float = 0.95
-    ttft_target: float | None = None  # seconds; for the reason text
-    tpot_target: float | None = None
-    target_utilization: float = 0.8
-    scale_down_window: float = 300.0  # seconds
-    idle_period: float | None = None  # seconds without requests before 1 → 0; needed for minReplicas 0
-    startup_seconds: float = 60.0  # pod created → ready: how far ahead the forecast looks
-    window_seconds: float = 60.0  # the short metrics window
-    batch_max_replicas: int = 0  # spec.batch.maxReplicas: replicas kept while batch lines are pending
-
-
-@dataclass(frozen=True)
-class Signals:
-    """What the ready pods' metrics say, summed or averaged over them."""
-
-    arrival_rate: float  # requests per second
-    attainment: float | None  # short window (1 min); None when no request finished in it
-    attainment_long: float | None = None  # 5 min, for status and dashboards
-    waiting: int = 0
-    running: int = 0
-    kv_usage: float = 0.0
-    ttft_p90: float | None = None
-    tpot_p90: float | None = None
-    finished_long: float | None = None  # requests finished in the long window, to judge a miss's weight
-    arrival_rate_now: float | None = None  # over the last period only: a surge shows here first
-    finished: float | None = None  # requests finished in the short window; None: a fifth of finished_long
-
-
-@dataclass(frozen=True)
-class Observation:
-    now: float  # seconds, any monotonic origin
-    current: int  # replicas the scale subresource holds now
-    ready: int  # replicas serving (the rest are starting: coming capacity)
-    signals: Signals | None  # None: metrics missing or failed, never read as zero
-    missing: str = ""  # why signals are None
-    held: int | None = None  # requests the gateway holds for the service (None: no gateway read)
-    last_request_age: float | None = None  # seconds since the gateway last saw a request for it (None: never)
-    batch_pending: int | None = None  # Batch API lines the gateway has yet to run for it (None: no gateway read)
-
-
-@dataclass(frozen=True)
-class Memory:
-    """What the law carries from one period to the next."""
-
-    capacity_per_replica: float | None = None  # requests per second one replica serves within the SLO
-    high_since: float | None = None  # when the need last reached the current count
-    idle_since: float | None = None
-    changed_at: float | None = None  # when the replica count last changed or pods were last starting
-    level: float | None = None  # Holt: the smoothed arrival rate (req/s) ...
-    trend: float = 0.0  # ... and its trend (req/s per second)
-    level_age: float = math.inf  # seconds of readings behind the level (0 at the first)
-    seen_at: float | None = None  # the last period's time
-    good: float = 0.0  # evidence about the current estimate: requests within the SLO ...
-    total: float = 0.0  # ... of this many, in periods run near the planned load
-    ceiling: float | None = None  # the lowest estimate a significant miss refuted
-
-
-def start_memory(capacity: float | None) -> Memory:
-    """A service's first Memory. A configured capacity is a measurement, not a guess: the law starts from it
-    and probes above it only as it would above a refuted estimate, a few per cent at a time."""
-    return Memory(capacity_per_replica=capacity, ceiling=capacity)
 
 
 @dataclass(frozen=True)

@@ -20,16 +20,7 @@ from goodput_contract.metrics import AUTOSCALER_DESIRED_REPLICAS as DESIRED_METR
 from goodput_operator import metrics
 from goodput_operator.autoscaling.arrival import forecast
 from goodput_operator.autoscaling.gateway import GatewayReader, GatewayView, RefusalRate, with_gateway_demand
-from goodput_operator.autoscaling.law import (
-    SCALE_CAUSES,
-    UP,
-    Decision,
-    Memory,
-    Observation,
-    Policy,
-    decide,
-    start_memory,
-)
+from goodput_operator.autoscaling.law import SCALE_CAUSES, UP, Decision, decide
 from goodput_operator.autoscaling.sources import (
     DirectSource,
     PrometheusSource,
@@ -39,6 +30,7 @@ from goodput_operator.autoscaling.sources import (
     service_endpoints,
 )
 from goodput_operator.autoscaling.startup import StartupClock
+from goodput_operator.autoscaling.state import Memory, Observation, Policy, start_memory
 from goodput_operator.context import Context
 from goodput_operator.k8s import ApiError, Kube, load_config, now_timestamp, owner_collection, owner_path
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from goodput_contract.metrics import ENGINE_METRICS, EngineMetrics
-from goodput_operator.autoscaling.law import Signals
+from goodput_operator.autoscaling.state import Signals
 
 Buckets = tuple[tuple[float, float], ...]  # (le, cumulative count)
 

@@ -21,7 +21,6 @@ from typing import Any, Protocol
 import aiohttp
 
 from goodput_contract.metrics import ENGINE_METRICS
-from goodput_operator.autoscaling.law import Signals
 from goodput_operator.autoscaling.signals import (
     History,
     PodSample,
@@ -30,6 +29,7 @@ from goodput_operator.autoscaling.signals import (
     parse_pod_metrics,
     share_within,
 )
+from goodput_operator.autoscaling.state import Signals
 from goodput_operator.k8s import ApiError, Kube
 
 logger = logging.getLogger(__name__)
