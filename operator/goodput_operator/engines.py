@@ -1,10 +1,11 @@
 """The serving engines an InferenceService can run, one row each: Goodput's own runtime, vLLM and SGLang.
 
 A row says everything the pod builder needs to know about an engine: its default image (from the
-operator's settings, pinned by tag), its command, how each CR field becomes one of its flags (and
-which fields it cannot honour), its health and metrics endpoints, probes sized for model load, the
-prefix of its metric names, and what it needs mounted. `builders.py` builds every pod from this
-table; adding an engine means adding a row (and its flag mapping) here.
+operator's settings, pinned by tag), its command, how each CR field becomes one of its flags, its
+health and metrics endpoints, probes sized for model load, the prefix of its metric names, and what
+it needs mounted. A second table, REFUSALS, names the fields an engine cannot honour. `builders.py`
+builds every pod from these tables; adding an engine means adding a row (and its flag mapping) here,
+and its kind to the REFUSALS rows it cannot honour.
 
 Flags were checked against each engine's own parser: Goodput's from `goodput_contract.flags`,
 vLLM 0.32.0's `vllm.entrypoints.openai.api_server --help`, SGLang's `ServerArgs`.
@@ -132,10 +133,10 @@ class Probe:
 @dataclass(frozen=True)
 class Engine:
     kind: str
+    name: str  # as messages spell it
     image: Callable[[Settings, bool], str]  # (settings, on_gpu) -> the default image
     command: tuple[str, ...]
     args: Callable[[ServiceSpec], list[str]]  # the command line from the CR (after validate passed)
-    refusals: Callable[[ServiceSpec], list[tuple[str, str]]]  # (field under spec, why) it cannot honour
     health_path: str
     metrics_path: str
     metric_prefix: str  # what its /metrics names start with
@@ -212,10 +213,6 @@ def goodput_args(svc: ServiceSpec) -> list[str]:
     return args + list(e.extra_args)
 
 
-def _goodput_refusals(svc: ServiceSpec) -> list[tuple[str, str]]:
-    return []  # the runtime honours every field; the fit checks refuse what a model rules out
-
-
 # --- vLLM -----------------------------------------------------------------------------------------
 
 # CR field -> vLLM flag (vLLM 0.32.0). Fields absent here are refused for vLLM, or set otherwise (below).
@@ -234,7 +231,6 @@ VLLM_FLAGS: dict[str, str] = {
     "slo.ttft": "--custom-histogram-buckets",  # the SLOs become histogram boundaries (JSON, both at once)
     "slo.tpot": "--custom-histogram-buckets",
 }
-VLLM_QUANTIZATIONS = ("none", "fp8")
 
 
 def _value(value: object) -> str:
@@ -280,27 +276,6 @@ def vllm_args(svc: ServiceSpec) -> list[str]:
     return args + list(e.extra_args)
 
 
-def _vllm_refusals(svc: ServiceSpec) -> list[tuple[str, str]]:
-    out = []
-    if svc.model.quantization not in VLLM_QUANTIZATIONS:
-        out.append(
-            (
-                "model.quantization",
-                f"{svc.model.quantization} is Goodput's own load-time quantization; "
-                "vLLM quantizes at load time only to fp8 (or serves a checkpoint quantized beforehand)",
-            )
-        )
-    if svc.engine.max_queue is not None:
-        out.append(("engine.maxQueue", "vLLM has no bounded queue; leave it out or use engine.kind goodput or sglang"))
-    if svc.model.source.file:
-        out.append(("model.source", "names one GGUF file; vLLM needs a model directory or a Hub repository here"))
-    if svc.engine.speculative is not None:
-        out.append(
-            ("engine.speculative", "is Goodput's runtime's; for vLLM pass --speculative-config in engine.extraArgs")
-        )
-    return out
-
-
 def _vllm_env(svc: ServiceSpec) -> list[dict[str, str]]:
     return [
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
@@ -326,7 +301,6 @@ SGLANG_FLAGS: dict[str, str] = {
     "slo.ttft": "--bucket-time-to-first-token",  # the SLO becomes a histogram boundary
     "slo.tpot": "--bucket-inter-token-latency",
 }
-SGLANG_QUANTIZATIONS = ("none", "fp8")
 
 
 def sglang_args(svc: ServiceSpec) -> list[str]:
@@ -343,30 +317,6 @@ def sglang_args(svc: ServiceSpec) -> list[str]:
     return args + list(e.extra_args)
 
 
-def _sglang_refusals(svc: ServiceSpec) -> list[tuple[str, str]]:
-    out = []
-    if svc.model.quantization not in SGLANG_QUANTIZATIONS:
-        out.append(
-            (
-                "model.quantization",
-                f"{svc.model.quantization} is Goodput's own load-time quantization; "
-                "SGLang quantizes at load time only to fp8 (or serves a checkpoint quantized beforehand)",
-            )
-        )
-    if not svc.resources.gpu:
-        out.append(("resources.gpu", "is 0 (CPU), but SGLang's published images serve on GPUs only"))
-    if svc.model.source.file:
-        out.append(("model.source", "names one GGUF file; SGLang needs a model directory or a Hub repository here"))
-    if svc.engine.speculative is not None:
-        out.append(
-            (
-                "engine.speculative",
-                "is Goodput's runtime's; for SGLang pass --speculative-algorithm and its flags in engine.extraArgs",
-            )
-        )
-    return out
-
-
 def _sglang_env(svc: ServiceSpec) -> list[dict[str, str]]:
     return [{"name": "SGLANG_CACHE_DIR", "value": f"{MODEL_CACHE_DIR}/sglang"}]
 
@@ -380,10 +330,10 @@ _LIVE = Probe(period_seconds=10, failure_threshold=6)
 ENGINES: dict[str, Engine] = {
     GOODPUT: Engine(
         kind=GOODPUT,
+        name="Goodput",
         image=lambda s, gpu: s.runtime_image,
         command=("python3", "-m", "goodput_runtime"),
         args=goodput_args,
-        refusals=_goodput_refusals,
         health_path="/health",
         metrics_path="/metrics",
         metric_prefix="goodput_",
@@ -396,11 +346,11 @@ ENGINES: dict[str, Engine] = {
     ),
     VLLM: Engine(
         kind=VLLM,
+        name="vLLM",
         image=lambda s, gpu: s.vllm_image if gpu else s.vllm_cpu_image,
         # the module, not the `vllm` script: the same in the official images and in a pip install
         command=("python3", "-m", "vllm.entrypoints.openai.api_server"),
         args=vllm_args,
-        refusals=_vllm_refusals,
         health_path="/health",
         metrics_path="/metrics",
         metric_prefix="vllm:",
@@ -414,10 +364,10 @@ ENGINES: dict[str, Engine] = {
     ),
     SGLANG: Engine(
         kind=SGLANG,
+        name="SGLang",
         image=lambda s, gpu: s.sglang_image,
         command=("python3", "-m", "sglang.launch_server"),
         args=sglang_args,
-        refusals=_sglang_refusals,
         health_path="/health",
         metrics_path="/metrics",
         metric_prefix="sglang:",
@@ -434,6 +384,73 @@ KINDS = tuple(ENGINES)
 
 def engine_of(svc: ServiceSpec) -> Engine:
     return ENGINES[svc.engine.kind]
+
+
+# --- what an engine cannot honour -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A field `engines` cannot honour when `asked` holds for the service; `why` is formatted with
+    the engine's name as {engine} and the service as {svc}."""
+
+    field: str
+    engines: tuple[str, ...]
+    asked: Callable[[ServiceSpec], bool]
+    why: str
+
+
+# Our runtime honours every field (the fit checks refuse what a model rules out). For each other engine
+# the first row that holds is the one reported, so the order is the order fields are checked in.
+REFUSALS = (
+    Refusal(
+        "model.quantization",
+        (VLLM, SGLANG),
+        lambda svc: svc.model.quantization not in ("none", "fp8"),
+        "{svc.model.quantization} is Goodput's own load-time quantization; "
+        "{engine} quantizes at load time only to fp8 (or serves a checkpoint quantized beforehand)",
+    ),
+    Refusal(
+        "engine.maxQueue",
+        (VLLM,),
+        lambda svc: svc.engine.max_queue is not None,
+        "{engine} has no bounded queue; leave it out or use engine.kind goodput or sglang",
+    ),
+    Refusal(
+        "resources.gpu",
+        (SGLANG,),
+        lambda svc: not svc.resources.gpu,
+        "is 0 (CPU), but {engine}'s published images serve on GPUs only",
+    ),
+    Refusal(
+        "model.source",
+        (VLLM, SGLANG),
+        lambda svc: bool(svc.model.source.file),
+        "names one GGUF file; {engine} needs a model directory or a Hub repository here",
+    ),
+    Refusal(
+        "engine.speculative",
+        (VLLM,),
+        lambda svc: svc.engine.speculative is not None,
+        "is Goodput's runtime's; for {engine} pass --speculative-config in engine.extraArgs",
+    ),
+    Refusal(
+        "engine.speculative",
+        (SGLANG,),
+        lambda svc: svc.engine.speculative is not None,
+        "is Goodput's runtime's; for {engine} pass --speculative-algorithm and its flags in engine.extraArgs",
+    ),
+)
+
+
+def refusals(svc: ServiceSpec) -> list[tuple[str, str]]:
+    """(field under spec, why) for each field the service's engine cannot honour, in the table's order."""
+    engine = engine_of(svc)
+    return [
+        (r.field, r.why.format(engine=engine.name, svc=svc))
+        for r in REFUSALS
+        if engine.kind in r.engines and r.asked(svc)
+    ]
 
 
 def validate(svc: ServiceSpec) -> None:
@@ -453,7 +470,7 @@ def validate(svc: ServiceSpec) -> None:
             "its API key only on the command line, where the pod spec would show it",
             reason="EngineUnsupportedField",
         )
-    for field, why in engine_of(svc).refusals(svc):
+    for field, why in refusals(svc):
         raise SpecError(
             field, f"cannot be honoured by engine.kind {svc.engine.kind}: {why}", reason="EngineUnsupportedField"
         )
