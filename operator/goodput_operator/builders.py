@@ -285,31 +285,31 @@ def metric_relabelings(svc: ServiceSpec) -> list[dict[str, Any]]:
     return out
 
 
-def build_service_monitor(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
-    endpoint: dict[str, Any] = {"port": "metrics", "path": engines.engine_of(svc).metrics_path, "interval": "15s"}
+# The Prometheus operator's two ways to scrape the runtime: kind -> (the port it scrapes, the spec field
+# listing its endpoints). A ServiceMonitor goes through the Service, a PodMonitor to the pods directly.
+MONITORS = {"ServiceMonitor": ("metrics", "endpoints"), "PodMonitor": ("http", "podMetricsEndpoints")}
+
+
+def build_monitor(svc: ServiceSpec, owner: dict[str, Any], kind: str) -> Manifest:
+    """The ServiceMonitor or PodMonitor (`kind`) that scrapes the service's runtime pods."""
+    port, endpoints = MONITORS[kind]
+    endpoint: dict[str, Any] = {"port": port, "path": engines.engine_of(svc).metrics_path, "interval": "15s"}
     if relabelings := metric_relabelings(svc):
         endpoint["metricRelabelings"] = relabelings
     return {
         "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "ServiceMonitor",
+        "kind": kind,
         "metadata": child_metadata(svc, svc.name, owner),
         "spec": {
             "selector": {"matchLabels": selector_labels(svc)},
-            "endpoints": [endpoint],
+            endpoints: [endpoint],
         },
     }
+
+
+def build_service_monitor(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
+    return build_monitor(svc, owner, "ServiceMonitor")
 
 
 def build_pod_monitor(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
-    endpoint: dict[str, Any] = {"port": "http", "path": engines.engine_of(svc).metrics_path, "interval": "15s"}
-    if relabelings := metric_relabelings(svc):
-        endpoint["metricRelabelings"] = relabelings
-    return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "PodMonitor",
-        "metadata": child_metadata(svc, svc.name, owner),
-        "spec": {
-            "selector": {"matchLabels": selector_labels(svc)},
-            "podMetricsEndpoints": [endpoint],
-        },
-    }
+    return build_monitor(svc, owner, "PodMonitor")
