@@ -4,6 +4,7 @@ import asyncio
 import json
 
 import pytest
+from operator_fakes import FakeContext
 
 from goodput_contract import flags
 from goodput_contract.api.spec import SpecError, parse
@@ -223,23 +224,6 @@ def test_our_runtime_still_takes_what_the_others_refuse():
             "resources": {"gpu": 0},
         }
     )
-
-
-class FakeKube:
-    def __init__(self):
-        self.statuses = []
-
-    async def patch_status(self, namespace, name, status):
-        self.statuses.append(status)
-
-
-class FakeContext:
-    def __init__(self):
-        self.kube = FakeKube()
-        self.events = []
-
-    async def event(self, body, type_, reason, message):
-        self.events.append((type_, reason, message))
 
 
 def test_refusal_is_valid_false_with_the_field_and_an_event():

@@ -2,6 +2,8 @@
 
 import asyncio
 
+from operator_fakes import FakeContext
+
 from goodput_operator.conditions import FALSE, TRUE
 from goodput_operator.pods import Failure, failure, one_line
 from goodput_operator.reconcile import _available, _report_failure
@@ -150,15 +152,6 @@ def test_available_says_why_no_pod_serves_and_only_names_a_failure_beside_servin
     assert (c.status, c.reason, c.message) == (TRUE, "MinimumReplicasAvailable", f"1/2 replicas ready; {f.message}")
     assert _available(none_ready, 2, None).reason == "ReplicasNotReady"
     assert _available(none_ready, 0, f).reason == "ScaledToZero"
-
-
-class FakeContext:
-    def __init__(self):
-        self.reported_failures = {}
-        self.events = []
-
-    async def event(self, body, type_, reason, message):
-        self.events.append((type_, reason, message))
 
 
 def _body(available_message=""):
