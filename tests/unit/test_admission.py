@@ -40,7 +40,7 @@ def test_nothing_is_predicted_until_a_decode_step_is_measured():
     s = make()
     assert predict(s, StepRates(), 100, 1) is None
     admission = Admission(AdmissionSettings(ttft_target=0.001))
-    admission.check(SimpleNamespace(core=SimpleNamespace(scheduler=s)), 100, SamplingParams(max_tokens=5))
+    admission.check(SimpleNamespace(scheduler=s), 100, SamplingParams(max_tokens=5))
 
 
 def test_an_idle_engine_predicts_the_request_s_own_prefill():
@@ -109,7 +109,7 @@ def test_a_request_predicted_past_the_target_gets_429_with_retry_after():
         s.add(request(f"w{i}", 100))  # 3 s of prefill ahead
     admission = Admission(AdmissionSettings(ttft_target=1.0, margin=0.1))
     admission.rates = rates()
-    engine = SimpleNamespace(core=SimpleNamespace(scheduler=s))
+    engine = SimpleNamespace(scheduler=s)
     with pytest.raises(APIError) as refused:
         admission.check(engine, 100, SamplingParams(max_tokens=5))
     assert refused.value.status == 429

@@ -1,4 +1,5 @@
-"""The engine as the server sees it: requests in, streams of outputs back, a step loop in between.
+"""The engine as the server sees it (an EngineClient, client.py): requests in, streams of outputs back,
+a step loop in between.
 
 Scheduling and bookkeeping run on the event loop; only the forward pass runs in a worker
 thread, so HTTP stays responsive while the model computes. Aborts that arrive during a
@@ -10,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from goodput_runtime.config import EngineConfig
+from goodput_runtime.engine.client import StepObserver
 from goodput_runtime.engine.core import EngineCore
 from goodput_runtime.engine.outputs import EngineStoppedError, QueueFullError, RequestOutput
-from goodput_runtime.engine.scheduler import SchedulerOutput
+from goodput_runtime.engine.scheduler import Scheduler, SchedulerOutput
 from goodput_runtime.engine.sequence import PoolingParams
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
@@ -61,8 +63,7 @@ class AsyncEngine:
         self.loop_task: asyncio.Task | None = None
         # one thread runs every forward pass, so a step still running at shutdown can be waited for
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine-step")
-        # called after each step with its scheduled sequences and the forward pass's seconds
-        self.step_observers: list[Callable[[list, float], None]] = []
+        self.step_observers: list[StepObserver] = []
         # the last step and when it was scheduled: the scheduler learns each step's whole cycle (forward
         # pass, update, the handlers that run before the next step), the time between a request's tokens
         self.last_step: tuple[SchedulerOutput, float] | None = None
@@ -79,6 +80,10 @@ class AsyncEngine:
         return self.core.sampling_defaults
 
     @property
+    def scheduler(self) -> Scheduler:
+        return self.core.scheduler
+
+    @property
     def num_waiting(self) -> int:
         return len(self.core.scheduler.waiting)
 
@@ -89,6 +94,10 @@ class AsyncEngine:
     @property
     def num_total_blocks(self) -> int:
         return self.core.block_manager.num_blocks
+
+    @property
+    def num_streams(self) -> int:
+        return len(self.streams)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.streams)
@@ -108,6 +117,14 @@ class AsyncEngine:
     def embedding_size(self) -> int:
         """The length of an embedding: the model's hidden size."""
         return int(self.core.runner.model.config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.core.runner.model.config.vocab_size)
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.core.scheduler.eos_token_ids
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, pooling: PoolingParams | None = None

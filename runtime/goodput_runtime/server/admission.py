@@ -25,8 +25,10 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
 
+from goodput_runtime.engine.client import EngineClient
+from goodput_runtime.engine.scheduler import ScheduledSeq, Scheduler
+from goodput_runtime.engine.sequence import Sequence
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.server.errors import APIError
 
@@ -89,7 +91,7 @@ class Prediction:
     kv: float
 
 
-def observe_step(rates: StepRates, scheduled: list[Any], seconds: float) -> None:
+def observe_step(rates: StepRates, scheduled: list[ScheduledSeq], seconds: float) -> None:
     """Feed one executed step (the scheduler's ScheduledSeq list, after update) into `rates`."""
     prefill = decodes = 0
     for item in scheduled:
@@ -103,7 +105,7 @@ def observe_step(rates: StepRates, scheduled: list[Any], seconds: float) -> None
     rates.observe_step(prefill, decodes, seconds)
 
 
-def remaining_tokens(seq: Any, typical: float | None) -> int:
+def remaining_tokens(seq: Sequence, typical: float | None) -> int:
     """Tokens a running sequence has yet to generate: up to its max_tokens, expected near the typical
     output length (once measured) for requests that stop on their own."""
     left = max(1, seq.params.max_tokens - seq.num_output_tokens)
@@ -112,7 +114,9 @@ def remaining_tokens(seq: Any, typical: float | None) -> int:
     return left
 
 
-def predict(scheduler: Any, rates: StepRates, num_prompt_tokens: int, n: int, priority: int = 0) -> Prediction | None:
+def predict(
+    scheduler: Scheduler, rates: StepRates, num_prompt_tokens: int, n: int, priority: int = 0
+) -> Prediction | None:
     """The predicted TTFT of a request arriving now; None until a decode step is measured. Waiting
     requests of a later priority class (batch work behind an online request) are not ahead of it."""
     if not rates.measured:
@@ -174,19 +178,14 @@ class Admission:
         self._refused_since_log = 0
         self._last_log = 0.0
 
-    def attach(self, engine: Any) -> None:
-        """Measure every step the engine runs from now on (engines without step observers: never refuse)."""
-        observers = getattr(engine, "step_observers", None)
-        if observers is not None:
-            observers.append(lambda scheduled, seconds: observe_step(self.rates, scheduled, seconds))
+    def attach(self, engine: EngineClient) -> None:
+        """Measure every step the engine runs from now on."""
+        engine.step_observers.append(lambda scheduled, seconds: observe_step(self.rates, scheduled, seconds))
 
-    def check(self, engine: Any, num_prompt_tokens: int, params: SamplingParams) -> None:
-        core = getattr(engine, "core", None)
-        if core is None:
-            return
+    def check(self, engine: EngineClient, num_prompt_tokens: int, params: SamplingParams) -> None:
         if params.priority > 0:
             return  # batch work has no TTFT target: it waits behind online requests, paced by the gateway
-        prediction = predict(core.scheduler, self.rates, num_prompt_tokens, params.n, params.priority)
+        prediction = predict(engine.scheduler, self.rates, num_prompt_tokens, params.n, params.priority)
         if prediction is None or prediction.ttft <= self.settings.limit:
             return
         self._log_refusal(prediction)

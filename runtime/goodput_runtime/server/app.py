@@ -5,21 +5,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from typing import Any
 
 from aiohttp import hdrs, web
 
-from goodput_runtime.metrics import RuntimeMetrics
+from goodput_runtime.engine.client import EngineClient
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.server import debug
 from goodput_runtime.server import embeddings as embedding_routes
 from goodput_runtime.server import tokens as token_routes
-from goodput_runtime.server.admission import Admission
 from goodput_runtime.server.auth import require_api_key
-from goodput_runtime.server.errors import APIError, from_http_exception, internal, invalid, unavailable
-from goodput_runtime.server.generate import Tracker, generate
-from goodput_runtime.server.guided import Grammars
+from goodput_runtime.server.errors import APIError, from_http_exception, internal, invalid
+from goodput_runtime.server.generate import generate
 from goodput_runtime.server.prompts import (
     chat_prompt_ids,
     check_token_ids,
@@ -27,79 +24,12 @@ from goodput_runtime.server.prompts import (
     token_budget,
 )
 from goodput_runtime.server.protocol import Sampling, header_priority, parse_chat, parse_completion, parse_json
-from goodput_runtime.server.responses import ChatShape, CompletionShape, TokenText
+from goodput_runtime.server.responses import ChatShape, CompletionShape
+from goodput_runtime.server.state import STATE, ServerState
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
-
-
-class ServerState:
-    """What the routes share: the engine once it is ready, and the serving phase."""
-
-    def __init__(
-        self,
-        model_name: str,
-        metrics: RuntimeMetrics,
-        root: str | None = None,
-        api_keys: tuple[str, ...] = (),
-        admission: Admission | None = None,
-    ) -> None:
-        self.model_name = model_name
-        self.api_keys = api_keys  # empty: no key is asked for
-        self.root = root or model_name
-        self.metrics = metrics
-        self.engine: Any = None
-        self.phase = "loading"  # loading | ready | stopping | draining
-        self.created = int(time.time())
-        self.tracker = Tracker()
-        self.token_text: TokenText | None = None
-        self.admission = admission  # None: every request is queued (up to --max-queue)
-        self.grammars = Grammars(metrics)
-
-    def set_ready(self, engine: Any) -> None:
-        self.engine = engine
-        if self.admission is not None:
-            self.admission.attach(engine)
-        self.token_text = TokenText(engine.tokenizer)
-        self.phase = "ready"
-
-    def set_stopping(self) -> None:
-        """Health turns 503 so readiness drops, but new requests are still served (the shutdown delay)."""
-        self.phase = "stopping"
-
-    @property
-    def closing(self) -> bool:
-        """Once a stop has arrived, every response tells its client to reconnect elsewhere."""
-        return self.phase in ("stopping", "draining")
-
-    def set_draining(self) -> None:
-        self.phase = "draining"
-        if self.engine is not None:
-            self.engine.stop_admitting()
-
-    def serving_engine(self) -> Any:
-        if self.phase == "loading":
-            raise unavailable("The model is still loading; retry shortly", "model_loading")
-        if self.phase == "draining":
-            raise unavailable("The server is shutting down and accepts no new requests", "shutting_down")
-        return self.engine
-
-    def admit(self, engine: Any, prompt_ids: list[int], params: SamplingParams) -> None:
-        """429 now for a request predicted to miss the TTFT target (see admission.py)."""
-        if self.admission is not None:
-            self.admission.check(engine, len(prompt_ids), params)
-
-    def check_model(self, model: str) -> None:
-        if model != self.model_name:
-            raise invalid(
-                f"The model '{model}' does not exist; this server serves '{self.model_name}'",
-                "model",
-                "model_not_found",
-            )
-
-
-STATE = web.AppKey("state", ServerState)
 
 
 @web.middleware
@@ -135,7 +65,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     shape = CompletionShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
     echo_text = None
     if body.sampling.echo:
-        echo_text = body.prompt if isinstance(body.prompt, str) else engine.tokenizer.decode(prompt_ids)
+        decoded = body.prompt if isinstance(body.prompt, str) else engine.tokenizer.decode(prompt_ids)
+        assert isinstance(decoded, str)  # one sequence decodes to one string
+        echo_text = decoded
     return await generate(request, engine, state.tracker, shape, prompt_ids, params, body.stream, "prompt", echo_text)
 
 
@@ -175,7 +107,8 @@ async def embeddings(request: web.Request) -> web.Response:
 
 
 async def debug_state(request: web.Request) -> web.Response:
-    return await debug.debug_state(request, request.app[STATE])
+    state = request.app[STATE]
+    return web.json_response(debug.state_of(state.engine, state.phase, len(state.tracker)))
 
 
 async def tokenize(request: web.Request) -> web.Response:
@@ -186,10 +119,12 @@ async def detokenize(request: web.Request) -> web.Response:
     return await token_routes.detokenize(request, request.app[STATE])
 
 
-def sampling_params(engine: Any, sampling: Sampling, num_prompt_tokens: int, prompt_param: str) -> SamplingParams:
+def sampling_params(
+    engine: EngineClient, sampling: Sampling, num_prompt_tokens: int, prompt_param: str
+) -> SamplingParams:
     """The engine's settings for a request: its limit within the context (the model's default
     max_tokens where it is silent), and the model's generation_config defaults where it is silent."""
-    defaults = getattr(engine, "sampling_defaults", None) or {}
+    defaults = engine.sampling_defaults
     max_tokens = token_budget(sampling, num_prompt_tokens, engine.max_model_len, prompt_param)
     if sampling.max_tokens is None and "max_tokens" in defaults:
         max_tokens = max(1, min(max_tokens, int(defaults["max_tokens"])))
@@ -239,7 +174,7 @@ async def get_model(request: web.Request) -> web.Response:
 async def health(request: web.Request) -> web.Response:
     state = request.app[STATE]
     phase = state.phase
-    if phase == "ready" and not state.engine.alive:
+    if phase == "ready" and state.engine is not None and not state.engine.alive:
         phase = "engine stopped"  # the step loop is gone: let the kubelet restart the pod
     return web.json_response({"status": phase}, status=200 if phase == "ready" else 503)
 

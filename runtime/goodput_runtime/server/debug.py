@@ -9,7 +9,7 @@ import asyncio
 import os
 from typing import Any
 
-from aiohttp import web
+from goodput_runtime.engine.client import EngineClient
 
 
 def open_files() -> int | None:
@@ -19,23 +19,18 @@ def open_files() -> int | None:
         return None
 
 
-def state_of(server: Any) -> dict[str, Any]:
-    engine = server.engine
+def state_of(engine: EngineClient | None, phase: str, requests_in_flight: int) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "phase": server.phase,
+        "phase": phase,
         "asyncio_tasks": len(asyncio.all_tasks()),
         "open_files": open_files(),
-        "requests_in_flight": len(server.tracker),
+        "requests_in_flight": requests_in_flight,
     }
     if engine is not None:
         out.update(
             kv_blocks_free=engine.num_free_blocks,
             kv_blocks_total=engine.num_total_blocks,
             requests_waiting=engine.num_waiting,
-            engine_streams=len(engine.streams),
+            engine_streams=engine.num_streams,
         )
     return out
-
-
-async def debug_state(request: web.Request, server: Any) -> web.Response:
-    return web.json_response(state_of(server))

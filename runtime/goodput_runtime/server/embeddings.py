@@ -36,6 +36,7 @@ from goodput_runtime.server.protocol import (
     reject_unknown,
     shown,
 )
+from goodput_runtime.server.state import ServerState
 
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
 ENCODINGS = ("float", "base64")
@@ -123,8 +124,8 @@ async def final_output(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
     raise RuntimeError("The engine ended a request's stream without a finished output")
 
 
-async def embeddings(request: web.Request, state: Any) -> web.Response:
-    """The route's work; `state` is the server's ServerState."""
+async def embeddings(request: web.Request, state: ServerState) -> web.Response:
+    """The route's work."""
     body = parse_embedding(parse_json(await request.read()))
     state.check_model(body.model)
     engine = state.serving_engine()

@@ -6,10 +6,10 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
 
+from goodput_runtime.engine.client import EngineClient
 from goodput_runtime.engine.outputs import (
     EngineStoppedError,
     InvalidPromptError,
@@ -104,7 +104,7 @@ class Pieces:
 
 async def generate(
     request: web.Request,
-    engine: Any,
+    engine: EngineClient,
     tracker: Tracker,
     shape: Shape,
     prompt_ids: list[int],
@@ -137,7 +137,7 @@ async def generate(
 
 
 def admit(
-    engine: Any,
+    engine: EngineClient,
     request_id: str,
     prompt_ids: list[int],
     params: SamplingParams,

@@ -7,8 +7,8 @@ import asyncio
 import dataclasses
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
+from goodput_runtime.engine.client import EngineClient
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.server.errors import invalid
@@ -28,23 +28,19 @@ class Grammars:
         self.lock = threading.Lock()
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
 
-    def _compiler(self, engine: Any) -> GrammarCompiler:
+    def _compiler(self, engine: EngineClient) -> GrammarCompiler:
         with self.lock:
             if self.compiler is None:
-                core = engine.core
                 observe = self.metrics.grammar_compile.observe if self.metrics is not None else None
                 self.compiler = GrammarCompiler(
-                    engine.tokenizer,
-                    int(core.runner.model.config.vocab_size),
-                    core.scheduler.eos_token_ids,
-                    observe=observe,
+                    engine.tokenizer, engine.vocab_size, engine.eos_token_ids, observe=observe
                 )
             return self.compiler
 
-    def _compile(self, engine: Any, guide: Guide) -> CompiledGrammar:
+    def _compile(self, engine: EngineClient, guide: Guide) -> CompiledGrammar:
         return self._compiler(engine).compile(guide.spec)
 
-    async def params(self, engine: Any, guide: Guide | None, params: SamplingParams) -> SamplingParams:
+    async def params(self, engine: EngineClient, guide: Guide | None, params: SamplingParams) -> SamplingParams:
         """params with the request's compiled grammar; a 400 naming the field when it cannot compile."""
         if guide is None:
             return params
@@ -65,7 +61,7 @@ class Grammars:
             self.metrics.record_structured(guide.kind)
         return dataclasses.replace(params, grammar=compiled)
 
-    def tools(self, engine: Any, body: ChatRequest) -> ToolSetup | None:
+    def tools(self, engine: EngineClient, body: ChatRequest) -> ToolSetup | None:
         """How the request's output turns into tool calls; None when it offers no tools or forbids calls."""
         if not body.tools or body.tool_choice == "none":
             return None

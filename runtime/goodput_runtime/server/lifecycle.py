@@ -20,14 +20,16 @@ from aiohttp import web
 from aiohttp.web_log import AccessLogger
 
 from goodput_runtime.config import EngineConfig
+from goodput_runtime.engine.client import EngineClient
 from goodput_runtime.loader import ModelLoadError
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.server.admission import Admission, AdmissionSettings
-from goodput_runtime.server.app import ServerState, build_app
+from goodput_runtime.server.app import build_app
+from goodput_runtime.server.state import ServerState
 
 log = logging.getLogger(__name__)
 
-EngineFactory = Callable[[EngineConfig, RuntimeMetrics], Any]
+EngineFactory = Callable[[EngineConfig, RuntimeMetrics], EngineClient]
 POLL_SECONDS = 0.05
 FINAL_WRITE_SECONDS = 5.0
 
@@ -43,7 +45,7 @@ class QuietAccessLogger(AccessLogger):
         super().log(request, response, time)
 
 
-def load_engine(config: EngineConfig, metrics: RuntimeMetrics) -> Any:
+def load_engine(config: EngineConfig, metrics: RuntimeMetrics) -> EngineClient:
     from goodput_runtime.engine.async_engine import AsyncEngine
 
     return AsyncEngine.from_config(config, metrics)
@@ -144,7 +146,7 @@ async def serve(
     log.info("Listening on http://%s:%d (model %s loading)", host, bound, config.model)
     if on_listening is not None:
         on_listening(bound)
-    engine = None
+    engine: EngineClient | None = None
     try:
         try:
             engine = await load_or_stop(config, metrics, engine_factory, stop)
@@ -183,7 +185,7 @@ async def serve(
 
 async def load_or_stop(
     config: EngineConfig, metrics: RuntimeMetrics, factory: EngineFactory, stop: asyncio.Event
-) -> Any:
+) -> EngineClient | None:
     loading = in_daemon_thread(lambda: factory(config, metrics))
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait({loading, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -237,6 +239,7 @@ async def drain(state: ServerState, grace: float, force: asyncio.Event) -> None:
         return
     left = list(state.tracker.active)
     log.warning("Aborting %d requests still running", len(left))
-    for request_id in left:
-        state.engine.abort(request_id)
+    if state.engine is not None:
+        for request_id in left:
+            state.engine.abort(request_id)
     await wait_until(lambda: not state.tracker.active, FINAL_WRITE_SECONDS)

@@ -8,13 +8,12 @@ chat template exactly as /v1/chat/completions sends them) and answers ``{"count"
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
 from goodput_runtime.server.errors import invalid, missing, wrong_type
 from goodput_runtime.server.prompts import chat_prompt_ids, check_vocabulary
 from goodput_runtime.server.protocol import boolean, chat_messages, int_list, parse_json, reject_unknown
+from goodput_runtime.server.state import ServerState
 
 PROMPT_FIELDS = frozenset({"model", "prompt", "add_special_tokens", "return_token_strs"})
 CHAT_FIELDS = frozenset(
@@ -23,7 +22,7 @@ CHAT_FIELDS = frozenset(
 DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
 
 
-def check_model(state: Any, body: dict) -> None:
+def check_model(state: ServerState, body: dict) -> None:
     """vLLM lets these requests leave out the model; one that names it must name this one."""
     value = body.get("model")
     if value is None:
@@ -33,8 +32,8 @@ def check_model(state: Any, body: dict) -> None:
     state.check_model(value)
 
 
-async def tokenize(request: web.Request, state: Any) -> web.Response:
-    """The route's work; `state` is the server's ServerState."""
+async def tokenize(request: web.Request, state: ServerState) -> web.Response:
+    """The route's work."""
     body = parse_json(await request.read())
     if "messages" in body and "prompt" in body:
         raise invalid("Send 'prompt' or 'messages', not both", "messages")
@@ -82,8 +81,8 @@ async def tokenize(request: web.Request, state: Any) -> web.Response:
     )
 
 
-async def detokenize(request: web.Request, state: Any) -> web.Response:
-    """The route's work; `state` is the server's ServerState."""
+async def detokenize(request: web.Request, state: ServerState) -> web.Response:
+    """The route's work."""
     body = parse_json(await request.read())
     reject_unknown(body, DETOKENIZE_FIELDS)
     check_model(state, body)

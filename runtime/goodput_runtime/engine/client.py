@@ -1,0 +1,96 @@
+"""The engine as the server sees it: one protocol, the only seam between server/ and the engine.
+
+The server's modules hold the engine as an ``EngineClient``; ``AsyncEngine`` (async_engine.py)
+implements it. Anything new the server needs from the engine goes onto this protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol, runtime_checkable
+
+from transformers import PreTrainedTokenizerBase
+
+from goodput_runtime.engine.outputs import RequestOutput
+from goodput_runtime.engine.scheduler import ScheduledSeq, Scheduler
+from goodput_runtime.engine.sequence import PoolingParams
+from goodput_runtime.sampling import SamplingParams
+
+# called after each step with its scheduled sequences and the forward pass's seconds
+StepObserver = Callable[[list[ScheduledSeq], float], None]
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    # the model: what a request is checked, tokenized and shaped against
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int:
+        """The logits' width, which a grammar's token mask covers (the tokenizer's may be smaller)."""
+        ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+    @property
+    def sampling_defaults(self) -> dict[str, float | int]:
+        """The model's generation_config.json settings, for requests silent on them."""
+        ...
+
+    @property
+    def pooling(self) -> str:
+        """How embedding requests pool the final hidden states."""
+        ...
+
+    @property
+    def embedding_size(self) -> int: ...
+
+    # requests
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, pooling: PoolingParams | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """The request's outputs, in order, the last one finished. Raises QueueFullError when the
+        queue is full and EngineStoppedError once the engine admits nothing more."""
+        ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    # load: what SLO-aware admission predicts from, and /debug/state shows
+    @property
+    def scheduler(self) -> Scheduler:
+        """The running and waiting sequences, the step's budgets and the KV blocks (read, never changed)."""
+        ...
+
+    @property
+    def step_observers(self) -> list[StepObserver]: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def num_free_blocks(self) -> int: ...
+
+    @property
+    def num_total_blocks(self) -> int: ...
+
+    @property
+    def num_streams(self) -> int:
+        """Requests whose outputs are still being streamed."""
+        ...
+
+    # life
+    @property
+    def alive(self) -> bool:
+        """False once the step loop has stopped."""
+        ...
+
+    async def start(self) -> None: ...
+
+    def stop_admitting(self) -> None: ...
+
+    async def shutdown(self) -> None: ...

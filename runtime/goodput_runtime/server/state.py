@@ -1,0 +1,84 @@
+"""What the server's routes share: the engine once it is ready, the serving phase, requests in flight."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from goodput_runtime.engine.client import EngineClient
+from goodput_runtime.metrics import RuntimeMetrics
+from goodput_runtime.sampling import SamplingParams
+from goodput_runtime.server.admission import Admission
+from goodput_runtime.server.errors import invalid, unavailable
+from goodput_runtime.server.generate import Tracker
+from goodput_runtime.server.guided import Grammars
+from goodput_runtime.server.responses import TokenText
+
+
+class ServerState:
+    """What the routes share: the engine once it is ready, and the serving phase."""
+
+    def __init__(
+        self,
+        model_name: str,
+        metrics: RuntimeMetrics,
+        root: str | None = None,
+        api_keys: tuple[str, ...] = (),
+        admission: Admission | None = None,
+    ) -> None:
+        self.model_name = model_name
+        self.api_keys = api_keys  # empty: no key is asked for
+        self.root = root or model_name
+        self.metrics = metrics
+        self.engine: EngineClient | None = None
+        self.phase = "loading"  # loading | ready | stopping | draining
+        self.created = int(time.time())
+        self.tracker = Tracker()
+        self.token_text: TokenText | None = None
+        self.admission = admission  # None: every request is queued (up to --max-queue)
+        self.grammars = Grammars(metrics)
+
+    def set_ready(self, engine: EngineClient) -> None:
+        self.engine = engine
+        if self.admission is not None:
+            self.admission.attach(engine)
+        self.token_text = TokenText(engine.tokenizer)
+        self.phase = "ready"
+
+    def set_stopping(self) -> None:
+        """Health turns 503 so readiness drops, but new requests are still served (the shutdown delay)."""
+        self.phase = "stopping"
+
+    @property
+    def closing(self) -> bool:
+        """Once a stop has arrived, every response tells its client to reconnect elsewhere."""
+        return self.phase in ("stopping", "draining")
+
+    def set_draining(self) -> None:
+        self.phase = "draining"
+        if self.engine is not None:
+            self.engine.stop_admitting()
+
+    def serving_engine(self) -> EngineClient:
+        if self.phase == "draining":
+            raise unavailable("The server is shutting down and accepts no new requests", "shutting_down")
+        if self.phase == "loading" or self.engine is None:
+            raise unavailable("The model is still loading; retry shortly", "model_loading")
+        return self.engine
+
+    def admit(self, engine: EngineClient, prompt_ids: list[int], params: SamplingParams) -> None:
+        """429 now for a request predicted to miss the TTFT target (see admission.py)."""
+        if self.admission is not None:
+            self.admission.check(engine, len(prompt_ids), params)
+
+    def check_model(self, model: str) -> None:
+        if model != self.model_name:
+            raise invalid(
+                f"The model '{model}' does not exist; this server serves '{self.model_name}'",
+                "model",
+                "model_not_found",
+            )
+
+
+STATE = web.AppKey("state", ServerState)
