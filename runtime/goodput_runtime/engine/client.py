@@ -1,7 +1,8 @@
-"""The engine as the server sees it: one protocol, the only seam between server/ and the engine.
+"""The engine as the server sees it: one protocol for everything the server asks of a running engine.
 
 The server's modules hold the engine as an ``EngineClient``; ``AsyncEngine`` (async_engine.py)
-implements it. Anything new the server needs from the engine goes onto this protocol.
+implements it, and server/lifecycle.py builds one. Anything new the server needs from the engine goes
+onto this protocol.
 """
 
 from __future__ import annotations
