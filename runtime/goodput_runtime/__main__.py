@@ -10,8 +10,9 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from goodput_contract import quantization as quantization_rules
 from goodput_runtime.config import EngineConfig
@@ -33,6 +34,7 @@ BYTE_UNITS = {
     "ti": 2**40,
 }
 log = logging.getLogger("goodput_runtime")
+N = TypeVar("N", int, float)
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 TERMINATION_MESSAGE_BYTES = 4000  # Kubernetes keeps 4 KiB of it
 
@@ -114,50 +116,40 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def margin_fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1): {text!r}")
-    return value
+def bounded(
+    parse: Callable[[str], N], kind: str, low: N, high: N | None = None, low_open: bool = False, high_open: bool = False
+) -> Callable[[str], N]:
+    """An argparse type: the text as `parse` reads it ("not <kind>" where it cannot), at least `low` (more
+    than it where `low_open`) and at most `high` (less than it where `high_open`)."""
+    if high is None:
+        bounds = f"{'more than' if low_open else 'at least'} {low:g}"
+    else:
+        bounds = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+    def check(text: str) -> N:
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {kind}: {text!r}") from None
+        above = value > low if low_open else value >= low
+        below = high is None or (value < high if high_open else value <= high)
+        if not (above and below):
+            raise argparse.ArgumentTypeError(f"must be {bounds}: {text!r}")
+        return value
+
+    return check
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0: {text!r}")
-    return value
+positive_int = bounded(int, "an integer", 1)
+non_negative_int = bounded(int, "an integer", 0)
+fraction = bounded(float, "a number", 0.0, 1.0, low_open=True)
+margin_fraction = bounded(float, "a number", 0.0, 1.0, high_open=True)
 
 
 def port_number(text: str) -> int:
     value = int(text) if text.isdigit() else -1
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
-    return value
-
-
-def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1]: {text!r}")
     return value
 
 
