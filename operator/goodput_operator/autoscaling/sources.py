@@ -154,13 +154,18 @@ class PrometheusSource:
         self.url, self.window, self.long_window = url.rstrip("/"), window, long_window
         self._session: aiohttp.ClientSession | None = None
 
-    async def _query(self, promql: str) -> float | None:
+    async def _result(self, promql: str) -> list[dict[str, Any]]:
+        """The series an instant query returns."""
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS))
         async with self._session.get(f"{self.url}/api/v1/query", params={"query": promql}) as response:
             response.raise_for_status()
             body: dict[str, Any] = await response.json()
-        result = body["data"]["result"]
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+    async def _query(self, promql: str) -> float | None:
+        result = await self._result(promql)
         if not result:
             return None
         value = float(result[0]["value"][1])
@@ -168,12 +173,7 @@ class PrometheusSource:
 
     async def _query_buckets(self, promql: str) -> list[tuple[float, float]]:
         """A `sum by (le)` query as sorted (le, value) pairs."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS))
-        async with self._session.get(f"{self.url}/api/v1/query", params={"query": promql}) as response:
-            response.raise_for_status()
-            body: dict[str, Any] = await response.json()
-        return sorted((float(r["metric"]["le"]), float(r["value"][1])) for r in body["data"]["result"])
+        return sorted((float(r["metric"]["le"]), float(r["value"][1])) for r in await self._result(promql))
 
     async def read(
         self,
