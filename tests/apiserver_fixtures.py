@@ -3,7 +3,9 @@
 The session starts its own control plane with hack/cluster.sh (etcd, kube-apiserver
 and kube-controller-manager on free ports), installs the CRDs, and tears it all down
 after. Each test module runs its own operator process (`python -m goodput_operator`),
-so a module can restart it or run it under another identity. The root conftest loads this
+so a module can restart it or run it under another identity: such a module's own `operator`
+fixture starts one with `with OperatorProcess(...) as process`, and a module-wide namespace
+comes from `cluster.scratch_namespace()`. The root conftest loads this
 module as a plugin, so the operator and gateway directories share one control plane a session.
 """
 
@@ -13,7 +15,6 @@ import re
 import shutil
 import subprocess
 import threading
-import uuid
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -21,7 +22,6 @@ from pathlib import Path
 import kubernetes
 import pytest
 from harness import CRD, GROUP, PLURAL, ROOT, Cluster, HubHandler, OperatorProcess, wait_for
-from kubernetes.client.exceptions import ApiException
 
 
 def _start_cluster(workdir: Path) -> tuple[Path, Path]:
@@ -69,13 +69,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture
 def namespace(cluster: Cluster) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    cluster.core.create_namespace({"metadata": {"name": name}})
-    yield name
-    try:
-        cluster.core.delete_namespace(name)
-    except ApiException:
-        pass
+    with cluster.scratch_namespace() as name:
+        yield name
 
 
 @pytest.fixture(scope="session")
@@ -93,8 +88,5 @@ def operator(
     cluster: Cluster, hub: type[HubHandler], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    process = OperatorProcess(cluster.kubeconfig, log, hub.endpoint).start()  # type: ignore[attr-defined]
-    yield process
-    process.stop()
-    if "Traceback" in process.log():
-        print(process.log()[-6000:])
+    with OperatorProcess(cluster.kubeconfig, log, hub.endpoint) as process:  # type: ignore[attr-defined]
+        yield process

@@ -1,13 +1,15 @@
-"""Helpers for the operator tests: polling, API shortcuts, a Hub stand-in, the operator process."""
+"""Helpers for the operator tests: polling, API shortcuts, scratch namespaces, a Hub stand-in, the operator process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -99,6 +101,19 @@ class Cluster:
     @property
     def custom(self) -> kubernetes.client.CustomObjectsApi:
         return kubernetes.client.CustomObjectsApi(self.api)
+
+    @contextlib.contextmanager
+    def scratch_namespace(self, prefix: str = "t") -> Iterator[str]:
+        """A namespace of a fresh name (`prefix`-…), deleted afterwards."""
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        self.core.create_namespace({"metadata": {"name": name}})
+        try:
+            yield name
+        finally:
+            try:
+                self.core.delete_namespace(name)
+            except ApiException:
+                pass
 
     def raw(self, method: str, path: str, body: Any = None) -> Any:
         """A plain API call, for resources whose version depends on the server (policy, autoscaling)."""
@@ -266,6 +281,15 @@ class OperatorProcess:
     def stop(self) -> None:
         if self.process:
             helpers.stop_process(self.process, timeout=30)
+
+    def __enter__(self) -> OperatorProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        """Stopped; a traceback in its log is printed, to be seen beside the test that failed."""
+        self.stop()
+        if "Traceback" in self.log():
+            print(self.log()[-6000:])
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -6,8 +6,9 @@ EndpointSlices are written by the test as the EndpointSlice controller would.
 
 import pytest
 from autoscaling_helpers import free_port, host_address, operator_metric, put_endpoint, scale_replicas
-from harness import ROOT, OperatorProcess, wait_for
+from harness import ROOT, wait_for
 from kubernetes.client.exceptions import ApiException
+from live_pods import autoscaling_operator
 
 SPEC = {
     "model": {"source": "file:///models/tiny", "servedName": "tiny"},
@@ -18,26 +19,21 @@ SPEC = {
 
 
 @pytest.fixture(scope="module")
-def metrics_port():
-    return free_port()
+def autoscaling(cluster, hub, tmp_path_factory):
+    """The operator with a 1 s control period and a 3 s window, and the port of its metrics."""
+    process, port = autoscaling_operator(cluster, hub, tmp_path_factory.mktemp("operator-autoscaler"), 1, 3)
+    yield process, port
+    process.stop()
 
 
 @pytest.fixture(scope="module")
-def operator(cluster, hub, metrics_port, tmp_path_factory):
-    log = tmp_path_factory.mktemp("operator-autoscaler") / "operator.log"
-    process = OperatorProcess(
-        cluster.kubeconfig,
-        log,
-        hub.endpoint,
-        "--metrics-port",
-        str(metrics_port),
-        "--autoscaler-period-seconds",
-        "1",
-        "--autoscaler-window-seconds",
-        "3",
-    ).start()
-    yield process
-    process.stop()
+def operator(autoscaling):
+    return autoscaling[0]
+
+
+@pytest.fixture(scope="module")
+def metrics_port(autoscaling):
+    return autoscaling[1]
 
 
 def test_replicas_outside_the_bounds_are_brought_in_through_the_scale_subresource(cluster, operator, namespace):

@@ -32,13 +32,8 @@ SLOW_EXAMPLES = settings(
 
 @pytest.fixture(scope="module")
 def fuzz_namespace(cluster) -> str:
-    name = f"fuzz-{uuid.uuid4().hex[:6]}"
-    cluster.core.create_namespace({"metadata": {"name": name}})
-    yield name
-    try:
-        cluster.core.delete_namespace(name)
-    except ApiException:
-        pass
+    with cluster.scratch_namespace("fuzz") as name:
+        yield name
 
 
 def dry_run_create(cluster, manifest: dict[str, Any]) -> tuple[int, str]:

@@ -1,20 +1,13 @@
 """The operator process itself: one namespace by flag, a liveness endpoint, its own metrics."""
 
-import socket
 import time
 import urllib.request
-import uuid
 
 import pytest
+from autoscaling_helpers import free_port
 from harness import OperatorProcess, wait_for
 
 SPEC = {"model": {"source": "file:///models/tiny"}, "resources": {"gpu": 0, "memory": "2Gi"}}
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url):
@@ -24,30 +17,18 @@ def _get(url):
 
 @pytest.fixture(scope="module")
 def watched(cluster):
-    name = f"w-{uuid.uuid4().hex[:8]}"
-    cluster.core.create_namespace({"metadata": {"name": name}})
-    yield name
-    cluster.core.delete_namespace(name)
+    with cluster.scratch_namespace("w") as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
 def operator(cluster, hub, watched, tmp_path_factory):
-    ports = {"liveness": _free_port(), "metrics": _free_port()}
+    ports = {"liveness": free_port(), "metrics": free_port()}
     log = tmp_path_factory.mktemp("operator-ns") / "operator.log"
-    process = OperatorProcess(
-        cluster.kubeconfig,
-        log,
-        hub.endpoint,
-        "--namespace",
-        watched,
-        "--liveness-port",
-        str(ports["liveness"]),
-        "--metrics-port",
-        str(ports["metrics"]),
-    ).start()
-    process.ports = ports
-    yield process
-    process.stop()
+    flags = ("--namespace", watched, "--liveness-port", str(ports["liveness"]), "--metrics-port", str(ports["metrics"]))
+    with OperatorProcess(cluster.kubeconfig, log, hub.endpoint, *flags) as process:
+        process.ports = ports
+        yield process
 
 
 def test_only_the_named_namespace_is_watched(cluster, operator, watched, namespace):

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
 import pytest
+from autoscaling_helpers import free_port
 from harness import OperatorProcess, wait_for
 
 COUNT = 30
 RESYNC = 'trigger="resync"'  # the writes the resync passes sent (a side trigger follows a changed child)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def metric(port: int, name: str, having: str = "") -> float:
@@ -34,19 +28,9 @@ def counted_operator(cluster, hub, tmp_path, namespace):
     """An operator of the test's namespace alone: services other tests left behind in the shared cluster
     (their namespaces still being deleted) are neither visited nor counted."""
     port = free_port()
-    process = OperatorProcess(
-        cluster.kubeconfig,
-        tmp_path / "operator.log",
-        hub.endpoint,
-        "--metrics-port",
-        str(port),
-        "--resync-seconds",
-        "3",
-        "--namespace",
-        namespace,
-    ).start()
-    yield process, port
-    process.stop()
+    flags = ("--metrics-port", str(port), "--resync-seconds", "3", "--namespace", namespace)
+    with OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", hub.endpoint, *flags) as process:
+        yield process, port
 
 
 def test_a_resync_of_unchanged_services_writes_nothing(cluster, counted_operator, namespace):

@@ -23,9 +23,8 @@ SELECTOR = "serving.goodput.dev/service={}"
 def operator(cluster, hub, tmp_path_factory):
     """No periodic resync to fall back on: a pod change must reach the service through the pod watch."""
     log = tmp_path_factory.mktemp("operator-pods") / "operator.log"
-    process = OperatorProcess(cluster.kubeconfig, log, hub.endpoint, "--resync-seconds", "3600").start()
-    yield process
-    process.stop()
+    with OperatorProcess(cluster.kubeconfig, log, hub.endpoint, "--resync-seconds", "3600") as process:
+        yield process
     assert "Traceback" not in process.log(), process.log()[-6000:]
 
 

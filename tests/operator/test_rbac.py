@@ -19,9 +19,8 @@ def operator_kubeconfig(cluster, tmp_path_factory):
 @pytest.fixture(scope="module")
 def operator(cluster, hub, operator_kubeconfig, tmp_path_factory):
     log = tmp_path_factory.mktemp("operator-sa") / "operator.log"
-    process = OperatorProcess(operator_kubeconfig, log, hub.endpoint).start()
-    yield process
-    process.stop()
+    with OperatorProcess(operator_kubeconfig, log, hub.endpoint) as process:
+        yield process
 
 
 def test_full_flow_works_with_the_operators_own_role(cluster, operator, namespace):
