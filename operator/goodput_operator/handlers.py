@@ -1,5 +1,6 @@
-"""The kopf side of the operator: its settings, its login, and thin handlers that hand each event to the
-controller (controller.py; pipelines.py for InferencePipelines), where every trigger ends in the same reconcile."""
+"""The kopf side of the operator: its settings, its login, and thin handlers that hand each event on: to
+the controller (controller.py), where every trigger of a service ends in the same reconcile, or to
+pipelines.py for InferencePipelines."""
 
 from __future__ import annotations
 
