@@ -73,7 +73,8 @@ class BatchAPI:
             )
         fields: dict[str, str] = {}
         data, filename = None, "input.jsonl"
-        async for part in await request.multipart():
+        reader = await request.multipart()
+        while (part := await reader.next()) is not None:
             name = getattr(part, "name", None) or ""
             if name not in FILE_FIELDS:
                 raise invalid(f"'{name}' is not supported by this server", name, "unsupported_parameter")

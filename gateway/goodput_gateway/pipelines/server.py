@@ -221,21 +221,23 @@ class PipelineServer:
         svc = self.service(entry, guard.service)
         payload = classify.request_body(guard, svc.served_name, last_user_text(path, body))
         authorization = await self.own_key(svc)
+
+        async def ask() -> tuple[int, bytes]:
+            async with self.proxy.open(
+                "POST",
+                CHAT,
+                {"Content-Type": "application/json"},
+                svc,
+                guard.service,
+                json.dumps(payload).encode(),
+                payload,
+                authorization,
+            ) as upstream:
+                return upstream.status, await upstream.read()
+
         try:
-            async with asyncio.timeout(guard.timeout_seconds):
-                async with self.proxy.open(
-                    "POST",
-                    CHAT,
-                    {"Content-Type": "application/json"},
-                    svc,
-                    guard.service,
-                    json.dumps(payload).encode(),
-                    payload,
-                    authorization,
-                ) as upstream:
-                    answer = await upstream.read()
-                    status = upstream.status
-        except TimeoutError:
+            status, answer = await asyncio.wait_for(ask(), guard.timeout_seconds)
+        except asyncio.TimeoutError:
             raise unavailable(
                 f"The classifier '{guard.service}' of the pipeline '{entry.name}' did not answer "
                 f"within {guard.timeout_seconds:g} s",
