@@ -20,7 +20,7 @@ from goodput_gateway.discovery import Registry, start_watches
 from goodput_gateway.holding import Holds
 from goodput_gateway.loads import LoadScraper
 from goodput_gateway.metrics import GatewayMetrics
-from goodput_gateway.pipelines import PipelineTable, install, start_watch
+from goodput_gateway.pipelines import PipelineMetrics, PipelineServer, PipelineTable, start_watch
 from goodput_gateway.proxy import Proxy, ProxySettings
 from goodput_operator.k8s import Kube, load_config
 
@@ -167,13 +167,10 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         chunk_chars=args.prefix_chunk_chars,
         prefix_chunks=args.prefix_chunks,
     )
-    gateway = Gateway(
-        registry,
-        Proxy(registry, holds, scraper, session, metrics, settings),
-        metrics,
-        ServiceKeys(kube, args.api_key_ttl),
-    )
-    install(gateway, pipelines)
+    proxy = Proxy(registry, holds, scraper, session, metrics, settings)
+    keys = ServiceKeys(kube, args.api_key_ttl)
+    pipeline_server = PipelineServer(pipelines, registry, proxy, PipelineMetrics(metrics.registry), keys)
+    gateway = Gateway(registry, proxy, metrics, pipeline_server, keys)
     batch_settings = batch.BatchSettings(
         database=args.database,
         file_dir=Path(args.batch_file_dir) if args.batch_file_dir else None,

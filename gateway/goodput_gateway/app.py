@@ -1,10 +1,14 @@
-"""The gateway's HTTP application: OpenAI routes for every model, health and metrics."""
+"""The gateway's HTTP application: OpenAI routes for every model and pipeline, health and metrics.
+
+`Gateway` is handed everything it serves with (`__main__` builds the parts); `build_app` puts its
+routes, and the Batch API's, on an aiohttp application.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -14,10 +18,8 @@ from goodput_gateway.auth import ServiceKeys
 from goodput_gateway.discovery import Registry, Service
 from goodput_gateway.errors import APIError, invalid, model_not_found, unavailable
 from goodput_gateway.metrics import GatewayMetrics
+from goodput_gateway.pipelines import PipelineServer
 from goodput_gateway.proxy import Proxy, parse_body, rewrite_model
-
-if TYPE_CHECKING:
-    from goodput_gateway.pipelines import PipelineServer
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -25,13 +27,17 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 
 class Gateway:
     def __init__(
-        self, registry: Registry, proxy: Proxy, metrics: GatewayMetrics, keys: ServiceKeys | None = None
+        self,
+        registry: Registry,
+        proxy: Proxy,
+        metrics: GatewayMetrics,
+        pipelines: PipelineServer,
+        keys: ServiceKeys | None = None,
     ) -> None:
-        self.registry, self.proxy, self.metrics = registry, proxy, metrics
+        self.registry, self.proxy, self.metrics, self.pipelines = registry, proxy, metrics, pipelines
         self.keys = keys or ServiceKeys(None)
         self.created = int(time.time())
         self.stopping = False  # after SIGTERM: health 503, every response closes its connection
-        self.pipelines: PipelineServer | None = None  # set by pipelines.install
 
     def service_for(self, model: str) -> Service:
         if not self.registry.synced >= {"services", "slices"}:
@@ -59,7 +65,7 @@ class Gateway:
             )
         if not isinstance(model, str):
             raise invalid("'model' must be a string", "model", "invalid_type")
-        if self.pipelines is not None and (pipeline := self.pipelines.find(model)) is not None:
+        if (pipeline := self.pipelines.find(model)) is not None:
             return await self.pipelines.serve(request, pipeline, body)
         svc = self.service_for(model)
         upstream_auth = await self.keys.upstream_authorization(svc, request.headers.get("Authorization"))
@@ -107,12 +113,12 @@ class Gateway:
                     visible.append(svc)
             except APIError:
                 continue  # its Secret cannot be read: nobody may use it now
-        pipelines = await self.pipelines.cards(self.created, authorization) if self.pipelines is not None else []
+        pipelines = await self.pipelines.cards(self.created, authorization)
         return web.json_response({"object": "list", "data": [*(self.card(s) for s in visible), *pipelines]})
 
     async def get_model(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
-        if self.pipelines is not None and (pipeline := self.pipelines.find(model)) is not None:
+        if (pipeline := self.pipelines.find(model)) is not None:
             await self.pipelines.authorize(pipeline, request.headers.get("Authorization"))
             return web.json_response(self.pipelines.card(pipeline, self.created))
         svc = self.service_for(model)
@@ -156,6 +162,8 @@ def build_app(gateway: Gateway, batch_settings: batch.BatchSettings | None = Non
     app.router.add_get("/v1/models/{model:.+}", gateway.get_model)
     app.router.add_get("/health", gateway.health)
     app.router.add_get("/metrics", gateway.metrics_page)
-    batch.install(app, gateway, batch_settings or batch.BatchSettings())
+    batch.install(
+        app, gateway.registry, gateway.proxy, gateway.metrics.registry, batch_settings or batch.BatchSettings()
+    )
     app.router.add_post("/{path:.*}", gateway.proxy_request)
     return app

@@ -12,12 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from goodput_gateway.batch.api import BatchAPI, add_routes
 from goodput_gateway.batch.db import Database
 from goodput_gateway.batch.dispatcher import BatchMetrics, Dispatcher, DispatchSettings
 from goodput_gateway.batch.store import Store
+from goodput_gateway.discovery import Registry
 from goodput_gateway.errors import APIError
+from goodput_gateway.proxy import Proxy
 
 __all__ = ["BatchSettings", "DispatchSettings", "install"]
 
@@ -40,15 +43,18 @@ async def _off(request: web.Request) -> web.Response:
     )
 
 
-def install(app: web.Application, gateway: Any, settings: BatchSettings) -> None:
-    """The Files and Batches routes, and the dispatcher running for the application's lifetime."""
+def install(
+    app: web.Application, registry: Registry, proxy: Proxy, metrics: CollectorRegistry, settings: BatchSettings
+) -> None:
+    """The Files and Batches routes, and the dispatcher running for the application's lifetime: it sends
+    lines to the registry's replicas through the gateway's proxy, and counts them in `metrics`."""
     if not settings.database:
         for path in ROUTES:
             app.router.add_route("*", path, _off)
         return
     db = Database(settings.database)
     store = Store(db, settings.file_dir)
-    dispatcher = Dispatcher(store, gateway, settings.dispatch, BatchMetrics(gateway.metrics.registry))
+    dispatcher = Dispatcher(store, registry, proxy, settings.dispatch, BatchMetrics(metrics))
     add_routes(app, BatchAPI(store, dispatcher.woken))
 
     async def running(app: web.Application) -> Any:

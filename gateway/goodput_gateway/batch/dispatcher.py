@@ -22,15 +22,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as MetricCounter
-from prometheus_client import Gauge
 
 from goodput_contract import metrics as names
 from goodput_gateway.batch.control import AIMD, ReplicaSignals, parse_signals
 from goodput_gateway.batch.store import Claimed, Store
 from goodput_gateway.batch.validate import parse_input
-from goodput_gateway.discovery import Key, Service
+from goodput_gateway.discovery import Key, Registry, Service
 from goodput_gateway.errors import APIError
+from goodput_gateway.proxy import Proxy
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class DispatchSettings:
 
 
 class BatchMetrics:
-    def __init__(self, registry: Any) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self.lines = MetricCounter(
             names.BATCH_REQUESTS.removesuffix("_total"),
             "Batch lines finished by this gateway (completed: a 2xx answer; failed: "
@@ -81,8 +82,10 @@ class BatchMetrics:
 
 
 class Dispatcher:
-    def __init__(self, store: Store, gateway: Any, settings: DispatchSettings, metrics: BatchMetrics) -> None:
-        self.store, self.gateway, self.settings, self.metrics = store, gateway, settings, metrics
+    def __init__(
+        self, store: Store, registry: Registry, proxy: Proxy, settings: DispatchSettings, metrics: BatchMetrics
+    ) -> None:
+        self.store, self.registry, self.proxy, self.settings, self.metrics = store, registry, proxy, settings, metrics
         self.owner = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.wake = asyncio.Event()
         self.controls: dict[Key, AIMD] = {}
@@ -92,8 +95,8 @@ class Dispatcher:
 
     @property
     def session(self) -> aiohttp.ClientSession:
-        assert isinstance(self.gateway.proxy.session, aiohttp.ClientSession)
-        return self.gateway.proxy.session
+        assert isinstance(self.proxy.session, aiohttp.ClientSession)
+        return self.proxy.session
 
     def woken(self) -> None:
         self.wake.set()
@@ -135,7 +138,7 @@ class Dispatcher:
             await self.store.renew(self.owner, self.settings.lease_seconds)
 
     async def _round(self) -> None:
-        if not self.gateway.registry.synced >= {"services", "slices"}:
+        if not self.registry.synced >= {"services", "slices"}:
             return
         for batch_id, input_file_id, endpoint in await self.store.take_validating(self.settings.lease_seconds):
             await self._validate(batch_id, input_file_id, endpoint)
@@ -149,7 +152,7 @@ class Dispatcher:
             key = (svc.namespace, svc.name)
             control = self._control_of(svc)
             room = int(control.limit) - self.in_flight[key]
-            if room <= 0 or not self.gateway.registry.ready(key):
+            if room <= 0 or not self.registry.ready(key):
                 continue
             for line in await self.store.claim(batch_id, self.owner, room, self.settings.lease_seconds):
                 self.in_flight[key] += 1
@@ -173,7 +176,7 @@ class Dispatcher:
         self.reported = set(by_service)
 
     def _service(self, model: str) -> Service | None:
-        found = self.gateway.registry.resolve(model)
+        found = self.registry.resolve(model)
         return found[0] if len(found) == 1 else None
 
     def _control_of(self, svc: Service) -> AIMD:
@@ -213,7 +216,7 @@ class Dispatcher:
                             "line": 1,
                         }
                     )
-                elif len(self.gateway.registry.resolve(parsed.model)) != 1:
+                elif len(self.registry.resolve(parsed.model)) != 1:
                     errors.append(
                         {
                             "code": "model_not_found",
@@ -248,14 +251,14 @@ class Dispatcher:
 
     async def _attempt(self, line: Claimed, svc: Service, endpoint: str) -> None:
         key = (svc.namespace, svc.name)
-        ready = self.gateway.registry.ready(key)
+        ready = self.registry.ready(key)
         if not ready:
             await self.store.release(line, self.owner)
             return
         body = json.loads(line.body)
         body["model"] = svc.served_name
-        url = self.gateway.proxy.pick(svc, ready, set(), 0).replica
-        outstanding = self.gateway.proxy.outstanding
+        url = self.proxy.pick(svc, ready, set(), 0).replica
+        outstanding = self.proxy.outstanding
         outstanding[url] += 1
         try:
             async with self.session.post(
@@ -296,7 +299,7 @@ class Dispatcher:
 
     async def _control(self) -> None:
         for key, control in list(self.controls.items()):
-            ready = self.gateway.registry.ready(key)
+            ready = self.registry.ready(key)
             signals = await asyncio.gather(*(self._signals(u) for u in ready))
             current = {u: s for u, s in zip(ready, signals, strict=True) if s is not None}
             if current:

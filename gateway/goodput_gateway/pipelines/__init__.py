@@ -1,14 +1,14 @@
 """InferencePipelines: several InferenceServices served as one model, with input and output guards.
 
-`install` wires a pipeline server into the gateway; `start_watch` keeps its table current
-from the cluster (`PipelineTable.load_files` serves pipelines from files instead).
+`PipelineServer` answers the requests whose model names a pipeline (`__main__` builds it and
+hands it to the gateway); `start_watch` keeps its table current from the cluster
+(`PipelineTable.load_files` serves pipelines from files instead).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 from goodput_contract.api import GROUP, PIPELINE_PLURAL, VERSION
 from goodput_gateway.discovery import Watch
@@ -17,19 +17,9 @@ from goodput_gateway.pipelines.server import PipelineServer
 from goodput_gateway.pipelines.table import PipelineTable
 from goodput_operator.k8s import Kube
 
-if TYPE_CHECKING:
-    from goodput_gateway.app import Gateway
-
 logger = logging.getLogger(__name__)
 
-__all__ = ["PipelineServer", "PipelineTable", "install", "start_watch"]
-
-
-def install(gateway: Gateway, table: PipelineTable) -> PipelineServer:
-    """Requests whose model names a pipeline go to it; /v1/models lists pipelines beside services."""
-    metrics = PipelineMetrics(gateway.metrics.registry)
-    gateway.pipelines = PipelineServer(table, gateway.registry, gateway.proxy, metrics, gateway.keys)
-    return gateway.pipelines
+__all__ = ["PipelineMetrics", "PipelineServer", "PipelineTable", "start_watch"]
 
 
 async def start_watch(kube: Kube, table: PipelineTable) -> list[Watch]:
