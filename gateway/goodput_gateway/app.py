@@ -40,7 +40,7 @@ class Gateway:
         self.stopping = False  # after SIGTERM: health 503, every response closes its connection
 
     def service_for(self, model: str) -> Service:
-        if not self.registry.synced >= {"services", "slices"}:
+        if not self.registry.synced:
             raise unavailable("The gateway is still reading the cluster's services; retry shortly", "starting")
         found = self.registry.resolve(model)
         if not found:
@@ -128,7 +128,7 @@ class Gateway:
     async def health(self, request: web.Request) -> web.Response:
         if self.stopping:
             return web.json_response({"status": "stopping"}, status=503)
-        synced = self.registry.synced >= {"services", "slices"}
+        synced = self.registry.synced
         return web.json_response({"status": "ready" if synced else "starting"}, status=200 if synced else 503)
 
     async def close_when_stopping(self, request: web.Request, response: web.StreamResponse) -> None:

@@ -2,6 +2,7 @@
 
 from goodput_gateway.discovery import Registry, ready_urls
 from goodput_gateway.loads import parse_load
+from goodput_gateway.pipelines import PipelineTable
 
 
 def isvc(namespace: str, name: str, spec: dict | None = None) -> dict:
@@ -40,14 +41,14 @@ def test_ready_urls_leave_out_starting_and_terminating_endpoints():
 
 def test_a_model_resolves_by_served_name_across_namespaces_and_by_namespace_where_shared():
     r = Registry()
-    r.reset_services(
+    r.services.reset(
         [
             isvc("a", "chat", {"model": {"source": "file:///m", "servedName": "llama"}}),
             isvc("b", "embed"),
             isvc("c", "llama"),
         ]
     )
-    r.reset_slices(
+    r.slices.reset(
         [
             endpoint_slice("a", "chat-1", "chat", [("10.0.0.1", {"ready": True})]),
             endpoint_slice("a", "chat-2", "chat", [("10.0.0.2", {"ready": True})]),
@@ -65,27 +66,62 @@ def test_a_model_resolves_by_served_name_across_namespaces_and_by_namespace_wher
 
 def test_watch_events_update_services_and_endpoints():
     r = Registry()
-    r.reset_services([])
-    r.reset_slices([])
-    r.service_event(
+    r.services.reset([])
+    r.slices.reset([])
+    r.services.event(
         "ADDED",
         isvc("ns", "chat", {"routing": {"policy": "least-load"}, "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}),
     )
     svc = r.services[("ns", "chat")]
     assert (svc.policy, svc.min_replicas, svc.replicas) == ("least-load", 0, 0)
-    r.slice_event("ADDED", endpoint_slice("ns", "chat-1", "chat", [("10.0.0.1", {"ready": True})]))
+    r.slices.event("ADDED", endpoint_slice("ns", "chat-1", "chat", [("10.0.0.1", {"ready": True})]))
     assert r.ready(("ns", "chat")) == ("http://10.0.0.1:8000",)
-    r.slice_event("MODIFIED", endpoint_slice("ns", "chat-1", "chat", [("10.0.0.1", {"ready": False})]))
+    r.slices.event("MODIFIED", endpoint_slice("ns", "chat-1", "chat", [("10.0.0.1", {"ready": False})]))
     assert r.ready(("ns", "chat")) == ()
-    r.slice_event("DELETED", {"metadata": {"namespace": "ns", "name": "chat-1"}})
-    r.service_event("DELETED", {"metadata": {"namespace": "ns", "name": "chat"}})
+    r.slices.event("DELETED", {"metadata": {"namespace": "ns", "name": "chat-1"}})
+    r.services.event("DELETED", {"metadata": {"namespace": "ns", "name": "chat"}})
     assert r.resolve("chat") == []
 
 
 def test_a_service_whose_spec_does_not_parse_is_not_routed_to():
     r = Registry()
-    r.reset_services([isvc("ns", "bad", {"routing": {"policy": "round-robin"}})])
+    r.services.reset([isvc("ns", "bad", {"routing": {"policy": "round-robin"}})])
     assert r.resolve("bad") == []
+
+
+def test_a_slice_that_loses_its_service_label_no_longer_counts():
+    r = Registry()
+    r.slices.reset([endpoint_slice("ns", "chat-1", "chat", [("10.0.0.1", {"ready": True})])])
+    assert r.ready(("ns", "chat")) == ("http://10.0.0.1:8000",)
+    r.slices.event(
+        "MODIFIED", {**endpoint_slice("ns", "chat-1", "chat", []), "metadata": {"namespace": "ns", "name": "chat-1"}}
+    )
+    assert r.ready(("ns", "chat")) == () and len(r.slices) == 0
+
+
+def test_the_registry_is_synced_once_both_resources_are_listed():
+    r = Registry()
+    r.services.reset([])
+    assert not r.synced
+    r.slices.reset([])
+    assert r.synced
+
+
+def pipeline(namespace: str, name: str, steps: list) -> dict:
+    return {"metadata": {"namespace": namespace, "name": name}, "spec": {"steps": steps}}
+
+
+def test_the_pipeline_table_keeps_a_bad_spec_with_its_error_and_follows_watch_events():
+    table = PipelineTable()
+    generate = {"kind": "generate", "service": "chat"}
+    table.reset([pipeline("a", "p", [generate]), pipeline("b", "p", [generate]), pipeline("a", "bad", [])])
+    assert table.synced and [e.namespace for e in table.resolve("p")] == ["a", "b"]
+    assert table.model_id(table[("a", "p")]) == "a/p"
+    assert table.resolve("a/bad")[0].spec is None and "spec.steps" in table[("a", "bad")].error
+    table.event("DELETED", {"metadata": {"namespace": "b", "name": "p"}})
+    assert table.model_id(table[("a", "p")]) == "p"
+    table.event("MODIFIED", pipeline("a", "bad", [generate]))
+    assert table[("a", "bad")].spec is not None
 
 
 def test_parse_load_sums_the_queue_and_kv_usage():

@@ -138,7 +138,7 @@ class Dispatcher:
             await self.store.renew(self.owner, self.settings.lease_seconds)
 
     async def _round(self) -> None:
-        if not self.registry.synced >= {"services", "slices"}:
+        if not self.registry.synced:
             return
         for batch_id, input_file_id, endpoint in await self.store.take_validating(self.settings.lease_seconds):
             await self._validate(batch_id, input_file_id, endpoint)

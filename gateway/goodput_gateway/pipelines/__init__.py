@@ -7,14 +7,13 @@ hands it to the gateway); `start_watch` keeps its table current from the cluster
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from goodput_contract.api import GROUP, PIPELINE_PLURAL, VERSION
-from goodput_gateway.discovery import Watch
 from goodput_gateway.pipelines.metrics import PipelineMetrics
 from goodput_gateway.pipelines.server import PipelineServer
 from goodput_gateway.pipelines.table import PipelineTable
+from goodput_gateway.watch import Watch
 from goodput_operator.k8s import Kube
 
 logger = logging.getLogger(__name__)
@@ -25,10 +24,6 @@ __all__ = ["PipelineMetrics", "PipelineServer", "PipelineTable", "start_watch"]
 async def start_watch(kube: Kube, table: PipelineTable) -> list[Watch]:
     if not await kube.has_resource(f"{GROUP}/{VERSION}", PIPELINE_PLURAL):
         logger.warning("The cluster serves no InferencePipelines (crds/ not applied?): serving services only")
-        table.synced = True
+        table.fill({})
         return []
-    return [
-        Watch(
-            kube, f"/apis/{GROUP}/{VERSION}/{PIPELINE_PLURAL}", "", asyncio.get_running_loop(), table.reset, table.event
-        ).start()
-    ]
+    return [Watch(kube, f"/apis/{GROUP}/{VERSION}/{PIPELINE_PLURAL}", "", table).start()]

@@ -105,7 +105,7 @@ class PipelineServer:
 
     async def cards(self, created: int, authorization: str | None = None) -> list[dict[str, Any]]:
         """The pipelines the caller may use: a pipeline asks for its generate service's key."""
-        entries = sorted(self.table.entries.values(), key=lambda e: (e.name, e.namespace))
+        entries = sorted(self.table.values(), key=lambda e: (e.name, e.namespace))
         visible = []
         for entry in entries:
             try:

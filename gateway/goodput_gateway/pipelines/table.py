@@ -11,9 +11,9 @@ import yaml
 
 from goodput_contract.api.pipeline_spec import GUARD, PipelineSpec, SpecError, parse_pipeline
 from goodput_gateway.pipelines.rules import RuleSet
+from goodput_gateway.watch import Table
 
 logger = logging.getLogger(__name__)
-Key = tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -26,49 +26,33 @@ class Entry:
 
 
 def entry_of(body: dict[str, Any]) -> Entry:
+    """A pipeline whose spec does not parse is kept, with its error: a request naming it is told why."""
     meta = body["metadata"]
     namespace, name = meta.get("namespace", "default"), meta["name"]
     try:
         spec = parse_pipeline(name, namespace, body.get("spec") or {})
     except SpecError as err:
+        logger.info("Not serving pipeline %s/%s: %s", namespace, name, err)
         return Entry(namespace, name, None, str(err))
     return Entry(namespace, name, spec, rules={s.name: RuleSet(s.rules) for s in spec.steps if s.kind == GUARD})
 
 
-@dataclass
-class PipelineTable:
-    entries: dict[Key, Entry] = field(default_factory=dict)
-    synced: bool = False
+class PipelineTable(Table[Entry]):
+    """Pipelines by (namespace, name), and by the name a request's model gives."""
+
+    def __init__(self) -> None:
+        super().__init__(entry_of)
 
     def resolve(self, model: str) -> list[Entry]:
         if "/" in model:
             namespace, _, name = model.partition("/")
-            found = self.entries.get((namespace, name))
+            found = self.get((namespace, name))
             return [found] if found else []
-        return sorted((e for e in self.entries.values() if e.name == model), key=lambda e: e.namespace)
+        return sorted((e for e in self.values() if e.name == model), key=lambda e: e.namespace)
 
     def model_id(self, entry: Entry) -> str:
-        shared = sum(1 for e in self.entries.values() if e.name == entry.name) > 1
+        shared = sum(1 for e in self.values() if e.name == entry.name) > 1
         return f"{entry.namespace}/{entry.name}" if shared else entry.name
-
-    def reset(self, items: list[dict[str, Any]]) -> None:
-        self.entries = {}
-        for body in items:
-            self._put(body)
-        self.synced = True
-
-    def event(self, kind: str, body: dict[str, Any]) -> None:
-        meta = body.get("metadata") or {}
-        if kind == "DELETED":
-            self.entries.pop((meta.get("namespace", ""), meta.get("name", "")), None)
-        else:
-            self._put(body)
-
-    def _put(self, body: dict[str, Any]) -> None:
-        entry = entry_of(body)
-        if entry.error:
-            logger.info("Not serving pipeline %s/%s: %s", entry.namespace, entry.name, entry.error)
-        self.entries[(entry.namespace, entry.name)] = entry
 
     def load_files(self, paths: list[str], namespace: str) -> None:
         """InferencePipeline documents from YAML files, served without a cluster."""
@@ -79,6 +63,6 @@ class PipelineTable:
                     doc.setdefault("metadata", {})["namespace"] = namespace
                     items.append(doc)
         self.reset(items)
-        for entry in self.entries.values():
+        for entry in self.values():
             if entry.error:
                 raise SystemExit(f"--static-pipeline: {entry.name}: {entry.error}")
