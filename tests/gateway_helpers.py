@@ -2,19 +2,22 @@
 
 There is no kubelet in the test cluster, so the tests publish each runtime process as an
 EndpointSlice endpoint themselves, labelled as the EndpointSlice controller labels a
-Service's slices (it copies the Service's labels, the operator's included).
+Service's slices (it copies the Service's labels, the operator's included). `Started` holds
+what a test or module fixture starts, and stops it in the reverse order when its block ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from autoscaling_helpers import host_address, slice_path, slice_version
 from harness import ROOT, Cluster, wait_for
@@ -70,10 +73,6 @@ def publish(
         cluster.raw("PUT", path, body)
 
 
-def unpublish(cluster: Cluster, namespace: str, service: str, pod: str) -> None:
-    cluster.get_or_none(cluster.raw, "DELETE", slice_path(cluster, namespace, f"{service}-{pod}"))
-
-
 def start_replica(name: str, model_dir: Path, log_dir: Path, *flags: str) -> Pod:
     return Pod(name, model_dir, log_dir / f"{name}.log", flags)
 
@@ -82,6 +81,20 @@ def wait_ready(*pods: Pod, timeout: float = 180) -> None:
     for pod in pods:
         wait_for(lambda p=pod: p.poll_ready() or p.process.poll() is not None, timeout, f"runtime {pod.name}")
         assert pod.process.poll() is None, pod.log_path.read_text()[-3000:]
+
+
+def post_json(
+    url: str, body: dict[str, Any], headers: dict[str, str] | None = None, timeout: float = 60
+) -> tuple[int, dict[str, str], Any]:
+    """The status, headers and JSON body of the answer to a JSON POST, an error's as any other's."""
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, dict(r.headers), json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), json.loads(err.read())
 
 
 def metric(url: str, name: str, **labels: str) -> float:
@@ -138,6 +151,11 @@ class GatewayProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def tracebacks(self) -> str:
+        """The log's tail where the gateway logged a traceback, else nothing."""
+        log = self.log()
+        return log[-6000:] if "Traceback" in log else ""
+
     def models(self) -> list[dict[str, Any]]:
         data: list[dict[str, Any]] = json.loads(urllib.request.urlopen(self.url + "/v1/models", timeout=5).read())[
             "data"
@@ -146,3 +164,40 @@ class GatewayProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         return metric(self.url, name, **labels)
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=Stoppable)
+
+
+class Started(contextlib.ExitStack):
+    """What a test or module fixture starts, stopped in the reverse order when its block ends, each only if
+    it started: a gateway before the replicas behind it, namespaces deleted last."""
+
+    def namespaces(self, cluster: Cluster, *names: str) -> None:
+        for name in names:
+            cluster.core.create_namespace({"metadata": {"name": name}})
+            self.callback(cluster.core.delete_namespace, name)
+
+    def replica(self, name: str, model_dir: Path, log_dir: Path, *flags: str) -> Pod:
+        return self.stops(start_replica(name, model_dir, log_dir, *flags))
+
+    def gateway(self, kubeconfig: Path, log: Path, *args: str) -> GatewayProcess:
+        """A gateway started and listening; stopped at the end, with its log's tail printed where it logged
+        a traceback."""
+        gateway = GatewayProcess(kubeconfig, log, *args)
+        self.callback(stop_and_report, gateway)  # before start: one that never listens is stopped too
+        return gateway.start()
+
+    def stops(self, running: S) -> S:
+        self.callback(running.stop)
+        return running
+
+
+def stop_and_report(gateway: GatewayProcess) -> None:
+    gateway.stop()
+    if tracebacks := gateway.tracebacks():
+        print(tracebacks)

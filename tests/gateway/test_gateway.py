@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from autoscaling_helpers import free_port
-from gateway_helpers import GatewayProcess, metric, publish, start_replica, tiny_spec, unpublish, wait_ready
+from autoscaling_helpers import delete_endpoint, free_port
+from gateway_helpers import GatewayProcess, Started, metric, post_json, publish, tiny_spec, wait_ready
 from harness import wait_for
 from prometheus_process import PROMETHEUS, Prometheus, dashboard_queries
 
@@ -43,14 +43,7 @@ class Env:
         return [metric(u, "goodput_requests_total") for u in self.urls]
 
     def post(self, path: str, body: dict, timeout: float = 60) -> tuple[int, dict, dict]:
-        request = urllib.request.Request(
-            self.gateway.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as r:
-                return r.status, dict(r.headers), json.loads(r.read())
-        except urllib.error.HTTPError as err:
-            return err.code, dict(err.headers), json.loads(err.read())
+        return post_json(self.gateway.url + path, body, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +51,9 @@ def env(cluster, tiny_model_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("gateway")
     suffix = f"{int(time.time()) % 100000}"
     ns = {which: f"gw-{which}-{suffix}" for which in NAMESPACES}
-    for name in ns.values():
-        cluster.core.create_namespace({"metadata": {"name": name}})
-    replicas = [start_replica(f"r{i}", tiny_model_dir, workdir) for i in range(3)]
-    gateway = prometheus = None
-    try:
+    with Started() as started:
+        started.namespaces(cluster, *ns.values())
+        replicas = [started.replica(f"r{i}", tiny_model_dir, workdir) for i in range(3)]
         cluster.create_service(ns["prefix"], "tiny", tiny_spec(replicas=3))
         cluster.create_service(ns["least"], "tiny", tiny_spec(replicas=3, routing={"policy": "least-load"}))
         cluster.create_service(ns["solo"], "tiny", tiny_spec())
@@ -79,17 +70,17 @@ def env(cluster, tiny_model_dir, tmp_path_factory):
         publish(cluster, ns["solo"], "tiny", replicas[1].name, replicas[1].port)
         publish(cluster, ns["dead"], "tiny", replicas[0].name, replicas[0].port)
         publish(cluster, ns["dead"], "tiny", "gone", free_port())  # listed ready, nothing listening
-        gateway = GatewayProcess(
+        gateway = started.gateway(
             cluster.kubeconfig,
             workdir / "gateway.log",
             "--hold-seconds",
             str(HOLD_SECONDS),
             "--max-held-requests",
             str(MAX_HELD),
-        ).start()
+        )
         e = Env(gateway, replicas, ns)
         if PROMETHEUS:  # scrapes the gateway throughout, for the dashboard's gateway panels
-            e.prometheus = prometheus = Prometheus(workdir, ns["prefix"], None, (int(gateway.url.rsplit(":", 1)[1]),))
+            e.prometheus = started.stops(Prometheus(workdir, ns["prefix"], None, (int(gateway.url.rsplit(":", 1)[1]),)))
         wait_for(
             lambda: all(
                 m["ready_replicas"] == want
@@ -101,17 +92,6 @@ def env(cluster, tiny_model_dir, tmp_path_factory):
             "the gateway to see the endpoints",
         )
         yield e
-    finally:
-        if prometheus is not None:
-            prometheus.stop()
-        if gateway is not None:
-            gateway.stop()
-            if "Traceback" in gateway.log():
-                print(gateway.log()[-6000:])
-        for pod in replicas:
-            pod.stop()
-        for name in ns.values():
-            cluster.core.delete_namespace(name)
 
 
 def test_models_lists_every_service_including_one_at_zero(env):
@@ -120,6 +100,12 @@ def test_models_lists_every_service_including_one_at_zero(env):
     zero = models[env.model("zero")]
     assert (zero["replicas"], zero["ready_replicas"]) == (0, 0)
     assert zero["object"] == "model" and zero["root"] == "tiny"
+
+
+def test_the_gateways_metrics_hold_no_operator_series(env):
+    # the gateway talks to the API server through the operator's client, which counts no writes for it
+    text = urllib.request.urlopen(env.gateway.url + "/metrics", timeout=5).read().decode()
+    assert "goodput_gateway_" in text and "goodput_operator_" not in text
 
 
 def test_errors_keep_openais_shape(env):
@@ -279,7 +265,7 @@ def test_a_request_for_a_service_at_zero_is_held_until_a_replica_is_ready(env, c
 
 
 def test_past_the_hold_bound_and_the_wait_limit_clients_get_429_and_503_with_retry_after(env, cluster):
-    unpublish(cluster, env.ns["zero"], "tiny", env.replicas[2].name)
+    delete_endpoint(cluster, env.ns["zero"], "tiny", env.replicas[2].name)
     wait_for(
         lambda: next(m for m in env.gateway.models() if m["id"] == env.model("zero"))["ready_replicas"] == 0,
         10,
@@ -321,28 +307,29 @@ def test_every_gateway_panel_of_the_dashboard_returns_data(env):
 
 
 def test_a_stopping_gateway_finishes_its_streams_and_sends_clients_elsewhere(env, cluster, tmp_path):
-    second = GatewayProcess(cluster.kubeconfig, tmp_path / "second.log", "--shutdown-delay", "2").start()
-    body = {
-        "model": env.model("solo"),
-        "prompt": "Count:",
-        "max_tokens": 200,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    with (
-        httpx.Client(timeout=60) as client,
-        client.stream("POST", second.url + "/v1/completions", json=body) as response,
-    ):
-        lines = response.iter_lines()
-        next(lines)
-        second.process.terminate()
-        wait_for(lambda: httpx.get(second.url + "/health").status_code == 503, 2, "health to turn 503")
-        during = httpx.post(
-            second.url + "/v1/completions", json={"model": env.model("solo"), "prompt": "hi", "max_tokens": 2}
-        )
-        assert during.status_code == 200 and during.headers["connection"] == "close"
-        rest = [line for line in lines if line]
-    assert rest[-1] == "data: [DONE]"
-    assert json.loads(rest[-2].removeprefix("data: "))["usage"]["completion_tokens"] == 200  # the whole stream
-    assert second.process.wait(20) == 0
+    with Started() as started:
+        second = started.gateway(cluster.kubeconfig, tmp_path / "second.log", "--shutdown-delay", "2")
+        body = {
+            "model": env.model("solo"),
+            "prompt": "Count:",
+            "max_tokens": 200,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        with (
+            httpx.Client(timeout=60) as client,
+            client.stream("POST", second.url + "/v1/completions", json=body) as response,
+        ):
+            lines = response.iter_lines()
+            next(lines)
+            second.process.terminate()
+            wait_for(lambda: httpx.get(second.url + "/health").status_code == 503, 2, "health to turn 503")
+            during = httpx.post(
+                second.url + "/v1/completions", json={"model": env.model("solo"), "prompt": "hi", "max_tokens": 2}
+            )
+            assert during.status_code == 200 and during.headers["connection"] == "close"
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+        assert json.loads(rest[-2].removeprefix("data: "))["usage"]["completion_tokens"] == 200  # the whole stream
+        assert second.process.wait(20) == 0

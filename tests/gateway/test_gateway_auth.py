@@ -10,20 +10,15 @@ import urllib.request
 
 import openai
 import pytest
-from gateway_helpers import GatewayProcess, publish, start_replica, tiny_spec, wait_ready
+from gateway_helpers import Started, post_json, publish, tiny_spec, wait_ready
 from harness import service_account_kubeconfig, wait_for
 
 RUNTIME_KEY, CLIENT_KEY = "sk-runtime-0a41c9", "sk-client-77e2d0"  # the Secret holds both; the runtime only one
 
 
 def post(url: str, body: dict, key: str | None = None) -> tuple[int, dict]:
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+    status, _, answer = post_json(url, body, {"Authorization": f"Bearer {key}"} if key else None)
+    return status, answer
 
 
 def models(url: str, key: str | None = None) -> set[str]:
@@ -36,15 +31,13 @@ def models(url: str, key: str | None = None) -> set[str]:
 def env(cluster, tiny_model_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("gateway-auth")
     ns = {which: f"gwauth-{which}-{int(time.time()) % 100000}" for which in ("locked", "open", "broken")}
-    for name in ns.values():
-        cluster.core.create_namespace({"metadata": {"name": name}})
     kubeconfig = service_account_kubeconfig(
         cluster, ("namespace.yaml", "gateway-rbac.yaml"), "goodput-gateway", workdir / "gateway.kubeconfig"
     )
-    locked = start_replica("locked", tiny_model_dir, workdir, "--api-key", RUNTIME_KEY)
-    unlocked = start_replica("open", tiny_model_dir, workdir)
-    gateway = None
-    try:
+    with Started() as started:
+        started.namespaces(cluster, *ns.values())
+        locked = started.replica("locked", tiny_model_dir, workdir, "--api-key", RUNTIME_KEY)
+        unlocked = started.replica("open", tiny_model_dir, workdir)
         cluster.core.create_namespaced_secret(
             ns["locked"], {"metadata": {"name": "keys"}, "stringData": {"apiKey": f"{RUNTIME_KEY},{CLIENT_KEY}"}}
         )
@@ -56,7 +49,7 @@ def env(cluster, tiny_model_dir, tmp_path_factory):
         publish(cluster, ns["locked"], "chat", "p0", locked.port)
         publish(cluster, ns["open"], "chat", "p0", unlocked.port)
         publish(cluster, ns["broken"], "chat", "p0", unlocked.port)
-        gateway = GatewayProcess(kubeconfig, workdir / "gateway.log").start()
+        gateway = started.gateway(kubeconfig, workdir / "gateway.log")
         gateway.models_of = {which: f"{name}/tiny" for which, name in ns.items()}  # type: ignore[attr-defined]
         wait_for(
             lambda: {f"{ns['locked']}/tiny", f"{ns['open']}/tiny"} <= models(gateway.url, CLIENT_KEY),
@@ -64,13 +57,6 @@ def env(cluster, tiny_model_dir, tmp_path_factory):
             "the services at the gateway",
         )
         yield gateway
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        for pod in (locked, unlocked):
-            pod.stop()
-        for name in ns.values():
-            cluster.core.delete_namespace(name)
 
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}

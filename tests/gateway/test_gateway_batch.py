@@ -11,14 +11,12 @@ import io
 import json
 import signal
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import openai
 import pytest
-from gateway_helpers import GatewayProcess, metric, start_replica, wait_ready
+from gateway_helpers import GatewayProcess, Started, metric, post_json, wait_ready
 from harness import wait_for
 from postgres_server import PostgresServer
 
@@ -45,12 +43,12 @@ def lines(n: int, max_tokens: int = 4, bad: set[int] = frozenset(), prefix: str 
 
 
 class Env:
-    def __init__(self, workdir: Path, replica_url: str) -> None:
-        self.workdir, self.replica_url = workdir, replica_url
+    def __init__(self, workdir: Path, replica_url: str, started: Started) -> None:
+        self.workdir, self.replica_url, self.started = workdir, replica_url, started
         self.gateways: list[GatewayProcess] = []
 
     def gateway(self, database: str, name: str = "gateway") -> GatewayProcess:
-        g = GatewayProcess(
+        g = self.started.gateway(
             self.workdir / "no-kubeconfig",
             self.workdir / f"{name}.log",
             "--static-model",
@@ -65,7 +63,7 @@ class Env:
             "2",
         )
         self.gateways.append(g)
-        return g.start()
+        return g
 
     @staticmethod
     def client(g: GatewayProcess) -> openai.OpenAI:
@@ -75,16 +73,10 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tiny_model_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("batch")
-    replica = start_replica("r0", tiny_model_dir, workdir)
-    e = Env(workdir, "")
-    try:
+    with Started() as started:
+        replica = started.replica("r0", tiny_model_dir, workdir)
         wait_ready(replica)
-        e.replica_url = f"http://127.0.0.1:{replica.port}"
-        yield e
-    finally:
-        for g in e.gateways:
-            g.stop()
-        replica.stop()
+        yield Env(workdir, f"http://127.0.0.1:{replica.port}", started)
 
 
 def run_batch(client: openai.OpenAI, data: bytes, timeout: float = 120, **extra):
@@ -157,16 +149,8 @@ def test_the_sdk_flow_end_to_end(env):
 
 
 def post_replica(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(
-        url + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", **(headers or {})},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+    status, _, answer = post_json(url + "/v1/chat/completions", body, headers)
+    return status, answer
 
 
 def test_the_runtime_takes_priority_from_the_body_or_the_gateways_header(env):

@@ -20,7 +20,7 @@ import helpers
 import openai
 import pytest
 from autoscaling_helpers import free_port
-from gateway_helpers import GatewayProcess, publish, start_replica, tiny_spec, wait_ready
+from gateway_helpers import Started, publish, tiny_spec, wait_ready
 
 pytestmark = pytest.mark.faults
 
@@ -63,16 +63,16 @@ class DiesAfterHeaders:
 
 
 def test_a_replica_lost_after_its_headers_is_retried_and_counted(cluster, namespace, tiny_model_dir, tmp_path):
-    replica = start_replica("real", tiny_model_dir, tmp_path)
-    dying = DiesAfterHeaders()
-    gateway = None
-    try:
+    with Started() as started:
+        replica = started.replica("real", tiny_model_dir, tmp_path)
+        dying = DiesAfterHeaders()
+        started.callback(dying.close)
         cluster.create_service(namespace, "tiny", tiny_spec(replicas=3, routing={"policy": "random"}))
         wait_ready(replica)
         publish(cluster, namespace, "tiny", "real", replica.port)
         publish(cluster, namespace, "tiny", "dies-after-headers", dying.port)
         publish(cluster, namespace, "tiny", "refuses", free_port())
-        gateway = GatewayProcess(cluster.kubeconfig, tmp_path / "gateway.log").start()
+        gateway = started.gateway(cluster.kubeconfig, tmp_path / "gateway.log")
         listed = helpers.wait_for(
             lambda: [m for m in gateway.models() if m["namespace"] == namespace and m["ready_replicas"] == 3],
             60,
@@ -103,8 +103,3 @@ def test_a_replica_lost_after_its_headers_is_retried_and_counted(cluster, namesp
         assert dying.dropped >= 1, "no request met the replica that dies after its headers"
         assert retries("reset") == dying.dropped
         assert retries("connect") >= 1, "no request met the endpoint that refuses"
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        dying.close()
-        replica.stop()

@@ -2,7 +2,7 @@
 routes by and nothing more."""
 
 import pytest
-from gateway_helpers import GatewayProcess, publish, tiny_spec
+from gateway_helpers import Started, publish, tiny_spec
 from harness import service_account_kubeconfig, wait_for
 
 USER = "system:serviceaccount:goodput-system:goodput-gateway"
@@ -21,16 +21,14 @@ def gateway_kubeconfig(cluster, tmp_path_factory):
 def test_the_gateway_discovers_services_with_its_own_role(cluster, gateway_kubeconfig, namespace, tmp_path):
     cluster.create_service(namespace, "chat", tiny_spec("chat-model"))
     publish(cluster, namespace, "chat", "p0", 8000)
-    gateway = GatewayProcess(gateway_kubeconfig, tmp_path / "gateway.log").start()
-    try:
+    with Started() as started:
+        gateway = started.gateway(gateway_kubeconfig, tmp_path / "gateway.log")
         wait_for(
             lambda: any(m["id"] == "chat-model" and m["ready_replicas"] == 1 for m in gateway.models()),
             20,
             "the service and its endpoint in /v1/models",
         )
         assert "forbidden" not in gateway.log().lower(), gateway.log()[-3000:]
-    finally:
-        gateway.stop()
 
 
 def test_verbs_the_role_lacks_are_refused(cluster, gateway_kubeconfig, namespace):

@@ -16,7 +16,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from gateway_helpers import GatewayProcess, metric, publish, start_replica, tiny_spec, unpublish, wait_ready
+from autoscaling_helpers import delete_endpoint
+from gateway_helpers import Started, metric, publish, tiny_spec, wait_ready
 from harness import wait_for
 
 pytestmark = pytest.mark.slow
@@ -67,22 +68,20 @@ class SteadyLoad:
 
 def test_rolling_replacement_under_load_loses_no_request(cluster, namespace, tiny_model_dir, tmp_path):
     cluster.create_service(namespace, "roll", tiny_spec(replicas=2))
-    old = [start_replica(f"old{i}", tiny_model_dir, tmp_path, *FLAGS[i]) for i in range(2)]
-    new = [start_replica(f"new{i}", tiny_model_dir, tmp_path, *FLAGS[1]) for i in range(2)]
-    gateway = GatewayProcess(cluster.kubeconfig, tmp_path / "gateway.log")
-    load = None
-    try:
+    with Started() as started:
+        old = [started.replica(f"old{i}", tiny_model_dir, tmp_path, *FLAGS[i]) for i in range(2)]
+        new = [started.replica(f"new{i}", tiny_model_dir, tmp_path, *FLAGS[1]) for i in range(2)]
         wait_ready(*old, *new)
         for pod in old:
             publish(cluster, namespace, "roll", pod.name, pod.port)
-        gateway.start()
+        gateway = started.gateway(cluster.kubeconfig, tmp_path / "gateway.log")
         model = f"{namespace}/tiny"
 
         def ready_count() -> int:
             return next(m["ready_replicas"] for m in gateway.models() if m["namespace"] == namespace)
 
         wait_for(lambda: ready_count() == 2, 20, "both old replicas")
-        load = SteadyLoad(gateway.url, model).start()
+        load = started.stops(SteadyLoad(gateway.url, model).start())
         time.sleep(2)
         for old_pod, new_pod in zip(old, new, strict=True):
             publish(cluster, namespace, "roll", new_pod.name, new_pod.port)  # surge: the new one is ready first
@@ -92,7 +91,7 @@ def test_rolling_replacement_under_load_loses_no_request(cluster, namespace, tin
             time.sleep(0.5)
             publish(cluster, namespace, "roll", old_pod.name, old_pod.port, ready=False, terminating=True)
             assert old_pod.process.wait(30) == 0
-            unpublish(cluster, namespace, "roll", old_pod.name)
+            delete_endpoint(cluster, namespace, "roll", old_pod.name)
             time.sleep(1)
         served_before = sum(metric(f"http://127.0.0.1:{p.port}", "goodput_requests_total") for p in new)
         time.sleep(2)
@@ -102,9 +101,3 @@ def test_rolling_replacement_under_load_loses_no_request(cluster, namespace, tin
         assert load.ok > 20
         assert served_after > served_before, "after the rollout the new replicas serve"
         assert gateway.metric("goodput_gateway_routing_decisions_total", namespace=namespace, decision="retry") >= 1
-    finally:
-        if load is not None:
-            load.stop()
-        gateway.stop()
-        for pod in old + new:
-            pod.stop()

@@ -10,16 +10,18 @@ for the idle period, the gateway's last-request time lets the autoscaler take it
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 
 import openai
 import pytest
-from autoscaling_helpers import host_address, put_endpoint
-from gateway_helpers import GatewayProcess, tiny_spec
+from autoscaling_helpers import delete_endpoint, host_address, put_endpoint
+from gateway_helpers import GatewayProcess, Started, tiny_spec
 from harness import OperatorProcess, wait_for
 from kubernetes.client.exceptions import ApiException
 from live_pods import Actuator
@@ -29,37 +31,39 @@ pytestmark = pytest.mark.slow
 IDLE_SECONDS = 6
 
 
-def start_gateway_and_operator(cluster, hub, tmp_path, *gateway_args: str) -> tuple[GatewayProcess, OperatorProcess]:
-    """A gateway published as the ready endpoint of goodput-system/goodput-gateway, and an operator
-    whose autoscaler reads it every second."""
+@contextlib.contextmanager
+def woken_by_gateway(
+    cluster, hub, tmp_path, namespace: str, service: str, spec: dict, model_dir, *gateway_args: str
+) -> Iterator[tuple[GatewayProcess, Actuator]]:
+    """A gateway published as the ready endpoint of goodput-system/goodput-gateway, an operator whose
+    autoscaler reads it every second, and `service` created from `spec` with an actuator playing the
+    kubelet for it; once the gateway lists the service."""
     try:
         cluster.core.create_namespace({"metadata": {"name": "goodput-system"}})
     except ApiException as err:
         if err.status != 409:
             raise
-    gateway = GatewayProcess(cluster.kubeconfig, tmp_path / "gateway.log", *gateway_args).start()
-    gateway_port = int(gateway.url.rsplit(":", 1)[1])
-    put_endpoint(cluster, "goodput-system", "goodput-gateway", "gw-0", host_address(), gateway_port, True)
-    operator = OperatorProcess(
-        cluster.kubeconfig,
-        tmp_path / "operator.log",
-        hub.endpoint,
-        "--autoscaler-period-seconds",
-        "1",
-        "--autoscaler-window-seconds",
-        "3",
-    ).start()
-    return gateway, operator
-
-
-def stop_gateway_and_operator(cluster, gateway: GatewayProcess, operator: OperatorProcess) -> None:
-    operator.stop()
-    gateway.stop()
-    cluster.get_or_none(
-        cluster.raw,
-        "DELETE",
-        "/apis/discovery.k8s.io/v1beta1/namespaces/goodput-system/endpointslices/goodput-gateway-gw-0",
-    )
+    with Started() as started:
+        gateway = started.gateway(cluster.kubeconfig, tmp_path / "gateway.log", *gateway_args)
+        gateway_port = int(gateway.url.rsplit(":", 1)[1])
+        put_endpoint(cluster, "goodput-system", "goodput-gateway", "gw-0", host_address(), gateway_port, True)
+        started.callback(delete_endpoint, cluster, "goodput-system", "goodput-gateway", "gw-0")
+        started.stops(
+            OperatorProcess(
+                cluster.kubeconfig,
+                tmp_path / "operator.log",
+                hub.endpoint,
+                "--autoscaler-period-seconds",
+                "1",
+                "--autoscaler-window-seconds",
+                "3",
+            ).start()
+        )
+        actuator = Actuator(cluster, namespace, service, model_dir, tmp_path, ())
+        cluster.create_service(namespace, service, spec)
+        started.stops(actuator.start())
+        wait_for(lambda: any(m["service"] == service for m in gateway.models()), 20, "the gateway to see it")
+        yield gateway, actuator
 
 
 def counts(actuator: Actuator) -> list[int]:
@@ -69,18 +73,10 @@ def counts(actuator: Actuator) -> list[int]:
 def test_a_held_request_wakes_a_service_at_zero_and_idleness_returns_it_there(
     cluster, hub, namespace, tiny_model_dir, tmp_path
 ):
-    gateway, operator = start_gateway_and_operator(cluster, hub, tmp_path)
-    actuator = Actuator(cluster, namespace, "sleepy", tiny_model_dir, tmp_path, ())
-    try:
-        cluster.create_service(
-            namespace,
-            "sleepy",
-            tiny_spec(
-                autoscaling={"mode": "goodput", "minReplicas": 0, "maxReplicas": 1, "idlePeriod": f"{IDLE_SECONDS}s"}
-            ),
-        )
-        actuator.start()
-        wait_for(lambda: any(m["service"] == "sleepy" for m in gateway.models()), 20, "the gateway to see it")
+    spec = tiny_spec(
+        autoscaling={"mode": "goodput", "minReplicas": 0, "maxReplicas": 1, "idlePeriod": f"{IDLE_SECONDS}s"}
+    )
+    with woken_by_gateway(cluster, hub, tmp_path, namespace, "sleepy", spec, tiny_model_dir) as (gateway, actuator):
         time.sleep(3)
         # (the scale subresource of a CR without spec.replicas answers 500 on this server: no history yet)
         assert 1 not in counts(actuator), "nothing wakes a service nobody asked for"
@@ -112,9 +108,6 @@ def test_a_held_request_wakes_a_service_at_zero_and_idleness_returns_it_there(
         assert counts(actuator) in ([1, 0], [0, 1, 0])
         reasons = [e.reason for e in cluster.events(namespace, "sleepy")]
         assert "ScaledUp" in reasons and "ScaledDown" in reasons
-    finally:
-        actuator.stop()
-        stop_gateway_and_operator(cluster, gateway, operator)
 
 
 def test_pending_batch_lines_wake_a_service_to_its_batch_replicas_and_it_returns_to_zero(
@@ -122,27 +115,20 @@ def test_pending_batch_lines_wake_a_service_to_its_batch_replicas_and_it_returns
 ):
     # spec.batch.maxReplicas 2: a batch submitted to a service at zero wakes it to two replicas (none of
     # which online traffic asked for), they run the batch, and idleness takes the service back to zero
-    gateway, operator = start_gateway_and_operator(
-        cluster, hub, tmp_path, "--database", f"sqlite:///{tmp_path}/batch.db"
+    spec = tiny_spec(
+        autoscaling={
+            "mode": "goodput",
+            "minReplicas": 0,
+            "maxReplicas": 3,
+            "idlePeriod": f"{IDLE_SECONDS}s",
+            "scaleDownWindow": "3s",
+        },
+        batch={"maxReplicas": 2},
     )
-    actuator = Actuator(cluster, namespace, "nightly", tiny_model_dir, tmp_path, ())
-    try:
-        cluster.create_service(
-            namespace,
-            "nightly",
-            tiny_spec(
-                autoscaling={
-                    "mode": "goodput",
-                    "minReplicas": 0,
-                    "maxReplicas": 3,
-                    "idlePeriod": f"{IDLE_SECONDS}s",
-                    "scaleDownWindow": "3s",
-                },
-                batch={"maxReplicas": 2},
-            ),
-        )
-        actuator.start()
-        wait_for(lambda: any(m["service"] == "nightly" for m in gateway.models()), 20, "the gateway to see it")
+    database = f"sqlite:///{tmp_path}/batch.db"
+    with woken_by_gateway(
+        cluster, hub, tmp_path, namespace, "nightly", spec, tiny_model_dir, "--database", database
+    ) as (gateway, actuator):
         time.sleep(2)
         assert 1 not in counts(actuator) and 2 not in counts(actuator)
         client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=30)
@@ -170,6 +156,3 @@ def test_pending_batch_lines_wake_a_service_to_its_batch_replicas_and_it_returns
         assert max(counts(actuator)) == 2  # batch work got what spec.batch.maxReplicas allows, no more
         wait_for(lambda: counts(actuator)[-1:] == [0], IDLE_SECONDS + 40, "the autoscaler to return it to zero")
         assert counts(actuator)[-3:] == [2, 1, 0]  # one replica at a time, the last by idleness
-    finally:
-        actuator.stop()
-        stop_gateway_and_operator(cluster, gateway, operator)

@@ -9,15 +9,12 @@ Clients are the real `openai` SDK.
 
 from __future__ import annotations
 
-import json
 import re
 import time
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
-from gateway_helpers import GatewayProcess, publish, start_replica, wait_ready
+from gateway_helpers import GatewayProcess, Started, post_json, publish, wait_ready
 from harness import wait_for
 from pipeline_helpers import create_pipeline, install_pipeline_crd
 from prometheus_process import PROMETHEUS, Prometheus, dashboard_queries
@@ -57,14 +54,8 @@ class Env:
         return name
 
     def post(self, body: dict, path: str = "/v1/chat/completions") -> tuple[int, dict]:
-        request = urllib.request.Request(
-            self.gateway.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=120) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as err:
-            return err.code, json.loads(err.read())
+        status, _, answer = post_json(self.gateway.url + path, body, timeout=120)
+        return status, answer
 
     def metric(self, name: str, **labels: str) -> float:
         return self.gateway.metric(name, namespace=self.namespace, **labels)
@@ -75,29 +66,28 @@ def env(cluster, smollm2_dir, tmp_path_factory):
     install_pipeline_crd(cluster)
     workdir = tmp_path_factory.mktemp("pipelines")
     namespace = f"pipe-{int(time.time()) % 100000}"
-    cluster.core.create_namespace({"metadata": {"name": namespace}})
-    runtime = start_replica(
-        "smol",
-        smollm2_dir,
-        workdir,
-        "--served-model-name",
-        "smol",
-        "--max-model-len",
-        "1024",
-        "--kv-cache-memory",
-        "48Mi",
-    )
-    gateway = prometheus = None
-    try:
+    with Started() as started:
+        started.namespaces(cluster, namespace)
+        runtime = started.replica(
+            "smol",
+            smollm2_dir,
+            workdir,
+            "--served-model-name",
+            "smol",
+            "--max-model-len",
+            "1024",
+            "--kv-cache-memory",
+            "48Mi",
+        )
         for name in ("chat", "guard"):
             cluster.create_service(namespace, name, service_spec())
         wait_ready(runtime)
         for name in ("chat", "guard"):
             publish(cluster, namespace, name, "p0", runtime.port)
-        gateway = GatewayProcess(cluster.kubeconfig, workdir / "gateway.log").start()
+        gateway = started.gateway(cluster.kubeconfig, workdir / "gateway.log")
         e = Env(cluster, namespace, gateway, f"http://127.0.0.1:{runtime.port}")
         if PROMETHEUS:  # scrapes the gateway throughout, for the dashboard's pipeline row
-            e.prometheus = prometheus = Prometheus(workdir, namespace, None, (int(gateway.url.rsplit(":", 1)[1]),))
+            e.prometheus = started.stops(Prometheus(workdir, namespace, None, (int(gateway.url.rsplit(":", 1)[1]),)))
         e.pipeline(
             "cooking",
             [
@@ -125,15 +115,7 @@ def env(cluster, smollm2_dir, tmp_path_factory):
             ],
         )
         yield e
-    finally:
-        if prometheus is not None:
-            prometheus.stop()
-        if gateway is not None:
-            gateway.stop()
-            log = gateway.log()
-            assert "Traceback" not in log, log[-6000:]
-        runtime.stop()
-        cluster.core.delete_namespace(namespace)
+    assert not gateway.tracebacks(), gateway.tracebacks()
 
 
 def test_models_lists_the_pipeline_and_an_on_topic_question_is_served(env):
