@@ -12,8 +12,6 @@ from goodput_runtime.models.support import unsupported_reason
 
 log = logging.getLogger(__name__)
 
-IMPLEMENTATIONS = ("auto", "transformers")
-
 
 def choose(model: Any, implementation: str, tensor_parallel: int = 1) -> Any:
     """The module tree to serve `model` (loaded by transformers) with: the compact one where it applies."""

@@ -1,0 +1,1 @@
+"""Command-line tools beside the server: random-weight test models, the SmolLM2 wheel, truncated models."""
