@@ -30,9 +30,21 @@ def slice_path(cluster: Cluster, namespace: str, name: str | None = None) -> str
 
 
 def put_endpoint(
-    cluster: Cluster, namespace: str, service: str, pod: str, address: str, port: int, ready: bool
+    cluster: Cluster,
+    namespace: str,
+    service: str,
+    pod: str,
+    address: str,
+    port: int,
+    ready: bool,
+    *,
+    port_name: str = "metrics",
+    terminating: bool = False,
 ) -> None:
-    """What the EndpointSlice controller publishes for one pod of the service."""
+    """What the EndpointSlice controller publishes for one pod of the service (create or replace)."""
+    conditions = {"ready": ready, **({"terminating": True} if terminating else {})}
+    if terminating and slice_version(cluster).endswith("v1beta1"):
+        conditions = {"ready": False}  # 1.20's v1beta1 has the terminating condition behind a feature gate
     body: dict[str, Any] = {
         "apiVersion": slice_version(cluster),
         "kind": "EndpointSlice",
@@ -46,24 +58,16 @@ def put_endpoint(
             },
         },
         "addressType": "IPv4",
-        "ports": [{"name": "metrics", "port": port, "protocol": "TCP"}],
-        "endpoints": [{"addresses": [address], "conditions": {"ready": ready}}],
+        "ports": [{"name": port_name, "port": port, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [address], "conditions": conditions}],
     }
     path = slice_path(cluster, namespace, f"{service}-{pod}")
-    if cluster.get_or_none(cluster.raw, "GET", path) is None:
+    live = cluster.get_or_none(cluster.raw, "GET", path)
+    if live is None:
         cluster.raw("POST", slice_path(cluster, namespace), body)
     else:
-        cluster.raw(
-            "PUT",
-            path,
-            {
-                **body,
-                "metadata": {
-                    **body["metadata"],
-                    "resourceVersion": cluster.raw("GET", path)["metadata"]["resourceVersion"],
-                },
-            },
-        )
+        body["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
+        cluster.raw("PUT", path, body)
 
 
 def delete_endpoint(cluster: Cluster, namespace: str, service: str, pod: str) -> None:

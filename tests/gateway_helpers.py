@@ -19,12 +19,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from autoscaling_helpers import host_address, slice_path, slice_version
+from autoscaling_helpers import host_address, put_endpoint
 from harness import ROOT, Cluster, wait_for
 from helpers import stop_process
 from live_pods import Pod
-
-SERVICE_LABEL = "serving.goodput.dev/service"
 
 
 def tiny_spec(served_name: str = "tiny", **extra: Any) -> dict[str, Any]:
@@ -45,32 +43,18 @@ def publish(
     terminating: bool = False,
     address: str | None = None,
 ) -> None:
-    """What the EndpointSlice controller writes for one pod of the service (create or replace)."""
-    conditions = {"ready": ready, **({"terminating": True} if terminating else {})}
-    if terminating and slice_version(cluster).endswith("v1beta1"):
-        conditions = {"ready": False}  # 1.20's v1beta1 has the terminating condition behind a feature gate
-    body: dict[str, Any] = {
-        "apiVersion": slice_version(cluster),
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": f"{service}-{pod}",
-            "labels": {
-                "kubernetes.io/service-name": service,
-                SERVICE_LABEL: service,
-                "endpointslice.kubernetes.io/managed-by": "goodput-tests",
-            },
-        },
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
-        "endpoints": [{"addresses": [address or host_address()], "conditions": conditions}],
-    }
-    path = slice_path(cluster, namespace, f"{service}-{pod}")
-    live = cluster.get_or_none(cluster.raw, "GET", path)
-    if live is None:
-        cluster.raw("POST", slice_path(cluster, namespace), body)
-    else:
-        body["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
-        cluster.raw("PUT", path, body)
+    """What the EndpointSlice controller writes for one pod of the service, on its serving port."""
+    put_endpoint(
+        cluster,
+        namespace,
+        service,
+        pod,
+        address or host_address(),
+        port,
+        ready,
+        port_name="http",
+        terminating=terminating,
+    )
 
 
 def start_replica(name: str, model_dir: Path, log_dir: Path, *flags: str) -> Pod:
