@@ -14,7 +14,7 @@ from typing import Any
 import kopf
 import prometheus_client
 
-from goodput_contract.api import GROUP, PLURAL, VERSION
+from goodput_contract.api import GROUP, PIPELINE_KIND, PLURAL, VERSION
 from goodput_operator import controller, metrics, pipelines
 from goodput_operator.autoscaling.loop import Autoscaler
 from goodput_operator.builders import MANAGED_BY
@@ -40,7 +40,7 @@ class PipelinesDiffBase(kopf.AnnotationsDiffBaseStorage):
     object gets an empty one (the operator's most frequent work at scale, otherwise)."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
-        if body.get("kind") not in (None, "InferencePipeline"):
+        if body.get("kind") not in (None, PIPELINE_KIND):
             return kopf.BodyEssence()
         return super().build(body=body, extra_fields=extra_fields)
 

@@ -21,7 +21,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from goodput_contract.api import GROUP, PLURAL, VERSION
+from goodput_contract.api import API_VERSION, KIND, PLURAL
 
 API_THREADS = 16  # API calls the operator has out at once, at most
 PLURALS = {
@@ -30,7 +30,7 @@ PLURALS = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "ServiceMonitor": "servicemonitors",
     "PodMonitor": "podmonitors",
-    "InferenceService": PLURAL,
+    KIND: PLURAL,
     "Secret": "secrets",
     "Pod": "pods",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
@@ -76,11 +76,11 @@ def resource_path(api_version: str, kind: str, namespace: str | None, name: str 
 
 
 def owner_path(namespace: str, name: str) -> str:
-    return resource_path(f"{GROUP}/{VERSION}", "InferenceService", namespace, name)
+    return resource_path(API_VERSION, KIND, namespace, name)
 
 
 def owner_collection(namespace: str | None) -> str:
-    return resource_path(f"{GROUP}/{VERSION}", "InferenceService", namespace)
+    return resource_path(API_VERSION, KIND, namespace)
 
 
 def now_timestamp() -> str:

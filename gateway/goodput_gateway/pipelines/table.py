@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from goodput_contract.api import PIPELINE_KIND
 from goodput_contract.api.pipeline_spec import GUARD, PipelineSpec, SpecError, parse_pipeline
 from goodput_gateway.pipelines.rules import RuleSet
 from goodput_gateway.watch import Table
@@ -59,7 +60,7 @@ class PipelineTable(Table[Entry]):
         items = []
         for path in paths:
             for doc in yaml.safe_load_all(Path(path).read_text()):
-                if isinstance(doc, dict) and doc.get("kind") == "InferencePipeline":
+                if isinstance(doc, dict) and doc.get("kind") == PIPELINE_KIND:
                     doc.setdefault("metadata", {})["namespace"] = namespace
                     items.append(doc)
         self.reset(items)
