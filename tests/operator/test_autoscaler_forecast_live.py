@@ -46,7 +46,7 @@ TARGET = 0.95
 SERVICE = "ramp"
 BOOT_SECONDS = 28.0  # a new pod's scheduling and image pull; with the period and half the window the forecast's
 # horizon (35 s): at 18 s (25 s) its trend cleared the law's noise test only a period before the capacity term acted
-MAX_TOKENS = 200  # ~0.09 s a request on the tiny model here: one replica serves ~11 req/s
+MAX_TOKENS = 100  # ~0.1 s a request on the tiny model here: one replica serves ~10 req/s
 BASE, PEAK, HINT = 0.2, 1.1, 0.8  # the arrival rates and the capacity hint, as shares of one replica's C
 FLAT, RAMP, HOLD = 24.0, 100.0, 30.0  # seconds at the base, of the ramp, at the peak
 # one sequence at a time on one thread: a replica's capacity is 1 / its time per request, and two pods
