@@ -275,3 +275,30 @@ def test_a_gateway_process_registers_no_operator_series() -> None:
     assert not [s for s in series if s.startswith("goodput_operator")], series
     # the check sees them where they are: the operator's metrics module registers them on import
     assert "goodput_operator_api_writes" in registered_series("goodput_operator.metrics")
+
+
+# the unit tests of the parts without torch (the contract's own test feeds the runtime's parser, so it needs it)
+TORCH_FREE_TESTS = ("test_gateway_*", "test_batch_*", "test_operator_*", "test_pipeline_*", "test_autoscaler_*")
+COLLECT = (
+    "import sys, pytest\n"
+    "rc = pytest.main(['-q', '--collect-only', '-p', 'no:cacheprovider', *sys.argv[1:]])\n"
+    "print('torch' in sys.modules)\n"
+    "sys.exit(rc)\n"
+)
+
+
+def collecting_imports_torch(*files: Path) -> bool:
+    result = subprocess.run(
+        [sys.executable, "-c", COLLECT, *map(str, files)], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    return result.stdout.split()[-1] == "True"
+
+
+def test_the_gateway_and_operator_unit_tests_need_no_torch() -> None:
+    unit = ROOT / "tests" / "unit"
+    files = sorted({path for pattern in TORCH_FREE_TESTS for path in unit.glob(f"{pattern}.py")})
+    assert len(files) > 20
+    assert not collecting_imports_torch(*files)
+    # the check sees torch where a test brings it: the engine's unit tests import it
+    assert collecting_imports_torch(unit / "test_engine_client.py")
