@@ -99,9 +99,6 @@ class AsyncEngine:
     def num_streams(self) -> int:
         return len(self.streams)
 
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.streams)
-
     async def start(self) -> None:
         """Warm up (on the step thread, where every later forward pass runs), then start the step loop."""
         await asyncio.get_running_loop().run_in_executor(self.executor, self.core.warmup)
