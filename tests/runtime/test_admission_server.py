@@ -9,8 +9,8 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-from conftest import MODEL_NAME, ServerThread, get
 from helpers import wait_for
+from server_thread import MODEL_NAME, ServerThread, get
 
 from goodput_runtime.server.admission import AdmissionSettings
 

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import openai
-from conftest import ServerThread
+from server_thread import ServerThread
 
 BATCH = {"priority": 1, "ignore_eos": True}
 PROMPTS = ["The river bends where", "Seven lanterns in the", "A falcon over quartz"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ServerThread
+from server_thread import ServerThread
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from goodput_runtime.config import EngineConfig

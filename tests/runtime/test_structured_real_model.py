@@ -11,9 +11,9 @@ from pathlib import Path
 import jsonschema
 import openai
 import pytest
-from conftest import ServerThread
 from helpers import wait_for
 from pydantic import BaseModel, Field
+from server_thread import ServerThread
 
 CITY = {
     "type": "object",

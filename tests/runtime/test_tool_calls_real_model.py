@@ -10,8 +10,8 @@ from pathlib import Path
 import jsonschema
 import openai
 import pytest
-from conftest import ServerThread
 from helpers import wait_for
+from server_thread import ServerThread
 
 WEATHER = {
     "type": "object",
