@@ -11,6 +11,12 @@ MBU (model bandwidth utilisation) at batch 1 is the bytes one decode step must r
 weight but the input embedding table, plus the KV cache it attends to) over the step time,
 as a share of the GPU's peak memory bandwidth (`--peak-bandwidth`, or the card's datasheet
 figure when its name is known).
+
+`--reference static` (the default) adds a third contender in the same rounds: transformers' model
+over its static KV cache with the decode step under `torch.compile(mode="reduce-overhead")`
+(`bench/static_reference.py`), on the same prompts. The table gives ours over it per batch size.
+`--prefill-len` (default 2048) times one prefill of that many tokens in both and reports MFU
+against the card's dense bf16 peak.
 """
 
 from __future__ import annotations
@@ -41,8 +47,30 @@ PEAK_BANDWIDTH = {
 }
 
 
+# datasheet dense bf16 tensor-core FLOP/s (no sparsity)
+PEAK_FLOPS = {"H100 80GB HBM3": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}
+
+
 def peak_bandwidth(name: str) -> float | None:
     return next((bw for key, bw in PEAK_BANDWIDTH.items() if key in name), None)
+
+
+def peak_flops(name: str) -> float | None:
+    return next((f for key, f in PEAK_FLOPS.items() if key in name), None)
+
+
+def prefill_flops(config: object, weights: int, element_size: int, tokens: int) -> float:
+    """Multiply-adds of one causal prefill, as FLOPs: 2 per weight per token, and the attention
+    scores and values over the causal half of the square."""
+    layers = getattr(config, "num_hidden_layers")
+    heads = getattr(config, "num_attention_heads")
+    width = heads * (getattr(config, "head_dim", None) or getattr(config, "hidden_size") // heads)
+    return 2.0 * (weights / element_size) * tokens + 2.0 * 2 * layers * width * tokens * tokens / 2
+
+
+def prompts_for(vocab: int, batch: int, prompt_len: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab) for _ in range(prompt_len)] for _ in range(batch)]
 
 
 def weight_bytes_per_step(core: EngineCore) -> int:
@@ -56,13 +84,12 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def decode_round(core: EngineCore, batch: int, prompt_len: int, steps: int, seed: int) -> dict:
-    rng = random.Random(seed)
-    vocab = core.runner.model.config.vocab_size
+def decode_round(core: EngineCore, prompts: list[list[int]], steps: int, seed: int) -> dict:
+    batch = len(prompts)
     params = SamplingParams(max_tokens=steps + 2, temperature=0.0, ignore_eos=True)
     ids = [f"b{batch}-{seed}-{i}" for i in range(batch)]
-    for rid in ids:
-        core.add(rid, [rng.randrange(10, vocab) for _ in range(prompt_len)], params)
+    for rid, prompt in zip(ids, prompts):
+        core.add(rid, prompt, params)
     tokens: dict[str, list[int]] = {rid: [] for rid in ids}
     while any(not tokens[rid] for rid in ids):  # prefills, and the first token of each
         for out in core.step():
@@ -80,6 +107,28 @@ def decode_round(core: EngineCore, batch: int, prompt_len: int, steps: int, seed
     return {"step_s": elapsed / steps, "tokens_per_s": batch * steps / elapsed, "tokens": [tokens[rid] for rid in ids]}
 
 
+def prefill_seconds(core: EngineCore, prompt: list[int]) -> float:
+    """One prefill of the whole prompt (it fits one step's token budget), first token out."""
+    core.add(f"prefill-{len(prompt)}-{time.monotonic_ns()}", prompt, SamplingParams(max_tokens=1, temperature=0.0))
+    sync()
+    started = time.perf_counter()
+    while core.has_unfinished():
+        core.step()
+    sync()
+    return time.perf_counter() - started
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """Mean share of each sequence's greedy tokens that agree before the first difference (random
+    weights in bfloat16 have near-ties, so two correct implementations may part after a while)."""
+    shares = []
+    for x, y in zip(a, b):
+        n = min(len(x), len(y))
+        same = next((i for i in range(n) if x[i] != y[i]), n)
+        shares.append(same / max(1, n))
+    return statistics.mean(shares) if shares else 0.0
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
@@ -93,11 +142,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quantization", default="none", help="none, int8, int8-w8a8 or fp8 weights")
     parser.add_argument("--compile", action="store_true", help="--compile for both engines")
     parser.add_argument("--peak-bandwidth", type=float, help="bytes/s (default: the card's datasheet figure)")
+    parser.add_argument("--reference", choices=["static", "none"], default="static", help="transformers static-cache reference")
+    parser.add_argument("--reference-compile", default="reduce-overhead", help="torch.compile mode for it, or none")
+    parser.add_argument("--prefill-len", type=int, default=2048, help="tokens of the timed prefill (0: none)")
     parser.add_argument("--out", default="bench/results/gpu_decode.json")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     peak = args.peak_bandwidth or peak_bandwidth(name)
+    flops_peak = peak_flops(name)
+    max_len = max(args.prompt_len + args.steps + 64, args.prefill_len + 8)
 
     engines: dict[str, EngineCore] = {}
     load_s = {}
@@ -108,9 +162,9 @@ def main(argv: list[str] | None = None) -> None:
                 model=args.model,
                 device=args.device,
                 dtype=args.dtype,
-                max_model_len=args.prompt_len + args.steps + 64,
+                max_model_len=max_len,
                 max_num_seqs=max(batches),
-                max_num_batched_tokens=max(2048, args.prompt_len * max(batches)),
+                max_num_batched_tokens=max(2048, args.prefill_len, args.prompt_len * max(batches)),
                 kv_cache_memory=args.kv_cache_memory,
                 enforce_eager=mode == "eager",
                 quantization=args.quantization,
@@ -119,23 +173,61 @@ def main(argv: list[str] | None = None) -> None:
         )
         load_s[mode] = time.monotonic() - started
     if args.device == "cpu":
-        engines["graphs"].runner.enable_decode_graphs(max(batches), args.prompt_len + args.steps + 64, capture=False)
+        engines["graphs"].runner.enable_decode_graphs(max(batches), max_len, capture=False)
     graphs = engines["graphs"].runner.graphs
     assert graphs is not None
     weights = weight_bytes_per_step(engines["graphs"])
     layout = engines["graphs"].runner.layout
+    vocab = engines["graphs"].runner.model.config.vocab_size
+    reference = None
+    if args.reference == "static":
+        from bench.static_reference import StaticReference
+
+        mode = None if args.reference_compile == "none" else args.reference_compile
+        reference = StaticReference(args.model, args.device, args.dtype, max_len, compile_mode=mode)
+        load_s["reference"] = reference.load_s
+    modes = ("graphs", "eager", "reference") if reference else ("graphs", "eager")
 
     samples: dict[tuple[str, int], list[float]] = {}
     same_tokens = True
+    agree: dict[int, list[float]] = {}
     for r in range(args.rounds):
         for batch in batches:
-            order = ("graphs", "eager") if r % 2 == 0 else ("eager", "graphs")
+            order = modes if r % 2 == 0 else modes[::-1]
             outputs = {}
+            prompts = prompts_for(vocab, batch, args.prompt_len, seed=1000 * r + batch)
             for mode in order:
-                result = decode_round(engines[mode], batch, args.prompt_len, args.steps, seed=1000 * r + batch)
+                if mode == "reference":
+                    assert reference is not None
+                    result = reference.run(prompts, args.steps)
+                else:
+                    result = decode_round(engines[mode], prompts, args.steps, seed=1000 * r + batch)
                 samples.setdefault((mode, batch), []).append(result["step_s"])
                 outputs[mode] = result["tokens"]
             same_tokens &= outputs["graphs"] == outputs["eager"]
+            if reference:
+                agree.setdefault(batch, []).append(agreement(outputs["graphs"], outputs["reference"]))
+
+    prefill: dict = {}
+    if args.prefill_len:
+        prompt = prompts_for(vocab, 1, args.prefill_len, seed=7)[0]
+        config = engines["graphs"].runner.model.config
+        element = next(engines["graphs"].runner.model.parameters()).element_size()
+        flops = prefill_flops(config, weights, element, args.prefill_len)
+        times: dict[str, list[float]] = {"ours": []}
+        prefill_seconds(engines["graphs"], prompt)  # warm: the prefill's kernels for this length
+        if reference:
+            times["reference"] = []
+            reference.run([prompt], 0, warm=0)
+        for _ in range(max(2, args.rounds)):
+            times["ours"].append(prefill_seconds(engines["graphs"], prompt))
+            if reference:
+                times["reference"].append(reference.run([prompt], 0, warm=0)["prefill_s"])
+        for who, ts in times.items():
+            t = statistics.median(ts)
+            prefill[who] = {"seconds": t, "tokens_per_s": args.prefill_len / t, "mfu": flops / t / flops_peak if flops_peak else None}
+        prefill["tokens"] = args.prefill_len
+        prefill["flops"] = flops
 
     rows = []
     for batch in batches:
@@ -148,6 +240,13 @@ def main(argv: list[str] | None = None) -> None:
             kv = batch * (args.prompt_len + args.steps / 2) * layout.bytes_per_token()
             row[f"{mode}_mbu"] = (weights + kv) / step / peak if peak else None
         row["speedup"] = row["eager_step_ms"] / row["graphs_step_ms"]
+        if reference:
+            step = statistics.median(samples[("reference", batch)])
+            row["reference_step_ms"] = step * 1e3
+            row["reference_tokens_per_s"] = batch / step
+            row["reference_mbu"] = (weights + kv) / step / peak if peak else None
+            row["ours_over_reference"] = row["reference_step_ms"] / row["graphs_step_ms"]
+            row["greedy_agreement_with_reference"] = statistics.mean(agree[batch])
         rows.append(row)
 
     report = {
@@ -166,6 +265,9 @@ def main(argv: list[str] | None = None) -> None:
         "capture_mib": graphs.capture_bytes / 2**20,
         "load_s": load_s,
         "greedy_tokens_equal": same_tokens,
+        "reference": None if not reference else {"compile_mode": reference.compile_mode, "fullgraph": reference.fullgraph, "compile_s": reference.compile_s},
+        "peak_flops": flops_peak,
+        "prefill": prefill,
         "rows": rows,
         "samples": {f"{m}-{b}": v for (m, b), v in samples.items()},
     }
@@ -188,6 +290,23 @@ def main(argv: list[str] | None = None) -> None:
             f"{row['graphs_tokens_per_s']:.0f} | {row['eager_tokens_per_s']:.0f} | {mbu[0]} | {mbu[1]} | "
             f"{row['speedup']:.2f}x |"
         )
+    if reference:
+        print(f"\nreference: transformers static cache, torch.compile mode {reference.compile_mode}")
+        print("| batch | ours step ms | reference step ms | reference MBU | ours / reference | greedy agreement |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for row in rows:
+            mbu = f"{row['reference_mbu'] * 100:.0f} %" if row["reference_mbu"] is not None else "n/a"
+            print(
+                f"| {row['batch']} | {row['graphs_step_ms']:.2f} | {row['reference_step_ms']:.2f} | {mbu} | "
+                f"{row['ours_over_reference']:.2f}x | {row['greedy_agreement_with_reference']:.2f} |"
+            )
+    if prefill:
+        print(f"\nprefill of {prefill['tokens']} tokens ({prefill['flops'] / 1e12:.2f} TFLOP):")
+        for who in ("ours", "reference"):
+            if who in prefill:
+                p = prefill[who]
+                mfu = f"{p['mfu'] * 100:.0f} %" if p["mfu"] is not None else "n/a"
+                print(f"  {who}: {p['seconds'] * 1e3:.1f} ms, {p['tokens_per_s']:.0f} tok/s, MFU {mfu}")
 
 
 if __name__ == "__main__":

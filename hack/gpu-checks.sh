@@ -119,8 +119,8 @@ for s in $STEPS; do
       step gemvtests 300 bash -c 'q="-q -p no:cacheprovider -p no:logging --tb=short -rfEs"
       python3 -m pytest tests/runtime/test_triton_linear.py $q; a=$?
       python3 -m pytest -m gpu tests/runtime/test_decode_graphs.py tests/runtime/test_spec_decode.py $q; exit $((a | $?))' ;;
-    decode) step decode 420 python3 -m bench.gpu_decode --model "$MODEL" --out "$OUT/gpu_decode.json" ;;
-    compiled) step compiled 300 python3 -m bench.gpu_decode --model "$MODEL" --compile \
+    decode) step decode 480 python3 -m bench.gpu_decode --model "$MODEL" --out "$OUT/gpu_decode.json" ;;
+    compiled) step compiled 420 python3 -m bench.gpu_decode --model "$MODEL" --compile \
       --out "$OUT/gpu_decode_compiled.json" ;;
     profile) step profile 360 python3 -m bench.gpu_profile --model "$MODEL" --out "$OUT/gpu_profile.json" ;;
     exact) step exact 240 python3 -m bench.gpu_decode --model "$MODEL" --dtype float32 --batch-sizes 1,16 \
