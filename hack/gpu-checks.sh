@@ -4,7 +4,9 @@
 # (steps: env tests (gputests: without the kernels' cases) attention gemv gemvtests gemvstep decode compiled profile exact fp8 serve spec spec32)
 # Each step has its own time limit; every step's log goes into $OUT/steps.log (default _output/gpu), its JSON beside;
 # a failed step is reported and the next one still runs. Python packages the machine lacks may be
-# put as wheels in .whl/ (installed into /tmp/site first).
+# put as wheels in .whl/ (installed into /tmp/site first; the device machine lacks llguidance:
+#   pip download llguidance --no-deps --only-binary :all: --platform manylinux_2_28_x86_64 -d .whl
+# and pass carry [".whl"]).
 set -u
 OUT=${OUT:-_output/gpu}
 mkdir -p "$OUT"
