@@ -312,6 +312,14 @@ def build_parser() -> ReasonedArgumentParser:
     serving.add_argument("--slo-ttft", type=positive_seconds, help="time-to-first-token target, seconds")
     serving.add_argument("--slo-tpot", type=positive_seconds, help="time-per-output-token target, seconds")
     serving.add_argument(
+        "--slo-scheduling",
+        choices=["auto", "off"],
+        default=default("slo_scheduling"),
+        help="schedule for the SLO: waiting prompts by TTFT deadline (those that can still make it "
+        "first), and online prefill chunks beside running decodes sized to what keeps their step "
+        "within --slo-tpot; auto: on when --slo-ttft or --slo-tpot is set",
+    )
+    serving.add_argument(
         "--batch-cap",
         choices=["auto", "off"],
         default=default("batch_cap"),

@@ -15,12 +15,13 @@ import torch
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.cpu import pick_threads
 from goodput_runtime.engine import parallel
-from goodput_runtime.engine.batch_cap import BatchCap
+from goodput_runtime.engine.batch_cap import BatchCap, StepTimeModel
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.contention import ContentionWatch
 from goodput_runtime.engine.core import EngineCore
 from goodput_runtime.engine.model_runner import ModelRunner
 from goodput_runtime.engine.scheduler import Scheduler
+from goodput_runtime.engine.slo_schedule import SloSchedule
 from goodput_runtime.engine.spec_decode.draft import DraftProposer
 from goodput_runtime.engine.spec_decode.ngram import NgramProposer
 from goodput_runtime.engine.spec_decode.switch import SpeculationSwitch, measure_max_batch, step_costs, timer
@@ -313,6 +314,12 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
             config.slo_tpot,
             100 * config.batch_cap_margin,
         )
+    if config.slo_scheduling != "off" and (config.slo_ttft is not None or config.slo_tpot is not None):
+        model_of_steps = scheduler.batch_cap.model if scheduler.batch_cap is not None else StepTimeModel()
+        scheduler.slo = SloSchedule(
+            config.slo_ttft, config.slo_tpot, max_chunk=config.max_num_batched_tokens, model=model_of_steps
+        )
+        log.info("Scheduling for the SLO: waiting prompts by TTFT deadline, online prefill chunks by TPOT slack")
     runner = ModelRunner(model, num_blocks, config.block_size, config.seed, world)
     if followers is not None:
         parallel.broadcast(num_blocks)

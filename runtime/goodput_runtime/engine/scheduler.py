@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from goodput_runtime.engine.batch_cap import BatchCap
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.sequence import SeqStatus, Sequence
+from goodput_runtime.engine.slo_schedule import SloSchedule
 from goodput_runtime.engine.spec_decode.switch import SpeculationSwitch
 
 BATCH_PREFILL_SHARE = 8  # batch prefills take at most 1/8 of a step's token budget: a step an online
@@ -114,6 +115,7 @@ class Scheduler:
         self.switch: SpeculationSwitch | None = None  # set when speculative decoding is configured
         self.drafts: dict[Sequence, list[int]] = {}  # proposals for each sequence's next step
         self.batch_cap: BatchCap | None = None  # set when a TPOT target caps batch work beside online work
+        self.slo: SloSchedule | None = None  # set when the service's SLO orders prompts and sizes their chunks
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -132,12 +134,16 @@ class Scheduler:
         online_waiting = any(not is_batch(s) for s in self.waiting)
         batch_prefill = max(1, self.max_num_batched_tokens // BATCH_PREFILL_SHARE)
         batch_seats: int | None = None  # batch sequences this step may still carry; None: any number
+        allowances: list[float] = []
         if self.batch_cap is not None:
             online = sum(1 for s in self.running if not is_batch(s))
-            limits = self.batch_cap.limits(online, len(self.running) - online, self._allowances())
+            allowances = self._allowances()
+            limits = self.batch_cap.limits(online, len(self.running) - online, allowances)
             batch_seats = out.batch_cap = limits.sequences
             if limits.prefill_tokens is not None:
                 batch_prefill = min(batch_prefill, limits.prefill_tokens)
+        now = time.monotonic()
+        online_prefill, decoding = self._online_prefill(batch_seats, allowances, now)
         drafts, self.drafts = self.drafts, {}
         out.speculative = self.switch is not None and self.switch.decide(len(self.running))
         i = 0
@@ -163,6 +169,12 @@ class Scheduler:
             if is_batch(seq) and prefill:
                 num_tokens = min(num_tokens, batch_prefill)
                 batch_prefill -= num_tokens
+            elif prefill and online_prefill is not None:
+                num_tokens = min(num_tokens, online_prefill)
+                if num_tokens <= 0:
+                    i += 1  # the decodes' TPOT has no room left for more prompt this step
+                    continue
+                online_prefill -= num_tokens
             while not self.block_manager.allocate(seq, num_tokens):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -175,7 +187,7 @@ class Scheduler:
                 i += 1
         evicted = 0
         while self.waiting and budget > 0 and out.num_preempted == evicted:
-            seq = self._next_waiting()
+            seq = self._next_waiting(now, decoding)
             if not self._room_for(seq):
                 freed = self._evict_batch_for(seq, out)
                 if freed is None:
@@ -189,6 +201,10 @@ class Scheduler:
             if is_batch(seq):  # only batch requests wait now (the lowest priority comes first)
                 num_tokens = min(num_tokens, batch_prefill)
                 if num_tokens <= 0 or online_waiting or (batch_seats is not None and batch_seats <= 0):
+                    break
+            elif online_prefill is not None:
+                num_tokens = min(num_tokens, online_prefill)
+                if num_tokens <= 0:
                     break
             if not self.block_manager.allocate(seq, num_tokens, hits):
                 freed = self._evict_batch_for(seq, out)
@@ -206,6 +222,8 @@ class Scheduler:
                 out.prefix_hit_tokens += cached
             out.scheduled.append(self._scheduled(seq, num_tokens))
             budget -= num_tokens
+            if not is_batch(seq) and online_prefill is not None:
+                online_prefill -= num_tokens
             if is_batch(seq):
                 batch_prefill -= num_tokens
                 if batch_seats is not None:
@@ -218,6 +236,19 @@ class Scheduler:
             else:
                 out.num_prompt_tokens += item.num_tokens
         return out
+
+    def _online_prefill(self, batch_seats: int | None, allowances: list[float], now: float) -> tuple[int | None, int]:
+        """Prompt tokens online prefills may take this step (None: no limit), and the sequences this
+        step decodes: with online decodes running, what their TPOT leaves (slo_schedule.py)."""
+        decoding = [s for s in self.running if s.num_uncomputed_tokens == 1]
+        online = sum(1 for s in decoding if not is_batch(s))
+        batch = len(decoding) - online
+        decodes = online + (batch if batch_seats is None else min(batch, batch_seats))
+        if self.slo is None or not online:
+            return None, decodes
+        queued = [s for s in self.running if not is_batch(s) and s.num_uncomputed_tokens > 1]
+        queued += [s for s in self.waiting if not is_batch(s)]
+        return self.slo.online_chunk(decodes, allowances, queued, now), decodes
 
     def _allowances(self) -> list[float]:
         """Each online sequence's mean step time left that keeps its TPOT within the target (batch_cap.py)."""
@@ -237,9 +268,16 @@ class Scheduler:
         """The forward pass of `out` took `seconds`: what the batch cap's step-time model learns from."""
         if self.batch_cap is not None:
             self.batch_cap.observe(out.num_decodes, out.num_prompt_tokens, seconds, out.num_online_decodes)
+        if self.slo is not None and (self.batch_cap is None or self.slo.model is not self.batch_cap.model):
+            self.slo.model.observe(out.num_decodes, out.num_prompt_tokens, seconds)
 
-    def _next_waiting(self) -> Sequence:
-        """The first waiting request of the lowest priority (preempted ones are at the front)."""
+    def _next_waiting(self, now: float, decodes: int) -> Sequence:
+        """The first waiting request of the lowest priority (preempted ones are at the front); with
+        the SLO's scheduling, by TTFT deadline among those that can still make it (slo_schedule.py)."""
+        if self.slo is not None:
+            chosen = self.slo.next_waiting(self.waiting, now, decodes)
+            if chosen is not None:
+                return chosen
         best = self.waiting[0]
         for seq in self.waiting:
             if seq.params.priority < best.params.priority:
