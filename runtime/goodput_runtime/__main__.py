@@ -339,7 +339,8 @@ def build_parser() -> ReasonedArgumentParser:
         default="auto",
         help="refuse with 429 and Retry-After, at once, a request whose predicted time to first "
         "token (from the measured prefill and decode rates, the queue ahead and the free KV "
-        "cache) exceeds --slo-ttft; auto: on when --slo-ttft is set",
+        "cache) exceeds --slo-ttft, or that would take the running decodes' time per output token "
+        "past --slo-tpot; auto: on when either is set",
     )
     serving.add_argument(
         "--admission-margin",
@@ -385,8 +386,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.termination_path = termination_message_path(argv)
     args = parser.parse_args(argv)
     args.api_keys = split_keys(args.api_key or [os.environ.get(API_KEY_ENV, "")])
-    if args.admission == "on" and args.slo_ttft is None:
-        parser.error("--admission on needs --slo-ttft: admission refuses requests predicted to miss it")
+    if args.admission == "on" and args.slo_ttft is None and args.slo_tpot is None:
+        parser.error("--admission on needs --slo-ttft or --slo-tpot: admission refuses requests predicted to miss them")
     if args.speculative_method == "draft" and not args.speculative_model:
         parser.error("--speculative-method draft needs --speculative-model")
     if args.speculative_model and args.speculative_method != "draft":
@@ -397,12 +398,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def admission_settings(args: argparse.Namespace) -> AdmissionSettings | None:
-    """SLO-aware admission: on by default wherever a TTFT target is set."""
+    """SLO-aware admission: on by default wherever a TTFT or TPOT target is set."""
     from goodput_runtime.server.admission import AdmissionSettings
 
-    if args.admission == "off" or args.slo_ttft is None:
+    if args.admission == "off" or (args.slo_ttft is None and args.slo_tpot is None):
         return None
-    return AdmissionSettings(args.slo_ttft, args.admission_margin)
+    return AdmissionSettings(args.slo_ttft, args.admission_margin, args.slo_tpot)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

@@ -8,8 +8,17 @@ from goodput_runtime.__main__ import admission_settings, parse_args
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.scheduler import Scheduler
 from goodput_runtime.engine.sequence import Sequence
+from goodput_runtime.engine.slo_schedule import SloSchedule
 from goodput_runtime.sampling import SamplingParams
-from goodput_runtime.server.admission import Admission, AdmissionSettings, StepRates, observe_step, predict
+from goodput_runtime.server.admission import (
+    Admission,
+    AdmissionSettings,
+    PrefillShare,
+    StepRates,
+    observe_step,
+    predict,
+    predict_tpot,
+)
 from goodput_runtime.server.errors import APIError
 
 PREFILL_TOKEN_S = 0.001  # 1,000 prompt tokens/s
@@ -144,9 +153,48 @@ def test_steps_teach_the_prefill_rate_decode_step_time_and_output_length():
     assert r.prefill_token_seconds == pytest.approx((0.05 - 0.01) / 40)
 
 
-def test_admission_is_on_by_default_only_where_a_ttft_target_is_set():
+def test_admission_is_on_by_default_only_where_a_target_is_set():
     assert admission_settings(parse_args(["--model", "m"])) is None
     assert admission_settings(parse_args(["--model", "m", "--slo-ttft", "2"])) == AdmissionSettings(2.0, 0.1)
+    assert admission_settings(parse_args(["--model", "m", "--slo-tpot", "0.1"])) == AdmissionSettings(None, 0.1, 0.1)
     assert admission_settings(parse_args(["--model", "m", "--slo-ttft", "2", "--admission", "off"])) is None
     with pytest.raises(SystemExit):
         parse_args(["--model", "m", "--admission", "on"])
+
+
+def tpot_engine(running: int, waiting: int = 0) -> SimpleNamespace:
+    """Online requests decoding (and waiting) under the SLO's step-time model: 10 ms + 2 ms a sequence."""
+    s = make(max_num_seqs=64, budget=4096)
+    s.slo = SloSchedule(ttft_target=None, tpot_target=0.1)
+    for _ in range(5):
+        for n in (1, 8):
+            s.slo.model.observe(n, 0, 0.010 + 0.002 * n)
+    for i in range(running):
+        s.add(request(f"r{i}", 8, base=10 + 60 * i))
+    run_step(s)
+    for i in range(waiting):
+        s.add(request(f"w{i}", 8, base=3000 + 60 * i))
+    return SimpleNamespace(scheduler=s)
+
+
+def test_a_request_that_would_push_the_running_decodes_past_the_tpot_target_gets_429():
+    admission = Admission(AdmissionSettings(ttft_target=None, margin=0.1, tpot_target=0.1))
+    # 30 decoding + this one: 10 + 2 × 31 = 72 ms a token, within 90 ms
+    admission.check(tpot_engine(30), 8, SamplingParams(max_tokens=5))
+    # 40 decoding, or 30 with 10 waiting to join: 92 ms, past it
+    for engine in (tpot_engine(40), tpot_engine(30, waiting=10)):
+        with pytest.raises(APIError) as refused:
+            admission.check(engine, 8, SamplingParams(max_tokens=5))
+        assert refused.value.status == 429 and refused.value.headers["Retry-After"] == "1"
+        assert "100 ms target" in refused.value.message
+    # batch work (priority above 0) is not refused for it: it waits behind online requests
+    admission.check(tpot_engine(40), 8, SamplingParams(max_tokens=5, priority=1))
+
+
+def test_prompt_work_in_the_last_window_stretches_the_predicted_tpot():
+    engine = tpot_engine(20)  # 52 ms a token on its own
+    share = PrefillShare(window_s=10.0)
+    assert predict_tpot(engine.scheduler, share, 1) == pytest.approx(0.052)
+    share.observe(5.0)  # half of the last 10 s went to prompt tokens: tokens come half as often
+    assert predict_tpot(engine.scheduler, share, 1) == pytest.approx(0.104)
+    assert share.share(now=share.samples[0][0] + 11.0) == 0.0  # and it leaves the window

@@ -1,4 +1,5 @@
-"""SLO-aware admission: answer 429 at once when a new request would wait past its TTFT target.
+"""SLO-aware admission: answer 429 at once when a new request would wait past its TTFT target, or
+would slow the running decodes past the TPOT target.
 
 Under overload a FIFO queue grows until every request waits longer than its target: throughput
 stays high while goodput (requests that met the SLO) falls to zero. Admission predicts a new
@@ -15,7 +16,18 @@ The prediction, from the engine's own measurements:
 - ``kv``: when the free KV blocks cannot hold the prompts ahead and its own, the time until the
   running requests holding enough blocks finish.
 
-The request waits for the later of the seat and the KV, and for the prefill ahead of it.
+The request waits for the later of the seat and the KV, and for the prefill ahead of it. With
+the SLO's scheduling (slo_schedule.py) prompts beside running decodes go in chunks their TPOT
+allows, so the prefill takes as many steps as those chunks need.
+
+**TPOT.** Every request admitted decodes beside the others, and each decode step takes longer
+with each sequence it carries (the step-time model of batch_cap.py, ``fixed + per_seq · n``).
+Prompts share the same steps: if a share ``ρ`` of the engine's time goes to prompt tokens (measured
+over the last ``PREFILL_WINDOW_S`` seconds), a decode's time per output token is about
+``t(n) / (1 − ρ)``. A request is refused when that, with ``n`` the online requests running and
+waiting plus its own choices, exceeds the TPOT target less the margin: past capacity the
+requests already running keep their TPOT instead of every request missing it.
+
 Until the engine has timed a decode step every request is admitted.
 """
 
@@ -24,8 +36,10 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 
+from goodput_runtime.engine.batch_cap import StepTimeModel
 from goodput_runtime.engine.client import EngineClient
 from goodput_runtime.engine.scheduler import ScheduledSeq, Scheduler
 from goodput_runtime.engine.sequence import Sequence
@@ -37,16 +51,23 @@ log = logging.getLogger(__name__)
 EWMA_WEIGHT = 0.2  # share of the newest measurement in each running average
 MIN_PREFILL_SAMPLE = 16  # prompt tokens a step needs to teach the cost per prompt token
 LOG_EVERY_SECONDS = 10.0
+PREFILL_WINDOW_S = 10.0  # the window the share of time spent on prompt tokens is measured over
+MAX_PREFILL_SHARE = 0.95
 
 
 @dataclass(frozen=True)
 class AdmissionSettings:
-    ttft_target: float  # seconds
-    margin: float = 0.1  # a request is refused when its predicted TTFT exceeds target × (1 − margin)
+    ttft_target: float | None  # seconds; None: TPOT only
+    margin: float = 0.1  # a request is refused when its prediction exceeds target × (1 − margin)
+    tpot_target: float | None = None  # seconds; None: TTFT only
 
     @property
     def limit(self) -> float:
-        return self.ttft_target * (1.0 - self.margin)
+        return math.inf if self.ttft_target is None else self.ttft_target * (1.0 - self.margin)
+
+    @property
+    def tpot_limit(self) -> float:
+        return math.inf if self.tpot_target is None else self.tpot_target * (1.0 - self.margin)
 
 
 class StepRates:
@@ -83,12 +104,54 @@ class StepRates:
         return self.decode_step_seconds is not None
 
 
+class PrefillShare:
+    """The share of the engine's wall time that went to prompt tokens over the last window: each
+    step's time beyond the decode step of its size (the step-time model's), summed."""
+
+    def __init__(self, window_s: float = PREFILL_WINDOW_S) -> None:
+        self.window_s = window_s
+        self.samples: deque[tuple[float, float]] = deque()  # (when, seconds of prompt work)
+        self.total = 0.0
+
+    def observe(self, seconds: float, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if seconds > 0:
+            self.samples.append((now, seconds))
+            self.total += seconds
+        while self.samples and self.samples[0][0] < now - self.window_s:
+            self.total -= self.samples.popleft()[1]
+
+    def share(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        self.observe(0.0, now)
+        # over the whole window, even just after start: an idle start does not read as prompt-bound
+        return min(max(self.total, 0.0) / self.window_s, MAX_PREFILL_SHARE)
+
+
 @dataclass(frozen=True)
 class Prediction:
     ttft: float  # seconds
     prefill: float
     seat: float
     kv: float
+
+
+def predict_tpot(scheduler: Scheduler, share: PrefillShare, n: int) -> float | None:
+    """The running decodes' time per output token once a request of `n` choices has joined the
+    online ones running and waiting; None until decode steps of the step-time model are timed."""
+    model = step_model(scheduler)
+    if model is None or not model.measured:
+        return None
+    online = sum(1 for s in scheduler.running if s.params.priority <= 0)
+    online += sum(1 + len(s.forks) for s in scheduler.waiting if s.params.priority <= 0)
+    decodes = min(online + n, scheduler.max_num_seqs)
+    return model.decode_seconds(decodes) / (1.0 - share.share())
+
+
+def step_model(scheduler: Scheduler) -> StepTimeModel | None:
+    if scheduler.slo is not None:
+        return scheduler.slo.model
+    return scheduler.batch_cap.model if scheduler.batch_cap is not None else None
 
 
 def observe_step(rates: StepRates, scheduled: list[ScheduledSeq], seconds: float) -> None:
@@ -134,6 +197,9 @@ def predict(
     tokens = ahead + num_prompt_tokens
     decoding = len(running) - len(in_prefill)
     budget = max(1, scheduler.max_num_batched_tokens - decoding)
+    if scheduler.slo is not None and decoding:  # prompts go in the chunks the decodes' TPOT allows
+        chunk = scheduler.slo.online_chunk(decoding, (), (), time.monotonic())
+        budget = min(budget, chunk) if chunk is not None else budget
     prefill = tokens * prefill_s + math.ceil(tokens / budget) * step_s
 
     finishing = sorted((remaining_tokens(s, rates.output_tokens), len(s.block_table)) for s in running)
@@ -170,21 +236,41 @@ def wait_for_finishes(
 
 
 class Admission:
-    """Refuses, with 429 and Retry-After, the requests predicted to miss the TTFT target."""
+    """Refuses, with 429 and Retry-After, the requests predicted to miss the TTFT target or to push
+    the running decodes past the TPOT target."""
 
     def __init__(self, settings: AdmissionSettings) -> None:
         self.settings = settings
         self.rates = StepRates()
+        self.prefill_share = PrefillShare()
         self._refused_since_log = 0
         self._last_log = 0.0
 
     def attach(self, engine: EngineClient) -> None:
         """Measure every step the engine runs from now on."""
-        engine.step_observers.append(lambda scheduled, seconds: observe_step(self.rates, scheduled, seconds))
+        engine.step_observers.append(lambda scheduled, seconds: self._observe(engine, scheduled, seconds))
+
+    def _observe(self, engine: EngineClient, scheduled: list[ScheduledSeq], seconds: float) -> None:
+        observe_step(self.rates, scheduled, seconds)
+        model = step_model(engine.scheduler)
+        if model is None or not model.measured:
+            return
+        decodes = sum(
+            1
+            for item in scheduled
+            if item.num_tokens - len(item.draft) == 1 and item.seq.num_computed_tokens > item.seq.num_prompt_tokens
+        )
+        if len(scheduled) > decodes:  # some prompt work this step
+            self.prefill_share.observe(max(seconds - model.decode_seconds(decodes), 0.0))
 
     def check(self, engine: EngineClient, num_prompt_tokens: int, params: SamplingParams) -> None:
         if params.priority > 0:
             return  # batch work has no TTFT target: it waits behind online requests, paced by the gateway
+        tpot = predict_tpot(engine.scheduler, self.prefill_share, params.n)
+        if tpot is not None and tpot > self.settings.tpot_limit:
+            self._refuse_tpot(tpot)
+        if self.settings.ttft_target is None:
+            return
         prediction = predict(engine.scheduler, self.rates, num_prompt_tokens, params.n, params.priority)
         if prediction is None or prediction.ttft <= self.settings.limit:
             return
@@ -198,6 +284,29 @@ class Admission:
             "rate_limit_error",
             code="slo_unattainable",
             headers={"Retry-After": str(retry_after)},
+        )
+
+    def _refuse_tpot(self, tpot: float) -> None:
+        self._refused_since_log += 1
+        now = time.monotonic()
+        if now - self._last_log >= LOG_EVERY_SECONDS:
+            log.warning(
+                "Overloaded: refused %d requests; the latest would take the running decodes to %.0f ms a token "
+                "against the %g ms TPOT target (prompt work %.0f%% of the time)",
+                self._refused_since_log,
+                tpot * 1e3,
+                (self.settings.tpot_target or 0.0) * 1e3,
+                100 * self.prefill_share.share(),
+            )
+            self._refused_since_log, self._last_log = 0, now
+        raise APIError(
+            429,
+            f"The server is overloaded: another request now would take the running requests' time per "
+            f"output token to {tpot * 1e3:.0f} ms, past the {(self.settings.tpot_target or 0.0) * 1e3:g} ms target; "
+            "retry later",
+            "rate_limit_error",
+            code="slo_unattainable",
+            headers={"Retry-After": "1"},
         )
 
     def _log_refusal(self, prediction: Prediction) -> None:
