@@ -189,6 +189,11 @@ def test_a_request_that_would_push_the_running_decodes_past_the_tpot_target_gets
         assert "100 ms target" in refused.value.message
     # batch work (priority above 0) is not refused for it: it waits behind online requests
     admission.check(tpot_engine(40), 8, SamplingParams(max_tokens=5, priority=1))
+    # nor is a request to an idle engine, whatever the model says: a model learned on a busy
+    # machine is only brought up to date by steps that run
+    idle = tpot_engine(0, waiting=45)
+    idle.scheduler.waiting.clear()
+    admission.check(idle, 8, SamplingParams(max_tokens=5))
 
 
 def test_prompt_work_in_the_last_window_stretches_the_predicted_tpot():

@@ -143,6 +143,8 @@ def predict_tpot(scheduler: Scheduler, share: PrefillShare, n: int) -> float | N
     if model is None or not model.measured:
         return None
     online = sum(1 for s in scheduler.running if s.params.priority <= 0)
+    if not online:  # nothing decodes to protect, and only running steps keep the model current
+        return None
     online += sum(1 + len(s.forks) for s in scheduler.waiting if s.params.priority <= 0)
     decodes = min(online + n, scheduler.max_num_seqs)
     return model.decode_seconds(decodes) / (1.0 - share.share())
