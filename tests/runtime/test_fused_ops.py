@@ -64,11 +64,11 @@ def test_other_activations_dtypes_and_the_switch_take_the_torch_operations(kerne
     torch.testing.assert_close(
         fused.silu_mul(gate_up, 32, gelu), gelu(gate_up[:, :32]) * gate_up[:, 32:], rtol=0, atol=0
     )
-    half = torch.randn(3, 2, 16, dtype=torch.bfloat16)
-    cos, sin = torch.randn(3, 1, 16, dtype=torch.bfloat16), torch.randn(3, 1, 16, dtype=torch.bfloat16)
+    half = torch.randn(3, 2, 16, dtype=torch.float16)
+    cos, sin = torch.randn(3, 1, 16, dtype=torch.float16), torch.randn(3, 1, 16, dtype=torch.float16)
     expected = fused.rotate(half, cos, sin)
     torch.testing.assert_close(fused.rotary_(half, cos, sin), expected, rtol=0, atol=0)
-    assert fused.enabled(torch.zeros(1)) and not fused.enabled(torch.zeros(1, dtype=torch.bfloat16))
+    assert fused.enabled(torch.zeros(1)) and not fused.enabled(torch.zeros(1, dtype=torch.float16))
     torch_only(monkeypatch)
     assert not fused.enabled(torch.zeros(1))
 

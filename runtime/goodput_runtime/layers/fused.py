@@ -12,9 +12,11 @@ functions (layers/native_ops_source.py, in the native attention extension):
 - ``rotary_``: the rotary embedding applied in place to the step's queries and keys;
 - ``silu_mul``: SiLU of the gate times the up projection.
 
-float32 on CPU with AVX-512 only; elsewhere (CUDA, bfloat16, no compiler) and with
+float32 and bfloat16 on CPU with AVX-512 only; elsewhere (CUDA, float16, no compiler) and with
 ``GOODPUT_FUSED_OPS=off`` each falls back to the torch operations it replaces. The results are the
-torch operations' up to the order of the norm's sum of squares and the exponential's last bit.
+torch operations' up to the order of the norm's sum of squares and the exponential's last bit; in
+bfloat16 the functions compute in fp32 and round to bfloat16 wherever torch's operations store an
+intermediate result, so that holds there too.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ if FUSED not in ("auto", "off"):
     raise ValueError(f"GOODPUT_FUSED_OPS={FUSED!r}: expected auto or off")
 
 _NONE = torch.empty(0)
+DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _ext(x: torch.Tensor):
-    if FUSED == "off" or x.device.type != "cpu" or x.dtype != torch.float32:
+    if FUSED == "off" or x.device.type != "cpu" or x.dtype not in DTYPES:
         return None
     return native_attention.module()
 
