@@ -166,7 +166,13 @@ def build_parser() -> ReasonedArgumentParser:
     )
     model.add_argument("--served-model-name", help="the name clients send as 'model' (default: --model)")
     model.add_argument("--revision", help="Hugging Face revision (branch, tag or commit)")
-    model.add_argument("--dtype", default=default("dtype"), choices=["auto", "float32", "bfloat16", "float16"])
+    model.add_argument(
+        "--dtype",
+        default=default("dtype"),
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights, activations and KV cache; auto: float32 on CPU, the checkpoint's bf16/fp16 on GPU. "
+        "bfloat16 on CPU needs AVX-512 BF16 or AMX and runs in float32, with a warning, where the CPU has neither",
+    )
     model.add_argument("--device", default=default("device"), choices=["auto", "cpu", "cuda"])
     model.add_argument("--max-model-len", type=positive_int, help="context length (default: the model's)")
     model.add_argument(

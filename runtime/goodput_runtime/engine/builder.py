@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from goodput_runtime.engine.spec_decode.switch import SpeculationSwitch, measure
 from goodput_runtime.engine.step import KVLayout
 from goodput_runtime.engine.step_tuning import tune_runner
 from goodput_runtime.layers import attention, triton_attention, triton_linear
+from goodput_runtime.layers.cpu_dtype import cpu_dtype
 from goodput_runtime.layers.quantization import check_method, quantize_model
 from goodput_runtime.loader import (
     ModelLoadError,
@@ -60,9 +62,14 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def pick_dtype(name: str, device: torch.device, model_config) -> torch.dtype:
+def pick_dtype(name: str, device: torch.device, model_config, cpu_flags: Iterable[str] | None = None) -> torch.dtype:
+    """The compute dtype of weights, activations and the KV cache. auto: float32 on a CPU, the
+    checkpoint's bfloat16 or float16 on a GPU (else bfloat16). bfloat16 on a CPU without AVX-512 BF16
+    or AMX (cpu_flags: its feature flags, /proc/cpuinfo's when None) falls back to float32 with a
+    warning (layers/cpu_dtype.py)."""
     if name != "auto":
-        return DTYPES[name]
+        dtype = DTYPES[name]
+        return cpu_dtype(dtype, cpu_flags) if device.type == "cpu" else dtype
     if device.type == "cpu":
         return torch.float32
     saved = getattr(model_config, "dtype", None) or getattr(model_config, "torch_dtype", None)
