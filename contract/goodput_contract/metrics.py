@@ -28,7 +28,7 @@ GENERATION_TOKENS = PREFIX + "generation_tokens_total"
 PREEMPTIONS = PREFIX + "preemptions_total"
 PREFIX_CACHE_QUERIES = PREFIX + "prefix_cache_queries_total"
 PREFIX_CACHE_HITS = PREFIX + "prefix_cache_hits_total"
-REQUESTS_REJECTED = PREFIX + "requests_rejected_total"  # label reason: ttft_slo | queue_full
+REQUESTS_REJECTED = PREFIX + "requests_rejected_total"  # label reason: ttft_slo | tpot_slo | queue_full
 # the same requests split by priority class (label priority: online | batch), so batch work
 # never hides or inflates the online SLO signals
 REQUESTS_BY_PRIORITY = PREFIX + "requests_by_priority_total"  # labels priority, outcome

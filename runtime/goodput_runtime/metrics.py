@@ -86,7 +86,7 @@ REQUEST_LATENCY_BUCKETS = (
 GRAMMAR_COMPILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PREFIX = names.PREFIX
 # 429 error codes, and the reason label each is counted under
-REJECT_REASONS = {"slo_unattainable": "ttft_slo", "rate_limit_exceeded": "queue_full"}
+REJECT_REASONS = {"slo_unattainable": "ttft_slo", "tpot_unattainable": "tpot_slo", "rate_limit_exceeded": "queue_full"}
 STRUCTURED_TYPES = ("json_object", "json_schema", "regex", "choice", "grammar", "tool_call")
 
 

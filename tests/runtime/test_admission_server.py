@@ -87,6 +87,9 @@ def test_a_flood_past_the_ttft_target_is_refused_at_once_with_retry_after(admitt
     assert {status for status, _, _ in answers} <= {200, 429}
     for headers, _ in refused:
         assert int(headers["Retry-After"]) >= 1
+    # an admitted request's response carries the TTFT it was admitted on, within the target
+    admitted = [headers for status, headers, _ in answers if status == 200]
+    assert admitted and all(0 <= float(h["x-goodput-predicted-ttft"]) <= 0.5 for h in admitted)
     # counted by reason, in the exposition too
     assert admitting.metric("goodput_requests_rejected_total", reason="ttft_slo") == len(refused)
     _, exposition = get(f"{admitting.url}/metrics")

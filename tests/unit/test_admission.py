@@ -11,6 +11,7 @@ from goodput_runtime.engine.sequence import Sequence
 from goodput_runtime.engine.slo_schedule import SloSchedule
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.server.admission import (
+    PREDICTED_TPOT,
     Admission,
     AdmissionSettings,
     PrefillShare,
@@ -179,13 +180,15 @@ def tpot_engine(running: int, waiting: int = 0) -> SimpleNamespace:
 
 def test_a_request_that_would_push_the_running_decodes_past_the_tpot_target_gets_429():
     admission = Admission(AdmissionSettings(ttft_target=None, margin=0.1, tpot_target=0.1))
-    # 30 decoding + this one: 10 + 2 × 31 = 72 ms a token, within 90 ms
-    admission.check(tpot_engine(30), 8, SamplingParams(max_tokens=5))
+    # 30 decoding + this one: 10 + 2 × 31 = 72 ms a token, within 90 ms, and the response says so
+    headers = admission.check(tpot_engine(30), 8, SamplingParams(max_tokens=5))
+    assert float(headers[PREDICTED_TPOT]) == pytest.approx(0.072)
     # 40 decoding, or 30 with 10 waiting to join: 92 ms, past it
     for engine in (tpot_engine(40), tpot_engine(30, waiting=10)):
         with pytest.raises(APIError) as refused:
             admission.check(engine, 8, SamplingParams(max_tokens=5))
         assert refused.value.status == 429 and refused.value.headers["Retry-After"] == "1"
+        assert refused.value.code == "tpot_unattainable"
         assert "100 ms target" in refused.value.message
     # batch work (priority above 0) is not refused for it: it waits behind online requests
     admission.check(tpot_engine(40), 8, SamplingParams(max_tokens=5, priority=1))

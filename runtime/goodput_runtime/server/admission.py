@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 EWMA_WEIGHT = 0.2  # share of the newest measurement in each running average
 MIN_PREFILL_SAMPLE = 16  # prompt tokens a step needs to teach the cost per prompt token
 LOG_EVERY_SECONDS = 10.0
+PREDICTED_TTFT = "x-goodput-predicted-ttft"  # response headers: what admission predicted, seconds
+PREDICTED_TPOT = "x-goodput-predicted-tpot"
 PREFILL_WINDOW_S = 10.0  # the window the share of time spent on prompt tokens is measured over
 MAX_PREFILL_SHARE = 0.95
 
@@ -265,17 +267,26 @@ class Admission:
         if len(scheduled) > decodes:  # some prompt work this step
             self.prefill_share.observe(max(seconds - model.decode_seconds(decodes), 0.0))
 
-    def check(self, engine: EngineClient, num_prompt_tokens: int, params: SamplingParams) -> None:
+    def check(self, engine: EngineClient, num_prompt_tokens: int, params: SamplingParams) -> dict[str, str]:
+        """Refuse the request (APIError 429), or admit it: then the predictions it was admitted on,
+        as response headers (``PREDICTED_TTFT``, ``PREDICTED_TPOT``: seconds), so a client or a
+        benchmark can hold them against what it measures."""
         if params.priority > 0:
-            return  # batch work has no TTFT target: it waits behind online requests, paced by the gateway
+            return {}  # batch work has no TTFT target: it waits behind online requests, paced by the gateway
+        headers = {}
         tpot = predict_tpot(engine.scheduler, self.prefill_share, params.n)
-        if tpot is not None and tpot > self.settings.tpot_limit:
-            self._refuse_tpot(tpot)
+        if tpot is not None:
+            if tpot > self.settings.tpot_limit:
+                self._refuse_tpot(tpot)
+            headers[PREDICTED_TPOT] = f"{tpot:.4f}"
         if self.settings.ttft_target is None:
-            return
+            return headers
         prediction = predict(engine.scheduler, self.rates, num_prompt_tokens, params.n, params.priority)
-        if prediction is None or prediction.ttft <= self.settings.limit:
-            return
+        if prediction is None:
+            return headers
+        if prediction.ttft <= self.settings.limit:
+            headers[PREDICTED_TTFT] = f"{prediction.ttft:.4f}"
+            return headers
         self._log_refusal(prediction)
         over = prediction.ttft - self.settings.limit
         retry_after = max(1, math.ceil(min(over, 60.0)))
@@ -307,7 +318,7 @@ class Admission:
             f"output token to {tpot * 1e3:.0f} ms, past the {(self.settings.tpot_target or 0.0) * 1e3:g} ms target; "
             "retry later",
             "rate_limit_error",
-            code="slo_unattainable",
+            code="tpot_unattainable",
             headers={"Retry-After": "1"},
         )
 

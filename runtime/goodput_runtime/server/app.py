@@ -60,7 +60,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     prompt_ids = completion_prompt_ids(engine.tokenizer, body.prompt)
     params = sampling_params(engine, body.sampling, len(prompt_ids), "prompt")
     params = with_priority(request, body.sampling, params)
-    state.admit(engine, prompt_ids, params)
+    predicted = state.admit(engine, prompt_ids, params)
     params = await state.grammars.params(engine, body.guide, params)
     shape = CompletionShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
     echo_text = None
@@ -68,7 +68,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
         decoded = body.prompt if isinstance(body.prompt, str) else engine.tokenizer.decode(prompt_ids)
         assert isinstance(decoded, str)  # one sequence decodes to one string
         echo_text = decoded
-    return await generate(request, engine, state.tracker, shape, prompt_ids, params, body.stream, "prompt", echo_text)
+    return await generate(
+        request, engine, state.tracker, shape, prompt_ids, params, body.stream, "prompt", echo_text, headers=predicted
+    )
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -85,7 +87,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     )
     params = sampling_params(engine, body.sampling, len(prompt_ids), "messages")
     params = with_priority(request, body.sampling, params)
-    state.admit(engine, prompt_ids, params)
+    predicted = state.admit(engine, prompt_ids, params)
     params = await state.grammars.params(engine, body.guide, params)
     shape = ChatShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
     return await generate(
@@ -99,6 +101,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         "messages",
         tools=tools,
         count_calls=state.metrics.record_tool_calls,
+        headers=predicted,
     )
 
 

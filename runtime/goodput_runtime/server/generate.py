@@ -114,6 +114,7 @@ async def generate(
     echo_text: str | None = None,
     tools: ToolSetup | None = None,
     count_calls: Callable[[int], None] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> web.StreamResponse:
     outputs = admit(engine, shape.id, prompt_ids, params, prompt_param)
     tracker.active.add(shape.id)
@@ -121,13 +122,13 @@ async def generate(
     finished = False
     try:
         if stream:
-            response, finished = await stream_events(request, shape, outputs, pieces, tools, count_calls)
+            response, finished = await stream_events(request, shape, outputs, pieces, tools, count_calls, headers)
             return response
         choices, last = await collect(outputs, pieces, tools)
         finished = True
         if count_calls is not None:
             count_calls(sum(len(c.tool_calls or []) for c in choices))
-        return web.json_response(shape.response(choices, pieces.usage(last)))
+        return web.json_response(shape.response(choices, pieces.usage(last)), headers=headers)
     finally:
         if not finished:
             # the client left (or we failed) before the end: free the request's KV blocks now
@@ -200,11 +201,12 @@ async def stream_events(
     pieces: Pieces,
     tools: ToolSetup | None = None,
     count_calls: Callable[[int], None] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[web.StreamResponse, bool]:
     """Stream chunks until the engine finishes; report whether it did. Chunks of a request's
     choices interleave, each carrying its choice's index. With tools, a choice's text goes through
     its ToolStream: content until a call begins, then tool_calls deltas."""
-    response = web.StreamResponse(headers=SSE_HEADERS)
+    response = web.StreamResponse(headers={**SSE_HEADERS, **(headers or {})})
     await response.prepare(request)
     finished = False
     streams: dict[int, ToolStream] = {}

@@ -67,10 +67,12 @@ class ServerState:
             raise unavailable("The model is still loading; retry shortly", "model_loading")
         return self.engine
 
-    def admit(self, engine: EngineClient, prompt_ids: list[int], params: SamplingParams) -> None:
-        """429 now for a request predicted to miss the TTFT target (see admission.py)."""
+    def admit(self, engine: EngineClient, prompt_ids: list[int], params: SamplingParams) -> dict[str, str]:
+        """429 now for a request predicted to miss the TTFT or TPOT target (see admission.py); else
+        the headers that carry admission's predictions."""
         if self.admission is not None:
-            self.admission.check(engine, len(prompt_ids), params)
+            return self.admission.check(engine, len(prompt_ids), params)
+        return {}
 
     def check_model(self, model: str) -> None:
         if model != self.model_name:
