@@ -71,9 +71,10 @@ def start_vllm(
     log_dir: Path,
     bind: str | None,
     ready_timeout_s: float = 900.0,
+    dtype: str = "float32",
 ) -> Iterator[Server]:
     """vLLM's OpenAI server on a loopback port, computing on `threads` OpenMP threads (bound to the
-    first `threads` CPUs unless `bind` says otherwise); stopped with its whole process group."""
+    first `threads` CPUs unless `bind` says otherwise), in `dtype`; stopped with its whole process group."""
     port = free_port()
     cmd = [
         python,
@@ -88,7 +89,7 @@ def start_vllm(
         "--port",
         str(port),
         "--dtype",
-        "float32",
+        dtype,
         "--gpu-memory-utilization",
         "0.1",
         *extra_args,

@@ -75,3 +75,31 @@ def describe(items: list[WorkItem]) -> dict:
         "output_len_min_max": [min(outputs), max(outputs)],
         "last_arrival_s": items[-1].arrival_s,
     }
+
+
+def window_arrivals(rate: float, window_s: float, seed: int) -> list[float]:
+    """Arrival offsets of a seeded Poisson process of `rate` requests/s within [0, `window_s`): open-loop
+    traffic, so the count varies from seed to seed as a real minute's would."""
+    if rate <= 0:
+        raise ValueError(f"rate must be positive, got {rate}")
+    clock = random.Random(seed)
+    arrivals: list[float] = []
+    t = clock.expovariate(rate)
+    while t < window_s:
+        arrivals.append(t)
+        t += clock.expovariate(rate)
+    return arrivals
+
+
+def items_for(
+    lengths: list[tuple[int, int]], arrivals: list[float], vocabulary: list[int], seed: int
+) -> list[WorkItem]:
+    """WorkItems with the given (prompt tokens, output tokens) and arrival offsets, their prompts seeded
+    random token ids from `vocabulary` (so no two requests share a prefix)."""
+    if len(lengths) != len(arrivals):
+        raise ValueError(f"{len(lengths)} lengths for {len(arrivals)} arrivals")
+    tokens = random.Random(seed + 1)
+    return [
+        WorkItem(index, [tokens.choice(vocabulary) for _ in range(prompt_len)], max_tokens, arrival)
+        for index, ((prompt_len, max_tokens), arrival) in enumerate(zip(lengths, arrivals, strict=True))
+    ]

