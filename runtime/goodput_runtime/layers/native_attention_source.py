@@ -146,6 +146,74 @@ struct FoldAvx512 {
     }
   }
 };
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+// bfloat16 keys and values where the CPU has AVX-512 BF16: a key's scores by its pairwise products
+// (vdpbf16ps: two bf16 products at a time, summed in fp32) with the queries rounded to bf16 (exact
+// for head dims 16, 64 and 256, whose scale is a power of two), where widening each key to fp32 for
+// each head of the group took three instructions per sixteen lanes; and the chunk's values widened
+// to fp32 once for all the group's heads. The softmax and the sums of values stay in fp32.
+template <int NC>
+struct FoldAvx512<c10::BFloat16, NC> {
+  void operator()(const float* qf, float* acc, float* m, float* l, const c10::BFloat16* k, const c10::BFloat16* v,
+                  int64_t row, int64_t n, int64_t g, float* sc) const {
+    constexpr int64_t D = NC * 16;
+    constexpr int NP = (NC + 1) / 2;  // vectors of 32 bf16 lanes a row takes (the last half empty for odd NC)
+    const __mmask16 live = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    alignas(64) float vw[kChunk * D];
+    for (int64_t t = 0; t < n; ++t)
+      for (int c = 0; c < NC; ++c) _mm512_store_ps(vw + t * D + c * 16, load16(v + t * row + c * 16));
+    for (int64_t h = 0; h < g; ++h) {
+      __m512bh q[NP];
+      for (int p = 0; p < NP; ++p) {
+        const __m512 lo = _mm512_loadu_ps(qf + h * D + p * 32);
+        const __m512 hi = 2 * p + 1 < NC ? _mm512_loadu_ps(qf + h * D + p * 32 + 16) : _mm512_setzero_ps();
+        q[p] = _mm512_cvtne2ps_pbh(hi, lo);
+      }
+      float* s = sc + h * kChunk;
+      __m512 dots[16];
+      for (int64_t t = 0; t < 16; ++t) {
+        __m512 dot = _mm512_setzero_ps();
+        if (t < n) {
+          const c10::BFloat16* kt = k + t * row;
+          for (int p = 0; p < NP; ++p) {
+            const __m512i kv = 2 * p + 1 < NC ? _mm512_loadu_si512(kt + p * 32)
+                                              : _mm512_maskz_loadu_epi16((__mmask32)0xFFFF, kt + p * 32);
+            dot = _mm512_dpbf16_ps(dot, q[p], (__m512bh)kv);
+          }
+        }
+        dots[t] = dot;
+      }
+      const __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), live, hsum16(dots));
+      const float mx = std::max(m[h], _mm512_reduce_max_ps(sv));
+      const float corr = _mm512_cvtss_f32(exp16(_mm512_set1_ps(m[h] - mx)));
+      const __m512 p = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(sv, _mm512_set1_ps(mx))));
+      l[h] = l[h] * corr + _mm512_reduce_add_ps(p);
+      m[h] = mx;
+      _mm512_storeu_ps(s, p);
+      __m512 a[NC], b[NC];  // even and odd keys: two chains of adds
+      const __m512 cv = _mm512_set1_ps(corr);
+      for (int c = 0; c < NC; ++c) {
+        a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + h * D + c * 16), cv);
+        b[c] = _mm512_setzero_ps();
+      }
+      int64_t t = 0;
+      for (; t + 1 < n; t += 2) {
+        const __m512 p0 = _mm512_set1_ps(s[t]), p1 = _mm512_set1_ps(s[t + 1]);
+        for (int c = 0; c < NC; ++c) {
+          a[c] = _mm512_fmadd_ps(p0, _mm512_load_ps(vw + t * D + c * 16), a[c]);
+          b[c] = _mm512_fmadd_ps(p1, _mm512_load_ps(vw + (t + 1) * D + c * 16), b[c]);
+        }
+      }
+      if (t < n) {
+        const __m512 p0 = _mm512_set1_ps(s[t]);
+        for (int c = 0; c < NC; ++c) a[c] = _mm512_fmadd_ps(p0, _mm512_load_ps(vw + t * D + c * 16), a[c]);
+      }
+      for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc + h * D + c * 16, _mm512_add_ps(a[c], b[c]));
+    }
+  }
+};
+#endif
 #endif
 
 // body(begin, end) over `units` split into up to `threads` contiguous ranges of about equal total
