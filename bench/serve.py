@@ -52,6 +52,12 @@ async def send_one(
             if resp.status != 200:
                 record.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
                 return record
+            for header, attr in (
+                ("x-goodput-predicted-ttft", "predicted_ttft_s"),
+                ("x-goodput-predicted-tpot", "predicted_tpot_s"),
+            ):
+                if header in resp.headers:
+                    setattr(record, attr, float(resp.headers[header]))
             async for raw in resp.content:
                 line = raw.strip()
                 if not line.startswith(b"data:"):

@@ -88,7 +88,7 @@ from pathlib import Path
 
 from bench.serve import run_load, write_json
 from bench.server_process import REPO, Server, ensure_model, kv_cache_bytes, settle, start_server
-from bench.stats import RequestRecord, summarize
+from bench.stats import RequestRecord, prediction_error, summarize
 from bench.vs_vllm import VLLM_VENV, prepared_model, start_vllm, vllm_python
 from bench.workload import WorkItem, describe, items_for, prompt_vocabulary, window_arrivals
 
@@ -112,6 +112,11 @@ METRICS = (
     "ttft_p90_s",
     "tpot_p50_s",
     "tpot_p90_s",
+    # admission's predictions (our runtime's x-goodput-predicted-* headers) against the measurement
+    "ttft_pred_mae_s",
+    "ttft_measured_over_predicted",
+    "tpot_pred_mae_s",
+    "tpot_measured_over_predicted",
 )
 COUNTS = ("sent", "met", "refused", "failed")
 
@@ -253,7 +258,13 @@ def judge(records: list[RequestRecord], window_s: float, slo: Slo) -> dict:
     rates per second of window, latency percentiles of the completed requests."""
     s = summarize(records, window_s, slo.ttft_s, slo.tpot_s)
     n_refused = sum(refused(r) for r in records)
+    predicted = prediction_error(records)
+    ttft, tpot = predicted["ttft"] or {}, predicted["tpot"] or {}
     return {
+        "ttft_pred_mae_s": ttft.get("mean_abs_error_s"),
+        "ttft_measured_over_predicted": ttft.get("mean_measured_over_predicted"),
+        "tpot_pred_mae_s": tpot.get("mean_abs_error_s"),
+        "tpot_measured_over_predicted": tpot.get("mean_measured_over_predicted"),
         "sent": len(records),
         "met": s["good_requests"],
         "refused": n_refused,
@@ -461,6 +472,22 @@ def markdown(report: dict) -> str:
                     rung = f"rung {b['rung_rps']:g}" + ("" if b["exact"] else f", nearest to {b['target_rps']:g}")
                     cells.append(f"at {k} ({rung}): {fmt(b['goodput_rps'], '.2f', 1, ' req/s')}")
             lines.append(f"- {name} goodput beyond capacity: {'; '.join(cells)}")
+        for name in names:  # admission's predictions against what was measured, where the server gave them
+            errors = []
+            for rate in report["config"]["rate_list"]:
+                r = pair["rungs"][name][str(rate)]
+                if r["ttft_pred_mae_s"] is not None or r["tpot_pred_mae_s"] is not None:
+                    errors.append(
+                        f"{rate:g}: TTFT {fmt(r['ttft_pred_mae_s'], '.2f', 1, ' s')} "
+                        f"(x{fmt(r['ttft_measured_over_predicted'], '.2f')}), "
+                        f"TPOT {fmt(r['tpot_pred_mae_s'], '.0f', 1000, ' ms')} "
+                        f"(x{fmt(r['tpot_measured_over_predicted'], '.2f')})"
+                    )
+            if errors:
+                lines.append(
+                    f"- {name} admission's prediction error (mean |measured - predicted|, mean measured/predicted), "
+                    f"by rate: {'; '.join(errors)}"
+                )
         check = pair.get("vllm_client_check")
         if check:
             cells = []

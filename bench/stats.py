@@ -20,6 +20,9 @@ class RequestRecord:
     itl_s: list[float] = field(default_factory=list)
     error: str | None = None
     text: str = ""
+    # what our runtime's admission predicted for it (response headers x-goodput-predicted-*), seconds
+    predicted_ttft_s: float | None = None
+    predicted_tpot_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -39,6 +42,29 @@ class RequestRecord:
             return False
         tpot = self.tpot_s
         return slo_tpot is None or tpot is None or tpot <= slo_tpot
+
+
+def prediction_error(records: list[RequestRecord]) -> dict:
+    """Admission's predictions against what was measured, over the requests that carried them:
+    the measured value less the predicted one (seconds), as a distribution, and the mean ratio."""
+    out: dict = {}
+    for name, pairs in (
+        ("ttft", [(r.predicted_ttft_s, r.ttft_s) for r in records if r.ok and r.predicted_ttft_s is not None]),
+        ("tpot", [(r.predicted_tpot_s, r.tpot_s) for r in records if r.ok and r.predicted_tpot_s is not None]),
+    ):
+        known = [(p, m) for p, m in pairs if p is not None and m is not None]
+        if not known:
+            out[name] = None
+            continue
+        errors = [m - p for p, m in known]
+        ratios = [m / p for p, m in known if p > 0]
+        out[name] = {
+            "requests": len(known),
+            "error_s": distribution(errors),
+            "mean_abs_error_s": sum(abs(e) for e in errors) / len(errors),
+            "mean_measured_over_predicted": sum(ratios) / len(ratios) if ratios else None,
+        }
+    return out
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -135,6 +135,19 @@ def test_attainment_counts_refusals_and_failures_as_not_met():
     assert mean["per_seed"]["attainment"] == [pytest.approx(2 / 6), 1.0] and mean["sent_total"] == 10
 
 
+def test_admission_s_predictions_are_held_against_the_measurement():
+    slo = sc.Slo(1.0, 0.1)
+    a, b = record(0, 0.2, 2.0, 20), record(1, 0.6, 2.5, 20)  # TPOT 0.095 and 0.1
+    a.predicted_ttft_s, a.predicted_tpot_s = 0.1, 0.05
+    b.predicted_ttft_s = 0.3
+    verdict = sc.judge([a, b, record(2, 0.2, 2.0, 20)], 10.0, slo)  # the third carried no prediction
+    assert verdict["ttft_pred_mae_s"] == pytest.approx((0.1 + 0.3) / 2)
+    assert verdict["ttft_measured_over_predicted"] == pytest.approx((2.0 + 2.0) / 2)
+    assert verdict["tpot_pred_mae_s"] == pytest.approx(1.8 / 19 - 0.05)
+    assert verdict["tpot_measured_over_predicted"] == pytest.approx(1.8 / 19 / 0.05)
+    assert sc.judge([record(0, 0.2, 2.0, 20)], 10.0, slo)["ttft_pred_mae_s"] is None
+
+
 def test_slo_pairs_and_drain():
     assert sc.parse_slo("2:0.1") == sc.Slo(2.0, 0.1)
     assert sc.parse_slo("500ms:200ms") == sc.Slo(0.5, 0.2)
@@ -178,6 +191,8 @@ def test_a_short_run_of_two_of_our_servers_writes_every_field(tiny_model_dir: Pa
         assert {"rps", "highest_passing_rps", "non_monotone", "below_ladder", "top_of_ladder"} <= set(cap)
         assert set(pair["beyond_capacity"][name]) == {"1.5x", "2x"}
     assert "ratio" in pair["capacity"]
+    # our runtime's responses carry admission's predictions once it has timed a decode step
+    assert any(pair["rungs"]["ours"][rate]["ttft_pred_mae_s"] is not None for rate in ("2.0", "4.0"))
     assert len(report["runs"]) == 4
     # the order flips from rung to rung
     firsts = [r["server"] for r in report["runs"] if r["position"] == 0]
