@@ -30,11 +30,11 @@ BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 CPUINFO = Path("/proc/cpuinfo")
 
 
-def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
-    """The first processor's feature flags (x86's ``flags`` line, Arm's ``Features``); empty where
-    /proc/cpuinfo cannot be read (not Linux)."""
+def cpu_flags(cpuinfo: Path | None = None) -> frozenset[str]:
+    """The first processor's feature flags (x86's ``flags`` line, Arm's ``Features``) in cpuinfo
+    (CPUINFO when None); empty where it cannot be read (not Linux)."""
     try:
-        with cpuinfo.open() as f:
+        with (cpuinfo or CPUINFO).open() as f:
             for line in f:
                 key, _, value = line.partition(":")
                 if key.strip() in ("flags", "Features"):
