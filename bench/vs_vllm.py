@@ -2,6 +2,7 @@
 
     python -m bench.vs_vllm                 # SmolLM2-135M-Instruct in float32, concurrency 1, 16, 64
     python -m bench.vs_vllm --quick         # one short round per concurrency
+    python -m bench.vs_vllm --dtype bfloat16  # both servers in bf16 (a CPU with AVX-512 BF16 or AMX)
 
 Both servers start once and stay up; only one is under load at a time. Each round drives both,
 one after the other, at every concurrency, the order flipping from round to round. Every
@@ -248,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="both servers' --dtype (bfloat16: weights, activations and KV cache; ours falls back to float32, "
+        "with a warning in its log, on a CPU without AVX-512 BF16 or AMX)",
+    )
     p.add_argument("--peer", choices=["vllm", "ours"], default="vllm")
     p.add_argument("--server-arg", action="append", default=[], help="extra flag for our server, repeatable")
     p.add_argument("--peer-arg", action="append", default=[], help="extra flag for the peer server, repeatable")
@@ -285,10 +293,12 @@ def main(argv: list[str] | None = None) -> dict:
         "--max-model-len",
         str(args.max_model_len),
     ]
-    ours_args = [*shared, "--kv-cache-memory", str(kv), "--num-threads", str(args.threads), *args.server_arg]
+    # after start_server's own --dtype float32: the last one counts
+    dtype = ["--dtype", args.dtype]
+    ours_args = [*shared, *dtype, "--kv-cache-memory", str(kv), "--num-threads", str(args.threads), *args.server_arg]
     load_before = [round(x, 2) for x in os.getloadavg()]
     print(
-        f"model {model}; {rounds} round(s) at concurrency {levels}; {args.threads} threads each; "
+        f"model {model} in {args.dtype}; {rounds} round(s) at concurrency {levels}; {args.threads} threads each; "
         f"load average {load_before}",
         flush=True,
     )
@@ -313,10 +323,19 @@ def main(argv: list[str] | None = None) -> dict:
                     [*shared, *args.peer_arg],
                     args.log_dir,
                     args.vllm_bind,
+                    dtype=args.dtype,
                 )
             )
         else:
-            peer_args = [*shared, "--kv-cache-memory", str(kv), "--num-threads", str(args.threads), *args.peer_arg]
+            peer_args = [
+                *shared,
+                *dtype,
+                "--kv-cache-memory",
+                str(kv),
+                "--num-threads",
+                str(args.threads),
+                *args.peer_arg,
+            ]
             servers[peer] = stack.enter_context(start_server(model, "bench", args.threads, peer_args, args.log_dir))
         startup_s[peer] = time.monotonic() - t
         warm = plan[(0, levels[0])]
