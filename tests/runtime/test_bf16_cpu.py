@@ -118,6 +118,7 @@ def torch_rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float, residual: 
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(s.dtype), s
 
 
+@needs_bf16  # where bf16 serves: a CPU with it has the AVX-512 BW the bf16 fused code needs
 @pytest.mark.parametrize("rows, width", [(1, 576), (16, 576), (300, 576), (5, 100), (3, 8)])
 def test_the_fused_norm_and_residual_sum_in_bf16_equal_torchs(kernel, rows, width):
     g = torch.Generator().manual_seed(rows + width)
@@ -134,6 +135,7 @@ def test_the_fused_norm_and_residual_sum_in_bf16_equal_torchs(kernel, rows, widt
     torch.testing.assert_close(fused.rms_norm(h, weight, 1e-6)[0], torch_rms_norm(h, weight, 1e-6, None)[0])
 
 
+@needs_bf16  # where bf16 serves: a CPU with it has the AVX-512 BW the bf16 fused code needs
 @pytest.mark.parametrize("rows, heads, head_dim", [(1, 12, 64), (300, 12, 64), (4, 3, 80), (2, 2, 16)])
 def test_the_fused_rotary_embedding_in_bf16_equals_torchs(kernel, rows, heads, head_dim):
     g = torch.Generator().manual_seed(rows * heads)
@@ -147,6 +149,7 @@ def test_the_fused_rotary_embedding_in_bf16_equals_torchs(kernel, rows, heads, h
     torch.testing.assert_close(qkv[:, heads * head_dim :], before[:, heads * head_dim :], rtol=0, atol=0)
 
 
+@needs_bf16  # where bf16 serves: a CPU with it has the AVX-512 BW the bf16 fused code needs
 @pytest.mark.parametrize("rows, width", [(1, 1536), (16, 1536), (200, 1536), (3, 40)])
 def test_the_fused_silu_times_up_in_bf16_equals_torchs(kernel, rows, width):
     gate_up = (torch.randn(rows, 2 * width, generator=torch.Generator().manual_seed(rows)) * 6).to(BF16)
