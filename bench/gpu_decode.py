@@ -48,7 +48,14 @@ PEAK_BANDWIDTH = {
 
 
 # datasheet dense bf16 tensor-core FLOP/s (no sparsity)
-PEAK_FLOPS = {"H100 80GB HBM3": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}
+PEAK_FLOPS = {
+    "H100 80GB HBM3": 989e12,
+    "H100 PCIe": 756e12,
+    "H100 NVL": 835e12,
+    "H200": 989e12,
+    "A100": 312e12,
+    "L4": 121e12,
+}
 
 
 def peak_bandwidth(name: str) -> float | None:
@@ -62,9 +69,9 @@ def peak_flops(name: str) -> float | None:
 def prefill_flops(config: object, weights: int, element_size: int, tokens: int) -> float:
     """Multiply-adds of one causal prefill, as FLOPs: 2 per weight per token, and the attention
     scores and values over the causal half of the square."""
-    layers = getattr(config, "num_hidden_layers")
-    heads = getattr(config, "num_attention_heads")
-    width = heads * (getattr(config, "head_dim", None) or getattr(config, "hidden_size") // heads)
+    layers = config.num_hidden_layers
+    heads = config.num_attention_heads
+    width = heads * (getattr(config, "head_dim", None) or config.hidden_size // heads)
     return 2.0 * (weights / element_size) * tokens + 2.0 * 2 * layers * width * tokens * tokens / 2
 
 
@@ -88,7 +95,7 @@ def decode_round(core: EngineCore, prompts: list[list[int]], steps: int, seed: i
     batch = len(prompts)
     params = SamplingParams(max_tokens=steps + 2, temperature=0.0, ignore_eos=True)
     ids = [f"b{batch}-{seed}-{i}" for i in range(batch)]
-    for rid, prompt in zip(ids, prompts):
+    for rid, prompt in zip(ids, prompts, strict=True):
         core.add(rid, prompt, params)
     tokens: dict[str, list[int]] = {rid: [] for rid in ids}
     while any(not tokens[rid] for rid in ids):  # prefills, and the first token of each
@@ -122,7 +129,7 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     """Mean share of each sequence's greedy tokens that agree before the first difference (random
     weights in bfloat16 have near-ties, so two correct implementations may part after a while)."""
     shares = []
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         n = min(len(x), len(y))
         same = next((i for i in range(n) if x[i] != y[i]), n)
         shares.append(same / max(1, n))
@@ -142,7 +149,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quantization", default="none", help="none, int8, int8-w8a8 or fp8 weights")
     parser.add_argument("--compile", action="store_true", help="--compile for both engines")
     parser.add_argument("--peak-bandwidth", type=float, help="bytes/s (default: the card's datasheet figure)")
-    parser.add_argument("--reference", choices=["static", "none"], default="static", help="transformers static-cache reference")
+    parser.add_argument(
+        "--reference", choices=["static", "none"], default="static", help="transformers static-cache reference"
+    )
     parser.add_argument("--reference-compile", default="reduce-overhead", help="torch.compile mode for it, or none")
     parser.add_argument("--prefill-len", type=int, default=2048, help="tokens of the timed prefill (0: none)")
     parser.add_argument("--out", default="bench/results/gpu_decode.json")
@@ -225,7 +234,11 @@ def main(argv: list[str] | None = None) -> None:
                 times["reference"].append(reference.run([prompt], 0, warm=0)["prefill_s"])
         for who, ts in times.items():
             t = statistics.median(ts)
-            prefill[who] = {"seconds": t, "tokens_per_s": args.prefill_len / t, "mfu": flops / t / flops_peak if flops_peak else None}
+            prefill[who] = {
+                "seconds": t,
+                "tokens_per_s": args.prefill_len / t,
+                "mfu": flops / t / flops_peak if flops_peak else None,
+            }
         prefill["tokens"] = args.prefill_len
         prefill["flops"] = flops
 
@@ -265,7 +278,13 @@ def main(argv: list[str] | None = None) -> None:
         "capture_mib": graphs.capture_bytes / 2**20,
         "load_s": load_s,
         "greedy_tokens_equal": same_tokens,
-        "reference": None if not reference else {"compile_mode": reference.compile_mode, "fullgraph": reference.fullgraph, "compile_s": reference.compile_s},
+        "reference": None
+        if not reference
+        else {
+            "compile_mode": reference.compile_mode,
+            "fullgraph": reference.fullgraph,
+            "compile_s": reference.compile_s,
+        },
         "peak_flops": flops_peak,
         "prefill": prefill,
         "rows": rows,

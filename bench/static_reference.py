@@ -97,7 +97,7 @@ class StaticReference:
             except Exception as error:  # a graph break the installed transformers has: compile it in pieces
                 if i or self.compile_mode is None or not self.fullgraph:
                     raise
-                print(f"reference: fullgraph compile failed ({type(error).__name__}: {error}); compiling with graph breaks")
+                print(f"reference: fullgraph compile failed ({type(error).__name__}: {error}); compiling in pieces")
                 self.fullgraph, self._decode = False, None
                 return self.run(prompts, steps, warm)
             tokens.append(token.clone())  # a CUDA graph's output is overwritten by the next replay
