@@ -16,9 +16,9 @@ The prediction, from the engine's own measurements:
 - ``kv``: when the free KV blocks cannot hold the prompts ahead and its own, the time until the
   running requests holding enough blocks finish.
 
-The request waits for the later of the seat and the KV, and for the prefill ahead of it. With
-the SLO's scheduling (slo_schedule.py) prompts beside running decodes go in chunks their TPOT
-allows, so the prefill takes as many steps as those chunks need.
+The request waits for the later of the seat and the KV, and for the prefill ahead of it, at the
+step's whole token budget: under the SLO's scheduling (slo_schedule.py) prompts beside running
+decodes go in smaller chunks, but those grow for a prompt that needs them to make its TTFT.
 
 **TPOT.** Every request admitted decodes beside the others, and each decode step takes longer
 with each sequence it carries (the step-time model of batch_cap.py, ``fixed + per_seq · n``).
@@ -200,10 +200,9 @@ def predict(
     )
     tokens = ahead + num_prompt_tokens
     decoding = len(running) - len(in_prefill)
+    # the whole budget, even under the SLO's scheduling: its chunks grow for a prompt that needs it
+    # to make its TTFT (slo_schedule.py), so the TPOT check below is what counts the cost to decodes
     budget = max(1, scheduler.max_num_batched_tokens - decoding)
-    if scheduler.slo is not None and decoding:  # prompts go in the chunks the decodes' TPOT allows
-        chunk = scheduler.slo.online_chunk(decoding, (), (), time.monotonic())
-        budget = min(budget, chunk) if chunk is not None else budget
     prefill = tokens * prefill_s + math.ceil(tokens / budget) * step_s
 
     finishing = sorted((remaining_tokens(s, rates.output_tokens), len(s.block_table)) for s in running)
