@@ -80,14 +80,14 @@ def test_the_chunk_keeps_to_the_floor_when_the_decodes_have_no_slack():
 
 
 def test_a_prompt_near_its_ttft_deadline_gets_the_chunk_it_needs():
-    slo = SloSchedule(ttft_target=0.35, tpot_target=0.1, model=timed_model())
+    slo = SloSchedule(ttft_target=0.45, tpot_target=0.1, model=timed_model())
     s = with_decodes(slo)
     s.add(request("urgent", 1500))
     taken = planned(step(s))["urgent"]
     slack = int((0.1 * (1 - slo.margin) - (DECODE_FIXED + PER_SEQ * 4)) / PER_TOKEN)
     assert taken > slack  # in chunks of the slack alone it would take 0.40 s
-    steps = 1500 / taken
-    assert steps * (DECODE_FIXED + PER_SEQ * 4) + 1500 * PER_TOKEN <= 0.35
+    steps = 1500 / taken  # it aims inside its target by the margin
+    assert steps * (DECODE_FIXED + PER_SEQ * 4) + 1500 * PER_TOKEN <= 0.45 * (1 - slo.margin)
 
 
 def test_a_prompt_that_can_no_longer_make_its_ttft_waits_behind_one_that_can():

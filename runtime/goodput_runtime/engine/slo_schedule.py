@@ -10,8 +10,8 @@ CPU a 2,048-token chunk is several times a decode step. With online decodes runn
 prefills get the prompt tokens that keep the step within the TPOT target less a margin (or less,
 for a decode already behind its target that can still make it), at least ``MIN_CHUNK`` so prefills
 progress. Where that is too few for a prompt to meet its own TTFT, the chunk grows to what the most
-urgent prompt that can still make it needs: to compute ``T`` tokens by its deadline, ``τ`` seconds
-away, in steps of ``d + c·k`` seconds that each take ``k`` of them, ``k ≥ T·d / (τ − T·c)``, where
+urgent prompt that can still make it needs: to compute ``T`` tokens by its deadline less the margin
+(``τ`` seconds away), in steps of ``d + c·k`` seconds that each take ``k`` of them, ``k ≥ T·d / (τ − T·c)``, where
 ``T`` counts the prompt tokens queued ahead of it too.
 
 **Waiting prompts ordered by TTFT deadline.** Each waiting online request's deadline is its
@@ -102,9 +102,10 @@ class SloSchedule:
         for seq in queued:  # the most urgent prompt that can still make its TTFT
             ahead += seq.num_uncomputed_tokens
             deadline = self.deadline(seq)
-            if deadline is None:
+            if deadline is None or self.ttft_target is None:
                 continue
-            room = deadline - now - ahead * per_token
+            # aim inside the target by the margin: the first token still has its step and its way out
+            room = deadline - self.margin * self.ttft_target - now - ahead * per_token
             if room <= 0:
                 continue  # lost whatever the chunk: no reason to stretch the decodes' steps for it
             need = math.ceil(ahead * step / room)
