@@ -319,11 +319,12 @@ def build_parser() -> ReasonedArgumentParser:
     serving.add_argument("--slo-tpot", type=positive_seconds, help="time-per-output-token target, seconds")
     serving.add_argument(
         "--slo-scheduling",
-        choices=["auto", "off"],
+        choices=["on", "off"],
         default=default("slo_scheduling"),
-        help="schedule for the SLO: waiting prompts by TTFT deadline (those that can still make it "
-        "first), and online prefill chunks beside running decodes sized to what keeps their step "
-        "within --slo-tpot; auto: on when --slo-ttft or --slo-tpot is set",
+        help="on (with --slo-ttft or --slo-tpot): waiting prompts by TTFT deadline (those that can still "
+        "make it first), and online prefill chunks beside running decodes sized to what keeps their step "
+        "within --slo-tpot; off by default: measured on open-loop traffic it cost TTFT and goodput "
+        "(bench/README.md, SLO capacity)",
     )
     serving.add_argument(
         "--batch-cap",

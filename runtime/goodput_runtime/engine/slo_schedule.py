@@ -1,7 +1,10 @@
 """Scheduling for the service's SLO: how many prompt tokens online prefills take in a step that
 carries online decodes, and which waiting online request is admitted next.
 
-On by default when the runtime has a TTFT or TPOT target (``--slo-scheduling auto``). Both use the
+Off by default; ``--slo-scheduling on`` with a TTFT or TPOT target. Measured with
+``bench.slo_capacity`` on open-loop traffic (bench/README.md), it did not pay: against the same runtime
+with it off, attainment 90.9 / 77.5 / 61.8 % against 95.5 / 80.0 / 81.8 % at 0.5, 1 and 1.5 req/s
+(TTFT 2 s, TPOT 100 ms), TTFT p90 1.5-1.7 s against 0.9-1.4 s, and no better TPOT. Both use the
 step-time model the batch cap learns (batch_cap.py): ``t(n, p) = fixed + per_seq · n + per_token · p``.
 
 **Prefill chunks sized to the decodes' TPOT slack.** A fixed token budget per step
