@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -213,3 +214,14 @@ def gateway_process(
         proc.terminate()
         proc.wait(stop_seconds)
         log.close()
+
+
+def machine(load_before: list[float] | tuple[float, ...], load_after: list[float] | tuple[float, ...]) -> dict:
+    """What a benchmark's JSON records of the machine it ran on."""
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+    }

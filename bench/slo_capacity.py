@@ -73,7 +73,6 @@ import csv
 import json
 import math
 import os
-import platform
 import random
 import signal
 import statistics
@@ -87,7 +86,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.serve import run_load, write_json
-from bench.server_process import REPO, Server, ensure_model, kv_cache_bytes, settle, start_server
+from bench.server_process import REPO, Server, ensure_model, kv_cache_bytes, machine, settle, start_server
 from bench.stats import RequestRecord, prediction_error, summarize
 from bench.vs_vllm import VLLM_VENV, prepared_model, start_vllm, vllm_python
 from bench.workload import WorkItem, describe, items_for, prompt_vocabulary, window_arrivals
@@ -787,13 +786,7 @@ def main(argv: list[str] | None = None) -> dict:
             "caps": {"prompt": args.max_prompt_len, "output": args.max_output_len},
             "rungs": {f"{rate:g}@{seed}": describe(items) if items else None for (rate, seed), items in plan.items()},
         },
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": sys.version.split()[0],
-            "loadavg_before": load_before,
-            "loadavg_after": load_after,
-        },
+        "machine": machine(load_before, load_after),
         "startup_s": startup_s,
         "wall_s": time.monotonic() - started,
         "slo_pairs": pairs,

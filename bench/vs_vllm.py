@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -35,7 +34,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from bench.serve import default_output, run_load, write_json
-from bench.server_process import REPO, Server, free_port, kv_cache_bytes, settle, start_server, wait_ready
+from bench.server_process import REPO, Server, free_port, kv_cache_bytes, machine, settle, start_server, wait_ready
 from bench.stats import RequestRecord, summarize
 from bench.workload import WorkItem, WorkloadSpec, describe, make_workload, parse_range, prompt_vocabulary
 
@@ -384,13 +383,7 @@ def main(argv: list[str] | None = None) -> dict:
         "peer": peer,
         "server_args": {"ours": ours_args, peer: args.peer_arg},
         "workload": {str(c): describe(plan[(0, c)]) for c in levels},
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": sys.version.split()[0],
-            "loadavg_before": load_before,
-            "loadavg_after": load_after,
-        },
+        "machine": machine(load_before, load_after),
         "startup_s": startup_s,
         "wall_s": time.monotonic() - started,
         "rows": rows,

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from test_engine_greedy import small_config
 from test_native_attention import paged_case
 from test_native_prefill import prefill_step
+from test_real_model import QUESTIONS
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -294,18 +295,6 @@ def test_bf16_perplexity_within_one_percent_of_fp32_and_top1_agreement(kernel, s
     assert with_theirs >= 0.95, figures  # 97.3 % when written
 
 
-QUESTIONS = [
-    "What is the capital of France?",
-    "What is the capital of Japan?",
-    "How many days are there in a week?",
-    "What is 2 + 2?",
-    "What is the boiling point of water in Celsius?",
-    "Write a haiku about the sea.",
-    "Give me three tips for writing clear code.",
-    "Explain what a GPU is to a child.",
-    "What is Kubernetes? Answer in one sentence.",
-    "Translate 'good morning' into Spanish.",
-]
 NEW_TOKENS = 32
 NEAR_TIE = 0.3  # nats between the two tokens, in the float32 model's logits, where bf16 answers may part
 
