@@ -143,7 +143,11 @@ class Scheduler:
             if limits.prefill_tokens is not None:
                 batch_prefill = min(batch_prefill, limits.prefill_tokens)
         now = time.monotonic()
-        online_prefill, decoding = self._online_prefill(batch_seats, allowances, now)
+        online_prefill, decoding = (
+            (None, 0)
+            if self.slo is None
+            else self.slo.step_chunk(self.running, self.waiting, batch_seats, allowances, now)
+        )
         drafts, self.drafts = self.drafts, {}
         out.speculative = self.switch is not None and self.switch.decide(len(self.running))
         i = 0
@@ -236,19 +240,6 @@ class Scheduler:
             else:
                 out.num_prompt_tokens += item.num_tokens
         return out
-
-    def _online_prefill(self, batch_seats: int | None, allowances: list[float], now: float) -> tuple[int | None, int]:
-        """Prompt tokens online prefills may take this step (None: no limit), and the sequences this
-        step decodes: with online decodes running, what their TPOT leaves (slo_schedule.py)."""
-        decoding = [s for s in self.running if s.num_uncomputed_tokens == 1]
-        online = sum(1 for s in decoding if not is_batch(s))
-        batch = len(decoding) - online
-        decodes = online + (batch if batch_seats is None else min(batch, batch_seats))
-        if self.slo is None or not online:
-            return None, decodes
-        queued = [s for s in self.running if not is_batch(s) and s.num_uncomputed_tokens > 1]
-        queued += [s for s in self.waiting if not is_batch(s)]
-        return self.slo.online_chunk(decodes, allowances, queued, now), decodes
 
     def _allowances(self) -> list[float]:
         """Each online sequence's mean step time left that keeps its TPOT within the target (batch_cap.py)."""

@@ -89,6 +89,26 @@ class SloSchedule:
                 best, best_key = seq, key
         return best
 
+    def step_chunk(
+        self,
+        running: Seq[Sequence],
+        waiting: Iterable[Sequence],
+        batch_seats: int | None,
+        allowances: Seq[float],
+        now: float,
+    ) -> tuple[int | None, int]:
+        """Prompt tokens online prefills may take this step (None: no limit), and the sequences this
+        step decodes (batch ones within `batch_seats`): with online decodes running, what their TPOT leaves."""
+        decoding = [s for s in running if s.num_uncomputed_tokens == 1]
+        online = sum(1 for s in decoding if s.params.priority <= 0)
+        batch = len(decoding) - online
+        decodes = online + (batch if batch_seats is None else min(batch, batch_seats))
+        if not online:
+            return None, decodes
+        queued = [s for s in running if s.params.priority <= 0 and s.num_uncomputed_tokens > 1]
+        queued += [s for s in waiting if s.params.priority <= 0]
+        return self.online_chunk(decodes, allowances, queued, now), decodes
+
     def online_chunk(self, decodes: int, allowances: Seq[float], queued: Seq[Sequence], now: float) -> int | None:
         """Prompt tokens online prefills may take in a step that decodes `decodes` sequences, some
         of them online; None: no limit (no TPOT target, or the costs are not yet timed).

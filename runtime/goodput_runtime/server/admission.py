@@ -255,7 +255,7 @@ class Admission:
 
     def _observe(self, engine: EngineClient, scheduled: list[ScheduledSeq], seconds: float) -> None:
         observe_step(self.rates, scheduled, seconds)
-        model = step_model(engine.scheduler)
+        model = step_model(engine.scheduler) if self.settings.tpot_target is not None else None
         if model is None or not model.measured:
             return
         decodes = sum(
@@ -298,19 +298,27 @@ class Admission:
             headers={"Retry-After": str(retry_after)},
         )
 
-    def _refuse_tpot(self, tpot: float) -> None:
+    def _refused(self) -> int | None:
+        """Count a refusal; the refusals since the last warning when one is due (every
+        LOG_EVERY_SECONDS at most), else None."""
         self._refused_since_log += 1
         now = time.monotonic()
-        if now - self._last_log >= LOG_EVERY_SECONDS:
+        if now - self._last_log < LOG_EVERY_SECONDS:
+            return None
+        count, self._refused_since_log, self._last_log = self._refused_since_log, 0, now
+        return count
+
+    def _refuse_tpot(self, tpot: float) -> None:
+        count = self._refused()
+        if count is not None:
             log.warning(
                 "Overloaded: refused %d requests; the latest would take the running decodes to %.0f ms a token "
                 "against the %g ms TPOT target (prompt work %.0f%% of the time)",
-                self._refused_since_log,
+                count,
                 tpot * 1e3,
                 (self.settings.tpot_target or 0.0) * 1e3,
                 100 * self.prefill_share.share(),
             )
-            self._refused_since_log, self._last_log = 0, now
         raise APIError(
             429,
             f"The server is overloaded: another request now would take the running requests' time per "
@@ -322,17 +330,15 @@ class Admission:
         )
 
     def _log_refusal(self, prediction: Prediction) -> None:
-        self._refused_since_log += 1
-        now = time.monotonic()
-        if now - self._last_log >= LOG_EVERY_SECONDS:
+        count = self._refused()
+        if count is not None:
             log.warning(
                 "Overloaded: refused %d requests predicted to miss the %gs TTFT target (latest %.2fs: "
                 "prefill %.2fs, seat %.2fs, KV %.2fs)",
-                self._refused_since_log,
+                count,
                 self.settings.ttft_target,
                 prediction.ttft,
                 prediction.prefill,
                 prediction.seat,
                 prediction.kv,
             )
-            self._refused_since_log, self._last_log = 0, now
