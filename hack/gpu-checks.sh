@@ -4,8 +4,9 @@
 # (steps: env tests (gputests: without the kernels' cases) attention gemv gemvtests gemvstep decode compiled profile exact fp8 serve spec spec32)
 # Each step has its own time limit; every step's log goes into $OUT/steps.log (default _output/gpu), its JSON beside;
 # a failed step is reported and the next one still runs. Python packages the machine lacks may be
-# put as wheels in .whl/ (installed into /tmp/site first; the device machine lacks llguidance:
+# put as wheels in .whl/ (installed into /tmp/site first; the device machine lacks llguidance and jsonschema:
 #   pip download llguidance --no-deps --only-binary :all: --platform manylinux_2_28_x86_64 -d .whl
+#   pip download jsonschema --only-binary :all: --platform manylinux_2_28_x86_64 --python-version 3.12 -d .whl
 # and pass carry [".whl"]).
 set -u
 OUT=${OUT:-_output/gpu}
@@ -65,8 +66,8 @@ serve_smoke() {
   python3 -m goodput_runtime --model "$MODEL" --served-model-name llama-1b --device "${GPU_DEVICE:-cuda}" --dtype "${GPU_DTYPE:-bfloat16}" \
     --max-model-len 1024 --port 18080 ${GPU_SERVE_ARGS:-} >/tmp/gpu-logs/serve-server.log 2>&1 &
   local pid=$!
-  for _ in $(seq 180); do curl -sf localhost:18080/health >/dev/null && break; sleep 1; done
-  curl -sf localhost:18080/v1/models || { kill $pid; return 1; }
+  for _ in $(seq 180); do curl -sf localhost:18080/health >/dev/null && break; kill -0 $pid 2>/dev/null || break; sleep 1; done
+  curl -sf localhost:18080/v1/models || { tail -n 40 /tmp/gpu-logs/serve-server.log; kill $pid; return 1; }
   echo
   curl -sS -N localhost:18080/v1/chat/completions -H 'content-type: application/json' \
     -d '{"model":"llama-1b","messages":[{"role":"user","content":"Hello there"}],"max_tokens":8,"stream":true,"temperature":0}'

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 # The control-plane fixtures of the operator and gateway tiers (cluster, namespace, hub, operator).
-pytest_plugins = ["apiserver_fixtures"]
+# A machine with the runtime's packages alone (the GPU machine) runs the runtime tier without them.
+try:
+    import kubernetes  # noqa: F401
+except ImportError:
+    pytest_plugins: list[str] = []
+else:
+    pytest_plugins = ["apiserver_fixtures"]
 
 # Triton's kernels (the runtime's Triton modules), where Triton is installed, run through its
 # interpreter on a machine without a GPU. Triton reads this when it is first imported (importing the
