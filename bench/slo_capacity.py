@@ -69,11 +69,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
-import math
 import os
-import random
 import signal
 import statistics
 import subprocess
@@ -82,266 +79,41 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from bench.serve import run_load, write_json
 from bench.server_process import REPO, Server, ensure_model, kv_cache_bytes, machine, settle, start_server
-from bench.stats import RequestRecord, prediction_error, summarize
+from bench.slo_judge import (
+    ATTAINMENT,
+    OUTPUT_CLIP,
+    OUTPUT_MEDIAN,
+    OUTPUT_SIGMA,
+    PROMPT_CLIP,
+    PROMPT_MEDIAN,
+    PROMPT_SIGMA,
+    Slo,
+    aggregate,
+    beyond_capacity,
+    capacity,
+    drain_s,
+    judge,
+    load_trace,
+    parse_rates,
+    parse_slo,
+    ratio,
+    rung_items,
+)
+from bench.slo_report import fmt, markdown, plot
+from bench.stats import RequestRecord
 from bench.vs_vllm import VLLM_VENV, prepared_model, start_vllm, vllm_python
-from bench.workload import WorkItem, describe, items_for, prompt_vocabulary, window_arrivals
+from bench.workload import WorkItem, describe, prompt_vocabulary
 
 DEFAULT_RATES = "1,1.5,2,2.5,3,4,5"
 QUICK_RATES = "2,4"
 DEFAULT_SLOS = ("2:0.1", "0.5:0.2")  # tight on TPOT; tight on TTFT
-ATTAINMENT = 0.9
-MULTIPLES = (1.5, 2.0)
-# the built-in mix: lognormal (median, sigma) and clip range, tokens
-PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_CLIP = 250, 1.0, (16, 1000)
-OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_CLIP = 60, 0.7, (8, 256)
 QUICK_MODEL = REPO / ".cache" / "models" / "slo-capacity-tiny"
 SETTLE_LIMIT_S = 60.0
 SERVED = "bench"
-METRICS = (
-    "offered_rps",
-    "attainment",
-    "goodput_rps",
-    "output_tok_s",
-    "ttft_p50_s",
-    "ttft_p90_s",
-    "tpot_p50_s",
-    "tpot_p90_s",
-    # admission's predictions (our runtime's x-goodput-predicted-* headers) against the measurement
-    "ttft_pred_mae_s",
-    "ttft_measured_over_predicted",
-    "tpot_pred_mae_s",
-    "tpot_measured_over_predicted",
-)
-COUNTS = ("sent", "met", "refused", "failed")
-
-
-# ---- SLO pairs -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Slo:
-    ttft_s: float
-    tpot_s: float
-
-    @property
-    def label(self) -> str:
-        return f"TTFT <= {seconds_text(self.ttft_s)}, TPOT <= {seconds_text(self.tpot_s)}"
-
-
-def seconds_text(value: float) -> str:
-    return f"{value:g} s" if value >= 1 else f"{value * 1000:g} ms"
-
-
-def parse_seconds(text: str) -> float:
-    """'0.5', '0.5s' or '500ms' -> 0.5."""
-    text = text.strip().lower()
-    value = float(text[:-2]) / 1000 if text.endswith("ms") else float(text.removesuffix("s"))
-    if not value > 0 or math.isinf(value):
-        raise ValueError(f"not a positive time: {text!r}")
-    return value
-
-
-def parse_slo(text: str) -> Slo:
-    """'TTFT:TPOT' in seconds (or with an ms suffix): '2:0.1', '500ms:200ms'."""
-    ttft, sep, tpot = text.partition(":")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"--slo wants TTFT:TPOT, got {text!r}")
-    try:
-        return Slo(parse_seconds(ttft), parse_seconds(tpot))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"--slo {text!r}: {exc}") from None
-
-
-def parse_rates(text: str) -> list[float]:
-    rates = sorted({float(r) for r in text.split(",") if r.strip()})
-    if not rates or rates[0] <= 0 or math.isinf(rates[-1]):
-        raise argparse.ArgumentTypeError(f"--rates wants positive finite rates, got {text!r}")
-    return rates
-
-
-# ---- lengths -------------------------------------------------------------------------------------
-
-PROMPT_COLUMNS = ("prompt_tokens", "contexttokens", "context_tokens", "input_tokens")
-OUTPUT_COLUMNS = ("output_tokens", "generatedtokens", "generated_tokens")
-
-
-def load_trace(path: Path, scale: float, max_prompt: int, max_output: int) -> list[tuple[int, int]]:
-    """(prompt tokens, output tokens) per row of a CSV trace, times `scale`, rounded, at least 1, capped."""
-    if scale <= 0:
-        raise ValueError(f"--scale must be positive, got {scale}")
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        names = {name.strip().lower(): name for name in reader.fieldnames or []}
-        prompt_col = next((names[c] for c in PROMPT_COLUMNS if c in names), None)
-        output_col = next((names[c] for c in OUTPUT_COLUMNS if c in names), None)
-        if prompt_col is None or output_col is None:
-            raise ValueError(
-                f"{path}: want a header naming timestamp,prompt_tokens,output_tokens, got {reader.fieldnames}"
-            )
-        rows = []
-        for line, row in enumerate(reader, start=2):
-            try:
-                prompt, output = float(row[prompt_col]), float(row[output_col])
-            except (TypeError, ValueError):
-                raise ValueError(f"{path}:{line}: not a number in {row}") from None
-            rows.append(
-                (
-                    min(max_prompt, max(1, round(prompt * scale))),
-                    min(max_output, max(1, round(output * scale))),
-                )
-            )
-    if not rows:
-        raise ValueError(f"{path}: no rows")
-    return rows
-
-
-def builtin_lengths(n: int, seed: int, max_prompt: int, max_output: int) -> list[tuple[int, int]]:
-    """`n` (prompt, output) lengths of the built-in chat mix (the module docstring's numbers)."""
-    rng = random.Random(seed)
-
-    def draw(median: int, sigma: float, clip: tuple[int, int], cap: int) -> int:
-        return min(cap, clip[1], max(clip[0], round(rng.lognormvariate(math.log(median), sigma))))
-
-    return [
-        (
-            draw(PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_CLIP, max_prompt),
-            draw(OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_CLIP, max_output),
-        )
-        for _ in range(n)
-    ]
-
-
-def rung_seed(seed: int, rate: float) -> int:
-    return 1_000_003 * seed + round(rate * 1000)
-
-
-def rung_items(
-    rate: float,
-    seed: int,
-    window_s: float,
-    vocabulary: list[int],
-    trace: list[tuple[int, int]] | None,
-    max_prompt: int,
-    max_output: int,
-) -> list[WorkItem]:
-    """One rung's requests: Poisson arrivals within the window, lengths from the trace or the mix."""
-    key = rung_seed(seed, rate)
-    arrivals = window_arrivals(rate, window_s, key)
-    if trace is None:
-        lengths = builtin_lengths(len(arrivals), key + 5, max_prompt, max_output)
-    else:
-        pick = random.Random(key + 5)
-        lengths = [pick.choice(trace) for _ in arrivals]
-    return items_for(lengths, arrivals, vocabulary, key + 7)
-
-
-def drain_s(slo: Slo, max_output: int) -> float:
-    """After the window: the longest any request can still take and meet the SLO, plus a second."""
-    return slo.ttft_s + slo.tpot_s * (max_output - 1) + 1.0
-
-
-# ---- judging -------------------------------------------------------------------------------------
-
-
-def refused(record: RequestRecord) -> bool:
-    return record.error is not None and record.error.startswith("HTTP 429")
-
-
-def judge(records: list[RequestRecord], window_s: float, slo: Slo) -> dict:
-    """One run against one SLO pair: attainment over every request sent (429s and failures not met),
-    rates per second of window, latency percentiles of the completed requests."""
-    s = summarize(records, window_s, slo.ttft_s, slo.tpot_s)
-    n_refused = sum(refused(r) for r in records)
-    predicted = prediction_error(records)
-    ttft, tpot = predicted["ttft"] or {}, predicted["tpot"] or {}
-    return {
-        "ttft_pred_mae_s": ttft.get("mean_abs_error_s"),
-        "ttft_measured_over_predicted": ttft.get("mean_measured_over_predicted"),
-        "tpot_pred_mae_s": tpot.get("mean_abs_error_s"),
-        "tpot_measured_over_predicted": tpot.get("mean_measured_over_predicted"),
-        "sent": len(records),
-        "met": s["good_requests"],
-        "refused": n_refused,
-        "failed": s["failed"] - n_refused,
-        "offered_rps": len(records) / window_s,
-        "attainment": s["goodput_share"],
-        "goodput_rps": s["goodput_requests_per_s"],
-        "output_tok_s": s["output_tokens_per_s"],
-        "ttft_p50_s": s["ttft_s"]["p50"],
-        "ttft_p90_s": s["ttft_s"]["p90"],
-        "tpot_p50_s": s["tpot_s"]["p50"],
-        "tpot_p90_s": s["tpot_s"]["p90"],
-        "errors": sorted({r.error[:80] for r in records if r.error and not refused(r)})[:5],
-    }
-
-
-def mean_or_none(values: list) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.fmean(present) if present else None
-
-
-def aggregate(runs: list[dict]) -> dict:
-    """A rung's runs over seeds: the mean of each figure, each seed's value, counts summed."""
-    out: dict = {k: mean_or_none([r[k] for r in runs]) for k in METRICS}
-    out["seeds"] = [r["seed"] for r in runs]
-    out["per_seed"] = {k: [r[k] for r in runs] for k in METRICS}
-    for k in COUNTS:
-        out[f"{k}_total"] = sum(r[k] for r in runs)
-    return out
-
-
-def capacity(attainment: dict[float, float | None], threshold: float = ATTAINMENT) -> dict:
-    """The highest rate whose rung and every rung below it reach `threshold` (rungs with no requests are
-    not judged); a ladder passing again above a failure is flagged, the highest passing rate named."""
-    rates = sorted(r for r, a in attainment.items() if a is not None)
-    passing = [r for r in rates if attainment[r] >= threshold]  # type: ignore[operator]
-    first_fail = next((r for r in rates if attainment[r] < threshold), None)  # type: ignore[operator]
-    below = [r for r in passing if first_fail is None or r < first_fail]
-    above = [r for r in passing if first_fail is not None and r > first_fail]
-    return {
-        "rps": below[-1] if below else None,
-        "highest_passing_rps": passing[-1] if passing else None,
-        "first_failing_rps": first_fail,
-        "non_monotone": bool(above),
-        "passing_above_first_failure": above,
-        "below_ladder": bool(rates) and not below,
-        "top_of_ladder": bool(rates) and first_fail is None,
-        "threshold": threshold,
-    }
-
-
-def nearest_rung(rates: list[float], target: float) -> float:
-    """The rung at `target`, else the nearest one; a tie goes to the higher rung."""
-    return min(rates, key=lambda r: (abs(r - target), -r))
-
-
-def beyond_capacity(cap_rps: float | None, rungs: dict[float, dict], multiples=MULTIPLES) -> dict:
-    """Goodput at each multiple of the capacity, from the rung at or nearest that rate."""
-    out: dict = {}
-    for k in multiples:
-        if cap_rps is None:
-            out[f"{k:g}x"] = None
-            continue
-        target = k * cap_rps
-        rung = nearest_rung(sorted(rungs), target)
-        out[f"{k:g}x"] = {
-            "target_rps": target,
-            "rung_rps": rung,
-            "exact": math.isclose(rung, target),
-            "goodput_rps": rungs[rung]["goodput_rps"],
-            "goodput_per_seed": rungs[rung]["per_seed"]["goodput_rps"],
-            "attainment": rungs[rung]["attainment"],
-        }
-    return out
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
 
 
 # ---- vLLM's own client ---------------------------------------------------------------------------
@@ -411,135 +183,6 @@ def run_client(command: list[str], timeout_s: float, log_dir: Path, name: str) -
 
 def ms_to_s(value: float | None) -> float | None:
     return None if value is None else value / 1000
-
-
-# ---- the table and the plot ----------------------------------------------------------------------
-
-
-def fmt(value: float | None, spec: str, scale: float = 1.0, unit: str = "") -> str:
-    return "-" if value is None else f"{value * scale:{spec}}{unit}"
-
-
-def markdown(report: dict) -> str:
-    peer = report["peer"]
-    names = ["ours", peer]
-    lines: list[str] = []
-    for pair in report["slo_pairs"]:
-        lines += [
-            f"### SLO {pair['label']} (drain {pair['drain_s']:.1f} s, {len(report['config']['seed_list'])} seed(s), "
-            f"{report['config']['window']:g} s windows)",
-            "",
-            "| rate req/s | server | attainment | goodput req/s | output tok/s | TTFT p50 | TTFT p90 "
-            "| TPOT p50 | TPOT p90 | sent | 429 | failed |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for rate in report["config"]["rate_list"]:
-            for name in names:
-                r = pair["rungs"][name][str(rate)]
-                lines.append(
-                    f"| {rate:g} | {name} | {fmt(r['attainment'], '.1%')} | {fmt(r['goodput_rps'], '.2f')} | "
-                    f"{fmt(r['output_tok_s'], '.1f')} | {fmt(r['ttft_p50_s'], '.2f', 1, ' s')} | "
-                    f"{fmt(r['ttft_p90_s'], '.2f', 1, ' s')} | {fmt(r['tpot_p50_s'], '.0f', 1000, ' ms')} | "
-                    f"{fmt(r['tpot_p90_s'], '.0f', 1000, ' ms')} | {r['sent_total']} | {r['refused_total']} | "
-                    f"{r['failed_total']} |"
-                )
-        lines.append("")
-        caps = pair["capacity"]
-        parts = []
-        for name in names:
-            c = caps[name]
-            note = []
-            if c["below_ladder"]:
-                note.append("below the ladder")
-            if c["top_of_ladder"]:
-                note.append("top of the ladder: a lower bound")
-            if c["non_monotone"]:
-                note.append(
-                    f"non-monotone: passes again at {', '.join(f'{r:g}' for r in c['passing_above_first_failure'])}"
-                )
-            parts.append(f"{name} {fmt(c['rps'], 'g', 1, ' req/s')}" + (f" ({'; '.join(note)})" if note else ""))
-        lines.append(
-            f"- capacity (attainment >= {ATTAINMENT:.0%}): {', '.join(parts)}; "
-            f"ours / {peer}: {fmt(caps['ratio'], '.2f', 1, 'x')}"
-        )
-        for name in names:
-            cells = []
-            for k, b in pair["beyond_capacity"][name].items():
-                if b is None:
-                    cells.append(f"at {k}: -")
-                else:
-                    rung = f"rung {b['rung_rps']:g}" + ("" if b["exact"] else f", nearest to {b['target_rps']:g}")
-                    cells.append(f"at {k} ({rung}): {fmt(b['goodput_rps'], '.2f', 1, ' req/s')}")
-            lines.append(f"- {name} goodput beyond capacity: {'; '.join(cells)}")
-        for name in names:  # admission's predictions against what was measured, where the server gave them
-            errors = []
-            for rate in report["config"]["rate_list"]:
-                r = pair["rungs"][name][str(rate)]
-                if r["ttft_pred_mae_s"] is not None or r["tpot_pred_mae_s"] is not None:
-                    errors.append(
-                        f"{rate:g}: TTFT {fmt(r['ttft_pred_mae_s'], '.2f', 1, ' s')} "
-                        f"(x{fmt(r['ttft_measured_over_predicted'], '.2f')}), "
-                        f"TPOT {fmt(r['tpot_pred_mae_s'], '.0f', 1000, ' ms')} "
-                        f"(x{fmt(r['tpot_measured_over_predicted'], '.2f')})"
-                    )
-            if errors:
-                lines.append(
-                    f"- {name} admission's prediction error (mean |measured - predicted|, mean measured/predicted), "
-                    f"by rate: {'; '.join(errors)}"
-                )
-        check = pair.get("vllm_client_check")
-        if check:
-            cells = []
-            for name in names:
-                c = check["servers"][name]
-                if "error" in c:
-                    cells.append(f"{name}: {c['error']}")
-                else:
-                    cells.append(
-                        f"{name} goodput {fmt(c['goodput_rps'], '.2f', 1, ' req/s')} "
-                        f"(attainment {fmt(c['attainment'], '.1%')}), "
-                        f"TPOT p50 {fmt(c['tpot_p50_s'], '.0f', 1000, ' ms')} "
-                        f"p90 {fmt(c['tpot_p90_s'], '.0f', 1000, ' ms')}"
-                    )
-            lines.append(
-                f"- vLLM's client at {check['rate']:g} req/s ({check['num_prompts']} prompts of "
-                f"{check['input_len']}+{check['output_len']} tokens): {'; '.join(cells)}"
-            )
-        lines.append("")
-    return "\n".join(lines).rstrip()
-
-
-def plot(report: dict, path: Path) -> Path | None:
-    """Goodput against rate per server, one panel per SLO pair; None where matplotlib is missing."""
-    try:
-        import matplotlib  # optional: only for the PNG
-    except ImportError:
-        return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    pairs = report["slo_pairs"]
-    fig, axes = plt.subplots(1, len(pairs), figsize=(5.5 * len(pairs), 4.2), squeeze=False)
-    rates = report["config"]["rate_list"]
-    for ax, pair in zip(axes[0], pairs, strict=True):
-        offered = [pair["rungs"]["ours"][str(r)]["offered_rps"] for r in rates]  # the same requests for all
-        ax.plot(rates, offered, linestyle=":", marker=".", color="grey", label="arrived (req/s)")
-        for name, runs in pair["rungs"].items():
-            ys = [runs[str(r)]["goodput_rps"] for r in rates]
-            (line,) = ax.plot(rates, [math.nan if y is None else y for y in ys], marker="o", label=name)
-            cap = pair["capacity"][name]["rps"]
-            if cap is not None:
-                ax.axvline(cap, color=line.get_color(), linestyle="--", linewidth=0.8)
-        ax.set_title(f"SLO {pair['label']}", fontsize=9)
-        ax.set_xlabel("arrival rate (req/s)")
-        ax.set_ylabel("goodput (req/s meeting both targets)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 # ---- running -------------------------------------------------------------------------------------
