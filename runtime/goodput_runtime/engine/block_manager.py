@@ -1,8 +1,9 @@
 """Paged KV cache bookkeeping: fixed-size blocks, a free list, prefix sharing by block hash.
 
-Pure Python. A block's hash chains its tokens with its parent block's hash, so equal
-hashes mean equal prefixes. Freed blocks keep their hash and stay findable until they
-are handed out again, oldest first.
+Pure Python. A block's hash chains its tokens with its parent block's hash (engine/prefix_digest.py:
+a stable digest, its root salted with the model's identity and the sequence's LoRA adapter), so equal
+hashes mean equal prefixes of the same model under the same adapter. Freed blocks keep their hash and
+stay findable until they are handed out again, oldest first.
 
 A request's choices (`n`) fork from one prefill: each takes a reference on every block of the
 prompt. The partly filled last block is copied on write: the first choice to write into a block
@@ -15,11 +16,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from goodput_runtime.engine import prefix_digest
 from goodput_runtime.engine.sequence import Sequence
 
 
-def block_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
-    return hash((parent, tokens))
+def block_hash(parent: int, tokens: tuple[int, ...]) -> int:
+    """The digest of a block of `tokens` after the prefix digested as `parent` (a sequence's root first)."""
+    return prefix_digest.block_digest(parent, tokens)
 
 
 @dataclass(slots=True)
@@ -31,8 +34,12 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, model_salt: str = ""
+    ) -> None:
         self.block_size = block_size
+        self.model_salt = model_salt  # prefix_digest.model_salt: the model's identity
+        self._roots: dict[str, int] = {}  # a sequence's salt (its adapter's) -> its root digest
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -47,6 +54,16 @@ class BlockManager:
     def usage(self) -> float:
         return 1.0 - len(self.free) / self.num_blocks
 
+    def root(self, seq: Sequence) -> int:
+        """The digest seq's first block chains from: the model's identity and seq's adapter."""
+        salt = seq.cache_salt
+        digest = self._roots.get(salt)
+        if digest is None:
+            if len(self._roots) > 4096:  # adapters come and go: keep the memo bounded
+                self._roots.clear()
+            digest = self._roots[salt] = prefix_digest.root(f"{self.model_salt}\0{salt}")
+        return digest
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
@@ -55,7 +72,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         hits: list[int] = []
-        parent: int | None = None
+        parent = self.root(seq)
         bs = self.block_size
         for start in range(0, seq.num_tokens - 1 - bs + 1, bs):
             tokens = tuple(seq.token_ids[start : start + bs])
@@ -141,7 +158,7 @@ class BlockManager:
             return
         bs = self.block_size
         for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
-            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            parent = seq.block_hashes[-1] if seq.block_hashes else self.root(seq)
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = block_hash(parent, tokens)
             seq.block_hashes.append(h)

@@ -53,6 +53,9 @@ class Sequence:
     # this choice's grammar matcher (structured/grammar.py), advanced with each token it accepts; a
     # preempted sequence keeps its output tokens for the recompute, so the matcher keeps its state too
     grammar: Grammar | None = None
+    # the prefix cache's salt beyond the model's: the LoRA adapter's name and weights' digest ("" for the
+    # base model), so that blocks are shared only between sequences of the same adapter
+    cache_salt: str = ""
 
     @classmethod
     def new(
