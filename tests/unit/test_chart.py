@@ -1,0 +1,242 @@
+"""The Helm chart (charts/goodput), rendered, checked and packaged with Helm's own library (helm-python-sdk):
+its values reach the objects they name, a wrong value is refused naming the field, and manifests/, the
+chart's CRDs and its version are derived from one source each. Installing it is the operator tier's job
+(tests/operator/test_chart_install.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+
+from goodput_contract.version import VERSION
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "goodput"
+NS = "goodput-system"
+
+
+def _chart_script() -> Any:
+    spec = importlib.util.spec_from_file_location("chart_script", ROOT / "hack" / "chart.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["chart_script"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def chart() -> Any:
+    with helm.Chart.load(CHART) as loaded:
+        yield loaded
+
+
+def render(chart: Any, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    out = chart.render(values or {}, name="goodput", namespace=NS, is_install=True)
+    return [doc for text in out.values() for doc in yaml.safe_load_all(text) if doc]
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    for obj in objects:
+        if obj["kind"] == kind and obj["metadata"]["name"] == name:
+            return obj
+    raise AssertionError(f"no {kind} {name} in {[(o['kind'], o['metadata']['name']) for o in objects]}")
+
+
+def container(objects: list[dict[str, Any]], deployment: str) -> dict[str, Any]:
+    (c,) = find(objects, "Deployment", deployment)["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def env(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+def test_manifests_crds_and_version_are_derived_and_current():
+    """manifests/*.yaml are the chart's templates rendered with no values, the chart's crds/ are the
+    repository's crds/, Chart.yaml carries goodput_contract's VERSION; `hack/chart.py sync` fixes each."""
+    problems = _chart_script().check()
+    assert problems == [], "\n".join(problems) + "\nrun `python3 hack/chart.py sync`"
+
+
+def test_kustomization_installs_exactly_the_rendered_templates():
+    kustomization = yaml.safe_load((ROOT / "manifests" / "kustomization.yaml").read_text())
+    assert kustomization["namespace"] == NS
+    assert kustomization["resources"] == ["../crds", *_chart_script().RENDERED]
+    crds = yaml.safe_load((ROOT / "crds" / "kustomization.yaml").read_text())["resources"]
+    assert sorted(crds) == sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
+
+
+def test_the_version_is_stamped_everywhere_the_images_are_named(chart):
+    assert chart.version == VERSION and chart.metadata["appVersion"] == VERSION
+    objects = render(chart)
+    assert container(objects, "goodput-operator")["image"] == f"ghcr.io/goodput-dev/goodput-operator:{VERSION}"
+    assert container(objects, "goodput-gateway")["image"] == f"ghcr.io/goodput-dev/goodput-operator:{VERSION}"
+    runtime = env(container(objects, "goodput-operator"))["RUNTIME_IMAGE"]
+    assert runtime == f"ghcr.io/goodput-dev/goodput-runtime:{VERSION}"
+    from goodput_operator.settings import DEFAULT_RUNTIME_IMAGE
+
+    assert runtime == DEFAULT_RUNTIME_IMAGE
+    assert re.search(
+        rf'^VERSION="\$\{{VERSION:-{re.escape(VERSION)}\}}"$', (ROOT / "hack" / "images.sh").read_text(), re.M
+    )
+    demo = (ROOT / "hack" / "demo.sh").read_text()
+    assert f"goodput-runtime:{VERSION}" in demo and f"goodput-operator:{VERSION}" in demo
+
+
+def test_lint_is_clean_with_defaults_and_with_every_option():
+    for values in (None, FULL):
+        report = helm.lint(CHART, values, strict=True, namespace=NS)
+        assert report["errors"] == [], report
+        assert not [m for m in report["messages"] if m["severity"] >= 2], report
+
+
+FULL: dict[str, Any] = {
+    "images": {
+        "operator": {"repository": "registry.example/goodput-operator", "digest": "sha256:" + "a" * 64},
+        "runtime": {"repository": "registry.example/goodput-runtime", "tag": "9.9.9"},
+        "pullPolicy": "Always",
+        "pullSecrets": ["regcred"],
+    },
+    "operator": {
+        "watchNamespace": "models",
+        "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "nodeSelector": {"pool": "system"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"}],
+        "extraEnv": [{"name": "PROMETHEUS_URL", "value": "http://prometheus.monitoring:9090"}],
+    },
+    "gateway": {
+        "replicas": 4,
+        "maxHeldRequests": 7,
+        "holdSeconds": 12.5,
+        "attempts": 2,
+        "auth": {"apiKeyTtlSeconds": 5},
+        "service": {"type": "LoadBalancer", "port": 8080},
+        "nodeSelector": {"pool": "edge"},
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}},
+        "extraEnv": [{"name": "LOG_LEVEL", "value": "DEBUG"}],
+    },
+    "batch": {"store": "postgresql", "postgresql": {"secretName": "batch-db", "secretKey": "dsn"}},
+    "monitoring": {"enabled": True, "labels": {"release": "prom"}},
+}
+
+
+def test_every_value_reaches_the_object_it_names(chart):
+    objects = render(chart, FULL)
+    op, gw = container(objects, "goodput-operator"), container(objects, "goodput-gateway")
+    assert op["image"] == "registry.example/goodput-operator@sha256:" + "a" * 64 == gw["image"]
+    assert op["imagePullPolicy"] == "Always" == gw["imagePullPolicy"]
+    assert env(op)["RUNTIME_IMAGE"] == "registry.example/goodput-runtime:9.9.9"
+    assert env(op)["WATCH_NAMESPACE"] == "models"
+    assert env(op)["PROMETHEUS_URL"] == "http://prometheus.monitoring:9090"
+    assert op["resources"] == FULL["operator"]["resources"]
+    op_pod = find(objects, "Deployment", "goodput-operator")["spec"]["template"]["spec"]
+    assert op_pod["nodeSelector"] == {"pool": "system"}
+    assert op_pod["tolerations"] == FULL["operator"]["tolerations"]
+    assert op_pod["imagePullSecrets"] == [{"name": "regcred"}]
+
+    gateway = find(objects, "Deployment", "goodput-gateway")
+    assert gateway["spec"]["replicas"] == 4
+    gw_pod = gateway["spec"]["template"]["spec"]
+    assert gw_pod["nodeSelector"] == {"pool": "edge"}
+    assert gw_pod["affinity"] == FULL["gateway"]["affinity"]
+    gw_env = env(gw)
+    assert gw_env["GATEWAY_MAX_HELD_REQUESTS"] == "7"
+    assert gw_env["GATEWAY_HOLD_SECONDS"] == "12.5"
+    assert gw_env["GATEWAY_ATTEMPTS"] == "2"
+    assert gw_env["GATEWAY_API_KEY_TTL"] == "5"
+    assert gw_env["LOG_LEVEL"] == "DEBUG"
+    assert gw_env["GATEWAY_DATABASE"] == {"secretKeyRef": {"name": "batch-db", "key": "dsn"}}
+    service = find(objects, "Service", "goodput-gateway")
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert service["spec"]["ports"][0]["port"] == 8080
+
+    for kind, name in (
+        ("ServiceMonitor", "goodput-gateway"),
+        ("PrometheusRule", "goodput"),
+        ("ConfigMap", "goodput-autoscaling-dashboard"),
+    ):
+        obj = find(objects, kind, name)
+        assert obj["metadata"]["namespace"] == NS and obj["metadata"]["labels"]["release"] == "prom"
+    rule = find(objects, "PrometheusRule", "goodput")
+    source = yaml.safe_load((ROOT / "manifests" / "monitoring" / "prometheus-rule.yaml").read_text())
+    assert rule["spec"] == source["spec"]  # Prometheus's own {{ }} templates arrive untouched
+
+
+def test_defaults_leave_the_batch_api_and_monitoring_off(chart):
+    objects = render(chart)
+    assert "GATEWAY_DATABASE" not in env(container(objects, "goodput-gateway"))
+    assert not [o for o in objects if o["kind"] in ("PersistentVolumeClaim", "ServiceMonitor", "PrometheusRule")]
+
+
+def test_sqlite_store_is_one_gateway_on_its_own_volume(chart):
+    objects = render(chart, {"gateway": {"replicas": 1}, "batch": {"store": "sqlite", "sqlite": {"size": "2Gi"}}})
+    gateway = find(objects, "Deployment", "goodput-gateway")
+    assert gateway["spec"]["strategy"] == {"type": "Recreate"}
+    pod = gateway["spec"]["template"]["spec"]
+    assert pod["volumes"] == [{"name": "batch", "persistentVolumeClaim": {"claimName": "goodput-gateway-batch"}}]
+    assert (
+        env(container(objects, "goodput-gateway"))["GATEWAY_DATABASE"] == "sqlite:////var/lib/goodput-gateway/batch.db"
+    )
+    pvc = find(objects, "PersistentVolumeClaim", "goodput-gateway-batch")
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "2Gi"
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    claimed = render(
+        chart, {"gateway": {"replicas": 1}, "batch": {"store": "sqlite", "sqlite": {"existingClaim": "mine"}}}
+    )
+    assert not [o for o in claimed if o["kind"] == "PersistentVolumeClaim"]
+    assert find(claimed, "Deployment", "goodput-gateway")["spec"]["template"]["spec"]["volumes"][0][
+        "persistentVolumeClaim"
+    ] == {"claimName": "mine"}
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"batch": {"store": "sqlite"}}, "gateway.replicas"),  # two replicas cannot share the RWO volume
+        ({"batch": {"store": "postgresql"}}, "batch.postgresql.secretName"),
+    ],
+)
+def test_a_store_without_what_it_needs_is_refused_naming_the_field(chart, values, named):
+    with pytest.raises(helm.HelmRenderError, match=re.escape(named)):
+        render(chart, values)
+
+
+@pytest.mark.parametrize(
+    ("values", "path"),
+    [
+        ({"gateway": {"replicas": "two"}}, "/gateway/replicas"),
+        ({"gateway": {"holdSeconds": "long"}}, "/gateway/holdSeconds"),
+        ({"images": {"operator": {"tag": 1}}}, "/images/operator/tag"),
+        ({"images": {"runtime": {"digest": "latest"}}}, "/images/runtime/digest"),
+        ({"images": {"pullPolicy": "Sometimes"}}, "/images/pullPolicy"),
+        ({"operator": {"resources": {"limits": {"memory": "lots"}}}}, "/operator/resources/limits/memory"),
+        ({"operator": {"nodeSelector": {"pool": 3}}}, "/operator/nodeSelector/pool"),
+        ({"operator": {"watchNamespace": "Not_A_Name"}}, "/operator/watchNamespace"),
+        ({"batch": {"store": "mysql"}}, "/batch/store"),
+        ({"monitoring": {"enabled": "yes"}}, "/monitoring/enabled"),
+        ({"gateway": {"auth": {"apiKeyTtlSeconds": -1}}}, "/gateway/auth/apiKeyTtlSeconds"),
+        # a misspelt key is refused, not ignored
+        ({"gateway": {"replica": 3}}, "/gateway"),
+    ],
+)
+def test_schema_refuses_a_wrong_value_naming_the_field(chart, values, path):
+    with pytest.raises(helm.HelmValuesError) as refused:
+        chart.validate_schema(values)
+    assert f"at '{path}'" in str(refused.value)
+    with pytest.raises(helm.HelmValuesError, match=re.escape(path)):  # and so does an install's rendering
+        render(chart, values)
+
+
+def test_package_is_the_versioned_chart(tmp_path, chart):
+    archive = Path(helm.package(CHART, destination=tmp_path))
+    assert archive.name == f"goodput-{VERSION}.tgz"
+    with helm.Chart.load_archive(archive.read_bytes()) as packed:
+        assert render(packed) == render(chart)
+        assert {c["name"] for c in packed.crds} == {c["name"] for c in chart.crds}
