@@ -6,20 +6,26 @@ routes, and the Batch API's, on an aiohttp application.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from goodput_gateway import batch
+from goodput_gateway.apis import chat
+from goodput_gateway.apis.responses import ResponsesAPI
+from goodput_gateway.apis.store import ResponseStore
 from goodput_gateway.auth import ServiceKeys
 from goodput_gateway.discovery import Registry, Service
 from goodput_gateway.errors import APIError, invalid, model_not_found, unavailable
 from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.pipelines import PipelineServer
-from goodput_gateway.proxy import Proxy, parse_body, rewrite_model
+from goodput_gateway.proxy import Proxy, Upstream, parse_body, rewrite_model
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -80,6 +86,44 @@ class Gateway:
             )
             status = response.status
             return response
+        except APIError as err:
+            status = err.status
+            raise
+        finally:
+            in_flight.dec()
+            self.metrics.requests.labels(*labels, str(status)).inc()
+            self.metrics.duration.labels(*labels).observe(time.monotonic() - started)
+
+    @contextlib.asynccontextmanager
+    async def open_chat(self, request: web.Request, model: str, body: dict[str, Any]) -> AsyncIterator[Upstream]:
+        """A streamed chat completion for a translated API's request (Responses, Messages), on a replica of
+        `model`'s service, with the service's key checked and counted as any request to the service."""
+        if self.pipelines.find(model) is not None:
+            raise invalid(
+                f"The pipeline '{model}' is served on /v1/chat/completions and /v1/completions only",
+                "model",
+                "unsupported_model",
+            )
+        started = time.monotonic()
+        svc = self.service_for(model)
+        authorization = chat.caller_authorization(request.headers)
+        upstream_auth = await self.keys.upstream_authorization(svc, authorization)
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if upstream_auth or authorization:
+            headers["Authorization"] = upstream_auth or authorization or ""
+        for name in ("X-Goodput-Priority", "X-Request-Id"):
+            if name in request.headers:
+                headers[name] = request.headers[name]
+        raw = json.dumps({**body, "model": svc.served_name}).encode()
+        labels = (svc.namespace, svc.name)
+        self.metrics.last_request.labels(*labels).set(time.time())
+        in_flight = self.metrics.in_flight.labels(*labels)
+        in_flight.inc()
+        status = 500
+        try:
+            async with self.proxy.open("POST", "/v1/chat/completions", headers, svc, model, raw, body) as upstream:
+                status = upstream.status
+                yield upstream
         except APIError as err:
             status = err.status
             raise
@@ -162,8 +206,19 @@ def build_app(gateway: Gateway, batch_settings: batch.BatchSettings | None = Non
     app.router.add_get("/v1/models/{model:.+}", gateway.get_model)
     app.router.add_get("/health", gateway.health)
     app.router.add_get("/metrics", gateway.metrics_page)
-    batch.install(
-        app, gateway.registry, gateway.proxy, gateway.metrics.registry, batch_settings or batch.BatchSettings()
-    )
+    batch_settings = batch_settings or batch.BatchSettings()
+    batch.install(app, gateway.registry, gateway.proxy, gateway.metrics.registry, batch_settings)
+    store = ResponseStore(batch_settings.database)
+    responses = ResponsesAPI(gateway.open_chat, store)
+    app.router.add_post("/v1/responses", responses.create)
+    app.router.add_get("/v1/responses/{id}", responses.retrieve)
+    app.router.add_delete("/v1/responses/{id}", responses.delete)
+
+    async def store_open(app: web.Application) -> AsyncIterator[None]:
+        await store.open()
+        yield
+        store.close()
+
+    app.cleanup_ctx.append(store_open)
     app.router.add_post("/{path:.*}", gateway.proxy_request)
     return app

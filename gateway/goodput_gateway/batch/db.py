@@ -42,8 +42,8 @@ SCHEMA = (
 class Database:
     """`sqlite:///relative.db`, `sqlite:////absolute.db`, `sqlite://:memory:` or `postgresql://...`."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, url: str, schema: Sequence[str] = SCHEMA) -> None:
+        self.url, self.schema = url, schema
         self.postgres = url.startswith(("postgresql://", "postgres://"))
         if not self.postgres and not url.startswith("sqlite://"):
             raise ValueError(f"--database {url!r}: expected sqlite:///PATH or postgresql://...")
@@ -64,7 +64,7 @@ class Database:
             self.conn.execute("PRAGMA synchronous=NORMAL")
             blob = "BLOB"
         with self.transaction() as tx:
-            for statement in SCHEMA:
+            for statement in self.schema:
                 tx.execute(statement.format(blob=blob))
 
     async def open(self) -> None:
