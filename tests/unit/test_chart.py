@@ -240,3 +240,14 @@ def test_package_is_the_versioned_chart(tmp_path, chart):
     with helm.Chart.load_archive(archive.read_bytes()) as packed:
         assert render(packed) == render(chart)
         assert {c["name"] for c in packed.crds} == {c["name"] for c in chart.crds}
+
+
+def test_every_object_lands_in_the_release_namespace(chart):
+    out = chart.render({"monitoring": {"enabled": True}}, name="goodput", namespace="elsewhere", is_install=True)
+    objects = [doc for text in out.values() for doc in yaml.safe_load_all(text) if doc]
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    assert {o["metadata"]["namespace"] for o in objects if o["kind"] not in cluster_scoped} == {"elsewhere"}
+    assert find(objects, "Namespace", "elsewhere")
+    for binding in (o for o in objects if o["kind"] == "ClusterRoleBinding"):
+        assert [s["namespace"] for s in binding["subjects"]] == ["elsewhere"]
+    assert "goodput-system" not in "".join(out.values())
