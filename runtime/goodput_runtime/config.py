@@ -43,6 +43,12 @@ class EngineConfig:
     slo_scheduling: str = "off"  # on: prompts by TTFT deadline, chunks by TPOT slack, when an SLO is set
     batch_cap: str = "auto"  # auto: cap batch sequences beside online ones when slo_tpot is set | off
     batch_cap_margin: float = 0.35  # a step may take slo_tpot × (1 − margin)
+    enable_lora: bool = False  # LoRA adapters (on with --lora-modules or --enable-lora)
+    lora_modules: tuple[tuple[str, str], ...] = ()  # (name, path) of adapters loaded at start
+    max_loras: int = 4  # adapter slots a step can use (slot 0, the base model, besides)
+    max_cpu_loras: int | None = None  # adapters held in memory; None: 4 × max_loras
+    max_lora_rank: int = 16
+    pinned_loras: tuple[str, ...] = ()  # adapters never dropped from memory, whose slots go last
 
     @property
     def model_name(self) -> str:

@@ -36,6 +36,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k likeliest
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob and the k likeliest
     priority: int = 0  # vLLM's convention: lower is served first; above 0 is batch work
+    lora: str | None = None  # the LoRA adapter the request names as its model; None: the base model
     # a compiled grammar (structured/grammar.py) the output must follow; each choice gets its own matcher
     grammar: Any = field(default=None, compare=False)
 

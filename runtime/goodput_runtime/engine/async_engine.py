@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.client import StepObserver
 from goodput_runtime.engine.core import EngineCore
+from goodput_runtime.engine.lora_manager import LoraAdapter, LoraError, LoraManager
 from goodput_runtime.engine.outputs import EngineStoppedError, QueueFullError, RequestOutput
 from goodput_runtime.engine.scheduler import Scheduler, SchedulerOutput
 from goodput_runtime.engine.sequence import PoolingParams
@@ -138,6 +139,23 @@ class AsyncEngine:
         self.wakeup.set()
         return stream
 
+    @property
+    def lora(self) -> LoraManager | None:
+        """The LoRA adapters' tiers and slots; None when adapters are not enabled."""
+        return self.core.lora
+
+    async def load_lora(self, name: str, path: str, pinned: bool = False) -> LoraAdapter:
+        """Read and check the adapter at `path` on a thread (the steps go on), then register it as `name`."""
+        manager = self.core.lora
+        if manager is None:
+            raise LoraError("LoRA adapters are not enabled on this server (--enable-lora)")
+        adapter = await asyncio.to_thread(manager.read, name, path)
+        return manager.add(adapter, pinned)
+
+    def unload_lora(self, name: str) -> bool:
+        manager = self.core.lora
+        return manager is not None and manager.remove(name)
+
     def abort(self, request_id: str) -> None:
         if request_id not in self.streams:
             return
@@ -197,6 +215,8 @@ class AsyncEngine:
             core.scheduler.observe_step(last, scheduled_at - last_at)
             self.last_step = None
         out = core.schedule()
+        for output in core.take_lora_failures():
+            self._deliver(output)
         if not out.scheduled:
             await asyncio.sleep(0.001)  # nothing fits this instant: let aborts and arrivals in
             return

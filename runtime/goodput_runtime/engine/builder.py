@@ -15,11 +15,12 @@ import torch
 
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.cpu import pick_threads
-from goodput_runtime.engine import parallel
+from goodput_runtime.engine import lora_manager, parallel, prefix_digest
 from goodput_runtime.engine.batch_cap import BatchCap, StepTimeModel
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.contention import ContentionWatch
 from goodput_runtime.engine.core import EngineCore
+from goodput_runtime.engine.lora_manager import LoraError, LoraManager
 from goodput_runtime.engine.model_runner import ModelRunner
 from goodput_runtime.engine.scheduler import Scheduler
 from goodput_runtime.engine.slo_schedule import SloSchedule
@@ -41,7 +42,7 @@ from goodput_runtime.loader import (
 )
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.models import implementation
-from goodput_runtime.models.llama import COMPILED_MAX_TOKENS
+from goodput_runtime.models.llama import COMPILED_MAX_TOKENS, CausalLM
 from goodput_runtime.sampling import generation_defaults
 
 log = logging.getLogger(__name__)
@@ -282,6 +283,38 @@ def configure_speculation(
     )
 
 
+def enable_lora(config: EngineConfig, model: Any, model_config) -> LoraManager:
+    """The model's LoRA slots, allocated (and logged) before the KV cache is sized from what memory is
+    left, and the adapters of --lora-modules read into them."""
+    if not isinstance(model, CausalLM):
+        raise EngineConfigError(
+            "LoRA adapters need the runtime's own modules (Llama, Mistral, Qwen2; no --model-impl transformers, "
+            "no --tensor-parallel-size above 1)"
+        )
+    if config.compile:
+        raise EngineConfigError("--compile does not run LoRA adapters yet: leave one of them off")
+    if config.max_loras < 1 or config.max_lora_rank < 1:
+        raise EngineConfigError("--max-loras and --max-lora-rank must be at least 1")
+    targets = model.enable_lora(config.max_loras + 1, config.max_lora_rank)
+    shape = lora_manager.model_shape(model_config, config.model_name)
+    cpu = config.max_cpu_loras if config.max_cpu_loras is not None else 4 * config.max_loras
+    manager = LoraManager(targets, shape, config.max_loras, cpu, config.max_lora_rank)
+    log.info(
+        "LoRA: %d adapter slots of rank up to %d reserve %.1f MiB before the KV cache is sized; "
+        "up to %d adapters held in memory",
+        config.max_loras,
+        config.max_lora_rank,
+        manager.slot_bytes / 2**20,
+        manager.max_cpu_loras,
+    )
+    for name, path in config.lora_modules:
+        try:
+            manager.add(manager.read(name, path), pinned=name in config.pinned_loras)
+        except LoraError as e:
+            raise EngineConfigError(f"--lora-modules {name}={path}: {e}") from e
+    return manager
+
+
 def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> EngineCore:
     model_dir = resolve_model_path(config.model, config.revision)
     check_architecture(model_dir)
@@ -301,6 +334,7 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
     tokenizer = load_tokenizer(model_dir)
     model, device = load_for_rank(config, model_dir, 0, world, port)
     dtype = model.get_input_embeddings().weight.dtype
+    lora = enable_lora(config, model, model_config) if config.enable_lora or config.lora_modules else None
     num_blocks = size_kv_cache(config, device, model_config, dtype, max_model_len)
 
     eos = set()
@@ -309,10 +343,12 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
             eos.add(source)
         elif isinstance(source, list):
             eos.update(source)
-    block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+    salt = prefix_digest.model_salt(config.model, config.revision, str(dtype).removeprefix("torch."))
+    block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, salt)
     scheduler = Scheduler(
         block_manager, config.max_num_seqs, config.max_num_batched_tokens, max_model_len, frozenset(eos)
     )
+    scheduler.lora = lora
     if config.slo_tpot is not None and config.batch_cap != "off":
         scheduler.batch_cap = BatchCap(config.slo_tpot, config.batch_cap_margin)
         log.info(
@@ -341,7 +377,9 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
         compile_layers(runner)  # after tuning (whose trial plans would each compile), before CUDA graphs
     if device.type == "cuda" and attention.kernel_attends_decodes(runner.cache):
         warm_up_triton(runner, model_config, world)
-    if device.type == "cuda" and not config.enforce_eager:
+    if device.type == "cuda" and not config.enforce_eager and lora is not None:
+        log.info("decode CUDA graphs are off with LoRA adapters; decode steps run eagerly")
+    elif device.type == "cuda" and not config.enforce_eager:
         if world == 1:
             runner.enable_decode_graphs(config.max_num_seqs, max_model_len, capture=True)
         else:

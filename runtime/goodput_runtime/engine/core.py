@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.detokenizer import IncrementalDetokenizer
+from goodput_runtime.engine.lora_manager import LoraManager, LoraNotFound
 from goodput_runtime.engine.model_runner import ModelRunner
 from goodput_runtime.engine.outputs import InvalidPromptError, PromptTooLongError, RequestOutput, TokenLogprob
 from goodput_runtime.engine.parallel import Followers
@@ -75,6 +76,16 @@ class EngineCore:
         self.sampling_defaults = dict(sampling_defaults or {})
         runner.sampler.eos_token_ids = scheduler.eos_token_ids  # min_tokens holds them off
         self.requests: dict[str, Request] = {}
+        self.lora: LoraManager | None = scheduler.lora  # LoRA adapters' tiers and slots, when enabled
+
+    def _cache_salt(self, params: SamplingParams) -> str:
+        """The prefix-cache salt of a request on params.lora's adapter ("" for the base model); raises
+        LoraNotFound for an adapter the engine does not know."""
+        if params.lora is None:
+            return ""
+        if self.lora is None:
+            raise LoraNotFound(f"the model {params.lora!r} does not exist (LoRA adapters are not enabled)")
+        return self.lora.get(params.lora).key
 
     def add(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, pooling: PoolingParams | None = None
@@ -92,6 +103,7 @@ class EngineCore:
             )
         if not prompt_token_ids:
             raise InvalidPromptError("the prompt is empty")
+        salt = self._cache_salt(params)
         first = Sequence.new(request_id, prompt_token_ids, params, time.monotonic())
         seqs = [first] + [
             Sequence.new(
@@ -105,6 +117,8 @@ class EngineCore:
             for i in range(1, params.n)
         ]
         first.forks = seqs[1:]  # forked from the first choice once its prefill ends
+        for seq in seqs:
+            seq.cache_salt = salt
         if params.grammar is not None:
             for seq in seqs:
                 seq.grammar = params.grammar.matcher()
@@ -127,8 +141,10 @@ class EngineCore:
             raise InvalidPromptError("the input is empty")
         if params.n != 1 or params.prompt_logprobs is not None:
             raise ValueError("an embedding request has one choice and no logprobs")
+        salt = self._cache_salt(params)
         seq = Sequence.new(request_id, prompt_token_ids, params, time.monotonic())
         seq.pooling = pooling
+        seq.cache_salt = salt
         self.requests[request_id] = Request([Choice(seq, IncrementalDetokenizer(self.tokenizer, [], ()))])
         self.scheduler.add(seq)
 
@@ -153,6 +169,14 @@ class EngineCore:
         """Phase 1: which sequences run this step, and how many tokens each."""
         return self.scheduler.schedule()
 
+    def take_lora_failures(self) -> list[RequestOutput]:
+        """The final outputs of requests whose adapter was unloaded before they got a slot."""
+        failed, self.scheduler.lora_failed = self.scheduler.lora_failed, []
+        outputs: list[RequestOutput] = []
+        for seq in failed:
+            outputs.extend(self.abort(seq.request_id, "error"))
+        return outputs
+
     def execute(self, out: SchedulerOutput) -> StepResult:
         """Phase 2, the forward pass: the sampled token per scheduled sequence (None mid-prefill), one
         per choice forking there, and logprobs. Touches only the runner's tensors, so it may run on
@@ -165,6 +189,7 @@ class EngineCore:
         self.add(WARMUP_REQUEST_ID, list(range(1, 9)), SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
         while WARMUP_REQUEST_ID in self.requests:
             out = self.schedule()
+            self.take_lora_failures()
             if out.scheduled:
                 self.update(out, self.execute(out), record=False)
 

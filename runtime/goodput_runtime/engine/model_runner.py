@@ -15,7 +15,7 @@ from goodput_runtime.engine.scheduler import SchedulerOutput
 from goodput_runtime.engine.spec_decode import Proposer, can_speculate
 from goodput_runtime.engine.spec_decode.rejection import SpecGroup, verify
 from goodput_runtime.engine.step import KVLayout, StepItem, StepResult, plan_step
-from goodput_runtime.layers import attention
+from goodput_runtime.layers import attention, lora
 from goodput_runtime.layers.attention import DecodeGroup, KVCache, PagedBatch, PrefillChunk
 from goodput_runtime.layers.step_plan import StepPlan
 from goodput_runtime.models.llama import CausalLM
@@ -269,11 +269,26 @@ class ModelRunner:
                 threads = self.watch.begin(threads)
             if threads != torch.get_num_threads():
                 torch.set_num_threads(threads)
+        adapters = self._lora_batch(items, sample_rows)
+        if adapters is not None:
+            lora.ACTIVE.append(adapters)
         try:
             return self._forward(items, input_ids, positions, batch, sample_rows, logits, pooled)
         finally:
+            if adapters is not None:
+                lora.ACTIVE.pop()
             if self.watch is not None:
                 self.watch.end()
+
+    def _lora_batch(self, items: list[StepItem], sample_rows: list[int]) -> lora.LoraBatch | None:
+        """The step's rows on LoRA adapters by slot (layers/lora.py); None when every row is the base model's."""
+        if not any(item.lora_slot for item in items):
+            return None
+        spans = [
+            (item.lora_slot, last - len(item.token_ids) + 1, len(item.token_ids))
+            for item, last in zip(items, sample_rows, strict=True)
+        ]
+        return lora.LoraBatch.of(spans, self.device)
 
     def _forward(
         self,

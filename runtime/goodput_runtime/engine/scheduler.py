@@ -42,10 +42,14 @@ from dataclasses import dataclass, field
 
 from goodput_runtime.engine.batch_cap import BatchCap
 from goodput_runtime.engine.block_manager import BlockManager
+from goodput_runtime.engine.lora_manager import LoraManager, LoraNotFound
 from goodput_runtime.engine.sequence import SeqStatus, Sequence
 from goodput_runtime.engine.slo_schedule import SloSchedule
 from goodput_runtime.engine.spec_decode.switch import SpeculationSwitch
 
+# a waiting request whose LoRA adapter finds no free slot is passed over; once one has waited this
+# long, no request on another adapter is admitted until it has its slot (base requests still are)
+LORA_AGEING_S = 2.0
 BATCH_PREFILL_SHARE = 8  # batch prefills take at most 1/8 of a step's token budget: a step an online
 # request arrives during stays short, so its wait for the next step does too
 
@@ -63,6 +67,7 @@ class ScheduledSeq:
     # prompt token after it; empty unless the request asked for them and they are not yet reported
     prompt_logprobs: range = range(0)
     draft: list[int] = field(default_factory=list)  # proposed tokens verified after the last one (in num_tokens)
+    lora_slot: int = 0  # the LoRA slot its rows use; 0: the base model
 
     @property
     def start(self) -> int:
@@ -116,6 +121,8 @@ class Scheduler:
         self.drafts: dict[Sequence, list[int]] = {}  # proposals for each sequence's next step
         self.batch_cap: BatchCap | None = None  # set when a TPOT target caps batch work beside online work
         self.slo: SloSchedule | None = None  # set when the service's SLO orders prompts and sizes their chunks
+        self.lora: LoraManager | None = None  # set when LoRA adapters are enabled: their slots
+        self.lora_failed: list[Sequence] = []  # waiting sequences whose adapter was unloaded: finished by the core
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -190,8 +197,15 @@ class Scheduler:
                 budget -= num_tokens
                 i += 1
         evicted = 0
+        passed: set[Sequence] = set()  # waiting sequences whose adapter found no slot this step
         while self.waiting and budget > 0 and out.num_preempted == evicted:
-            seq = self._next_waiting(now, decoding)
+            candidate = self._next_waiting(now, decoding, passed)
+            if candidate is None:
+                break
+            seq = candidate
+            if seq.cache_salt and self.lora is not None and not self._lora_slot(seq, passed, now):
+                passed.add(seq)
+                continue
             if not self._room_for(seq):
                 freed = self._evict_batch_for(seq, out)
                 if freed is None:
@@ -262,18 +276,40 @@ class Scheduler:
         if self.slo is not None and (self.batch_cap is None or self.slo.model is not self.batch_cap.model):
             self.slo.model.observe(out.num_decodes, out.num_prompt_tokens, seconds)
 
-    def _next_waiting(self, now: float, decodes: int) -> Sequence:
+    def _next_waiting(self, now: float, decodes: int, passed: set[Sequence] | None = None) -> Sequence | None:
         """The first waiting request of the lowest priority (preempted ones are at the front); with
-        the SLO's scheduling, by TTFT deadline among those that can still make it (slo_schedule.py)."""
+        the SLO's scheduling, by TTFT deadline among those that can still make it (slo_schedule.py).
+        Those in `passed` (their adapter found no slot) are not considered; None when only they wait."""
+        waiting = self.waiting if not passed else deque(s for s in self.waiting if s not in passed)
+        if not waiting:
+            return None
         if self.slo is not None:
-            chosen = self.slo.next_waiting(self.waiting, now, decodes)
+            chosen = self.slo.next_waiting(waiting, now, decodes)
             if chosen is not None:
                 return chosen
-        best = self.waiting[0]
-        for seq in self.waiting:
+        best = waiting[0]
+        for seq in waiting:
             if seq.params.priority < best.params.priority:
                 best = seq
         return best
+
+    def _lora_slot(self, seq: Sequence, passed: set[Sequence], now: float) -> bool:
+        """Whether seq's adapter has a slot (placing it there if one is free or idle). With a request
+        passed over for LORA_AGEING_S, only its adapter may take a slot, so the slots drain to it. An
+        adapter unloaded since the request came finishes it (the core reports it)."""
+        assert self.lora is not None
+        key = seq.cache_salt
+        if key not in self.lora.slots:
+            starving = [s for s in passed if s.cache_salt != key and now - s.times.arrival > LORA_AGEING_S]
+            if starving and now - seq.times.arrival <= LORA_AGEING_S:
+                return False
+        busy = {s.cache_salt for s in self.running if s.cache_salt}
+        try:
+            return self.lora.acquire(key, busy) is not None
+        except LoraNotFound:
+            self.waiting.remove(seq)
+            self.lora_failed.append(seq)
+            return False
 
     def _evict_batch_for(self, seq: Sequence, out: SchedulerOutput) -> int | None:
         """Preempt the most recently admitted batch request to make room for online `seq`; None when
@@ -311,10 +347,11 @@ class Scheduler:
         room = min(budget - 1, self.max_model_len - seq.num_tokens, seq.params.max_tokens - seq.num_output_tokens - 1)
         return draft[: max(room, 0)]
 
-    @staticmethod
-    def _scheduled(seq: Sequence, num_tokens: int, draft: list[int] | None = None) -> ScheduledSeq:
+    def _scheduled(self, seq: Sequence, num_tokens: int, draft: list[int] | None = None) -> ScheduledSeq:
         copies, seq.block_copies = seq.block_copies, []
         scheduled = ScheduledSeq(seq, num_tokens, copies, draft=draft or [])
+        if seq.cache_salt and self.lora is not None:
+            scheduled.lora_slot = self.lora.slot_of(seq.cache_salt)
         if seq.params.prompt_logprobs is not None:
             start = max(seq.num_computed_tokens, seq.num_prompt_logprob_positions)
             stop = min(seq.num_computed_tokens + num_tokens, seq.num_prompt_tokens - 1)

@@ -43,6 +43,7 @@ class StepItem:
     pool: str | None = None  # an embedding request's pooling mode: its rows' hidden states are pooled
     pool_ends: bool = False  # this step completes its prompt: the pooled vector is ready
     num_draft: int = 0  # the last num_draft tokens are proposals: every row from the last real token on samples
+    lora_slot: int = 0  # the LoRA slot its rows use (layers/lora.py); 0: the base model
 
     @property
     def context_len(self) -> int:
@@ -107,6 +108,7 @@ def plan_step(out: SchedulerOutput) -> tuple[list[int], list[StepItem]]:
                 pool,
                 s.samples,
                 len(s.draft),
+                s.lora_slot,
             )
         )
     return order, items

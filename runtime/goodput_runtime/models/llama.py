@@ -21,7 +21,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from goodput_runtime.layers import fused, triton_linear
+from goodput_runtime.layers import fused, lora, triton_linear
 from goodput_runtime.layers.attention import PagedBatch, attend
 from goodput_runtime.layers.fused import rotate
 from goodput_runtime.layers.step_plan import LINEAR, ONEDNN, StepPlan
@@ -203,12 +203,17 @@ class Attention(nn.Module):
         self.sliding_window = sliding_window
         self.qkv_proj = fuse([source.q_proj, source.k_proj, source.v_proj])
         self.o_proj = source.o_proj
+        # LoRA adapters' updates of the two projections (layers/lora.py), once adapters are enabled
+        self.lora_qkv: lora.LoraStack | None = None
+        self.lora_o: lora.LoraStack | None = None
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch | None, form: str = LINEAR
     ) -> torch.Tensor:
         """batch None: inside the compiled graph, attention through its operator (on STEP's batch)."""
-        return project(self.attend(project(x, self.qkv_proj, form), cos, sin, batch), self.o_proj, form)
+        qkv = lora.apply_(project(x, self.qkv_proj, form), x, self.lora_qkv)
+        out = self.attend(qkv, cos, sin, batch)
+        return lora.apply_(project(out, self.o_proj, form), out, self.lora_o)
 
     def attend(
         self,
@@ -247,14 +252,16 @@ class MLP(nn.Module):
         self.act = source.act_fn
         self.silu = fused.is_silu(self.act)
         self.intermediate = source.gate_proj.out_features
+        self.lora_gate_up: lora.LoraStack | None = None
+        self.lora_down: lora.LoraStack | None = None
 
     def forward(self, x: torch.Tensor, form: str = LINEAR, fuse_act: bool = False) -> torch.Tensor:
-        gate_up = project(x, self.gate_up_proj, form)
+        gate_up = lora.apply_(project(x, self.gate_up_proj, form), x, self.lora_gate_up)
         if fuse_act:
             act = fused.silu_mul(gate_up, self.intermediate, self.act)
         else:
             act = self.act(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
-        return project(act, self.down_proj, form)
+        return lora.apply_(project(act, self.down_proj, form), act, self.lora_down)
 
 
 class DecoderLayer(nn.Module):
@@ -274,7 +281,7 @@ class DecoderLayer(nn.Module):
     def forward(
         self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: PagedBatch | None, form: str = LINEAR
     ) -> torch.Tensor:
-        if h.shape[0] == 1 and self.gemv_chain():
+        if h.shape[0] == 1 and not lora.ACTIVE and self.gemv_chain():
             return self.forward_gemv(h, cos, sin, batch)
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, form)
         return h + self.mlp(self.post_attention_layernorm(h), form)
@@ -422,6 +429,31 @@ class CausalLM(nn.Module):
             a, mlp = layer.self_attn, layer.mlp
             found += [a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj]
         return found
+
+    def enable_lora(self, slots: int, max_rank: int) -> dict[tuple[int, str], tuple[lora.LoraStack, int]]:
+        """A LoRA stack of `slots` slots (slot 0 the base model) on each layer's projections; by (layer,
+        PEFT's module name: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj), the stack
+        holding that module's adapter and its part of it."""
+        targets: dict[tuple[int, str], tuple[lora.LoraStack, int]] = {}
+        layers: list[Any] = list(self.model.layers)
+        weight: torch.Tensor = self.model.embed_tokens.weight
+        dtype, device = weight.dtype, weight.device
+        for i, layer in enumerate(layers):
+            a, mlp = layer.self_attn, layer.mlp
+            hidden = a.heads * a.head_dim
+            q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
+            a.lora_qkv = lora.LoraStack(slots, self.config.hidden_size, [q, kv, kv], max_rank, dtype, device)
+            a.lora_o = lora.LoraStack(slots, hidden, [self.config.hidden_size], max_rank, dtype, device)
+            inter = mlp.intermediate
+            mlp.lora_gate_up = lora.LoraStack(slots, self.config.hidden_size, [inter, inter], max_rank, dtype, device)
+            mlp.lora_down = lora.LoraStack(slots, inter, [self.config.hidden_size], max_rank, dtype, device)
+            for part, name in enumerate(("q_proj", "k_proj", "v_proj")):
+                targets[i, name] = (a.lora_qkv, part)
+            targets[i, "o_proj"] = (a.lora_o, 0)
+            targets[i, "gate_proj"] = (mlp.lora_gate_up, 0)
+            targets[i, "up_proj"] = (mlp.lora_gate_up, 1)
+            targets[i, "down_proj"] = (mlp.lora_down, 0)
+        return targets
 
     def normed_linears(self) -> list[Any]:
         """The projections an RMS norm precedes (layers/triton_linear.py tunes them with it)."""

@@ -1,0 +1,133 @@
+"""LoRA adapters on the compact modules' projections: many adapters in one step, each row its own.
+
+Each projection an adapter may touch carries a ``LoraStack``: for every slot, the adapters' A
+matrices side by side, ``a [slots, in, parts * R]``, and their B matrices (the scaling folded in)
+block-diagonal, ``b [slots, parts * R, out]``, where R is ``--max-lora-rank`` and ``parts`` the
+projections fused into this one (3 for the fused QKV, 2 for gate-up, 1 for o and down). Slot 0 is
+the base model and stays zero; an adapter of a smaller rank, or without one of the parts, leaves
+its columns zero. So a fused projection's update is one pair of products: ``(x @ a) @ b`` adds each
+part's ``x A^T B^T scale`` to its own columns.
+
+A step's rows reach the stacks through ``LoraBatch`` (set by the model runner around the forward
+pass in ``ACTIVE``): the rows of sequences on adapters, by slot. Base rows cost nothing.
+
+- Decode rows (one token per sequence) run gathered: each row's A and B taken from its slot and
+  multiplied as one batched product (``bmm``), whatever mix of adapters the rows have.
+- Prefill spans run grouped: each adapter's rows (one slice per sequence) multiplied by its own A
+  and B, then added to their rows.
+
+``DECODE_PATH`` = "grouped" runs decode rows grouped too (bench/lora.py measures both).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+DECODE_PATH = os.environ.get("GOODPUT_LORA_DECODE", "bmm")
+if DECODE_PATH not in ("bmm", "grouped"):
+    raise ValueError(f"GOODPUT_LORA_DECODE={DECODE_PATH!r}: expected bmm or grouped")
+
+
+@dataclass
+class LoraBatch:
+    """Which rows of a step run with which slot's adapter (base rows appear nowhere)."""
+
+    decode_rows: torch.Tensor | None = None  # [n] rows of single-token sequences on adapters
+    decode_slots: torch.Tensor | None = None  # [n] their slots
+    groups: list[tuple[int, slice | torch.Tensor]] = field(default_factory=list)  # (slot, rows), one per slot
+
+    @property
+    def empty(self) -> bool:
+        return self.decode_rows is None and not self.groups
+
+    @classmethod
+    def of(cls, spans: list[tuple[int, int, int]], device: torch.device) -> LoraBatch:
+        """From (slot, first row, row count) per sequence of the step, slot 0 for the base model."""
+        batch = cls()
+        rows: list[int] = []
+        slots: list[int] = []
+        by_slot: dict[int, list[tuple[int, int]]] = {}
+        for slot, first, count in spans:
+            if slot == 0:
+                continue
+            if count == 1 and DECODE_PATH == "bmm":
+                rows.append(first)
+                slots.append(slot)
+            else:
+                by_slot.setdefault(slot, []).append((first, count))
+        if rows:
+            batch.decode_rows = torch.tensor(rows, device=device)
+            batch.decode_slots = torch.tensor(slots, device=device)
+        for slot, parts in by_slot.items():
+            if len(parts) == 1:
+                first, count = parts[0]
+                batch.groups.append((slot, slice(first, first + count)))
+            else:
+                index = [r for first, count in parts for r in range(first, first + count)]
+                batch.groups.append((slot, torch.tensor(index, device=device)))
+        return batch
+
+
+# the step the forward pass runs (set by the model runner around it); empty: no adapter in the step
+ACTIVE: list[LoraBatch] = []
+
+
+class LoraStack:
+    """One projection's adapters, every slot (see the module's docstring)."""
+
+    def __init__(
+        self,
+        slots: int,
+        in_features: int,
+        out_sizes: list[int],
+        max_rank: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.max_rank = max_rank
+        self.out_sizes = out_sizes
+        self.offsets = [sum(out_sizes[:i]) for i in range(len(out_sizes))]
+        width = len(out_sizes) * max_rank
+        self.a = torch.zeros(slots, in_features, width, dtype=dtype, device=device)
+        self.b = torch.zeros(slots, width, sum(out_sizes), dtype=dtype, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.a.numel() * self.a.element_size() + self.b.numel() * self.b.element_size()
+
+    def clear(self, slot: int) -> None:
+        self.a[slot].zero_()
+        self.b[slot].zero_()
+
+    def set(self, slot: int, part: int, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> None:
+        """Part `part`'s adapter in `slot`: lora_a [r, in], lora_b [out_part, r] as PEFT stores them."""
+        r = lora_a.shape[0]
+        cols = slice(part * self.max_rank, part * self.max_rank + r)
+        out = slice(self.offsets[part], self.offsets[part] + self.out_sizes[part])
+        self.a[slot, :, cols] = lora_a.t().to(self.a.dtype)
+        self.b[slot, cols, out] = (lora_b.float().t() * scaling).to(self.b.dtype)
+
+    def add_(self, y: torch.Tensor, x: torch.Tensor, batch: LoraBatch) -> None:
+        """y [T, out] += each adapter row's update from x [T, in]."""
+        if batch.decode_rows is not None:
+            assert batch.decode_slots is not None
+            rows, slots = batch.decode_rows, batch.decode_slots
+            xs = x.index_select(0, rows).unsqueeze(1)  # [n, 1, in]
+            delta = torch.bmm(torch.bmm(xs, self.a.index_select(0, slots)), self.b.index_select(0, slots))
+            y.index_add_(0, rows, delta.squeeze(1))
+        for slot, rows_of in batch.groups:
+            if isinstance(rows_of, slice):
+                y[rows_of] += (x[rows_of] @ self.a[slot]) @ self.b[slot]
+            else:
+                y.index_add_(0, rows_of, (x.index_select(0, rows_of) @ self.a[slot]) @ self.b[slot])
+
+
+def apply_(y: torch.Tensor, x: torch.Tensor, stack: LoraStack | None) -> torch.Tensor:
+    """y plus the step's adapters' updates of the projection `stack` belongs to (in place); y as is
+    when the step has no adapter rows or the projection no stack."""
+    if ACTIVE and stack is not None:
+        stack.add_(y, x, ACTIVE[-1])
+    return y

@@ -1,0 +1,81 @@
+"""LoRA adapters for the tests, made here with peft on a model made by `made_model`, briefly trained so
+that every B is non-zero and the adapter changes what the model says; cached by their settings."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = ROOT / ".cache" / "test-loras"
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def make_adapter(
+    model_dir: Path,
+    name: str,
+    rank: int,
+    targets: list[str],
+    rslora: bool = False,
+    steps: int = 30,
+    seed: int = 0,
+    alpha: int | None = None,
+) -> Path:
+    """A PEFT adapter directory: rank `rank` on `targets`, trained `steps` steps of AdamW to continue a
+    fixed random token sequence (its own per seed), so its outputs differ from the base model's."""
+    settings = json.dumps([str(model_dir), name, rank, targets, rslora, steps, seed, alpha])
+    source = Path(__file__).read_bytes()
+    key = hashlib.sha256(settings.encode() + source).hexdigest()[:12]
+    out = CACHE / f"{name}-{key}"
+    if (out / "adapter_model.safetensors").exists():
+        return out
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha or 2 * rank,
+        target_modules=targets,
+        use_rslora=rslora,
+        lora_dropout=0.0,
+        init_lora_weights=True,
+    )
+    peft_model = get_peft_model(model, config)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(1000 + seed)
+    text = torch.randint(5, vocab, (1, 48), generator=gen)
+    optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=2e-2)
+    peft_model.train()
+    for _ in range(steps):
+        loss = peft_model(input_ids=text, labels=text).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    peft_model.save_pretrained(tmp)
+    tmp.rename(out)
+    return out
+
+
+def peft_greedy(model_dir: Path, adapter: Path | None, prompt: list[int], max_tokens: int) -> list[int]:
+    """transformers (+ peft's PeftModel) greedy tokens, float32."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.generation_config.eos_token_id = None
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter)
+    model.eval()
+    with torch.inference_mode():
+        ids = model.generate(
+            input_ids=torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False, min_new_tokens=0
+        )
+    return ids[0, len(prompt) :].tolist()
