@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from goodput_gateway import batch
 from goodput_gateway.apis import chat
+from goodput_gateway.apis.messages import MessagesAPI
 from goodput_gateway.apis.responses import ResponsesAPI
 from goodput_gateway.apis.store import ResponseStore
 from goodput_gateway.auth import ServiceKeys
@@ -95,9 +96,12 @@ class Gateway:
             self.metrics.duration.labels(*labels).observe(time.monotonic() - started)
 
     @contextlib.asynccontextmanager
-    async def open_chat(self, request: web.Request, model: str, body: dict[str, Any]) -> AsyncIterator[Upstream]:
-        """A streamed chat completion for a translated API's request (Responses, Messages), on a replica of
-        `model`'s service, with the service's key checked and counted as any request to the service."""
+    async def open_chat(
+        self, request: web.Request, model: str, body: dict[str, Any], path: str = "/v1/chat/completions"
+    ) -> AsyncIterator[Upstream]:
+        """A streamed chat completion (or another call at `path`) for a translated API's request (Responses,
+        Messages), on a replica of `model`'s service, with the service's key checked and counted as any
+        request to the service."""
         if self.pipelines.find(model) is not None:
             raise invalid(
                 f"The pipeline '{model}' is served on /v1/chat/completions and /v1/completions only",
@@ -115,13 +119,17 @@ class Gateway:
             if name in request.headers:
                 headers[name] = request.headers[name]
         raw = json.dumps({**body, "model": svc.served_name}).encode()
+        if path != "/v1/chat/completions":  # a helper call (a prompt's token count), not a request
+            async with self.proxy.open("POST", path, headers, svc, model, raw, body) as upstream:
+                yield upstream
+            return
         labels = (svc.namespace, svc.name)
         self.metrics.last_request.labels(*labels).set(time.time())
         in_flight = self.metrics.in_flight.labels(*labels)
         in_flight.inc()
         status = 500
         try:
-            async with self.proxy.open("POST", "/v1/chat/completions", headers, svc, model, raw, body) as upstream:
+            async with self.proxy.open("POST", path, headers, svc, model, raw, body) as upstream:
                 status = upstream.status
                 yield upstream
         except APIError as err:
@@ -213,6 +221,7 @@ def build_app(gateway: Gateway, batch_settings: batch.BatchSettings | None = Non
     app.router.add_post("/v1/responses", responses.create)
     app.router.add_get("/v1/responses/{id}", responses.retrieve)
     app.router.add_delete("/v1/responses/{id}", responses.delete)
+    app.router.add_post("/v1/messages", MessagesAPI(gateway.open_chat).create)
 
     async def store_open(app: web.Application) -> AsyncIterator[None]:
         await store.open()

@@ -57,6 +57,13 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class Tokens:
+    """Output tokens the last chunk carried (from its logprobs: only where they were asked for)."""
+
+    count: int
+
+
+@dataclass(frozen=True)
 class Failed:
     """The runtime reported an error in the stream, or the replica went away mid-stream."""
 
@@ -65,7 +72,7 @@ class Failed:
     code: str | None = None
 
 
-Event = Text | ToolStart | ToolArgs | Finish | Usage | Failed
+Event = Text | ToolStart | ToolArgs | Finish | Usage | Tokens | Failed
 
 # opens one streamed chat completion for a translated request: (model, chat body) -> the replica's answer
 Opener = Callable[[str, dict[str, Any]], contextlib.AbstractAsyncContextManager[Upstream]]
@@ -104,6 +111,8 @@ async def events(upstream: Upstream) -> AsyncIterator[Event]:
                 yield Usage(int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0)), int(cached))
             for choice in chunk.get("choices") or ():
                 delta = choice.get("delta") or {}
+                if (logprobs := choice.get("logprobs")) and logprobs.get("content"):
+                    yield Tokens(len(logprobs["content"]))
                 if delta.get("content"):
                     yield Text(delta["content"])
                 for call in delta.get("tool_calls") or ():
