@@ -61,6 +61,17 @@ SPEC_DECODE_ACTIVE = PREFIX + "spec_decode_active"  # the switch's last decision
 SPEC_DECODE_MAX_BATCH = PREFIX + "spec_decode_max_batch"  # the running batch up to which it speculates
 CPU_CONTENDED = PREFIX + "cpu_contended"  # 1 while other processes take the cores and steps run on one thread
 CPU_CONTENTION_SWITCHES = PREFIX + "cpu_contention_switches_total"  # moves to one thread and back
+# LoRA adapters: the running and waiting adapters (labels running_lora_adapters, waiting_lora_adapters,
+# max_lora; the value the time it was set), in vLLM's format, which the runtime also exports under vLLM's
+# own name for the Gateway API Inference Extension's LoRA-affinity scorer
+VLLM_LORA_REQUESTS_INFO = "vllm:lora_requests_info"
+LORA_REQUESTS_INFO = PREFIX + "lora_requests_info"
+LORA_LOADS = PREFIX + "lora_loads_total"  # label result: ok | error
+LORA_LOAD_SECONDS = PREFIX + "lora_load_seconds"
+LORA_ADAPTERS = PREFIX + "lora_adapters"  # label tier: slot | cpu | registered
+LORA_EVICTIONS = PREFIX + "lora_evictions_total"  # label tier: slot | cpu
+LORA_REQUESTS = PREFIX + "lora_requests_total"  # labels adapter (capped; "other" beyond), outcome
+LORA_REQUESTS_GOOD = PREFIX + "lora_requests_good_total"  # label adapter
 
 # the operator's autoscaler series, read by the dashboards (and by HPA/KEDA in those modes)
 AUTOSCALER_DESIRED_REPLICAS = PREFIX + "autoscaler_desired_replicas"
