@@ -12,7 +12,7 @@
 # IfNotPresent):
 #   ghcr.io/goodput-dev/goodput-runtime:<version>    CPU torch (2.13.0+cpu), from Dockerfile.runtime
 #   ghcr.io/goodput-dev/goodput-operator:<version>   from Dockerfile.operator
-# <version> is pyproject.toml's. stdout: the image names built or imported, one per line;
+# <version> is contract/goodput_contract/version.py's (= pyproject.toml's). stdout: the image names built or imported, one per line;
 # progress goes to stderr, prefixed "images:".
 #
 # Needs root on Debian or Ubuntu; buildah and debootstrap are apt-installed when missing (ctr,
@@ -65,7 +65,7 @@ CACHE_ROOT="${GOODPUT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/goodput}"
 BASE_DIR="$CACHE_ROOT/base-$SUITE-$BASE_VERSION"
 ARCHIVES="$CACHE_ROOT/images"
 BASE_IMAGE="localhost/goodput-base:$SUITE"
-# the project's version, in one place (pyproject.toml reads it from there too)
+# the project's version, in one place (pyproject.toml repeats it, held equal by a unit test)
 VERSION="$(sed -n 's/^VERSION = "\(.*\)"$/\1/p' "$ROOT/contract/goodput_contract/version.py" | head -n1)"
 VERSION="${VERSION:-0.1.0}"
 RUNTIME_IMAGE="ghcr.io/goodput-dev/goodput-runtime:$VERSION"

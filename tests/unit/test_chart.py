@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,8 @@ def test_kustomization_installs_exactly_the_rendered_templates():
 
 def test_the_version_is_stamped_everywhere_the_images_are_named(chart):
     assert chart.version == VERSION and chart.metadata["appVersion"] == VERSION
+    pyproject = re.search(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert pyproject and pyproject[1] == VERSION, "pyproject.toml's version differs from goodput_contract's VERSION"
     objects = render(chart)
     assert container(objects, "goodput-operator")["image"] == f"ghcr.io/goodput-dev/goodput-operator:{VERSION}"
     assert container(objects, "goodput-gateway")["image"] == f"ghcr.io/goodput-dev/goodput-operator:{VERSION}"
@@ -83,9 +86,9 @@ def test_the_version_is_stamped_everywhere_the_images_are_named(chart):
     from goodput_operator.settings import DEFAULT_RUNTIME_IMAGE
 
     assert runtime == DEFAULT_RUNTIME_IMAGE
-    assert re.search(
-        rf'^VERSION="\$\{{VERSION:-{re.escape(VERSION)}\}}"$', (ROOT / "hack" / "images.sh").read_text(), re.M
-    )
+    names = subprocess.run([str(ROOT / "hack" / "images.sh"), "names"], capture_output=True, text=True, timeout=30)
+    assert f"ghcr.io/goodput-dev/goodput-runtime:{VERSION}" in names.stdout.split()
+    assert f"ghcr.io/goodput-dev/goodput-operator:{VERSION}" in names.stdout.split()
     demo = (ROOT / "hack" / "demo.sh").read_text()
     assert f"goodput-runtime:{VERSION}" in demo and f"goodput-operator:{VERSION}" in demo
 
