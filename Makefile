@@ -74,9 +74,31 @@ postgresql:
 
 # The main job on a cluster: a local cluster (kind, or this machine as a one-node cluster when
 # root on Debian/Ubuntu), both images built from the Dockerfiles, the operator installed, a small
-# model served and asked a question. MODEL=hf://org/name serves that model instead.
+# model served and asked a question. MODEL=hf://org/name serves that model instead; INSTALL=helm
+# installs with the Helm chart (charts/goodput) instead of `kubectl apply -k manifests/`.
 demo:
-	hack/demo.sh
+	INSTALL="$${INSTALL:-kustomize}" hack/demo.sh
 
 demo-down:
 	hack/demo.sh down
+
+.PHONY: chart release
+
+# manifests/ rendered from the Helm chart, the chart's CRDs copied from crds/, the version stamped
+# into Chart.yaml (tests/unit/test_chart.py fails until this has run after a change).
+chart:
+	$(PY) hack/chart.py sync
+
+# A release of the version in contract/goodput_contract/version.py (VERSION=x.y.z must match it):
+# both images built and tagged with it (hack/images.sh) and the chart packaged into dist/. Then push
+# them to a registry: the commands are printed at the end.
+release:
+	@v="$$($(PY) -c 'import sys; sys.path.insert(0, "contract"); from goodput_contract.version import VERSION; print(VERSION)')"; \
+		[ -z "$(VERSION)" ] || [ "$(VERSION)" = "$$v" ] || \
+		{ echo "VERSION=$(VERSION), but contract/goodput_contract/version.py says $$v: change it there, then make chart"; exit 1; }
+	$(PY) hack/chart.py package --destination dist
+	hack/images.sh all
+	@echo "To publish (registry credentials needed; helm 3.8+ pushes charts to OCI registries):"
+	@echo "  podman push ghcr.io/goodput-dev/goodput-operator:<version>   # or docker push"
+	@echo "  podman push ghcr.io/goodput-dev/goodput-runtime:<version>"
+	@echo "  helm push dist/goodput-<version>.tgz oci://ghcr.io/goodput-dev/charts"

