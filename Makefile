@@ -91,12 +91,14 @@ chart:
 
 # A release of the version in contract/goodput_contract/version.py (VERSION=x.y.z must match it):
 # both images built and tagged with it (hack/images.sh) and the chart packaged into dist/. Then push
-# them to a registry: the commands are printed at the end.
+# them to a registry: the commands are printed at the end; after the push, `$(PY) hack/crd_compat.py
+# snapshot` makes this release's CRDs the baseline the next one must stay compatible with.
 release:
 	@v="$$($(PY) -c 'import sys; sys.path.insert(0, "contract"); from goodput_contract.version import VERSION; print(VERSION)')"; \
 		[ -z "$(VERSION)" ] || [ "$(VERSION)" = "$$v" ] || \
 		{ echo "VERSION=$(VERSION), but contract/goodput_contract/version.py says $$v: change it there, then make chart"; exit 1; }
 	$(PY) hack/chart.py package --destination dist
+	$(PY) hack/crd_compat.py check
 	hack/images.sh all
 	@echo "To publish (registry credentials needed; helm 3.8+ pushes charts to OCI registries):"
 	@echo "  podman push ghcr.io/goodput-dev/goodput-operator:<version>   # or docker push"
