@@ -287,8 +287,13 @@ PIPELINE_PREFIXES = (metric_names.PREFIX + "pipeline_", metric_names.PREFIX + "g
 
 def test_the_runtime_exports_every_series_the_contract_names():
     metrics = RuntimeMetrics("m", 0.5, 0.05)
+    metrics.enable_lora(2)  # the LoRA adapters' series, registered where adapters are enabled
+    metrics.record_lora_load("ok", 0.1)
     metrics.record_finished(
         RequestTimes(arrival=0.0, first_scheduled=0.1, first_token=0.2, finished=1.0, num_output_tokens=3)
+    )
+    metrics.record_finished(
+        RequestTimes(arrival=0.0, first_scheduled=0.1, first_token=0.2, finished=0.25, num_output_tokens=3, lora="a")
     )
     exported = {sample.name for family in metrics.registry.collect() for sample in family.samples}
     runtime_series = {
@@ -306,6 +311,7 @@ def test_the_runtime_exports_every_series_the_contract_names():
         metric_names.E2E_LATENCY,
         metric_names.QUEUE_TIME,
         metric_names.GRAMMAR_COMPILE_TIME,
+        metric_names.LORA_LOAD_SECONDS,
     }
     for name in runtime_series:
         assert (name + "_count" if name in histograms else name) in exported, name
