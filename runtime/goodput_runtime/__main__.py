@@ -282,6 +282,48 @@ def build_parser() -> ReasonedArgumentParser:
         "per step of up to 256 tokens (inductor; on a GPU under the decode CUDA graphs) and warm "
         "it up at start",
     )
+    adapters = p.add_argument_group("LoRA adapters")
+    adapters.add_argument(
+        "--enable-lora",
+        action="store_true",
+        default=default("enable_lora"),
+        help="serve LoRA adapters in PEFT's format (on by itself with --lora-modules): a request's 'model' "
+        "names the adapter",
+    )
+    adapters.add_argument(
+        "--lora-modules",
+        nargs="+",
+        type=lora_module,
+        default=list(default("lora_modules")),
+        metavar="NAME=PATH",
+        help="adapters loaded at start: a name and a directory with adapter_config.json and "
+        "adapter_model.safetensors (file:// accepted)",
+    )
+    adapters.add_argument(
+        "--max-loras", type=positive_int, default=default("max_loras"), help="adapter slots a step can use"
+    )
+    adapters.add_argument(
+        "--max-cpu-loras",
+        type=positive_int,
+        default=default("max_cpu_loras"),
+        help="adapters whose weights are held in memory, least recently used dropped first (default: 4 x --max-loras)",
+    )
+    adapters.add_argument(
+        "--max-lora-rank", type=positive_int, default=default("max_lora_rank"), help="the largest rank served"
+    )
+    adapters.add_argument(
+        "--pinned-loras",
+        nargs="+",
+        default=list(default("pinned_loras")),
+        metavar="NAME",
+        help="adapters of --lora-modules never dropped from memory, their slots reused last",
+    )
+    adapters.add_argument(
+        "--allow-runtime-lora-updating",
+        action="store_true",
+        default=default("allow_runtime_lora_updating"),
+        help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (behind --api-key when set)",
+    )
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument(
         "--speculative-method",
@@ -401,6 +443,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--speculative-model is only used with --speculative-method draft")
     if args.ngram_min > args.ngram_max:
         parser.error(f"--ngram-min {args.ngram_min} exceeds --ngram-max {args.ngram_max}")
+    names = [name for name, _ in args.lora_modules]
+    if len(set(names)) != len(names):
+        parser.error("--lora-modules names an adapter twice")
+    unknown = sorted(set(args.pinned_loras) - set(names))
+    if unknown:
+        parser.error(f"--pinned-loras {' '.join(unknown)}: not among --lora-modules")
     return args
 
 
@@ -413,9 +461,20 @@ def admission_settings(args: argparse.Namespace) -> AdmissionSettings | None:
     return AdmissionSettings(args.slo_ttft, args.admission_margin, args.slo_tpot)
 
 
+def lora_module(value: str) -> tuple[str, str]:
+    """NAME=PATH of --lora-modules."""
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected NAME=PATH")
+    return name, path
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine's settings: every EngineConfig field from the flag of the same name."""
-    return EngineConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(EngineConfig)})
+    values = {field.name: getattr(args, field.name) for field in dataclasses.fields(EngineConfig)}
+    values["lora_modules"] = tuple(values["lora_modules"])
+    values["pinned_loras"] = tuple(values["pinned_loras"])
+    return EngineConfig(**values)
 
 
 async def run(args: argparse.Namespace) -> int:

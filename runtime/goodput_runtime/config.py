@@ -49,6 +49,7 @@ class EngineConfig:
     max_cpu_loras: int | None = None  # adapters held in memory; None: 4 × max_loras
     max_lora_rank: int = 16
     pinned_loras: tuple[str, ...] = ()  # adapters never dropped from memory, whose slots go last
+    allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
 
     @property
     def model_name(self) -> str:

@@ -18,3 +18,4 @@ class RequestTimes:
     num_output_tokens: int = 0
     outcome: str = "success"  # success | abort | error
     priority: int = 0  # the request's; above 0 is batch work (metrics split by it)
+    lora: str | None = None  # the LoRA adapter it named (metrics count requests per adapter)

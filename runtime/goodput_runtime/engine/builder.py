@@ -283,7 +283,7 @@ def configure_speculation(
     )
 
 
-def enable_lora(config: EngineConfig, model: Any, model_config) -> LoraManager:
+def enable_lora(config: EngineConfig, model: Any, model_config, metrics: RuntimeMetrics | None = None) -> LoraManager:
     """The model's LoRA slots, allocated (and logged) before the KV cache is sized from what memory is
     left, and the adapters of --lora-modules read into them."""
     if not isinstance(model, CausalLM):
@@ -298,7 +298,14 @@ def enable_lora(config: EngineConfig, model: Any, model_config) -> LoraManager:
     targets = model.enable_lora(config.max_loras + 1, config.max_lora_rank)
     shape = lora_manager.model_shape(model_config, config.model_name)
     cpu = config.max_cpu_loras if config.max_cpu_loras is not None else 4 * config.max_loras
-    manager = LoraManager(targets, shape, config.max_loras, cpu, config.max_lora_rank)
+    lora_metrics = metrics.enable_lora(config.max_loras) if metrics is not None else None
+    on_event = None
+    if lora_metrics is not None:
+
+        def on_event(event: str, name: str) -> None:
+            lora_metrics.record_eviction("slot" if event == "evict_slot" else "cpu")
+
+    manager = LoraManager(targets, shape, config.max_loras, cpu, config.max_lora_rank, on_event)
     log.info(
         "LoRA: %d adapter slots of rank up to %d reserve %.1f MiB before the KV cache is sized; "
         "up to %d adapters held in memory",
@@ -308,10 +315,13 @@ def enable_lora(config: EngineConfig, model: Any, model_config) -> LoraManager:
         manager.max_cpu_loras,
     )
     for name, path in config.lora_modules:
+        started = time.monotonic()
         try:
             manager.add(manager.read(name, path), pinned=name in config.pinned_loras)
         except LoraError as e:
             raise EngineConfigError(f"--lora-modules {name}={path}: {e}") from e
+        if lora_metrics is not None:
+            lora_metrics.record_load("ok", time.monotonic() - started)
     return manager
 
 
@@ -334,7 +344,7 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
     tokenizer = load_tokenizer(model_dir)
     model, device = load_for_rank(config, model_dir, 0, world, port)
     dtype = model.get_input_embeddings().weight.dtype
-    lora = enable_lora(config, model, model_config) if config.enable_lora or config.lora_modules else None
+    lora = enable_lora(config, model, model_config, metrics) if config.enable_lora or config.lora_modules else None
     num_blocks = size_kv_cache(config, device, model_config, dtype, max_model_len)
 
     eos = set()

@@ -12,6 +12,7 @@ from typing import Protocol, runtime_checkable
 
 from transformers import PreTrainedTokenizerBase
 
+from goodput_runtime.engine.lora_manager import LoraAdapter, LoraManager
 from goodput_runtime.engine.outputs import RequestOutput
 from goodput_runtime.engine.scheduler import ScheduledSeq, Scheduler
 from goodput_runtime.engine.sequence import PoolingParams
@@ -60,6 +61,20 @@ class EngineClient(Protocol):
         ...
 
     def abort(self, request_id: str) -> None: ...
+
+    # LoRA adapters (engine/lora_manager.py)
+    @property
+    def lora(self) -> LoraManager | None:
+        """The adapters' tiers and slots (read, never changed here); None when adapters are not enabled."""
+        ...
+
+    async def load_lora(self, name: str, path: str, pinned: bool = False) -> LoraAdapter:
+        """Read and check the adapter off the step loop, then serve it as `name`; raises LoraError."""
+        ...
+
+    def unload_lora(self, name: str) -> bool:
+        """Stop serving `name`; False when it is not loaded."""
+        ...
 
     # load: what SLO-aware admission predicts from, and /debug/state shows
     @property

@@ -235,7 +235,18 @@ class EngineCore:
                 self.metrics.record_batch_cap(cap, out.num_batch, out.batch_paused)
             if out.prefix_queried_tokens:
                 self.metrics.record_prefix_lookup(out.prefix_queried_tokens, out.prefix_hit_tokens)
+            if self.lora is not None and self.metrics.lora is not None:
+                self.record_lora()
         return outputs
+
+    def record_lora(self) -> None:
+        """The adapters of running and waiting requests and the adapters per tier, to the metrics."""
+        assert self.lora is not None and self.metrics is not None and self.metrics.lora is not None
+        sched = self.scheduler
+        running = [s.params.lora for s in sched.running if s.params.lora]
+        waiting = [s.params.lora for s in sched.waiting if s.params.lora]
+        slots, cpu = self.lora.resident()
+        self.metrics.lora.record_adapters(running, waiting, (slots, cpu, len(self.lora.by_name)))
 
     def _detokenize(self, choice: Choice) -> None:
         """Feed the choice's new tokens (several after a verified proposal) to its detokenizer; a stop

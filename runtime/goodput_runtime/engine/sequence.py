@@ -67,7 +67,9 @@ class Sequence:
         times: RequestTimes | None = None,
         index: int = 0,
     ) -> Sequence:
-        times = times or RequestTimes(arrival=arrival, num_prompt_tokens=len(prompt), priority=params.priority)
+        times = times or RequestTimes(
+            arrival=arrival, num_prompt_tokens=len(prompt), priority=params.priority, lora=params.lora
+        )
         return cls(request_id, list(prompt), len(prompt), params, times, index=index)
 
     @property

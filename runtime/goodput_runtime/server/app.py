@@ -11,7 +11,7 @@ from aiohttp import hdrs, web
 
 from goodput_runtime.engine.client import EngineClient
 from goodput_runtime.sampling import SamplingParams
-from goodput_runtime.server import debug
+from goodput_runtime.server import debug, lora_routes
 from goodput_runtime.server import embeddings as embedding_routes
 from goodput_runtime.server import tokens as token_routes
 from goodput_runtime.server.auth import require_api_key
@@ -55,14 +55,14 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
 async def completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = parse_completion(parse_json(await request.read()))
-    state.check_model(body.model)
     engine = state.serving_engine()
+    adapter = state.check_model(body.model)
     prompt_ids = completion_prompt_ids(engine.tokenizer, body.prompt)
     params = sampling_params(engine, body.sampling, len(prompt_ids), "prompt")
-    params = with_priority(request, body.sampling, params)
+    params = with_priority(request, body.sampling, dataclasses.replace(params, lora=adapter))
     predicted = state.admit(engine, prompt_ids, params)
     params = await state.grammars.params(engine, body.guide, params)
-    shape = CompletionShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
+    shape = CompletionShape(body.model, body.include_usage, n=params.n, token_text=state.token_text)
     echo_text = None
     if body.sampling.echo:
         decoded = body.prompt if isinstance(body.prompt, str) else engine.tokenizer.decode(prompt_ids)
@@ -76,8 +76,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = parse_chat(parse_json(await request.read()))
-    state.check_model(body.model)
     engine = state.serving_engine()
+    adapter = state.check_model(body.model)
     tools = state.grammars.tools(engine, body)
     prompt_ids = chat_prompt_ids(
         engine.tokenizer,
@@ -86,10 +86,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         tools=[t.raw for t in body.tools] if tools is not None else None,
     )
     params = sampling_params(engine, body.sampling, len(prompt_ids), "messages")
-    params = with_priority(request, body.sampling, params)
+    params = with_priority(request, body.sampling, dataclasses.replace(params, lora=adapter))
     predicted = state.admit(engine, prompt_ids, params)
     params = await state.grammars.params(engine, body.guide, params)
-    shape = ChatShape(state.model_name, body.include_usage, n=params.n, token_text=state.token_text)
+    shape = ChatShape(body.model, body.include_usage, n=params.n, token_text=state.token_text)
     return await generate(
         request,
         engine,
@@ -161,17 +161,40 @@ def model_card(state: ServerState) -> dict:
     return card
 
 
+def adapter_cards(state: ServerState) -> list[dict]:
+    """vLLM's cards of the LoRA adapters: each with the base model as its parent, its directory as root."""
+    adapters = state.engine.lora if state.engine is not None else None
+    if adapters is None:
+        return []
+    cards = []
+    for name in adapters.names():
+        adapter = adapters.by_name[name]
+        cards.append(
+            {
+                "id": name,
+                "object": "model",
+                "created": int(adapter.loaded_at),
+                "owned_by": "goodput",
+                "root": adapter.path,
+                "parent": state.model_name,
+                "max_model_len": state.engine.max_model_len if state.engine is not None else None,
+            }
+        )
+    return cards
+
+
 async def list_models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": [model_card(request.app[STATE])]})
+    state = request.app[STATE]
+    return web.json_response({"object": "list", "data": [model_card(state), *adapter_cards(state)]})
 
 
 async def get_model(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    if request.match_info["model"] != state.model_name:
-        raise APIError(
-            404, f"The model '{request.match_info['model']}' does not exist", param="model", code="model_not_found"
-        )
-    return web.json_response(model_card(state))
+    wanted = request.match_info["model"]
+    for card in [model_card(state), *adapter_cards(state)]:
+        if card["id"] == wanted:
+            return web.json_response(card)
+    raise APIError(404, f"The model '{wanted}' does not exist", param="model", code="model_not_found")
 
 
 async def health(request: web.Request) -> web.Response:
@@ -209,4 +232,6 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/debug/state", debug_state)
+    if state.allow_lora_updates:
+        lora_routes.add_routes(app)
     return app

@@ -127,8 +127,8 @@ async def final_output(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
 async def embeddings(request: web.Request, state: ServerState) -> web.Response:
     """The route's work."""
     body = parse_embedding(parse_json(await request.read()))
-    state.check_model(body.model)
     engine = state.serving_engine()
+    adapter = state.check_model(body.model)
     size = engine.embedding_size
     if body.dimensions is not None and body.dimensions != size:
         raise invalid(
@@ -155,7 +155,7 @@ async def embeddings(request: web.Request, state: ServerState) -> web.Response:
     priority = body.priority
     if priority is None:
         priority = header_priority(request.headers.get("X-Goodput-Priority"))
-    params = dataclasses.replace(EMBEDDING_PARAMS, priority=priority)
+    params = dataclasses.replace(EMBEDDING_PARAMS, priority=priority, lora=adapter)
     base = f"embd-{uuid.uuid4().hex}"
     request_ids: list[str] = []
     finished = False
@@ -184,7 +184,7 @@ async def embeddings(request: web.Request, state: ServerState) -> web.Response:
         {
             "object": "list",
             "data": data,
-            "model": state.model_name,
+            "model": body.model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
     )

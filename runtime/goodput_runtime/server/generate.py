@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from goodput_runtime.engine.client import EngineClient
+from goodput_runtime.engine.lora_manager import LoraError
 from goodput_runtime.engine.outputs import (
     EngineStoppedError,
     InvalidPromptError,
@@ -157,6 +158,8 @@ def admit(
         raise invalid(f"'{prompt_param}' cannot be served: {exc}", prompt_param) from None
     except EngineStoppedError:
         raise unavailable("The server is shutting down and accepts no new requests", "shutting_down") from None
+    except LoraError as exc:  # the adapter was unloaded since the request was parsed
+        raise APIError(exc.status, str(exc), param="model", code=exc.code) from None
 
 
 async def collect(

@@ -128,6 +128,7 @@ async def serve(
         config.model_name, metrics, config.model, api_keys, Admission(admission) if admission is not None else None
     )
     state.grammars.tool_call_parser = config.tool_call_parser
+    state.allow_lora_updates = config.allow_runtime_lora_updating
     runner = web.AppRunner(
         build_app(state),
         handler_cancellation=True,

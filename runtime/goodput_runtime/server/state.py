@@ -10,7 +10,7 @@ from goodput_runtime.engine.client import EngineClient
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.server.admission import Admission
-from goodput_runtime.server.errors import invalid, unavailable
+from goodput_runtime.server.errors import APIError, invalid, unavailable
 from goodput_runtime.server.generate import Tracker
 from goodput_runtime.server.guided import Grammars
 from goodput_runtime.server.responses import TokenText
@@ -38,6 +38,7 @@ class ServerState:
         self.token_text: TokenText | None = None
         self.admission = admission  # None: every request is queued (up to --max-queue)
         self.grammars = Grammars(metrics)
+        self.allow_lora_updates = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter served
 
     def set_ready(self, engine: EngineClient) -> None:
         self.engine = engine
@@ -74,13 +75,27 @@ class ServerState:
             return self.admission.check(engine, len(prompt_ids), params)
         return {}
 
-    def check_model(self, model: str) -> None:
-        if model != self.model_name:
-            raise invalid(
-                f"The model '{model}' does not exist; this server serves '{self.model_name}'",
-                "model",
-                "model_not_found",
+    def check_model(self, model: str) -> str | None:
+        """The LoRA adapter `model` names (None: the base model). An unknown name is a 404 where
+        adapters are enabled (as vLLM answers), a 400 where the server serves one model."""
+        if model == self.model_name:
+            return None
+        adapters = self.engine.lora if self.engine is not None else None
+        if adapters is not None:
+            if model in adapters.by_name:
+                return model
+            raise APIError(
+                404,
+                f"The model '{model}' does not exist: this server serves '{self.model_name}' and its adapters "
+                "(GET /v1/models lists them)",
+                param="model",
+                code="model_not_found",
             )
+        raise invalid(
+            f"The model '{model}' does not exist; this server serves '{self.model_name}'",
+            "model",
+            "model_not_found",
+        )
 
 
 STATE = web.AppKey("state", ServerState)
