@@ -1,0 +1,59 @@
+"""Flux's reading of Goodput's kinds: the healthCheckExprs of gitops/flux/kustomization.yaml, evaluated by a
+real CEL interpreter (cel-python) on the fixtures the Argo CD checks use (built by the operator's own status
+code): inProgress, then failed, then current, else InProgress (failed and current never both hold, so the
+order of those two does not matter). Each state reads as the Argo CD check reads it: Progressing is
+InProgress, Degraded is Failed, Healthy and Suspended are Current."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import celpy
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+HEALTH = ROOT / "gitops" / "argocd" / "resource_customizations" / "serving.goodput.dev"
+EXPRS = yaml.safe_load((ROOT / "gitops" / "flux" / "kustomization.yaml").read_text())["spec"]["healthCheckExprs"]
+AS_FLUX = {"Progressing": "InProgress", "Degraded": "Failed", "Healthy": "Current", "Suspended": "Current"}
+
+
+def flux_status(obj: dict[str, Any]) -> str:
+    (exprs,) = [e for e in EXPRS if e["kind"] == obj["kind"] and e["apiVersion"] == obj["apiVersion"]]
+    env = celpy.Environment()
+    activation = {
+        key: celpy.json_to_cel(obj.get(key) or {}) for key in ("apiVersion", "kind", "metadata", "spec", "status")
+    }
+    values = {}
+    for field in ("inProgress", "failed", "current"):
+        value = env.program(env.compile(exprs[field])).evaluate(activation)
+        assert isinstance(value, celpy.celtypes.BoolType), f"{field}: {value!r}"
+        values[field] = bool(value)
+    assert not (values["failed"] and values["current"]), values
+    if values["inProgress"]:
+        return "InProgress"
+    return "Failed" if values["failed"] else "Current" if values["current"] else "InProgress"
+
+
+def cases() -> list[tuple[str, str, str]]:
+    out = []
+    for kind in ("InferenceService", "InferencePipeline"):
+        for test in yaml.safe_load((HEALTH / kind / "health_test.yaml").read_text())["tests"]:
+            out.append((kind, test["inputPath"], AS_FLUX[test["healthStatus"]["status"]]))
+    return out
+
+
+@pytest.mark.parametrize(("kind", "path", "wanted"), cases())
+def test_flux_reads_each_state_as_argo_cd_does(kind, path, wanted):
+    obj = yaml.safe_load((HEALTH / kind / path).read_text())
+    assert flux_status(obj) == wanted
+
+
+def test_kstatus_needs_the_expressions():
+    """Without them kstatus reads only observedGeneration here: a crash-looping service would be Current."""
+    crash = yaml.safe_load((HEALTH / "InferenceService" / "testdata" / "crash_loop.yaml").read_text())
+    types = {c["type"] for c in crash["status"]["conditions"]}
+    assert not types & {"Reconciling", "Stalled"}
+    assert crash["status"]["observedGeneration"] == crash["metadata"]["generation"]
+    assert flux_status(crash) == "Failed"
