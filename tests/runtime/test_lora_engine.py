@@ -187,3 +187,20 @@ def test_unknown_adapter_and_bad_adapters_are_refused_naming_the_cause(tiny_mode
 def test_lora_with_compile_is_refused_at_start(tiny_model_dir, adapters):
     with pytest.raises(EngineConfigError, match="--compile"):
         build_core(config(tiny_model_dir, adapters, compile=True))
+
+
+def test_speculative_decoding_and_several_choices_keep_the_adapters_tokens(tiny_model_dir, adapters):
+    # prompt lookup proposes from the prompt's own repeats; the adapter's rows verify them
+    prompt = [11, 12, 13, 14, 15] * 6
+    expected = peft_greedy(tiny_model_dir, adapters["qvd4"], prompt, 12)
+    core = build_core(
+        config(tiny_model_dir, adapters, speculative_method="ngram", num_speculative_tokens=3, speculative_max_batch=8)
+    )
+    assert run(core, [(prompt, 12, "qvd4")])[0] == expected
+    plain = build_core(config(tiny_model_dir, adapters))
+    plain.add("n2", prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, n=2, lora="qvd4"))
+    produced: dict[int, list[int]] = {0: [], 1: []}
+    while plain.has_unfinished():
+        for output in plain.step():
+            produced[output.index].extend(output.token_ids)
+    assert produced[0] == produced[1] == expected[:6]
