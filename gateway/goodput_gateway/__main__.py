@@ -8,13 +8,14 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
 from goodput_gateway import batch, routing
-from goodput_gateway.app import Gateway, build_app
+from goodput_gateway.app import FairSettings, Gateway, build_app
 from goodput_gateway.auth import ServiceKeys
 from goodput_gateway.discovery import Registry, start_watches
 from goodput_gateway.holding import Holds
@@ -22,6 +23,7 @@ from goodput_gateway.loads import LoadScraper
 from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.pipelines import PipelineMetrics, PipelineServer, PipelineTable, start_watch
 from goodput_gateway.proxy import Proxy, ProxySettings
+from goodput_gateway.tenants import TENANTS_KEY, Tenants
 from goodput_operator.k8s import Kube, load_config
 
 logger = logging.getLogger("goodput_gateway")
@@ -135,6 +137,36 @@ def parser() -> argparse.ArgumentParser:
         default=float(_env("GATEWAY_API_KEY_TTL", "30")),
         help="seconds a service's API keys, read from its Secret, are kept before reading it again",
     )
+    p.add_argument(
+        "--tenants-secret",
+        default=_env("GATEWAY_TENANTS_SECRET", ""),
+        metavar="NAMESPACE/NAME",
+        help="tenants on: their keys and limits, YAML under the key tenants.yaml of this Secret",
+    )
+    p.add_argument(
+        "--tenants-file",
+        default=_env("GATEWAY_TENANTS_FILE", ""),
+        help="tenants on: their keys and limits in this YAML file (read again every --api-key-ttl seconds)",
+    )
+    p.add_argument(
+        "--tenant-metrics-cap",
+        type=int,
+        default=int(_env("GATEWAY_TENANT_METRICS_CAP", "100")),
+        help="tenants with their own label in the per-tenant series; the rest count as 'other'",
+    )
+    p.add_argument(
+        "--max-in-flight-per-replica",
+        type=int,
+        default=int(_env("GATEWAY_MAX_IN_FLIGHT_PER_REPLICA", "0")),
+        help="requests in flight per ready replica of a service before the rest wait, served by priority "
+        "class and weighted fair turn across tenants; 0: no cap",
+    )
+    p.add_argument(
+        "--queue-seconds",
+        type=float,
+        default=float(_env("GATEWAY_QUEUE_SECONDS", "60")),
+        help="how long a request waits for its turn at a capped service before a 429",
+    )
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     return p
 
@@ -170,7 +202,15 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     proxy = Proxy(registry, holds, scraper, session, metrics, settings)
     keys = ServiceKeys(kube, args.api_key_ttl)
     pipeline_server = PipelineServer(pipelines, registry, proxy, PipelineMetrics(metrics.registry), keys)
-    gateway = Gateway(registry, proxy, metrics, pipeline_server, keys)
+    gateway = Gateway(
+        registry,
+        proxy,
+        metrics,
+        pipeline_server,
+        keys,
+        tenants_from(args, kube, metrics),
+        FairSettings(max(0, args.max_in_flight_per_replica), args.queue_seconds),
+    )
     batch_settings = batch.BatchSettings(
         database=args.database,
         file_dir=Path(args.batch_file_dir) if args.batch_file_dir else None,
@@ -202,6 +242,31 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
             w.stopping.set()
         await runner.cleanup()
         await session.close()
+
+
+def tenants_from(args: argparse.Namespace, kube: Kube | None, metrics: GatewayMetrics) -> Tenants:
+    read: Callable[[], Awaitable[str | None]] | None = None
+    where = ""
+    if args.tenants_secret:
+        namespace, _, name = args.tenants_secret.partition("/")
+        if not namespace or not name:
+            raise SystemExit(f"--tenants-secret {args.tenants_secret!r}: expected NAMESPACE/NAME")
+        if kube is None:
+            raise SystemExit("--tenants-secret needs a cluster; with --static-model use --tenants-file")
+        cluster = kube
+
+        async def read_secret() -> str | None:
+            return await cluster.secret_value(namespace, name, TENANTS_KEY)
+
+        read, where = read_secret, f"Secret {namespace}/{name}, key {TENANTS_KEY}"
+    elif args.tenants_file:
+        path = Path(args.tenants_file)
+
+        async def read_file() -> str | None:
+            return await asyncio.to_thread(path.read_text)
+
+        read, where = read_file, str(path)
+    return Tenants(read, where, metrics.registry, args.api_key_ttl, args.tenant_metrics_cap)
 
 
 def parse_static(values: list[str]) -> dict[str, tuple[str, ...]]:

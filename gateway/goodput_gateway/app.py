@@ -11,25 +11,46 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from goodput_gateway import batch
+from goodput_gateway import batch, routing
 from goodput_gateway.apis import chat
 from goodput_gateway.apis.messages import MessagesAPI
 from goodput_gateway.apis.responses import ResponsesAPI
 from goodput_gateway.apis.store import ResponseStore
 from goodput_gateway.auth import ServiceKeys
 from goodput_gateway.discovery import Registry, Service
-from goodput_gateway.errors import APIError, invalid, model_not_found, unavailable
+from goodput_gateway.errors import APIError, invalid, model_not_found, too_many, unavailable
 from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.pipelines import PipelineServer
 from goodput_gateway.proxy import Proxy, Upstream, parse_body, rewrite_model
+from goodput_gateway.tenants import ANONYMOUS, FairGate, Meter, Tenant, Tenants
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class FairSettings:
+    per_replica: int = 0  # requests in flight per ready replica before the rest wait their fair turn; 0: no cap
+    queue_seconds: float = 60.0  # how long one waits for its turn; then 429
+
+
+class Metered(Upstream):
+    """A replica's stream whose tokens are charged to the caller's tenant as they pass."""
+
+    def __init__(self, response: Any, first: bytes, meter: Meter) -> None:
+        super().__init__(response, first)
+        self.meter = meter
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        async for chunk in super().iter_any():
+            self.meter.feed(chunk)
+            yield chunk
 
 
 class Gateway:
@@ -40,9 +61,14 @@ class Gateway:
         metrics: GatewayMetrics,
         pipelines: PipelineServer,
         keys: ServiceKeys | None = None,
+        tenants: Tenants | None = None,
+        fair: FairSettings | None = None,
     ) -> None:
         self.registry, self.proxy, self.metrics, self.pipelines = registry, proxy, metrics, pipelines
         self.keys = keys or ServiceKeys(None)
+        self.tenants = tenants or Tenants(None, "", metrics.registry)
+        self.fair = fair or FairSettings()
+        self.gates: dict[tuple[str, str], FairGate] = {}
         self.created = int(time.time())
         self.stopping = False  # after SIGTERM: health 503, every response closes its connection
 
@@ -72,19 +98,37 @@ class Gateway:
             )
         if not isinstance(model, str):
             raise invalid("'model' must be a string", "model", "invalid_type")
+        tenant = await self.tenants.identify(request.headers.get("Authorization"))
         if (pipeline := self.pipelines.find(model)) is not None:
-            return await self.pipelines.serve(request, pipeline, body)
+            lease = self.tenants.admit(tenant) if tenant is not None else None
+            status = 500
+            try:
+                response = await self.pipelines.serve(request, pipeline, body)
+                status = response.status
+                return response
+            finally:
+                if lease is not None:
+                    lease.release(status)
         svc = self.service_for(model)
         upstream_auth = await self.keys.upstream_authorization(svc, request.headers.get("Authorization"))
+        lease = self.tenants.admit(tenant, len(routing.prompt_text(body)) // 4) if tenant is not None else None
+        meter = Meter(lease, body.get("stream") is True) if lease is not None else None
         labels = (svc.namespace, svc.name)
         self.metrics.last_request.labels(*labels).set(time.time())
         in_flight = self.metrics.in_flight.labels(*labels)
         in_flight.inc()
         status = 500
         try:
-            response = await self.proxy.forward(
-                request, svc, model, rewrite_model(raw, body, svc.served_name), body, upstream_auth
-            )
+            async with self.turn(svc, tenant):
+                response = await self.proxy.forward(
+                    request,
+                    svc,
+                    model,
+                    rewrite_model(raw, body, svc.served_name),
+                    body,
+                    upstream_auth,
+                    meter.feed if meter is not None else None,
+                )
             status = response.status
             return response
         except APIError as err:
@@ -94,6 +138,33 @@ class Gateway:
             in_flight.dec()
             self.metrics.requests.labels(*labels, str(status)).inc()
             self.metrics.duration.labels(*labels).observe(time.monotonic() - started)
+            if meter is not None and lease is not None:
+                meter.finish()
+                lease.release(status)
+
+    @contextlib.asynccontextmanager
+    async def turn(self, svc: Service, tenant: Tenant | None) -> AsyncIterator[None]:
+        """The service's fair turn where the gateway caps what it sends each replica; at once otherwise."""
+        if not self.fair.per_replica:
+            yield
+            return
+        key = (svc.namespace, svc.name)
+        gate = self.gates.setdefault(key, FairGate())
+        limit = max(1, len(self.registry.ready(key))) * self.fair.per_replica
+        who = tenant or Tenant(ANONYMOUS)
+        try:
+            async with gate.turn(who, limit, self.fair.queue_seconds) as waited:
+                self.tenants.metrics.queued.labels(self.tenants.metrics.label(who.name)).observe(waited)
+                yield
+        except TimeoutError:
+            raise too_many(
+                f"'{svc.served_name}' is saturated: no turn came within {self.fair.queue_seconds:g} s", 1
+            ) from None
+
+    async def owner(self, request: web.Request) -> str:
+        """Whom the caller's stored objects belong to: its tenant, else (tenants off) a digest of its key."""
+        tenant = await self.tenants.identify(chat.caller_authorization(request.headers))
+        return f"tenant:{tenant.name}" if tenant is not None else chat.owner_of(request.headers)
 
     @contextlib.asynccontextmanager
     async def open_chat(
@@ -109,8 +180,9 @@ class Gateway:
                 "unsupported_model",
             )
         started = time.monotonic()
-        svc = self.service_for(model)
         authorization = chat.caller_authorization(request.headers)
+        tenant = await self.tenants.identify(authorization)
+        svc = self.service_for(model)
         upstream_auth = await self.keys.upstream_authorization(svc, authorization)
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if upstream_auth or authorization:
@@ -123,15 +195,19 @@ class Gateway:
             async with self.proxy.open("POST", path, headers, svc, model, raw, body) as upstream:
                 yield upstream
             return
+        lease = self.tenants.admit(tenant, len(routing.prompt_text(body)) // 4) if tenant is not None else None
         labels = (svc.namespace, svc.name)
         self.metrics.last_request.labels(*labels).set(time.time())
         in_flight = self.metrics.in_flight.labels(*labels)
         in_flight.inc()
         status = 500
         try:
-            async with self.proxy.open("POST", path, headers, svc, model, raw, body) as upstream:
+            async with (
+                self.turn(svc, tenant),
+                self.proxy.open("POST", path, headers, svc, model, raw, body) as upstream,
+            ):
                 status = upstream.status
-                yield upstream
+                yield upstream if lease is None else Metered(upstream.response, upstream.first, Meter(lease, True))
         except APIError as err:
             status = err.status
             raise
@@ -139,6 +215,8 @@ class Gateway:
             in_flight.dec()
             self.metrics.requests.labels(*labels, str(status)).inc()
             self.metrics.duration.labels(*labels).observe(time.monotonic() - started)
+            if lease is not None:
+                lease.release(status)
 
     def card(self, svc: Service) -> dict[str, Any]:
         return {
@@ -217,7 +295,7 @@ def build_app(gateway: Gateway, batch_settings: batch.BatchSettings | None = Non
     batch_settings = batch_settings or batch.BatchSettings()
     batch.install(app, gateway.registry, gateway.proxy, gateway.metrics.registry, batch_settings)
     store = ResponseStore(batch_settings.database)
-    responses = ResponsesAPI(gateway.open_chat, store)
+    responses = ResponsesAPI(gateway.open_chat, store, gateway.owner)
     app.router.add_post("/v1/responses", responses.create)
     app.router.add_get("/v1/responses/{id}", responses.retrieve)
     app.router.add_delete("/v1/responses/{id}", responses.delete)

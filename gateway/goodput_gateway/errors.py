@@ -16,13 +16,14 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         retry_after: int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-        self.retry_after = retry_after
+        self.retry_after, self.headers = retry_after, headers or {}
 
     def response(self) -> web.Response:
-        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        headers = {**self.headers, **({"Retry-After": str(self.retry_after)} if self.retry_after is not None else {})}
         body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
         return web.Response(text=json.dumps(body), status=self.status, content_type="application/json", headers=headers)
 

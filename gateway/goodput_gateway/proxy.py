@@ -18,7 +18,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,11 +111,12 @@ class Proxy:
         raw: bytes,
         body: dict[str, Any],
         authorization: str | None = None,
+        observe: Callable[[bytes], None] | None = None,
     ) -> web.StreamResponse:
         async with self.open(
             request.method, request.path_qs, request.headers, svc, model, raw, body, authorization
         ) as upstream:
-            return await self.stream(request, upstream)
+            return await self.stream(request, upstream, observe)
 
     @contextlib.asynccontextmanager
     async def open(
@@ -199,7 +200,10 @@ class Proxy:
         logger.info("A replica of %s/%s failed before the client got a byte: %s", *key, failure)
         return failure
 
-    async def stream(self, request: web.Request, upstream: Upstream) -> web.StreamResponse:
+    async def stream(
+        self, request: web.Request, upstream: Upstream, observe: Callable[[bytes], None] | None = None
+    ) -> web.StreamResponse:
+        """Copy the replica's response to the client; `observe` sees each chunk (a tenant's token meter)."""
         finished = False
         try:
             response = web.StreamResponse(status=upstream.status, reason=upstream.response.reason)
@@ -208,6 +212,8 @@ class Proxy:
                     response.headers.add(name, value)
             await response.prepare(request)
             async for chunk in upstream.iter_any():
+                if observe is not None:
+                    observe(chunk)
                 await response.write(chunk)  # waits while the client is slow to read
             await response.write_eof()
             finished = True

@@ -59,14 +59,16 @@ ChatOpener = Callable[..., Any]  # (request, model, body[, path]) -> an async co
 
 
 class MessagesError(Exception):
-    def __init__(self, status: int, message: str, retry_after: int | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, retry_after: int | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
-        self.status, self.message, self.retry_after = status, message, retry_after
+        self.status, self.message, self.retry_after, self.headers = status, message, retry_after, headers or {}
 
     def response(self) -> web.Response:
         kind = ERROR_TYPES.get(self.status, "api_error")
         body = {"type": "error", "error": {"type": kind, "message": self.message}}
-        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        headers = {**self.headers, **({"Retry-After": str(self.retry_after)} if self.retry_after is not None else {})}
         return web.json_response(body, status=self.status, headers=headers)
 
 
@@ -326,7 +328,7 @@ class MessagesAPI:
         try:
             return await self._create(request)
         except APIError as err:  # the gateway's own errors (routing, keys, holding)
-            return MessagesError(err.status, err.message, err.retry_after).response()
+            return MessagesError(err.status, err.message, err.retry_after, err.headers).response()
         except MessagesError as err:
             return err.response()
 

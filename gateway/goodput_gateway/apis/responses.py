@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -442,8 +442,10 @@ class EventStream:
 
 
 class ResponsesAPI:
-    def __init__(self, open_chat: ChatOpener, store: ResponseStore) -> None:
-        self.open_chat, self.store = open_chat, store
+    def __init__(
+        self, open_chat: ChatOpener, store: ResponseStore, owner: Callable[[web.Request], Awaitable[str]]
+    ) -> None:
+        self.open_chat, self.store, self.owner = open_chat, store, owner
 
     async def history(self, owner: str, body: dict[str, Any]) -> list[dict[str, Any]]:
         previous = body.get("previous_response_id")
@@ -464,7 +466,7 @@ class ResponsesAPI:
 
     async def create(self, request: web.Request) -> web.StreamResponse:
         body = parse_body(await request.read())
-        owner = chat.owner_of(request.headers)
+        owner = await self.owner(request)
         stream = body.get("stream")
         if stream is not None and not isinstance(stream, bool):
             raise wrong_type("stream", "a boolean")
@@ -500,14 +502,14 @@ class ResponsesAPI:
         return web.json_response(final)
 
     async def retrieve(self, request: web.Request) -> web.Response:
-        found = await self.store.get(chat.owner_of(request.headers), request.match_info["id"])
+        found = await self.store.get(await self.owner(request), request.match_info["id"])
         if found is None:
             raise not_found(request.match_info["id"])
         return web.json_response(found[0])
 
     async def delete(self, request: web.Request) -> web.Response:
         response_id = request.match_info["id"]
-        if not await self.store.delete(chat.owner_of(request.headers), response_id):
+        if not await self.store.delete(await self.owner(request), response_id):
             raise not_found(response_id)
         return web.json_response({"id": response_id, "object": "response", "deleted": True})
 

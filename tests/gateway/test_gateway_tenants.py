@@ -1,0 +1,208 @@
+"""Tenants at the gateway: API keys mapped to tenants, their limits (429 with Retry-After and OpenAI's
+x-ratelimit-* headers, in each API's own shape), stored responses per tenant, per-tenant metrics, and
+weighted fair turns at a saturated service. A real gateway process in front of a real runtime process;
+the tenant table is a file (the Secret's form is the same YAML, read through the same code)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+import urllib.request
+
+import anthropic
+import openai
+import pytest
+from gateway_helpers import Started, post_json, wait_ready
+
+pytestmark = pytest.mark.slow
+
+TABLE = """
+tenants:
+  alpha: {keys: [sk-alpha], requestsPerMinute: 3}
+  beta: {keys: [sk-beta], tokensPerMinute: 120}
+  gamma: {keys: [sk-gamma], concurrency: 1}
+  team: {keys: [sk-team-1, sk-team-2]}
+  other: {keys: [sk-other]}
+"""
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def env(tiny_model_dir, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("tenants")
+    (workdir / "tenants.yaml").write_text(TABLE)
+    with Started() as started:
+        replica = started.replica("r0", tiny_model_dir, workdir)
+        wait_ready(replica)
+        url = f"http://127.0.0.1:{replica.port}"
+        gateway = started.gateway(
+            workdir / "no-kubeconfig",
+            workdir / "gateway.log",
+            "--static-model",
+            f"tiny={url}",
+            "--tenants-file",
+            str(workdir / "tenants.yaml"),
+            "--shutdown-delay",
+            "0",
+        )
+        yield gateway, started, workdir, url
+
+
+def post(gateway, key: str | None, body=CHAT, path="/v1/chat/completions"):
+    return post_json(gateway.url + path, body, {"Authorization": f"Bearer {key}"} if key else None)
+
+
+def test_a_key_no_tenant_holds_gets_a_401(env):
+    gateway = env[0]
+    status, _, body = post(gateway, "sk-nobody")
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    status, _, _ = post(gateway, None)
+    assert status == 401
+    assert post(gateway, "sk-team-1")[0] == 200
+
+
+def test_requests_per_minute_429_with_openai_headers_in_each_apis_shape(env):
+    gateway = env[0]
+    for _ in range(3):
+        status, headers, _ = post(gateway, "sk-alpha")
+        assert status == 200
+    status, headers, body = post(gateway, "sk-alpha")
+    assert status == 429 and body["error"]["code"] == "rate_limit_exceeded"
+    assert 1 <= int(headers["Retry-After"]) <= 60
+    assert headers["x-ratelimit-limit-requests"] == "3" and headers["x-ratelimit-remaining-requests"] == "0"
+    assert headers["x-ratelimit-reset-requests"].endswith("s")
+    with pytest.raises(openai.RateLimitError):
+        openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-alpha", max_retries=0).responses.create(
+            model="tiny", input="Hi", max_output_tokens=2
+        )
+    with pytest.raises(anthropic.RateLimitError) as info:
+        anthropic.Anthropic(base_url=gateway.url, api_key="sk-alpha", max_retries=0).messages.create(
+            model="tiny", max_tokens=2, messages=[{"role": "user", "content": "Hi"}]
+        )
+    assert info.value.body["error"]["type"] == "rate_limit_error"
+    assert info.value.response.headers["x-ratelimit-limit-requests"] == "3"
+    assert post(gateway, "sk-team-1")[0] == 200  # another tenant is untouched
+    assert gateway.metric("goodput_gateway_tenant_throttled_total", tenant="alpha", limit="requests") == 3
+    assert gateway.metric("goodput_gateway_tenant_requests_total", tenant="alpha", code="200") == 3
+
+
+def test_tokens_per_minute_charge_streamed_tokens_as_they_flow(env):
+    gateway = env[0]
+    body = {**CHAT, "max_tokens": 150, "ignore_eos": True, "stream": True, "temperature": 0}
+    request = urllib.request.Request(
+        gateway.url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": "Bearer sk-beta"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as stream:
+        # the stream's first tokens pass the limit while it is still running: the next request is refused
+        chunks = 0
+        while chunks < 130:
+            line = stream.readline()
+            assert line, "the stream ended early"
+            chunks += line.startswith(b"data: {")
+        status, headers, refused = post(gateway, "sk-beta")
+        assert status == 429 and refused["error"]["type"] == "tokens", refused
+        assert headers["x-ratelimit-limit-tokens"] == "120" and headers["x-ratelimit-remaining-tokens"] == "0"
+        stream.read()
+    charged = gateway.metric("goodput_gateway_tenant_tokens_total", tenant="beta")
+    assert charged >= 120  # a chunk each (a chunk may hold more than one token: this stream asked for no usage)
+    assert gateway.metric("goodput_gateway_tenant_throttled_total", tenant="beta", limit="tokens") == 1
+
+
+def test_concurrent_requests_limit(env):
+    gateway = env[0]
+    body = {**CHAT, "max_tokens": 120, "ignore_eos": True, "stream": True}
+    request = urllib.request.Request(
+        gateway.url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": "Bearer sk-gamma"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as stream:
+        stream.readline()
+        status, headers, refused = post(gateway, "sk-gamma")
+        assert status == 429 and "concurrent" in refused["error"]["message"] and headers["Retry-After"] == "1"
+        stream.read()
+    assert post(gateway, "sk-gamma")[0] == 200  # the stream's end freed its place
+
+
+def test_stored_responses_belong_to_the_tenant_not_the_key(env):
+    gateway = env[0]
+
+    def client(key):
+        return openai.OpenAI(base_url=gateway.url + "/v1", api_key=key, max_retries=0)
+
+    stored = client("sk-team-1").responses.create(model="tiny", input="Hi", max_output_tokens=2)
+    assert client("sk-team-2").responses.retrieve(stored.id).id == stored.id  # the same tenant's other key
+    with pytest.raises(openai.NotFoundError):
+        client("sk-other").responses.retrieve(stored.id)
+
+
+def run_load(url: str, key: str, rate: float, seconds: float, latencies: list[float], errors: list[int]) -> None:
+    """Open-loop requests at `rate` per second for `seconds`, each on its own thread."""
+    body = {**CHAT, "max_tokens": 200, "ignore_eos": True}
+    threads = []
+
+    def one() -> None:
+        started = time.monotonic()
+        status, _, _ = post_json(url + "/v1/chat/completions", body, {"Authorization": f"Bearer {key}"}, timeout=120)
+        if status == 200:
+            latencies.append(time.monotonic() - started)
+        else:
+            errors.append(status)
+
+    end = time.monotonic() + seconds
+    next_at = time.monotonic()
+    while next_at < end:
+        time.sleep(max(0.0, next_at - time.monotonic()))
+        thread = threading.Thread(target=one)
+        thread.start()
+        threads.append(thread)
+        next_at += 1 / rate
+    for thread in threads:
+        thread.join(150)
+
+
+def test_a_flooding_tenant_does_not_starve_a_light_one(env, tmp_path):
+    """Two tenants on one saturated service, one sending 10x the other's rate: the light tenant's goodput
+    (requests within its SLO) stays at least 0.9x what it gets alone."""
+    _, started, workdir, replica_url = env
+    (tmp_path / "fair.yaml").write_text("tenants:\n  light: {keys: [sk-light]}\n  heavy: {keys: [sk-heavy]}\n")
+    gateway = started.gateway(
+        workdir / "no-kubeconfig",
+        workdir / "fair-gateway.log",
+        "--static-model",
+        f"tiny={replica_url}",
+        "--tenants-file",
+        str(tmp_path / "fair.yaml"),
+        "--max-in-flight-per-replica",
+        "2",
+        "--shutdown-delay",
+        "0",
+    )
+    rate, seconds = 1.5, 10.0
+    alone: list[float] = []
+    errors: list[int] = []
+    run_load(gateway.url, "sk-light", rate, seconds, alone, errors)
+    slo = 4 * statistics.median(alone)  # room for one turn behind a running request, and its batch
+    good_alone = sum(latency <= slo for latency in alone)
+
+    shared: list[float] = []
+    heavy: list[float] = []
+    flood = threading.Thread(target=run_load, args=(gateway.url, "sk-heavy", 10 * rate, seconds + 4, heavy, errors))
+    flood.start()
+    time.sleep(2)  # the heavy tenant's queue builds first
+    run_load(gateway.url, "sk-light", rate, seconds, shared, errors)
+    flood.join(200)
+    good_shared = sum(latency <= slo for latency in shared)
+    queued = gateway.metric("goodput_gateway_tenant_queue_seconds_count", tenant="heavy")
+    print(
+        f"light alone {good_alone}/{len(alone)} good (median {statistics.median(alone):.3f} s), shared "
+        f"{good_shared}/{len(shared)} (median {statistics.median(shared):.3f} s); heavy {len(heavy)} done "
+        f"(median {statistics.median(heavy):.3f} s)"
+    )
+    assert not errors
+    assert queued > 0 and statistics.median(heavy) > slo  # the service was saturated: the heavy tenant queued
+    assert good_shared >= 0.9 * good_alone
