@@ -63,6 +63,13 @@ class GatewayMetrics:
         self.in_flight = Gauge(
             names.GATEWAY_REQUESTS_IN_FLIGHT, "Requests being answered now, held ones included", SERVICE, registry=r
         )
+        self.streams_lost = Counter(
+            "goodput_gateway_streams_lost_total",
+            "Streamed responses whose replica went away after the client got its first byte: the stream "
+            "ends with an error event",
+            SERVICE,
+            registry=r,
+        )
         self.last_request = Gauge(
             names.GATEWAY_LAST_REQUEST,
             "Unix time of the service's latest request at this gateway (the idle signal)",

@@ -53,6 +53,13 @@ HOP_BY_HOP = frozenset(
 NOT_COPIED_BACK = HOP_BY_HOP - {hdrs.CONTENT_LENGTH.lower()} | {hdrs.SERVER.lower(), hdrs.DATE.lower()}
 RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError)
 FIRST_BYTE_LOST = (*RETRYABLE, aiohttp.ClientPayloadError)
+LOST = {
+    "message": "The replica serving this stream went away before it finished; the text so far is all there is",
+    "type": "server_error",
+    "param": None,
+    "code": "upstream_lost",
+}
+LOST_EVENT = f"data: {json.dumps({'error': LOST})}\n\n".encode()
 
 
 @dataclass(frozen=True)
@@ -116,7 +123,7 @@ class Proxy:
         async with self.open(
             request.method, request.path_qs, request.headers, svc, model, raw, body, authorization
         ) as upstream:
-            return await self.stream(request, upstream, observe)
+            return await self.stream(request, upstream, observe, (svc.namespace, svc.name))
 
     @contextlib.asynccontextmanager
     async def open(
@@ -201,9 +208,14 @@ class Proxy:
         return failure
 
     async def stream(
-        self, request: web.Request, upstream: Upstream, observe: Callable[[bytes], None] | None = None
+        self,
+        request: web.Request,
+        upstream: Upstream,
+        observe: Callable[[bytes], None] | None = None,
+        labels: tuple[str, str] | None = None,
     ) -> web.StreamResponse:
-        """Copy the replica's response to the client; `observe` sees each chunk (a tenant's token meter)."""
+        """Copy the replica's response to the client; `observe` sees each chunk (a tenant's token meter). A
+        server-sent event stream whose replica goes away ends with an error event (no `[DONE]`)."""
         finished = False
         try:
             response = web.StreamResponse(status=upstream.status, reason=upstream.response.reason)
@@ -211,10 +223,29 @@ class Proxy:
                 if name.lower() not in NOT_COPIED_BACK:
                     response.headers.add(name, value)
             await response.prepare(request)
-            async for chunk in upstream.iter_any():
-                if observe is not None:
-                    observe(chunk)
-                await response.write(chunk)  # waits while the client is slow to read
+            events = upstream.headers.get(hdrs.CONTENT_TYPE, "").startswith("text/event-stream")
+            pending = b""  # an event's start, held until its end comes: a lost replica never leaves half of one
+            try:
+                async for chunk in upstream.iter_any():
+                    if observe is not None:
+                        observe(chunk)
+                    if events:
+                        pending += chunk
+                        cut = pending.rfind(b"\n\n")
+                        end = cut + 2 if cut >= 0 else 0
+                        chunk, pending = pending[:end], pending[end:]
+                        if not chunk:
+                            continue
+                    await response.write(chunk)  # waits while the client is slow to read
+                if pending:
+                    await response.write(pending)
+            except FIRST_BYTE_LOST as err:
+                if not events:
+                    raise
+                if labels is not None:
+                    self.metrics.streams_lost.labels(*labels).inc()
+                logger.info("A replica went away mid-stream: %r", err)
+                await response.write(LOST_EVENT)
             await response.write_eof()
             finished = True
             return response
