@@ -92,8 +92,9 @@ def test_adapter_tokens_equal_peft_and_a_mixed_batch_gives_each_its_own(tiny_mod
     assert max(len(s) for s in seen_mixed) == 4  # a step held the base model and all three adapters
 
 
-def test_grouped_decode_path_gives_the_same_tokens(tiny_model_dir, adapters, monkeypatch):
-    monkeypatch.setattr(lora, "DECODE_PATH", "grouped")
+@pytest.mark.parametrize("path", ["bmm", "grouped"])
+def test_the_other_decode_paths_give_the_same_tokens(tiny_model_dir, adapters, monkeypatch, path):
+    monkeypatch.setattr(lora, "DECODE_PATH", path)
     rng = random.Random(4)
     prompts = [[rng.randrange(5, 1000) for _ in range(n)] for n in (12, 20, 9)]
     names = ["all8", "qvd4", "all8"]

@@ -14,6 +14,7 @@ from goodput_runtime.engine import prefix_digest
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.lora_manager import LoraAdapter, LoraManager, LoraNotFound, ModelShape
 from goodput_runtime.engine.sequence import Sequence
+from goodput_runtime.layers import lora
 from goodput_runtime.layers.lora import LoraBatch, LoraStack
 from goodput_runtime.sampling import SamplingParams
 
@@ -36,11 +37,11 @@ def test_slots_are_reused_lru_among_idle_adapters_and_pinned_last():
     m, stack = manager()
     a, b, c = (m.add(adapter(n, v)) for n, v in (("a", 1.0), ("b", 2.0), ("c", 3.0)))
     assert m.acquire(a.key, set()) == 1 and m.acquire(b.key, set()) == 2
-    assert stack.a[1, 0, 0] == 1.0 and stack.a[2, 0, 0] == 2.0 and not stack.a[0].any()  # slot 0: the base
+    assert stack.a[0, 1, 0] == 1.0 and stack.a[0, 2, 0] == 2.0 and not stack.a[:, 0].any()  # slot 0: the base
     # both busy: no slot for c
     assert m.acquire(c.key, {a.key, b.key}) is None
     # a idle: c takes a's slot, and a's weights there are replaced
-    assert m.acquire(c.key, {b.key}) == 1 and stack.a[1, 0, 0] == 3.0
+    assert m.acquire(c.key, {b.key}) == 1 and stack.a[0, 1, 0] == 3.0
     assert m.slot_of(c.key) == 1 and a.key not in m.slots
     # the least recently used idle slot goes first: c is touched again, so a new adapter takes b's
     m.acquire(c.key, set())
@@ -88,19 +89,27 @@ def test_an_unloaded_adapter_is_gone_unless_a_slot_still_holds_it():
         m.acquire(a.key, set())
 
 
-def test_the_lora_batch_gathers_decodes_and_groups_prefill_spans():
-    batch = LoraBatch.of([(0, 0, 1), (2, 1, 1), (1, 2, 1), (1, 3, 5), (0, 8, 3), (1, 11, 2)], torch.device("cpu"))
-    assert batch.decode_rows.tolist() == [1, 2] and batch.decode_slots.tolist() == [2, 1]
-    assert len(batch.groups) == 1 and batch.groups[0][0] == 1 and batch.groups[0][1].tolist() == [3, 4, 5, 6, 7, 11, 12]
+@pytest.mark.parametrize("path", lora.DECODE_PATHS)
+def test_every_decode_path_adds_each_rows_own_adapter(path, monkeypatch):
+    monkeypatch.setattr(lora, "DECODE_PATH", path)
+    spans = [(0, 0, 1), (2, 1, 1), (1, 2, 1), (1, 3, 5), (0, 8, 3), (1, 11, 2)]
+    batch = LoraBatch.of(spans, torch.device("cpu"))
+    if path != "grouped":
+        assert batch.decode_rows.tolist() == [1, 2] and batch.decode_slots.tolist() == [2, 1]
+        assert batch.groups[0][0] == 1 and batch.groups[0][1].tolist() == [3, 4, 5, 6, 7, 11, 12]
     stack = LoraStack(3, 4, [3, 2], 2, torch.float32, torch.device("cpu"))
-    a, b = torch.randn(2, 4), torch.randn(2, 2)
-    stack.set(1, 1, a, b, 0.5)
+    weights = {slot: (torch.randn(2, 4), torch.randn(2, 2)) for slot in (1, 2)}
+    for slot, (a, b) in weights.items():
+        stack.set(slot, 1, a, b, 0.5)
     x = torch.randn(13, 4)
     y = torch.zeros(13, 5)
     stack.add_(y, x, batch)
     want = torch.zeros(13, 5)
-    for row in (2, 3, 4, 5, 6, 7, 11, 12):
-        want[row, 3:] = 0.5 * (x[row] @ a.t() @ b.t())
+    for slot, first, count in spans:
+        if slot:
+            a, b = weights[slot]
+            for row in range(first, first + count):
+                want[row, 3:] = 0.5 * (x[row] @ a.t() @ b.t())
     torch.testing.assert_close(y, want)
 
 

@@ -1,7 +1,7 @@
 """LoRA adapters on the compact modules' projections: many adapters in one step, each row its own.
 
 Each projection an adapter may touch carries a ``LoraStack``: for every slot, the adapters' A
-matrices side by side, ``a [slots, in, parts * R]``, and their B matrices (the scaling folded in)
+matrices side by side, ``a [in, slots, parts * R]``, and their B matrices (the scaling folded in)
 block-diagonal, ``b [slots, parts * R, out]``, where R is ``--max-lora-rank`` and ``parts`` the
 projections fused into this one (3 for the fused QKV, 2 for gate-up, 1 for o and down). Slot 0 is
 the base model and stays zero; an adapter of a smaller rank, or without one of the parts, leaves
@@ -11,12 +11,17 @@ part's ``x A^T B^T scale`` to its own columns.
 A step's rows reach the stacks through ``LoraBatch`` (set by the model runner around the forward
 pass in ``ACTIVE``): the rows of sequences on adapters, by slot. Base rows cost nothing.
 
-- Decode rows (one token per sequence) run gathered: each row's A and B taken from its slot and
-  multiplied as one batched product (``bmm``), whatever mix of adapters the rows have.
+- Decode rows (one token per sequence) run, by ``DECODE_PATH`` (``GOODPUT_LORA_DECODE``):
+  - ``dense`` (the default): the slots from the lowest to the highest the rows use, at once, two
+    products per projection whatever the mix of adapters: ``x @ a`` over those slots' columns, each
+    row's other slots' columns zeroed by a one-hot mask, then ``@ b``. Its products are that many times
+    one adapter's, and its operations few: on a CPU a decode step's cost is mostly the number of
+    operations (bench/lora.py). Where every row of the step is such a row, no rows are gathered or
+    scattered, and with one slot there is no mask;
+  - ``bmm``: gathered, each row's A and B copied out of its slot and multiplied as one batched product;
+  - ``grouped``: as prefill spans.
 - Prefill spans run grouped: each adapter's rows (one slice per sequence) multiplied by its own A
   and B, then added to their rows.
-
-``DECODE_PATH`` = "grouped" runs decode rows grouped too (bench/lora.py measures both).
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-DECODE_PATH = os.environ.get("GOODPUT_LORA_DECODE", "bmm")
-if DECODE_PATH not in ("bmm", "grouped"):
-    raise ValueError(f"GOODPUT_LORA_DECODE={DECODE_PATH!r}: expected bmm or grouped")
+DECODE_PATHS = ("dense", "bmm", "grouped")
+DECODE_PATH = os.environ.get("GOODPUT_LORA_DECODE", "dense")
+if DECODE_PATH not in DECODE_PATHS:
+    raise ValueError(f"GOODPUT_LORA_DECODE={DECODE_PATH!r}: expected one of {', '.join(DECODE_PATHS)}")
 
 
 @dataclass
@@ -38,6 +44,22 @@ class LoraBatch:
     decode_rows: torch.Tensor | None = None  # [n] rows of single-token sequences on adapters
     decode_slots: torch.Tensor | None = None  # [n] their slots
     groups: list[tuple[int, slice | torch.Tensor]] = field(default_factory=list)  # (slot, rows), one per slot
+    dense: bool = False  # decode rows run over the slots lo..hi at once (the one-hot mask)
+    lo: int = 0  # the lowest and highest slot of the decode rows
+    hi: int = 0
+    every_row: bool = False  # the decode rows are all of the step's rows, in order
+    masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # [n, hi - lo + 1, 1] one-hot
+
+    def mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """[n, hi - lo + 1, 1]: 1 at each decode row's slot."""
+        mask = self.masks.get(dtype)
+        if mask is None:
+            assert self.decode_slots is not None
+            n = len(self.decode_slots)
+            mask = torch.zeros(n, self.hi - self.lo + 1, 1, dtype=dtype, device=self.decode_slots.device)
+            mask[torch.arange(n), self.decode_slots - self.lo, 0] = 1
+            self.masks[dtype] = mask
+        return mask
 
     @property
     def empty(self) -> bool:
@@ -53,14 +75,17 @@ class LoraBatch:
         for slot, first, count in spans:
             if slot == 0:
                 continue
-            if count == 1 and DECODE_PATH == "bmm":
+            if count == 1 and DECODE_PATH != "grouped":
                 rows.append(first)
                 slots.append(slot)
             else:
                 by_slot.setdefault(slot, []).append((first, count))
+        batch.dense = DECODE_PATH == "dense"
         if rows:
             batch.decode_rows = torch.tensor(rows, device=device)
             batch.decode_slots = torch.tensor(slots, device=device)
+            batch.lo, batch.hi = min(slots), max(slots)
+            batch.every_row = rows == list(range(sum(count for _, _, count in spans)))
         for slot, parts in by_slot.items():
             if len(parts) == 1:
                 first, count = parts[0]
@@ -91,7 +116,8 @@ class LoraStack:
         self.out_sizes = out_sizes
         self.offsets = [sum(out_sizes[:i]) for i in range(len(out_sizes))]
         width = len(out_sizes) * max_rank
-        self.a = torch.zeros(slots, in_features, width, dtype=dtype, device=device)
+        self.slots, self.width = slots, width
+        self.a = torch.zeros(in_features, slots, width, dtype=dtype, device=device)
         self.b = torch.zeros(slots, width, sum(out_sizes), dtype=dtype, device=device)
 
     @property
@@ -99,7 +125,7 @@ class LoraStack:
         return self.a.numel() * self.a.element_size() + self.b.numel() * self.b.element_size()
 
     def clear(self, slot: int) -> None:
-        self.a[slot].zero_()
+        self.a[:, slot].zero_()
         self.b[slot].zero_()
 
     def set(self, slot: int, part: int, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> None:
@@ -107,7 +133,7 @@ class LoraStack:
         r = lora_a.shape[0]
         cols = slice(part * self.max_rank, part * self.max_rank + r)
         out = slice(self.offsets[part], self.offsets[part] + self.out_sizes[part])
-        self.a[slot, :, cols] = lora_a.t().to(self.a.dtype)
+        self.a[:, slot, cols] = lora_a.t().to(self.a.dtype)
         self.b[slot, cols, out] = (lora_b.float().t() * scaling).to(self.b.dtype)
 
     def add_(self, y: torch.Tensor, x: torch.Tensor, batch: LoraBatch) -> None:
@@ -115,14 +141,25 @@ class LoraStack:
         if batch.decode_rows is not None:
             assert batch.decode_slots is not None
             rows, slots = batch.decode_rows, batch.decode_slots
-            xs = x.index_select(0, rows).unsqueeze(1)  # [n, 1, in]
-            delta = torch.bmm(torch.bmm(xs, self.a.index_select(0, slots)), self.b.index_select(0, slots))
-            y.index_add_(0, rows, delta.squeeze(1))
+            xs = x if batch.every_row else x.index_select(0, rows)  # [n, in]
+            if batch.dense:
+                cols = slice(batch.lo * self.width, (batch.hi + 1) * self.width)
+                h = xs @ self.a.view(self.a.shape[0], -1)[:, cols]  # [n, k * W], the slots lo..hi
+                if batch.hi > batch.lo:
+                    h = (h.view(len(rows), -1, self.width) * batch.mask(h.dtype)).view(len(rows), -1)
+                delta = h @ self.b.view(-1, self.b.shape[2])[cols]
+            else:
+                gathered = self.a.index_select(1, slots).transpose(0, 1)  # [n, in, W]
+                delta = torch.bmm(torch.bmm(xs.unsqueeze(1), gathered), self.b.index_select(0, slots)).squeeze(1)
+            if batch.every_row:
+                y += delta
+            else:
+                y.index_add_(0, rows, delta)
         for slot, rows_of in batch.groups:
             if isinstance(rows_of, slice):
-                y[rows_of] += (x[rows_of] @ self.a[slot]) @ self.b[slot]
+                y[rows_of] += (x[rows_of] @ self.a[:, slot]) @ self.b[slot]
             else:
-                y.index_add_(0, rows_of, (x.index_select(0, rows_of) @ self.a[slot]) @ self.b[slot])
+                y.index_add_(0, rows_of, (x.index_select(0, rows_of) @ self.a[:, slot]) @ self.b[slot])
 
 
 def apply_(y: torch.Tensor, x: torch.Tensor, stack: LoraStack | None) -> torch.Tensor:
