@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                 for path, text in sorted(
                     chart.render(_values(args), name=args.release, namespace=args.namespace).items()
                 ):
-                    if text.strip():
+                    if text.strip() and path.endswith(".yaml"):  # as helm template: no NOTES.txt
                         print(f"---\n# Source: {path}\n{text.strip()}")
             return 0
         with helm.Config(namespace=args.namespace) as cfg:

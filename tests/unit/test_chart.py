@@ -40,7 +40,7 @@ def chart() -> Any:
 
 def render(chart: Any, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     out = chart.render(values or {}, name="goodput", namespace=NS, is_install=True)
-    return [doc for text in out.values() for doc in yaml.safe_load_all(text) if doc]
+    return [doc for path, text in out.items() if path.endswith(".yaml") for doc in yaml.safe_load_all(text) if doc]
 
 
 def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
@@ -247,10 +247,21 @@ def test_package_is_the_versioned_chart(tmp_path, chart):
 
 def test_every_object_lands_in_the_release_namespace(chart):
     out = chart.render({"monitoring": {"enabled": True}}, name="goodput", namespace="elsewhere", is_install=True)
-    objects = [doc for text in out.values() for doc in yaml.safe_load_all(text) if doc]
+    objects = [doc for path, text in out.items() if path.endswith(".yaml") for doc in yaml.safe_load_all(text) if doc]
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
     assert {o["metadata"]["namespace"] for o in objects if o["kind"] not in cluster_scoped} == {"elsewhere"}
     assert find(objects, "Namespace", "elsewhere")
     for binding in (o for o in objects if o["kind"] == "ClusterRoleBinding"):
         assert [s["namespace"] for s in binding["subjects"]] == ["elsewhere"]
     assert "goodput-system" not in "".join(out.values())
+
+
+def test_notes_tell_where_it_went_and_whether_batch_is_on(chart):
+    notes = chart.render({}, name="goodput", namespace="models-sys")["goodput/templates/NOTES.txt"]
+    assert "port-forward svc/goodput-gateway 8000:80" in notes and "-n models-sys" in notes
+    assert "The Batch API is off" in notes
+    sqlite = {"gateway": {"replicas": 1}, "batch": {"store": "sqlite"}}
+    assert (
+        "The Batch API is on, its store sqlite"
+        in chart.render(sqlite, name="g", namespace="n")["goodput/templates/NOTES.txt"]
+    )
