@@ -136,6 +136,7 @@ install_operator() {
       if command -v helm >/dev/null; then
         helm upgrade --install goodput "$ROOT/charts/goodput" -n goodput-system --create-namespace
       else
+        python3 -c 'import helm_python, yaml' 2>/dev/null || python3 -m pip install --quiet helm-python-sdk pyyaml
         python3 "$ROOT/hack/helm.py" upgrade --install goodput "$ROOT/charts/goodput" -n goodput-system \
           --create-namespace
       fi
