@@ -134,7 +134,9 @@ install_operator() {
       # the chart (charts/goodput) with its default values: the objects of manifests/; helm where it is
       # installed, else hack/helm.py on Helm's own library (pip install helm-python-sdk)
       if command -v helm >/dev/null; then
-        helm upgrade --install goodput "$ROOT/charts/goodput" -n goodput-system --create-namespace
+        local own_namespace=()  # Helm 3 does not adopt the namespace its --create-namespace made
+        [[ "$(helm version --short 2>/dev/null)" == v3.* ]] && own_namespace=(--set namespace.create=false)
+        helm upgrade --install goodput "$ROOT/charts/goodput" -n goodput-system --create-namespace "${own_namespace[@]}"
       else
         python3 -c 'import helm_python, yaml' 2>/dev/null || python3 -m pip install --quiet helm-python-sdk pyyaml
         python3 "$ROOT/hack/helm.py" upgrade --install goodput "$ROOT/charts/goodput" -n goodput-system \
