@@ -218,6 +218,8 @@ def test_a_store_without_what_it_needs_is_refused_naming_the_field(chart, values
         ({"gateway": {"holdSeconds": "long"}}, "/gateway/holdSeconds"),
         ({"images": {"operator": {"tag": 1}}}, "/images/operator/tag"),
         ({"images": {"runtime": {"digest": "latest"}}}, "/images/runtime/digest"),
+        # a tag beside a digest would be ignored: refused instead
+        ({"images": {"runtime": {"tag": "1.0", "digest": "sha256:" + "b" * 64}}}, "/images/runtime/tag"),
         ({"images": {"pullPolicy": "Sometimes"}}, "/images/pullPolicy"),
         ({"operator": {"resources": {"limits": {"memory": "lots"}}}}, "/operator/resources/limits/memory"),
         ({"operator": {"nodeSelector": {"pool": 3}}}, "/operator/nodeSelector/pool"),
