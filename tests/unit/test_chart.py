@@ -204,6 +204,12 @@ def test_sqlite_store_is_one_gateway_on_its_own_volume(chart):
     [
         ({"batch": {"store": "sqlite"}}, "gateway.replicas"),  # two replicas cannot share the RWO volume
         ({"batch": {"store": "postgresql"}}, "batch.postgresql.secretName"),
+        # settings of a store not chosen would be ignored: refused instead
+        ({"batch": {"postgresql": {"secretName": "db"}}}, "batch.postgresql.secretName: set, but batch.store is none"),
+        (
+            {"batch": {"store": "postgresql", "postgresql": {"secretName": "db"}, "sqlite": {"existingClaim": "x"}}},
+            "batch.sqlite",
+        ),
     ],
 )
 def test_a_store_without_what_it_needs_is_refused_naming_the_field(chart, values, named):
