@@ -28,7 +28,7 @@ from goodput_gateway.errors import APIError, invalid, model_not_found, too_many,
 from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.pipelines import PipelineServer
 from goodput_gateway.proxy import Proxy, Upstream, parse_body, rewrite_model
-from goodput_gateway.tenants import ANONYMOUS, FairGate, Meter, Tenant, Tenants
+from goodput_gateway.tenants import ANONYMOUS, FairGate, Lease, Meter, Tenant, Tenants, slo_targets
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -111,8 +111,11 @@ class Gateway:
                     lease.release(status)
         svc = self.service_for(model)
         upstream_auth = await self.keys.upstream_authorization(svc, request.headers.get("Authorization"))
+        targets = slo_targets(request.headers, tenant, svc.ttft_slo, svc.tpot_slo)
         lease = self.tenants.admit(tenant, len(routing.prompt_text(body)) // 4) if tenant is not None else None
-        meter = Meter(lease, body.get("stream") is True) if lease is not None else None
+        meter = None
+        if lease is not None or targets != (None, None):
+            meter = Meter(lease, body.get("stream") is True, started)
         labels = (svc.namespace, svc.name)
         self.metrics.last_request.labels(*labels).set(time.time())
         in_flight = self.metrics.in_flight.labels(*labels)
@@ -138,9 +141,26 @@ class Gateway:
             in_flight.dec()
             self.metrics.requests.labels(*labels, str(status)).inc()
             self.metrics.duration.labels(*labels).observe(time.monotonic() - started)
-            if meter is not None and lease is not None:
-                meter.finish()
-                lease.release(status)
+            self.account(labels, status, meter, targets, lease)
+
+    def account(
+        self,
+        labels: tuple[str, str],
+        status: int,
+        meter: Meter | None,
+        targets: tuple[float | None, float | None],
+        lease: Lease | None,
+    ) -> None:
+        """An answered request's goodput against its own targets, and its tenant's lease settled."""
+        if meter is not None:
+            meter.finish()
+            if targets != (None, None) and 200 <= status < 300:
+                good = meter.good(*targets)
+                self.metrics.slo_requests.labels(*labels, "good" if good else "missed").inc()
+                if good and lease is not None:
+                    self.tenants.metrics.good.labels(lease.label).inc()
+        if lease is not None:
+            lease.release(status)
 
     @contextlib.asynccontextmanager
     async def turn(self, svc: Service, tenant: Tenant | None) -> AsyncIterator[None]:
@@ -195,7 +215,9 @@ class Gateway:
             async with self.proxy.open("POST", path, headers, svc, model, raw, body) as upstream:
                 yield upstream
             return
+        targets = slo_targets(request.headers, tenant, svc.ttft_slo, svc.tpot_slo)
         lease = self.tenants.admit(tenant, len(routing.prompt_text(body)) // 4) if tenant is not None else None
+        meter = Meter(lease, True, started)
         labels = (svc.namespace, svc.name)
         self.metrics.last_request.labels(*labels).set(time.time())
         in_flight = self.metrics.in_flight.labels(*labels)
@@ -207,7 +229,7 @@ class Gateway:
                 self.proxy.open("POST", path, headers, svc, model, raw, body) as upstream,
             ):
                 status = upstream.status
-                yield upstream if lease is None else Metered(upstream.response, upstream.first, Meter(lease, True))
+                yield Metered(upstream.response, upstream.first, meter)
         except APIError as err:
             status = err.status
             raise
@@ -215,8 +237,7 @@ class Gateway:
             in_flight.dec()
             self.metrics.requests.labels(*labels, str(status)).inc()
             self.metrics.duration.labels(*labels).observe(time.monotonic() - started)
-            if lease is not None:
-                lease.release(status)
+            self.account(labels, status, meter, targets, lease)
 
     def card(self, svc: Service) -> dict[str, Any]:
         return {

@@ -63,6 +63,13 @@ class GatewayMetrics:
         self.in_flight = Gauge(
             names.GATEWAY_REQUESTS_IN_FLIGHT, "Requests being answered now, held ones included", SERVICE, registry=r
         )
+        self.slo_requests = Counter(
+            "goodput_gateway_slo_requests_total",
+            "Answered requests (2xx) judged against their TTFT and TPOT targets (the request's headers, else "
+            "its tenant's, else the service's): good or missed; requests with no target are not counted",
+            [*SERVICE, "result"],
+            registry=r,
+        )
         self.streams_lost = Counter(
             "goodput_gateway_streams_lost_total",
             "Streamed responses whose replica went away after the client got its first byte: the stream "

@@ -28,7 +28,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 TENANTS_KEY = "tenants.yaml"  # the Secret's key holding the table
 WINDOW = 60.0
+TTFT_HEADERS = ("x-goodput-slo-ttft-ms", "x-llm-d-slo-ttft-ms")
+TPOT_HEADERS = ("x-goodput-slo-tpot-ms", "x-llm-d-slo-tpot-ms")
 PRIORITIES = {"critical": 0, "standard": 1, "sheddable": 2}
 ANONYMOUS = "anonymous"
 OTHER = "other"  # the metrics label of tenants past the cardinality cap
@@ -57,6 +59,8 @@ class Tenant:
     concurrency: int | None = None
     priority: str = "standard"
     weight: float = 1.0
+    slo_ttft: float | None = None  # seconds: the tenant's default targets, before the service's
+    slo_tpot: float | None = None
 
 
 def digest(key: str) -> str:
@@ -75,7 +79,7 @@ def parse_table(text: str, where: str) -> dict[str, Tenant]:
         if not isinstance(spec, dict):
             raise ValueError(f"{at}: expected a mapping")
         for key in spec:
-            if key not in {*LIMIT_FIELDS, "keys", "priority", "weight"}:
+            if key not in {*LIMIT_FIELDS, "keys", "priority", "weight", "slo"}:
                 raise ValueError(f"{at}.{key}: unknown field")
         keys = spec.get("keys") or []
         if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
@@ -96,6 +100,12 @@ def parse_table(text: str, where: str) -> dict[str, Tenant]:
         weight = spec.get("weight", 1)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
             raise ValueError(f"{at}.weight: expected a positive number")
+        slo = spec.get("slo") or {}
+        if not isinstance(slo, dict) or set(slo) - {"ttftMs", "tpotMs"}:
+            raise ValueError(f"{at}.slo: expected {{ttftMs: N, tpotMs: N}}")
+        for target in slo.values():
+            if isinstance(target, bool) or not isinstance(target, (int, float)) or not target > 0:
+                raise ValueError(f"{at}.slo: targets are positive numbers of milliseconds")
         tenants[str(name)] = Tenant(
             str(name),
             tuple(keys),
@@ -104,6 +114,8 @@ def parse_table(text: str, where: str) -> dict[str, Tenant]:
             limits["concurrency"],
             priority,
             float(weight),
+            slo["ttftMs"] / 1000 if "ttftMs" in slo else None,
+            slo["tpotMs"] / 1000 if "tpotMs" in slo else None,
         )
     return tenants
 
@@ -160,6 +172,13 @@ class TenantMetrics:
             "goodput_gateway_tenant_throttled_total",
             "Requests refused with a 429 at a tenant's limit: requests, tokens, concurrency",
             ["tenant", "limit"],
+            registry=r,
+        )
+        self.good = Counter(
+            "goodput_gateway_tenant_good_requests_total",
+            "The tenant's answered requests that met their TTFT and TPOT targets (the request's, else the "
+            "tenant's, else the service's)",
+            ["tenant"],
             registry=r,
         )
         self.queued = Histogram(
@@ -330,11 +349,18 @@ class Tenants:
 
 
 class Meter:
-    """Tokens of a response as it passes through: each streamed chunk with text charges one, and the
-    usage, where the response carries it, settles the charge to the runtime's count."""
+    """A response as it passes through: each streamed chunk with text charges the tenant one token (the usage,
+    where the response carries it, settles the charge to the runtime's count), and the times of its first
+    and last tokens judge it against its SLO."""
 
-    def __init__(self, lease: Lease, streamed: bool) -> None:
-        self.lease, self.streamed, self.buffer, self.body = lease, streamed, b"", bytearray()
+    def __init__(self, lease: Lease | None, streamed: bool, started: float) -> None:
+        self.lease, self.streamed, self.started = lease, streamed, started
+        self.buffer, self.body = b"", bytearray()
+        self.first: float | None = None
+        self.last: float | None = None
+        self.ended: float | None = None
+        self.chunks = 0
+        self.completion_tokens: int | None = None
 
     def feed(self, chunk: bytes) -> None:
         if not self.streamed:
@@ -355,19 +381,76 @@ class Meter:
     def observe(self, payload: dict[str, Any]) -> None:
         usage = payload.get("usage")
         if isinstance(usage, dict) and "total_tokens" in usage:
-            self.lease.settle(int(usage["total_tokens"]))
+            self.completion_tokens = int(usage.get("completion_tokens", 0))
+            if self.lease is not None:
+                self.lease.settle(int(usage["total_tokens"]))
             return
         for choice in payload.get("choices") or ():
             delta = choice.get("delta") or {}
             if choice.get("text") or delta.get("content") or delta.get("tool_calls"):
-                self.lease.charge(1)
+                now = time.monotonic()
+                self.first = self.first or now
+                self.last = now
+                self.chunks += 1
+                if self.lease is not None and self.streamed:
+                    self.lease.charge(1)
 
     def finish(self) -> None:
+        self.ended = time.monotonic()
         if not self.streamed and self.body:
             with contextlib.suppress(ValueError):
                 payload = json.loads(bytes(self.body))
                 if isinstance(payload, dict):
                     self.observe(payload)
+
+    def good(self, ttft: float | None, tpot: float | None) -> bool:
+        """Whether the response met its targets: a stream by its first token and its mean time per output
+        token after it; a whole response by its total time against the two together."""
+        if self.streamed:
+            if self.first is None:
+                return False
+            if ttft is not None and self.first - self.started > ttft:
+                return False
+            tokens = self.completion_tokens or self.chunks
+            if tpot is not None and tokens > 1 and self.last is not None:
+                return (self.last - self.first) / (tokens - 1) <= tpot
+            return True
+        tokens = self.completion_tokens or 1
+        total = (self.ended or time.monotonic()) - self.started
+        return total <= (ttft or 0.0) + (tpot or 0.0) * (tokens - 1) if ttft is not None or tpot is not None else True
+
+
+def header_ms(headers: Mapping[str, str], names: tuple[str, ...]) -> float | None:
+    for name in names:
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            ms = float(value)
+        except ValueError:
+            ms = -1.0
+        if not ms > 0 or not math.isfinite(ms):
+            raise APIError(
+                400,
+                f"The header {name} must be a positive number of milliseconds, got {value[:40]!r}",
+                param=name,
+                code="invalid_value",
+            )
+        return ms / 1000
+    return None
+
+
+def slo_targets(
+    headers: Mapping[str, str], tenant: Tenant | None, ttft: float | None, tpot: float | None
+) -> tuple[float | None, float | None]:
+    """A request's TTFT and TPOT targets (seconds): its headers', else its tenant's, else the service's."""
+    own_ttft = header_ms(headers, TTFT_HEADERS)
+    own_tpot = header_ms(headers, TPOT_HEADERS)
+    if own_ttft is None and tenant is not None:
+        own_ttft = tenant.slo_ttft
+    if own_tpot is None and tenant is not None:
+        own_tpot = tenant.slo_tpot
+    return (ttft if own_ttft is None else own_ttft), (tpot if own_tpot is None else own_tpot)
 
 
 class FairGate:

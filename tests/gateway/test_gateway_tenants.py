@@ -24,7 +24,7 @@ tenants:
   beta: {keys: [sk-beta], tokensPerMinute: 120}
   gamma: {keys: [sk-gamma], concurrency: 1}
   team: {keys: [sk-team-1, sk-team-2]}
-  other: {keys: [sk-other]}
+  other: {keys: [sk-other], slo: {ttftMs: 60000, tpotMs: 60000}}
 """
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 
@@ -50,8 +50,10 @@ def env(tiny_model_dir, tmp_path_factory):
         yield gateway, started, workdir, url
 
 
-def post(gateway, key: str | None, body=CHAT, path="/v1/chat/completions"):
-    return post_json(gateway.url + path, body, {"Authorization": f"Bearer {key}"} if key else None)
+def post(gateway, key: str | None, body=CHAT, path="/v1/chat/completions", headers: dict | None = None):
+    return post_json(
+        gateway.url + path, body, {**({"Authorization": f"Bearer {key}"} if key else {}), **(headers or {})}
+    )
 
 
 def test_a_key_no_tenant_holds_gets_a_401(env):
@@ -138,6 +140,44 @@ def test_stored_responses_belong_to_the_tenant_not_the_key(env):
     assert client("sk-team-2").responses.retrieve(stored.id).id == stored.id  # the same tenant's other key
     with pytest.raises(openai.NotFoundError):
         client("sk-other").responses.retrieve(stored.id)
+
+
+def test_per_request_slos_judge_goodput_before_the_tenants_defaults(env):
+    gateway = env[0]
+
+    def judged(result: str) -> float:
+        return gateway.metric("goodput_gateway_slo_requests_total", service="tiny", result=result)
+
+    def good() -> float:
+        return gateway.metric("goodput_gateway_tenant_good_requests_total", tenant="other")
+
+    stream = {**CHAT, "max_tokens": 8, "stream": True}
+    before = judged("good"), judged("missed"), good()
+    assert post_raw(gateway, "sk-other", stream) == 200  # the tenant's default targets: a minute each
+    assert (judged("good"), judged("missed"), good()) == (before[0] + 1, before[1], before[2] + 1)
+    # the request's own target wins over its tenant's: a microsecond TTFT is missed
+    assert post_raw(gateway, "sk-other", stream, {"x-goodput-slo-ttft-ms": "0.001"}) == 200
+    assert (judged("missed"), good()) == (before[1] + 1, before[2] + 1)
+    # llm-d's header is read too, for a tenant with no targets of its own (and a service with none)
+    assert post_raw(gateway, "sk-team-1", stream, {"x-llm-d-slo-ttft-ms": "0.001"}) == 200
+    assert judged("missed") == before[1] + 2
+    unjudged = judged("good") + judged("missed")
+    assert post_raw(gateway, "sk-team-1", stream) == 200  # no target anywhere: not judged
+    assert judged("good") + judged("missed") == unjudged
+    status, _, body = post(gateway, "sk-team-1", CHAT, headers={"x-goodput-slo-tpot-ms": "fast"})
+    assert status == 400 and body["error"]["param"] == "x-goodput-slo-tpot-ms"
+
+
+def post_raw(gateway, key: str, body: dict, headers: dict | None = None) -> int:
+    """A streamed request read to its end; its status."""
+    request = urllib.request.Request(
+        gateway.url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}", **(headers or {})},
+    )
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        answer.read()
+        return answer.status
 
 
 def run_load(url: str, key: str, rate: float, seconds: float, latencies: list[float], errors: list[int]) -> None:
