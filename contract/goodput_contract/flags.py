@@ -27,6 +27,12 @@ SPECULATIVE_METHOD = "--speculative-method"
 NUM_SPECULATIVE_TOKENS = "--num-speculative-tokens"
 SPECULATIVE_MODEL = "--speculative-model"  # the draft model: a Hub id or a path, like --model
 SLO_TPOT = "--slo-tpot"  # seconds
+# LoRA adapters (spec.model.lora): the adapters as NAME=PATH, each where the pod reads it
+ENABLE_LORA = "--enable-lora"
+LORA_MODULES = "--lora-modules"  # spec.model.lora.adapters
+MAX_LORAS = "--max-loras"  # spec.model.lora.maxAdapters
+MAX_LORA_RANK = "--max-lora-rank"  # spec.model.lora.maxRank
+MAX_CPU_LORAS = "--max-cpu-loras"  # spec.model.lora.maxCpuAdapters
 # set by the operator, not from a CR field
 HOST = "--host"
 PORT = "--port"

@@ -11,7 +11,7 @@ from goodput_contract.api import GROUP, KIND, VERSION
 from goodput_contract.api.spec import ServiceSpec
 from goodput_contract.metrics import ENGINE_METRICS
 from goodput_operator import engines
-from goodput_operator.engines import MODEL_CACHE_DIR, RUNTIME_PORT, SHUTDOWN_DELAY_SECONDS, SOURCE_MOUNT
+from goodput_operator.engines import LORA_MOUNT, MODEL_CACHE_DIR, RUNTIME_PORT, SHUTDOWN_DELAY_SECONDS, SOURCE_MOUNT
 from goodput_operator.settings import DEFAULT_HF_ENDPOINT, Settings
 
 SERVICE_PORT = 80
@@ -112,6 +112,11 @@ def _volumes(svc: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any
         claim = {"claimName": svc.model.source.claim, "readOnly": True}
         volumes.append({"name": "model-source", "persistentVolumeClaim": claim})
         mounts.append({"name": "model-source", "mountPath": SOURCE_MOUNT, "readOnly": True})
+    for i, adapter in enumerate(svc.model.lora.adapters if svc.model.lora else ()):
+        if adapter.source.scheme == "pvc":  # each adapter's claim read-only under LORA_MOUNT/<name>
+            claim = {"claimName": adapter.source.claim, "readOnly": True}
+            volumes.append({"name": f"lora-{i}", "persistentVolumeClaim": claim})
+            mounts.append({"name": f"lora-{i}", "mountPath": f"{LORA_MOUNT}/{adapter.name}", "readOnly": True})
     if svc.tensor_parallel > 1 or engines.engine_of(svc).shared_memory:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})

@@ -18,13 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from goodput_contract import api_keys, flags
-from goodput_contract.api.spec import ModelSource, ServiceSpec, SpecError
+from goodput_contract.api.spec import LoraAdapter, ModelSource, ServiceSpec, SpecError
 from goodput_operator.settings import Settings
 
 GOODPUT, VLLM, SGLANG = "goodput", "vllm", "sglang"
 RUNTIME_PORT = 8000  # every engine listens here, serving the API, its health check and /metrics
 MODEL_CACHE_DIR = "/var/cache/goodput"
 SOURCE_MOUNT = "/mnt/models"
+LORA_MOUNT = "/mnt/loras"  # a pvc:// adapter's claim is mounted at LORA_MOUNT/<adapter name>
 # After SIGTERM our runtime keeps admitting requests (Connection: close) with /health at 503
 # for SHUTDOWN_DELAY_SECONDS, so endpoints drop the pod before it stops accepting. Engines
 # without such a flag get the same delay from a preStop sleep.
@@ -164,6 +165,29 @@ def model_path(svc: ServiceSpec, source: ModelSource | None = None) -> str:
     return source.path
 
 
+def lora_path(adapter: LoraAdapter) -> str:
+    """Where the engine reads an adapter of spec.model.lora: under its claim's mount, or its file:// path."""
+    source = adapter.source
+    if source.scheme == "pvc":
+        return f"{LORA_MOUNT}/{adapter.name}" + (source.path if source.path != "/" else "")
+    return source.path
+
+
+def lora_args(svc: ServiceSpec) -> list[str]:
+    """spec.model.lora as the flags Goodput's runtime and vLLM share (--enable-lora, --lora-modules
+    NAME=PATH..., --max-loras, --max-lora-rank, --max-cpu-loras); none without it."""
+    lora = svc.model.lora
+    if lora is None:
+        return []
+    args = [flags.ENABLE_LORA]
+    if lora.adapters:
+        args += [flags.LORA_MODULES, *(f"{a.name}={lora_path(a)}" for a in lora.adapters)]
+    args += [flags.MAX_LORAS, str(lora.max_adapters), flags.MAX_LORA_RANK, str(lora.max_rank)]
+    if lora.max_cpu_adapters is not None:
+        args += [flags.MAX_CPU_LORAS, str(lora.max_cpu_adapters)]
+    return args
+
+
 def with_boundary(buckets: tuple[float, ...], *extra: float | None) -> list[float]:
     """The buckets with each SLO value added as a boundary."""
     return sorted(set(buckets) | {e for e in extra if e is not None and e > 0})
@@ -209,6 +233,7 @@ def goodput_args(svc: ServiceSpec) -> list[str]:
                 "engine.speculative.draftModel": model_path(svc, draft) if draft else None,
             }
         )
+    args += lora_args(svc)
     args += [flags.SHUTDOWN_DELAY, str(SHUTDOWN_DELAY_SECONDS)]
     return args + list(e.extra_args)
 
@@ -273,6 +298,7 @@ def vllm_args(svc: ServiceSpec) -> list[str]:
         if tpot is not None:  # the family of both inter_token_latency and request_time_per_output_token
             buckets["inter_token_latency"] = with_boundary(VLLM_TPOT_BUCKETS, tpot)
         args += ["--custom-histogram-buckets", json.dumps(buckets, separators=(",", ":"))]
+    args += lora_args(svc)  # vLLM's flags of the same names
     return args + list(e.extra_args)
 
 
@@ -433,6 +459,12 @@ REFUSALS = (
         (VLLM,),
         lambda svc: svc.engine.speculative is not None,
         "is Goodput's runtime's; for {engine} pass --speculative-config in engine.extraArgs",
+    ),
+    Refusal(
+        "model.lora",
+        (SGLANG,),
+        lambda svc: svc.model.lora is not None,
+        "is served by engine.kind goodput and vllm; for {engine} pass --lora-paths and its flags in engine.extraArgs",
     ),
     Refusal(
         "engine.speculative",

@@ -59,6 +59,22 @@ class TokenSecretRef:
 
 
 @dataclass(frozen=True)
+class LoraAdapter:
+    name: str  # what requests send as "model"
+    source: ModelSource  # pvc:// (mounted read-only) or file://
+
+
+@dataclass(frozen=True)
+class Lora:
+    """spec.model.lora: LoRA adapters of the model, fixed at deploy time, and the runtime's limits."""
+
+    adapters: tuple[LoraAdapter, ...] = ()
+    max_adapters: int = 4  # slots a step can use
+    max_rank: int = 16
+    max_cpu_adapters: int | None = None  # adapters held in memory; None: the engine's default
+
+
+@dataclass(frozen=True)
 class Model:
     source: ModelSource
     revision: str = "main"
@@ -68,6 +84,7 @@ class Model:
     quantization: str = "none"
     token_secret: TokenSecretRef | None = None
     cache_claim: str | None = None
+    lora: Lora | None = None
 
 
 @dataclass(frozen=True)
@@ -226,7 +243,47 @@ def _model(raw: dict[str, Any], name: str) -> Model:
         quantization=raw.get("quantization", "none"),
         token_secret=TokenSecretRef(secret["name"], secret.get("key") or "token") if secret else None,
         cache_claim=raw.get("cacheClaimName"),
+        lora=_lora(raw["lora"], raw.get("servedName") or name) if raw.get("lora") is not None else None,
     )
+
+
+_LORA_NAME = re.compile(r"^[A-Za-z0-9][-_.A-Za-z0-9]*$")
+
+
+def _lora(raw: dict[str, Any], served_name: str) -> Lora:
+    """spec.model.lora; adapter sources the runtime reads from the pod's filesystem (pvc://, file://)."""
+    adapters: list[LoraAdapter] = []
+    for i, entry in enumerate(raw.get("adapters") or []):
+        where = f"model.lora.adapters[{i}]"
+        name = entry.get("name")
+        if not isinstance(name, str) or not _LORA_NAME.match(name) or len(name) > 253:
+            raise SpecError(f"{where}.name", f"{name!r} is not a name of letters, digits, '-', '_' and '.'")
+        if name == served_name:
+            raise SpecError(f"{where}.name", f"{name!r} is the model's own served name")
+        if any(a.name == name for a in adapters):
+            raise SpecError(f"{where}.name", f"{name!r} names another adapter too")
+        uri = entry.get("source")
+        if not isinstance(uri, str):
+            raise SpecError(f"{where}.source", "is required")
+        try:
+            source = parse_source(uri)
+        except SpecError:
+            raise SpecError(f"{where}.source", f"{uri!r} is not pvc://claim/path or file:///path") from None
+        if source.scheme == "hf" or source.file:
+            raise SpecError(
+                f"{where}.source",
+                f"{uri!r}: the runtime reads adapters from the pod's filesystem; give pvc://claim/path or file:///path",
+            )
+        adapters.append(LoraAdapter(name, source))
+    max_adapters = raw.get("maxAdapters", 4)
+    max_rank = raw.get("maxRank", 16)
+    max_cpu = raw.get("maxCpuAdapters")
+    for field_name, value in (("maxAdapters", max_adapters), ("maxRank", max_rank), ("maxCpuAdapters", max_cpu)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise SpecError(f"model.lora.{field_name}", f"{value!r} is not a whole number of at least 1")
+    if max_cpu is not None and max_cpu < max_adapters:
+        raise SpecError("model.lora.maxCpuAdapters", f"{max_cpu} is below maxAdapters ({max_adapters})")
+    return Lora(tuple(adapters), max_adapters, max_rank, max_cpu)
 
 
 def _engine(raw: dict[str, Any]) -> Engine:
