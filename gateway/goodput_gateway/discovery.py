@@ -32,6 +32,8 @@ class Service:
     ttft_slo: float | None = None  # seconds; pipelines count goodput end to end against it
     tpot_slo: float | None = None
     api_key_secret: tuple[str, str] | None = None  # (Secret, key) of spec.auth.apiKeySecretRef
+    adapters: frozenset[str] = frozenset()  # LoRA adapters of spec.model.lora, served under their own names
+    max_adapters: int = 0  # spec.model.lora.maxAdapters: adapter slots per replica (0: no LoRA)
 
 
 class Registry:
@@ -42,6 +44,8 @@ class Registry:
         self.slices: Table[tuple[Key, tuple[str, ...]]] = Table(slice_of, self._notify)  # (service, ready URLs)
         self.changed = asyncio.Event()  # set and replaced on every change
         self._ready: dict[Key, tuple[str, ...]] | None = None  # ready URLs by service, rebuilt after a change
+        # LoRA adapters a service's replicas list (/v1/models) beyond its CR's: those loaded at run time
+        self.learned_adapters: dict[Key, frozenset[str]] = {}
 
     @property
     def synced(self) -> bool:
@@ -55,13 +59,32 @@ class Registry:
 
     def resolve(self, model: str) -> list[Service]:
         """Services a request's model names: `servedName`, or `namespace/servedName` where one name is in
-        several namespaces."""
+        several namespaces; failing those, the services one of whose LoRA adapters has that name (from
+        spec.model.lora, or listed by its replicas: ``learn_adapters``)."""
         if "/" in model:
             namespace, _, served = model.partition("/")
-            return [s for s in self.services.values() if s.namespace == namespace and s.served_name == served]
-        return sorted(
-            (s for s in self.services.values() if s.served_name == model), key=lambda s: (s.namespace, s.name)
-        )
+            found = [s for s in self.services.values() if s.namespace == namespace and s.served_name == served]
+            return found or [s for s in self.services.values() if s.namespace == namespace and self.serves(s, served)]
+        found = [s for s in self.services.values() if s.served_name == model]
+        if not found:
+            found = [s for s in self.services.values() if self.serves(s, model)]
+        return sorted(found, key=lambda s: (s.namespace, s.name))
+
+    def serves(self, svc: Service, adapter: str) -> bool:
+        """Whether `adapter` is one of svc's LoRA adapters (its CR's, or one its replicas listed)."""
+        return adapter in svc.adapters or adapter in self.learned_adapters.get((svc.namespace, svc.name), ())
+
+    def adapter_of(self, svc: Service, model: str) -> str | None:
+        """The LoRA adapter a request for `model` on svc names; None for the base model."""
+        name = model.partition("/")[2] if "/" in model else model
+        return None if name == svc.served_name or not self.serves(svc, name) else name
+
+    def learn_adapters(self, key: Key, models: list[dict[str, Any]]) -> None:
+        """The adapters a replica's /v1/models lists (each card whose parent is another model of it)."""
+        names = frozenset(str(m["id"]) for m in models if isinstance(m, dict) and m.get("parent") and m.get("id"))
+        if names != self.learned_adapters.get(key, frozenset()):
+            self.learned_adapters[key] = names
+            self._notify()
 
     def model_id(self, svc: Service) -> str:
         shared = sum(1 for s in self.services.values() if s.served_name == svc.served_name) > 1
@@ -95,6 +118,7 @@ def service_of(body: dict[str, Any]) -> Service | None:
         logger.info("Not routing to %s/%s: %s", meta["namespace"], meta["name"], err)
         return None
     secret = spec.auth.api_key_secret
+    lora = spec.model.lora
     return Service(
         meta["namespace"],
         meta["name"],
@@ -105,6 +129,8 @@ def service_of(body: dict[str, Any]) -> Service | None:
         spec.slo.ttft_seconds,
         spec.slo.tpot_seconds,
         (secret.name, secret.key) if secret else None,
+        frozenset(a.name for a in lora.adapters) if lora else frozenset(),
+        lora.max_adapters if lora else 0,
     )
 
 

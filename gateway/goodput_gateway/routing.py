@@ -11,6 +11,13 @@ the first replica clockwise from it whose load stays within (1 + ε) × the mean
 request. Requests that share a prefix land on the same replica, whose prefix cache then
 holds it, until that replica is overloaded; then the next one on the ring takes the
 overflow, the same next one for the same prefix.
+
+A request for a LoRA adapter (``choose_adapter``) goes first to the replicas where the adapter is
+loaded, next to those with a free adapter slot, and only when every replica is full to one without
+a slot: the Gateway API Inference Extension's LoRA-affinity order, read from each replica's
+``vllm:lora_requests_info`` (``lora_state``). Within a tier the policy picks as for any request, the
+ring keyed on (adapter, prefix), and a tier whose replicas are all past the load bound passes the
+request to the next.
 """
 
 from __future__ import annotations
@@ -19,12 +26,14 @@ import bisect
 import hashlib
 import math
 import random
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 POLICIES = ("prefix", "least-load", "random")
 AFFINITY, OVERFLOW, LEAST_LOAD, RANDOM, RETRY = "affinity", "overflow", "least_load", "random", "retry"
+LORA_WARM, LORA_FREE_SLOT, LORA_NO_SLOT = "lora_warm", "lora_free_slot", "lora_no_slot"
 CHUNK_CHARS = 256  # the gateway has no tokenizer: prefixes are compared in characters
 PREFIX_CHUNKS = 2  # leading whole chunks that make the key
 VIRTUAL_NODES = 100  # ring points per replica
@@ -142,4 +151,104 @@ def choose(
     for i, replica in enumerate(ring.walk(key)):
         if within(loads.get(replica, 0.0), bound):
             return Choice(replica, AFFINITY if i == 0 else OVERFLOW)
+    return Choice(least_loaded(replicas, loads, rng), OVERFLOW)
+
+
+# --- LoRA adapters ---------------------------------------------------------------------------------
+
+LORA_INFO_SERIES = ("vllm:lora_requests_info", "goodput_lora_requests_info")
+_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)\{(?P<labels>.*)\}\s+(?P<value>\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class AdapterState:
+    """One replica's adapters, from its newest ``vllm:lora_requests_info`` sample."""
+
+    running: frozenset[str]
+    waiting: frozenset[str]
+    max_lora: int
+
+    def loaded(self, adapter: str) -> bool:
+        return adapter in self.running or adapter in self.waiting
+
+    @property
+    def free_slot(self) -> bool:
+        return len(self.running | self.waiting) < self.max_lora
+
+
+def lora_state(metrics_text: str) -> AdapterState | None:
+    """The replica's adapters from a /metrics scrape: the newest sample (its value is the time it was
+    set) of vLLM's gauge, or of the runtime's twin; None where there is neither."""
+    best: tuple[float, dict[str, str]] | None = None
+    for line in metrics_text.splitlines():
+        if not line.startswith(LORA_INFO_SERIES):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None or match["name"] not in LORA_INFO_SERIES:
+            continue
+        try:
+            value = float(match["value"])
+        except ValueError:
+            continue
+        if best is None or value > best[0]:
+            best = (value, dict(_LABEL.findall(match["labels"])))
+    if best is None:
+        return None
+    labels = best[1]
+
+    def names(label: str) -> frozenset[str]:
+        return frozenset(n for n in labels.get(label, "").split(",") if n)
+
+    try:
+        max_lora = int(labels.get("max_lora", "0"))
+    except ValueError:
+        max_lora = 0
+    return AdapterState(names("running_lora_adapters"), names("waiting_lora_adapters"), max_lora)
+
+
+def adapter_key(adapter: str, key: int) -> int:
+    """The ring key of a request for `adapter` with prefix key `key`: (adapter, prefix)."""
+    return _hash(adapter.encode() + b"\0" + key.to_bytes(8, "big"))
+
+
+def adapter_tiers(
+    replicas: Sequence[str], states: Mapping[str, AdapterState | None], adapter: str
+) -> list[tuple[str, list[str]]]:
+    """(decision, replicas) in the LoRA-affinity order: the adapter loaded; a free slot (or no state
+    scraped yet); no slot. Empty tiers left out."""
+    warm, free, full = [], [], []
+    for r in replicas:
+        state = states.get(r)
+        if state is not None and state.loaded(adapter):
+            warm.append(r)
+        elif state is None or state.free_slot:
+            free.append(r)
+        else:
+            full.append(r)
+    return [(d, t) for d, t in ((LORA_WARM, warm), (LORA_FREE_SLOT, free), (LORA_NO_SLOT, full)) if t]
+
+
+def choose_adapter(
+    policy: str,
+    replicas: Sequence[str],
+    loads: Mapping[str, float],
+    key: int,
+    adapter: str,
+    states: Mapping[str, AdapterState | None],
+    *,
+    epsilon: float = EPSILON,
+    rng: random.Random | None = None,
+) -> Choice:
+    """The replica for a request on LoRA `adapter`: the first tier of ``adapter_tiers`` with a replica
+    within the load bound (over every replica), the policy choosing among those; the least loaded
+    replica when none is within it. `replicas` must not be empty."""
+    rng = rng or random.Random()
+    bound = load_bound(loads, replicas, epsilon)
+    ring_key = adapter_key(adapter, key)
+    for decision, tier in adapter_tiers(replicas, states, adapter):
+        candidates = [r for r in tier if within(loads.get(r, 0.0), bound)]
+        if candidates:
+            picked = choose(policy, candidates, loads, ring_key, epsilon=epsilon, rng=rng)
+            return Choice(picked.replica, decision)
     return Choice(least_loaded(replicas, loads, rng), OVERFLOW)
