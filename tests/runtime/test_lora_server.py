@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 import torch
+from helpers import wait_for
 from lora_adapters import ALL, make_adapter, peft_greedy
 from server_thread import ServerThread
 
@@ -181,3 +182,55 @@ def test_a_server_without_the_flag_serves_no_load_route(make_server, adapters):
         f"{plain.url}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(adapters["all8"])}, timeout=10
     )
     assert response.status_code == 404
+
+
+def test_the_runtime_process_takes_the_flags_and_logs_the_slots_before_the_kv_cache(runtime, adapters):
+    process = runtime(
+        "--lora-modules",
+        f"all8={adapters['all8']}",
+        f"qvd4=file://{adapters['qvd4']}",
+        "--max-loras",
+        "1",
+        "--max-lora-rank",
+        "8",
+        "--pinned-loras",
+        "all8",
+        "--step-tuning",
+        "off",
+    )
+    wait_for(lambda: httpx.get(f"{process.url}/health", timeout=5).status_code == 200, 120, "the runtime to be ready")
+    client = openai.OpenAI(base_url=f"{process.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    assert {m.id for m in client.models.list().data} == {"tiny", "all8", "qvd4"}
+    for model in ("all8", "qvd4", "all8"):  # one slot: each request swaps the adapter in
+        out = client.completions.create(model=model, prompt="hello", max_tokens=3, temperature=0)
+        assert out.model == model and out.usage.completion_tokens >= 1
+    log = process.log()
+    assert log.index("LoRA: 1 adapter slots") < log.index("KV cache:")
+
+
+def test_a_bad_adapter_at_start_stops_the_runtime_naming_it(tiny_model_dir, adapters, tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "goodput_runtime",
+            "--model",
+            str(tiny_model_dir),
+            "--device",
+            "cpu",
+            "--lora-modules",
+            f"big={adapters['mlp16']}",
+            "--max-lora-rank",
+            "8",
+            "--termination-message-path",
+            str(tmp_path / "termination"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "rank 16, above the maximum of 8" in (tmp_path / "termination").read_text()
