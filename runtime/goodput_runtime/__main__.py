@@ -345,6 +345,13 @@ def build_parser() -> ReasonedArgumentParser:
     spec.add_argument(
         "--ngram-min", type=positive_int, default=default("ngram_min"), help="shortest suffix prompt lookup matches"
     )
+    adapters.add_argument(
+        "--lora-source",
+        default=default("lora_source"),
+        metavar="DIR",
+        help="a directory of adapters, one per subdirectory: a request naming one not loaded yet loads it "
+        "(the request waits for the load); with it LoRA is enabled",
+    )
     spec.add_argument(
         "--ngram-max", type=positive_int, default=default("ngram_max"), help="longest suffix prompt lookup matches"
     )

@@ -54,3 +54,4 @@ class EngineConfig:
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
+    lora_source: str | None = None  # a directory of adapters, one per subdirectory, loaded on first use by name

@@ -234,3 +234,28 @@ def test_a_bad_adapter_at_start_stops_the_runtime_naming_it(tiny_model_dir, adap
     )
     assert result.returncode != 0
     assert "rank 16, above the maximum of 8" in (tmp_path / "termination").read_text()
+
+
+def test_an_adapter_in_the_source_directory_is_loaded_on_first_use(make_server, tiny_model_dir, adapters, tmp_path):
+    source = tmp_path / "adapters"
+    source.mkdir()
+    shutil.copytree(adapters["qvd4"], source / "qvd4")
+    bad_copy(adapters["mlp16"], source / "too-big")
+    server = make_server(lora_source=str(source), max_lora_rank=8)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    assert {m.id for m in client.models.list().data} == {"tiny"}
+    prompt = list(range(9, 25))
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:  # three requests wait for one load
+        results = [j.result(timeout=120) for j in [pool.submit(complete, client, "qvd4", prompt) for _ in range(3)]]
+    assert results[0] == results[1] == results[2] == expected_tokens(tiny_model_dir, adapters["qvd4"], prompt)
+    assert server.metric("goodput_lora_loads_total", result="ok") == 1
+    assert "qvd4" in {m.id for m in client.models.list().data}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="too-big", prompt="hi", max_tokens=2)
+    assert "above the maximum of 8" in caught.value.message and caught.value.param == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="../adapters/qvd4", prompt="hi", max_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="absent", prompt="hi", max_tokens=2)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.client import StepObserver
@@ -29,6 +31,10 @@ log = logging.getLogger(__name__)
 # every architecture the runtime serves is a decoder-only causal LM, whose last position alone has
 # attended to the whole input: vLLM pools such models by their last token too
 DEFAULT_POOLING = "last"
+
+
+LORA_DIR_NAME = re.compile(r"[A-Za-z0-9][-_.A-Za-z0-9]*")  # an adapter's subdirectory of --lora-source
+LORA_LOAD_TIMEOUT_S = 120.0  # a request waits this long at most for its adapter's first load
 
 
 class RequestStream:
@@ -68,6 +74,7 @@ class AsyncEngine:
         # the last step and when it was scheduled: the scheduler learns each step's whole cycle (forward
         # pass, update, the handlers that run before the next step), the time between a request's tokens
         self.last_step: tuple[SchedulerOutput, float] | None = None
+        self.lora_loads: dict[str, asyncio.Future] = {}  # adapters being loaded on first use, by name
 
     @classmethod
     def from_config(cls, config: EngineConfig, metrics: RuntimeMetrics | None = None) -> AsyncEngine:
@@ -151,6 +158,28 @@ class AsyncEngine:
             raise LoraError("LoRA adapters are not enabled on this server (--enable-lora)")
         adapter = await asyncio.to_thread(manager.read, name, path)
         return manager.add(adapter, pinned)
+
+    async def ensure_lora(self, name: str) -> bool:
+        """Whether `name` is an adapter the engine serves, loading it first from --lora-source when it is
+        a subdirectory there (concurrent requests for it share one load). Raises LoraError for an adapter
+        there that cannot be served."""
+        manager = self.core.lora
+        if manager is None:
+            return False
+        if name in manager.by_name:
+            return True
+        source = self.config.lora_source
+        if source is None or not LORA_DIR_NAME.fullmatch(name) or ".." in name:
+            return False
+        path = Path(source.removeprefix("file://")) / name
+        if not (path / "adapter_config.json").is_file():
+            return False
+        task = self.lora_loads.get(name)
+        if task is None:
+            task = self.lora_loads[name] = asyncio.ensure_future(self.load_lora(name, str(path)))
+            task.add_done_callback(lambda _: self.lora_loads.pop(name, None))
+        await asyncio.wait_for(asyncio.shield(task), LORA_LOAD_TIMEOUT_S)
+        return True
 
     def unload_lora(self, name: str) -> bool:
         manager = self.core.lora

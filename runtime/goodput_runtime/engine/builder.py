@@ -344,7 +344,8 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
     tokenizer = load_tokenizer(model_dir)
     model, device = load_for_rank(config, model_dir, 0, world, port)
     dtype = model.get_input_embeddings().weight.dtype
-    lora = enable_lora(config, model, model_config, metrics) if config.enable_lora or config.lora_modules else None
+    wanted = config.enable_lora or config.lora_modules or config.lora_source
+    lora = enable_lora(config, model, model_config, metrics) if wanted else None
     num_blocks = size_kv_cache(config, device, model_config, dtype, max_model_len)
 
     eos = set()

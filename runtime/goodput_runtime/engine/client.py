@@ -72,6 +72,10 @@ class EngineClient(Protocol):
         """Read and check the adapter off the step loop, then serve it as `name`; raises LoraError."""
         ...
 
+    async def ensure_lora(self, name: str) -> bool:
+        """Whether `name` is a served adapter, loading it on first use from a configured source."""
+        ...
+
     def unload_lora(self, name: str) -> bool:
         """Stop serving `name`; False when it is not loaded."""
         ...

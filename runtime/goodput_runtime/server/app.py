@@ -56,7 +56,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = parse_completion(parse_json(await request.read()))
     engine = state.serving_engine()
-    adapter = state.check_model(body.model)
+    adapter = await state.resolve_model(body.model)
     prompt_ids = completion_prompt_ids(engine.tokenizer, body.prompt)
     params = sampling_params(engine, body.sampling, len(prompt_ids), "prompt")
     params = with_priority(request, body.sampling, dataclasses.replace(params, lora=adapter))
@@ -77,7 +77,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = parse_chat(parse_json(await request.read()))
     engine = state.serving_engine()
-    adapter = state.check_model(body.model)
+    adapter = await state.resolve_model(body.model)
     tools = state.grammars.tools(engine, body)
     prompt_ids = chat_prompt_ids(
         engine.tokenizer,

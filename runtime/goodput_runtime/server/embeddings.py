@@ -128,7 +128,7 @@ async def embeddings(request: web.Request, state: ServerState) -> web.Response:
     """The route's work."""
     body = parse_embedding(parse_json(await request.read()))
     engine = state.serving_engine()
-    adapter = state.check_model(body.model)
+    adapter = await state.resolve_model(body.model)
     size = engine.embedding_size
     if body.dimensions is not None and body.dimensions != size:
         raise invalid(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from aiohttp import web
 
 from goodput_runtime.engine.client import EngineClient
+from goodput_runtime.engine.lora_manager import LoraError
 from goodput_runtime.metrics import RuntimeMetrics
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.server.admission import Admission
@@ -74,6 +76,23 @@ class ServerState:
         if self.admission is not None:
             return self.admission.check(engine, len(prompt_ids), params)
         return {}
+
+    async def resolve_model(self, model: str) -> str | None:
+        """check_model, once an adapter of that name is loaded from --lora-source if it is there (the
+        request waits for the load); an adapter there that cannot be served is a 400 naming why."""
+        engine = self.engine
+        if model != self.model_name and engine is not None and engine.lora is not None:
+            started = time.monotonic()
+            try:
+                loaded = await engine.ensure_lora(model)
+            except LoraError as exc:
+                self.metrics.record_lora_load("error", time.monotonic() - started)
+                raise APIError(exc.status, str(exc), param="model", code=exc.code) from None
+            except asyncio.TimeoutError:
+                raise unavailable(f"The adapter '{model}' is still loading; retry shortly", "lora_loading") from None
+            if loaded and time.monotonic() - started > 0.001:
+                self.metrics.record_lora_load("ok", time.monotonic() - started)
+        return self.check_model(model)
 
     def check_model(self, model: str) -> str | None:
         """The LoRA adapter `model` names (None: the base model). An unknown name is a 404 where
