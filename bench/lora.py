@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             out.append(StepItem(item.token_ids, item.start, item.block_table, item.samples, lora_slot=slot))
         return out
 
-    variants = [("base", "dense")] + [(kind, path) for path in lora.DECODE_PATHS for kind in ("one", "mixed4")]
+    variants = [("base", "grouped")] + [(kind, path) for path in lora.DECODE_PATHS for kind in ("one", "mixed4")]
     times: dict[tuple[str, str, str], list[float]] = {}
     runner.plan = runner.model.model.plan = None  # every step on the threads set here
     torch.set_num_threads(args.threads)
@@ -187,12 +187,12 @@ def main(argv: list[str] | None = None) -> int:
                     started = time.perf_counter()
                     runner.execute(step)
                     times.setdefault((shape, kind, path), []).append(time.perf_counter() - started)
-    lora.DECODE_PATH = "dense"
+    lora.DECODE_PATH = "grouped"
 
     rows = []
     for shape, items in shapes.items():
         tokens = sum(len(i.token_ids) for i in items)
-        base = statistics.median(times[shape, "base", "dense"])
+        base = statistics.median(times[shape, "base", "grouped"])
         for (s, kind, path), values in times.items():
             if s != shape:
                 continue

@@ -92,7 +92,7 @@ def test_adapter_tokens_equal_peft_and_a_mixed_batch_gives_each_its_own(tiny_mod
     assert max(len(s) for s in seen_mixed) == 4  # a step held the base model and all three adapters
 
 
-@pytest.mark.parametrize("path", ["bmm", "grouped"])
+@pytest.mark.parametrize("path", ["bmm", "dense"])
 def test_the_other_decode_paths_give_the_same_tokens(tiny_model_dir, adapters, monkeypatch, path):
     monkeypatch.setattr(lora, "DECODE_PATH", path)
     rng = random.Random(4)

@@ -12,14 +12,16 @@ A step's rows reach the stacks through ``LoraBatch`` (set by the model runner ar
 pass in ``ACTIVE``): the rows of sequences on adapters, by slot. Base rows cost nothing.
 
 - Decode rows (one token per sequence) run, by ``DECODE_PATH`` (``GOODPUT_LORA_DECODE``):
-  - ``dense`` (the default): the slots from the lowest to the highest the rows use, at once, two
+  - ``grouped`` (the default): as prefill spans, one pair of products per adapter over its rows; it
+    was the cheapest in two of three runs of bench/lora.py (SmolLM2, rank 16), by a few points;
+  - ``dense``: the slots from the lowest to the highest the rows use, at once, two
     products per projection whatever the mix of adapters: ``x @ a`` over those slots' columns, each
     row's other slots' columns zeroed by a one-hot mask, then ``@ b``. Its products are that many times
     one adapter's, and its operations few: on a CPU a decode step's cost is mostly the number of
     operations (bench/lora.py). Where every row of the step is such a row, no rows are gathered or
     scattered, and with one slot there is no mask;
-  - ``bmm``: gathered, each row's A and B copied out of its slot and multiplied as one batched product;
-  - ``grouped``: as prefill spans.
+  - ``bmm``: gathered, each row's A and B copied out of its slot and multiplied as one batched product
+    (about 5 MB copied a layer at 16 rows: the slowest, +42-96 % at batch 16).
 - Prefill spans run grouped: each adapter's rows (one slice per sequence) multiplied by its own A
   and B, then added to their rows.
 """
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 DECODE_PATHS = ("dense", "bmm", "grouped")
-DECODE_PATH = os.environ.get("GOODPUT_LORA_DECODE", "dense")
+DECODE_PATH = os.environ.get("GOODPUT_LORA_DECODE", "grouped")
 if DECODE_PATH not in DECODE_PATHS:
     raise ValueError(f"GOODPUT_LORA_DECODE={DECODE_PATH!r}: expected one of {', '.join(DECODE_PATHS)}")
 
