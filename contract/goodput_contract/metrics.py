@@ -83,6 +83,7 @@ AUTOSCALER_REPLICAS = PREFIX + "autoscaler_replicas"
 AUTOSCALER_CAPACITY_PER_REPLICA = PREFIX + "autoscaler_capacity_per_replica"
 AUTOSCALER_STARTUP_SECONDS = PREFIX + "autoscaler_startup_seconds"
 AUTOSCALER_ARRIVAL_RATE = PREFIX + "autoscaler_arrival_rate"
+AUTOSCALER_DISPERSION = PREFIX + "autoscaler_dispersion"  # label kind: arrivals | peakedness | sizes
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,13 @@ AUTOSCALER_ARRIVAL = Gauge(
     "level), and forecast (the rate planned for when a replica asked for now would be ready).",
     ["namespace", "name", "kind"],
 )
+AUTOSCALER_DISPERSION = Gauge(
+    names.AUTOSCALER_DISPERSION,
+    "How bursty a service's traffic is: the index of dispersion of arrival counts per control period "
+    "(arrivals; 1 for Poisson), the peakedness the law's headroom used (peakedness; the index less its noise, "
+    "at least 1), and request sizes' squared coefficient of variation (sizes).",
+    ["namespace", "name", "kind"],
+)
 AUTOSCALER_STARTUP = Gauge(
     names.AUTOSCALER_STARTUP_SECONDS,
     "Seconds from a replica asked for to it ready, averaged: the forecast horizon.",

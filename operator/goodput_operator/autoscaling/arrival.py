@@ -1,5 +1,7 @@
 """The arrival rate the law plans for: Holt's linear smoothing of the windowed rate against Poisson
-noise, the test that tells a change from noise, and the forecast over a replica's start-up.
+noise, the test that tells a change from noise, and the forecast over a replica's start-up. The noise is
+Poisson's times the square root of the arrivals' measured peakedness (dispersion.py): on bursty traffic a
+burst is not a change of rate.
 
 Pure, like law.py, whose `decide` calls it with the Memory, Signals and Policy of state.py.
 """
@@ -13,6 +15,7 @@ from goodput_operator.autoscaling.state import Memory, Policy, Signals
 
 # Holt's linear smoothing of the arrival rate: time constant in short windows (180 s for the default 60 s), trend gain
 LEVEL_WINDOWS, TREND_BETA = 3.0, 0.2
+BURSTY_SLOWDOWN = 4.0  # on over-dispersed arrivals the smoothing slows by their peakedness, at most this factor
 JUMP_SIGMAS = 3.0  # a window this many Poisson deviations off the smoothed rate is a change, taken at once
 TREND_SIGMAS = 4.0  # the trend counts when it moves the forecast beyond this many Poisson deviations
 
@@ -20,7 +23,9 @@ TREND_SIGMAS = 4.0  # the trend counts when it moves the forecast beyond this ma
 def smooth(memory: Memory, s: Signals, dt: float, window: float) -> Memory:
     """Holt's linear method on the windowed arrival rate, slow (LEVEL_WINDOWS windows) against Poisson noise, except
     that a window JUMP_SIGMAS Poisson deviations away from the forecast is a change and is taken at once.
-    The trend is per second and learns only from the smoothed steps.
+    The trend is per second and learns only from the smoothed steps. On over-dispersed arrivals (the memory's
+    peakedness z above 1) the smoothing is z times slower, up to BURSTY_SLOWDOWN, and the change test allows
+    for bursts (see below).
 
     For the first window the level is the newest reading: until the scrapes span a window each reading is
     the rate since the first scrape, the newest over the longest span. Smoothed from the first one, a
@@ -30,27 +35,34 @@ def smooth(memory: Memory, s: Signals, dt: float, window: float) -> Memory:
         return replace(memory, level=s.arrival_rate, trend=0.0, level_age=0.0)
     prior = max(0.0, memory.level + memory.trend * dt)
     age = memory.level_age + dt
-    if abs(s.arrival_rate - prior) > JUMP_SIGMAS * noise(max(prior, s.arrival_rate), window):
+    z = max(1.0, memory.peakedness)
+    # on bursty arrivals a window's rate is tested against the widest spread bursts could give it, each burst
+    # filling the window: the peakedness per period times the periods in a window (a burst shorter than a
+    # start-up is over before a replica asked for it serves, so only a change beyond that is a change)
+    window_z = z * max(1.0, window / dt) if z > 1 else 1.0
+    if abs(s.arrival_rate - prior) > JUMP_SIGMAS * noise(max(prior, s.arrival_rate), window, window_z):
         return replace(memory, level=s.arrival_rate, level_age=age)
     if age < window:  # the readings so far cover less than a window: the newest covers the most
         return replace(memory, level=s.arrival_rate, level_age=age)
-    alpha = min(1.0, dt / (LEVEL_WINDOWS * window))
+    # z times Poisson's variance needs z times the readings for the same precision (up to BURSTY_SLOWDOWN)
+    alpha = min(1.0, dt / (LEVEL_WINDOWS * window * min(z, BURSTY_SLOWDOWN)))
     level = alpha * s.arrival_rate + (1 - alpha) * prior
     trend = TREND_BETA * (level - memory.level) / dt + (1 - TREND_BETA) * memory.trend
     return replace(memory, level=level, trend=trend, level_age=age)
 
 
-def beyond_noise(rate: float, level: float, span: float) -> float:
+def beyond_noise(rate: float, level: float, span: float, peakedness: float = 1.0) -> float:
     """A rate counted over `span` seconds, less the JUMP_SIGMAS Poisson deviations around `level` that
     noise alone reaches: a surge by the part of it noise does not explain. Over a short span (a 2 s
     period sees a handful of requests) a burst clears the test often, and taken whole it would read
     about twice the level every time it did; a real surge keeps nearly all of its size."""
-    return rate - JUMP_SIGMAS * noise(level, span)
+    return rate - JUMP_SIGMAS * noise(level, span, peakedness)
 
 
-def noise(rate: float, window: float) -> float:
-    """The standard deviation of a Poisson rate counted over `window` seconds."""
-    return math.sqrt(max(rate, 1e-9) / max(window, 1e-9))
+def noise(rate: float, window: float, peakedness: float = 1.0) -> float:
+    """The standard deviation of a rate counted over `window` seconds: Poisson's, times the square root of
+    the arrivals' measured peakedness (their counts' variance over mean; 1 for Poisson)."""
+    return math.sqrt(peakedness * max(rate, 1e-9) / max(window, 1e-9))
 
 
 def forecast(memory: Memory, policy: Policy, period: float) -> float | None:
@@ -66,4 +78,4 @@ def rate_ahead(memory: Memory, horizon: float, window: float) -> float:
     significant (beyond TREND_SIGMAS Poisson deviations of a windowed rate) and only upwards."""
     level = memory.level or 0.0
     rise = memory.trend * horizon
-    return level + rise if rise > TREND_SIGMAS * noise(level, window) else level
+    return level + rise if rise > TREND_SIGMAS * noise(level, window, memory.peakedness) else level

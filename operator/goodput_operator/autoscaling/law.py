@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from goodput_operator.autoscaling.arrival import beyond_noise, noise, rate_ahead, smooth
+from goodput_operator.autoscaling.arrival import BURSTY_SLOWDOWN, beyond_noise, noise, rate_ahead, smooth
 from goodput_operator.autoscaling.state import Memory, Observation, Policy, Signals
 
 UP, DOWN, HOLD = "up", "down", "hold"
@@ -74,16 +74,21 @@ def learn_capacity(memory: Memory, s: Signals, ready: int, policy: Policy, dt: f
     """
     if ready <= 0 or s.attainment is None or s.arrival_rate <= 0:
         return memory
-    mu, util = memory.capacity_per_replica, policy.target_utilization
-    load = s.arrival_rate / ready
+    mu, util, peak = memory.capacity_per_replica, policy.target_utilization, memory.peakedness
+    bursty = peak > 1.0 and memory.level is not None
+    # on over-dispersed arrivals a minute's rate swings with the bursts: the load is the smoothed rate's
+    rate = memory.level if bursty and memory.level is not None else s.arrival_rate
+    load = rate / ready
     if mu is None:
         # only off a rate counted over a whole window: the first periods' counts are few, and one burst in
         # them would start the estimate at a multiple of the truth
         spans_window = memory.level is not None and memory.level_age >= policy.window_seconds
         if spans_window and s.attainment >= policy.attainment_target and s.waiting == 0:
-            return replace(memory, capacity_per_replica=load / planned_load(1.0, ready, util), good=0.0, total=0.0)
+            return replace(
+                memory, capacity_per_replica=load / planned_load(1.0, ready, util, peak), good=0.0, total=0.0
+            )
         return memory
-    share = planned_load(1.0, ready, util)  # planned load over capacity at this count
+    share = planned_load(1.0, ready, util, peak)  # planned load over capacity at this count
     planned = mu * share
     goal = min(policy.attainment_target + MARGIN, 0.999)
     long_ok = s.attainment_long is None or s.attainment_long >= goal
@@ -94,13 +99,16 @@ def learn_capacity(memory: Memory, s: Signals, ready: int, policy: Policy, dt: f
             return replace(memory, capacity_per_replica=(planned + LEARNING_RATE * (bound - planned)) / share)
     # evidence: the count the plan keeps (one fewer would not do), run at no more than the plan allows
     fewer = ready - 1
-    kept = fewer == 0 or s.arrival_rate > fewer * mu * planned_load(1.0, fewer, util) * (1 - TOLERANCE)
-    if s.waiting or not kept or not PLANNED_BAND[0] * planned <= load <= PLANNED_BAND[1] * planned:
+    kept = fewer == 0 or rate > fewer * mu * planned_load(1.0, fewer, util, peak) * (1 - TOLERANCE)
+    # a queue at the count the plan keeps is a shortage on Poisson arrivals, not evidence; on bursty ones it
+    # is what the headroom is there to absorb, and misses with it are the plan's
+    if (s.waiting and not bursty) or not kept or not PLANNED_BAND[0] * planned <= load <= PLANNED_BAND[1] * planned:
         return memory
     finished = s.finished if s.finished is not None else (s.finished_long or 0.0) / 5
     weight = finished * min(1.0, dt / policy.window_seconds)
     good, total = memory.good + weight * s.attainment, memory.total + weight
-    z = (good - goal * total) / math.sqrt(max(total, 1e-9) * goal * (1 - goal))
+    # bursts miss together: over-dispersed arrivals make the misses over-dispersed too, by their peakedness
+    z = (good - goal * total) / math.sqrt(max(total, 1e-9) * goal * (1 - goal) * peak)
     step = math.exp(STEP_GAIN * (good / max(total, 1e-9) - goal))
     exploring = memory.ceiling is None  # no miss seen yet: probe upwards boldly until the first one
     if s.waiting == 0 and (z >= EVIDENCE_Z or (exploring and z >= EXPLORE_Z)):
@@ -117,20 +125,23 @@ def learn_capacity(memory: Memory, s: Signals, ready: int, policy: Policy, dt: f
     return replace(memory, good=good, total=total)
 
 
-def planned_load(mu: float, replicas: int, utilization: float) -> float:
+def planned_load(mu: float, replicas: int, utilization: float, peakedness: float = 1.0) -> float:
     """The load to plan for per replica at `replicas` replicas: capacity less a headroom for bursts. The
     headroom is 1 − utilisation at REFERENCE_REPLICAS and shrinks as 1/√replicas beyond (square-root
-    staffing: pooled replicas behind least-loaded routing smooth each other's bursts)."""
-    headroom = (1 - utilization) * math.sqrt(REFERENCE_REPLICAS / max(1, replicas))
+    staffing: pooled replicas behind least-loaded routing smooth each other's bursts). On arrivals more
+    dispersed than Poisson it grows with the square root of their peakedness z (the variance of their
+    counts over the mean): N replicas carry a = N × planned, and N − a = β √(z N), the peakedness-adjusted
+    square-root rule; z = 1 is Poisson, and the law as it was."""
+    headroom = (1 - utilization) * math.sqrt(max(1.0, peakedness) * REFERENCE_REPLICAS / max(1, replicas))
     return mu * max(0.05, 1 - headroom)
 
 
-def capacity_term(arrival_rate: float, mu: float | None, utilization: float) -> int:
+def capacity_term(arrival_rate: float, mu: float | None, utilization: float, peakedness: float = 1.0) -> int:
     """The fewest replicas whose planned load covers the arrival rate."""
     if mu is None or mu <= 0 or arrival_rate <= 0:
         return 0
     n = max(1, math.ceil(arrival_rate / mu - 1e-9))
-    while n * planned_load(mu, n, utilization) < arrival_rate - 1e-9 and n < 10_000:
+    while n * planned_load(mu, n, utilization, peakedness) < arrival_rate - 1e-9 and n < 10_000:
         n += 1
     return n
 
@@ -218,6 +229,7 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
 
     dt = obs.now - memory.seen_at if memory.seen_at is not None else 0.0
     starting = max(0, current - obs.ready)
+    memory = replace(memory, peakedness=max(1.0, s.peakedness))
     if starting:
         memory = replace(memory, changed_at=obs.now)
     memory = learn_capacity(memory, s, obs.ready, policy, dt)
@@ -230,8 +242,8 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
         seen_at=obs.now,
         idle_since=(memory.idle_since if memory.idle_since is not None else obs.now) if idle else None,
     )
-    util = policy.target_utilization
-    planned = planned_load(mu, current, util) if mu else None
+    util, z = policy.target_utilization, memory.peakedness
+    planned = planned_load(mu, current, util, z) if mu else None
     level = memory.level or 0.0
     ahead = rate_ahead(memory, horizon, policy.window_seconds)
     # while requests queue, the newest period's rate and the queue itself are demand too
@@ -239,13 +251,13 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
     if s.waiting:
         surge = max(
             level,
-            s.arrival_rate if s.arrival_rate > level + noise(level, policy.window_seconds) else 0.0,
-            beyond_noise(s.arrival_rate_now or 0.0, level, max(dt, 1.0)),
+            s.arrival_rate if s.arrival_rate > level + noise(level, policy.window_seconds, z) else 0.0,
+            beyond_noise(s.arrival_rate_now or 0.0, level, max(dt, 1.0), z),
         )
     if s.waiting and planned:
         surge += s.waiting / policy.window_seconds  # drained within one window
-    need_now = _count(surge, mu, current, util)
-    need = max(need_now, _count(ahead, mu, current, util))
+    need_now = _count(surge, mu, current, util, z)
+    need = max(need_now, _count(ahead, mu, current, util, z))
     missing_slo = s.attainment is not None and s.attainment < policy.attainment_target and s.waiting > 0
     guard = 0
     if missing_slo:
@@ -270,14 +282,15 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
             reason = (
                 f"arrival {level:.2f} req/s rising {memory.trend * 60:.2f} req/s per minute: "
                 f"{ahead:.2f} req/s in {horizon:.0f} s needs {need} replicas at "
-                f"{planned_load(mu or 0.0, need, util):.2f} req/s each"
+                f"{planned_load(mu or 0.0, need, util, z):.2f} req/s each{_dispersion_text(s, z)}"
             )
         else:
             cause = "capacity"
             queued = f" and {s.waiting} queued" if s.waiting else ""
             reason = (
                 f"arrival {surge:.2f} req/s{queued} needs {need} replicas at "
-                f"{planned_load(mu or 0.0, need, util):.2f} req/s each (of {mu:.2f} learnt capacity)"
+                f"{planned_load(mu or 0.0, need, util, z):.2f} req/s each (of {mu:.2f} learnt capacity)"
+                f"{_dispersion_text(s, z)}"
             )
         return Decision(desired, UP, cause, reason, replace(memory, high_since=obs.now, changed_at=obs.now))
 
@@ -289,25 +302,55 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
             f"{starting} replicas starting; " + slo_miss_text(policy, s),
             replace(memory, high_since=obs.now),
         )
+    if starting and z > 1 and mu:
+        # bursty arrivals: a burst that asked for pods is over before they serve; those still starting that
+        # the need no longer wants go at once (they serve nothing yet, so no window protects anything)
+        keep = max(need, obs.ready, _floor(policy))
+        if keep < current:
+            return Decision(
+                keep,
+                DOWN,
+                "scale_down",
+                f"{current - keep} of {starting} replicas still starting no longer needed: "
+                f"{_rate_text(memory, ahead, horizon)}{_dispersion_text(s, z)}",
+                replace(memory, changed_at=obs.now),
+            )
     fewer = current - 1
     rate = _rate_text(memory, ahead, horizon)
     if current == 1:  # one replica: only idleness (its own, or the gateway's) takes it to zero
         return _scale_down(policy, obs, s, memory, 0.0, rate)
     if mu is None and idle:  # nothing to learn a capacity from, and nothing to serve (a batch just done)
         return _scale_down(policy, obs, s, memory, 0.0)
-    if mu is None or max(level, ahead) > fewer * planned_load(mu, fewer, util) * (1 - TOLERANCE):
-        return Decision(current, HOLD, "steady", f"{current} replicas fit {rate}", replace(memory, high_since=obs.now))
-    return _scale_down(policy, obs, s, memory, planned_load(mu, fewer, util))
+    if mu is None or max(level, ahead) > fewer * planned_load(mu, fewer, util, z) * (1 - TOLERANCE):
+        return Decision(
+            current,
+            HOLD,
+            "steady",
+            f"{current} replicas fit {rate}{_dispersion_text(s, z)}",
+            replace(memory, high_since=obs.now),
+        )
+    return _scale_down(policy, obs, s, memory, planned_load(mu, fewer, util, z))
 
 
-def _count(rate: float, mu: float | None, current: int, utilization: float) -> int:
+def _count(rate: float, mu: float | None, current: int, utilization: float, peakedness: float = 1.0) -> int:
     """Replicas for `rate` at the planned load each; the current count stands within TOLERANCE of it."""
     if mu is None or mu <= 0 or rate <= 0:
         return 0
-    planned = planned_load(mu, current, utilization)
+    planned = planned_load(mu, current, utilization, peakedness)
     if current * planned < rate <= current * planned * (1 + TOLERANCE):
         return current
-    return capacity_term(rate, mu, utilization)
+    return capacity_term(rate, mu, utilization, peakedness)
+
+
+def _dispersion_text(s: Signals, peakedness: float) -> str:
+    """The arrivals' burstiness, where the law's headroom grew for it: the measured index of dispersion,
+    and the factor on the headroom (√ of the peakedness it used)."""
+    if peakedness <= 1.0 or s.dispersion is None:
+        return ""
+    return (
+        f"; arrivals over-dispersed: index of dispersion {s.dispersion:.1f} per period, "
+        f"headroom ×{math.sqrt(peakedness):.2f}"
+    )
 
 
 def _rate_text(memory: Memory, ahead: float, horizon: float) -> str:
@@ -338,12 +381,14 @@ def _scale_down(
                 replace(memory, high_since=now),
             )
         return Decision(current, HOLD, "steady", f"1 replica serves {rate}", memory)
-    if held < policy.scale_down_window:
+    # on bursty arrivals the level settles z times slower (arrival.py), and a step down waits as much longer
+    window = policy.scale_down_window * min(max(1.0, memory.peakedness), BURSTY_SLOWDOWN)
+    if held < window:
         return Decision(
             current,
             HOLD,
             "stabilizing",
-            f"{current - 1} replicas would do; stabilising {held:.0f} of {policy.scale_down_window:.0f} s",
+            f"{current - 1} replicas would do; stabilising {held:.0f} of {window:.0f} s",
             memory,
         )
     if s.attainment is not None and s.attainment < policy.attainment_target:
@@ -359,6 +404,7 @@ def _scale_down(
         reason = (
             f"arrival {level:.2f} req/s: {fewer} would run at {load:.0%} of the planned "
             f"{planned:.2f} req/s each; {current} not needed for {held:.0f} s"
+            f"{_dispersion_text(s, memory.peakedness)}"
         )
     # the window has passed: further steps may follow period by period while N−1 stays under the plan
     return Decision(current - 1, DOWN, "scale_down", reason, replace(memory, changed_at=now))

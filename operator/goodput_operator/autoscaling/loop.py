@@ -30,7 +30,7 @@ from goodput_operator.autoscaling.sources import (
     service_endpoints,
 )
 from goodput_operator.autoscaling.startup import StartupClock
-from goodput_operator.autoscaling.state import Memory, Observation, Policy, start_memory
+from goodput_operator.autoscaling.state import Memory, Observation, Policy, Signals, start_memory
 from goodput_operator.context import Context
 from goodput_operator.k8s import ApiError, Kube, load_config, now_timestamp, owner_collection, owner_path
 
@@ -229,6 +229,8 @@ class Autoscaler:
         ):
             if rate is not None:
                 metrics.AUTOSCALER_ARRIVAL.labels(namespace=namespace, name=name, kind=kind).set(rate)
+        for kind, measured in _dispersion(signals, decision).items():
+            metrics.AUTOSCALER_DISPERSION.labels(namespace=namespace, name=name, kind=kind).set(measured)
         return decision
 
     async def _write_replicas(self, body: dict[str, Any], svc: ServiceSpec, current: int, decision: Decision) -> None:
@@ -280,6 +282,9 @@ class Autoscaler:
         clock = self.startups.get((svc.namespace, svc.name))
         if clock is not None and clock.seconds is not None:
             autoscaler["startupSeconds"] = round(clock.seconds, 1)
+        dispersion = _dispersion(reading.signals, decision)
+        if dispersion:
+            autoscaler["dispersion"] = {kind: round(value, 2) for kind, value in dispersion.items()}
         if decision.desired != current and acting:
             autoscaler["lastDecision"] = {
                 "time": now_timestamp(),
@@ -304,6 +309,19 @@ class Autoscaler:
         await self.kube.patch_status(meta["namespace"], meta["name"], status)
 
 
+def _dispersion(signals: Signals | None, decision: Decision) -> dict[str, float]:
+    """What the loop exports and shows of the traffic's burstiness: the measured index of dispersion of
+    arrivals and the peakedness the law planned with, once the counts are enough to say; the spread of
+    request sizes once requests have finished."""
+    out: dict[str, float] = {}
+    if signals is not None and signals.dispersion is not None:
+        out["arrivals"] = signals.dispersion
+        out["peakedness"] = decision.memory.peakedness
+    if signals is not None and signals.size_cv2 is not None:
+        out["sizes"] = signals.size_cv2
+    return out
+
+
 def _forget_series(namespace: str, name: str) -> None:
     """A service gone from goodput mode leaves no stale gauges behind."""
     for gauge in (
@@ -319,6 +337,7 @@ def _forget_series(namespace: str, name: str) -> None:
     for gauge, kinds in (
         (metrics.AUTOSCALER_REPLICAS, ("current", "ready", "starting", "min", "max")),
         (metrics.AUTOSCALER_ARRIVAL, ("observed", "smoothed", "forecast")),
+        (metrics.AUTOSCALER_DISPERSION, ("arrivals", "peakedness", "sizes")),
     ):
         for kind in kinds:
             try:

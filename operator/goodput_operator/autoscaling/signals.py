@@ -16,10 +16,17 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from goodput_contract.metrics import ENGINE_METRICS, EngineMetrics
+from goodput_contract.metrics import E2E_LATENCY, ENGINE_METRICS, EngineMetrics
+from goodput_operator.autoscaling.dispersion import DISPERSION_PERIODS, index_of_dispersion, size_spread
 from goodput_operator.autoscaling.state import Signals
 
 Buckets = tuple[tuple[float, float], ...]  # (le, cumulative count)
+# each engine's histogram of end-to-end request latency, from which the spread of request sizes is read
+E2E_HISTOGRAMS = {
+    "goodput": (E2E_LATENCY,),
+    "vllm": ("vllm:e2e_request_latency_seconds",),
+    "sglang": ("sglang:e2e_request_latency_seconds",),
+}
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,7 @@ class PodSample:
     failed: float = 0.0  # finished without success (aborted, errors)
     counts_good: bool = True  # False: the engine has no good counter; it is estimated against the SLO
     rejected: float = 0.0  # refused before being queued (admission's 429s): arrivals the pod never served
+    e2e_buckets: Buckets = ()  # end-to-end latency, for the spread of request sizes
 
 
 def _detect(names: set[str]) -> EngineMetrics:
@@ -95,6 +103,7 @@ def parse_pod_metrics(text: str) -> PodSample:
         failed=failed,
         counts_good=m.good is not None,
         rejected=sum(total(name) for name in m.rejected),
+        e2e_buckets=buckets(E2E_HISTOGRAMS.get(m.engine, ())),
     )
 
 
@@ -162,9 +171,15 @@ class History:
     slo_ttft: float | None = None  # the targets good requests are estimated against, for engines
     slo_tpot: float | None = None  # without a good counter of their own
     scrapes: deque[tuple[float, dict[str, PodSample]]] = field(default_factory=deque)
+    # (seconds, arrivals) between consecutive scrapes: the counts whose dispersion says how bursty arrivals are
+    periods: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=DISPERSION_PERIODS))
 
     def add(self, now: float, pods: dict[str, PodSample]) -> None:
         self.scrapes.append((now, pods))
+        if len(self.scrapes) >= 2:
+            before = self.scrapes[-2]
+            span = now - before[0]
+            self.periods.append((span, self._arrival_rate(before) * span))
         while self.scrapes and now - self.scrapes[0][0] > self.keep_seconds:
             self.scrapes.popleft()
 
@@ -239,6 +254,12 @@ class History:
         pairs = self._pairs(base)
         ttft = self._bucket_delta(pairs, "ttft_buckets")
         tpot = self._bucket_delta(pairs, "tpot_buckets")
+        dispersion = index_of_dispersion(list(self.periods))
+        long_base = self._base(now, long_window)
+        long_pairs = self._pairs(long_base) if long_base is not None else []
+        sizes = size_spread(
+            self._bucket_delta(long_pairs, "e2e_buckets"), self._bucket_delta(long_pairs, "ttft_buckets")
+        )
         return Signals(
             arrival_rate=self._arrival_rate(base),
             arrival_rate_now=self._arrival_rate(self.scrapes[-2]),
@@ -251,6 +272,9 @@ class History:
             tpot_p90=histogram_quantile(0.9, tpot),
             finished_long=self.finished(now, long_window)[0],
             finished=self.finished(now, window)[0],
+            dispersion=None if dispersion is None else dispersion.index,
+            peakedness=1.0 if dispersion is None else dispersion.peakedness,
+            size_cv2=sizes,
         )
 
     @staticmethod

@@ -41,6 +41,9 @@ class Signals:
     finished_long: float | None = None  # requests finished in the long window, to judge a miss's weight
     arrival_rate_now: float | None = None  # over the last period only: a surge shows here first
     finished: float | None = None  # requests finished in the short window; None: a fifth of finished_long
+    dispersion: float | None = None  # index of dispersion of arrival counts per control period (None: too few yet)
+    peakedness: float = 1.0  # what the law's headroom uses: the index less its noise, floored at 1 (dispersion.py)
+    size_cv2: float | None = None  # request sizes' squared coefficient of variation, over the long window
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class Memory:
     good: float = 0.0  # evidence about the current estimate: requests within the SLO ...
     total: float = 0.0  # ... of this many, in periods run near the planned load
     ceiling: float | None = None  # the lowest estimate a significant miss refuted
+    peakedness: float = 1.0  # the arrivals' measured peakedness (1: Poisson), as last read
 
 
 def start_memory(capacity: float | None) -> Memory:
