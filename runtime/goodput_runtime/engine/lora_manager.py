@@ -69,6 +69,9 @@ class LoraAdapter:
     nbytes: int
     pinned: bool = False
     loaded_at: float = field(default_factory=time.time)
+    # each touched stack's slot contents (LoraStack.image), by id of the stack; built with the weights, off
+    # the loop, dropped with them
+    images: dict[int, tuple[torch.Tensor, ...]] | None = None
 
     @property
     def key(self) -> str:
@@ -229,8 +232,20 @@ class LoraManager:
     # registration (the loop; the adapter read beforehand, off it)
 
     def read(self, name: str, path: str | Path) -> LoraAdapter:
-        """read_adapter against this model: for a thread."""
-        return read_adapter(name, path, self.shape, self.max_rank)
+        """read_adapter against this model, with its slot images: for a thread."""
+        adapter = read_adapter(name, path, self.shape, self.max_rank)
+        adapter.images = self.images(adapter)
+        return adapter
+
+    def images(self, adapter: LoraAdapter) -> dict[int, tuple[torch.Tensor, ...]]:
+        """The slot contents of every stack the adapter touches."""
+        assert adapter.weights is not None
+        parts: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+        for (layer, module), pair in adapter.weights.items():
+            stack, part = self.targets[layer, module]
+            parts.setdefault(id(stack), {})[part] = pair
+        with torch.no_grad():
+            return {key: self.stacks[key].image(p, adapter.scaling) for key, p in parts.items()}
 
     def add(self, adapter: LoraAdapter, pinned: bool = False) -> LoraAdapter:
         """Register `adapter` under its name (replacing an adapter of that name: see the docstring)."""
@@ -241,7 +256,7 @@ class LoraManager:
         if existing is not None:  # the same weights again: keep the one that may sit in a slot
             existing.path, existing.pinned = adapter.path, existing.pinned or pinned
             if existing.weights is None:
-                existing.weights = adapter.weights
+                existing.weights, existing.images = adapter.weights, adapter.images
             adapter = existing
         adapter.pinned = adapter.pinned or pinned
         self.by_name[adapter.name] = adapter
@@ -285,7 +300,7 @@ class LoraManager:
             del self.cpu[victim]
             held = self.by_key.get(victim)
             if held is not None:
-                held.weights = None
+                held.weights = held.images = None
                 self._event("evict_cpu", held.name)
                 if victim not in self.slots and self.by_name.get(held.name) is not held:
                     del self.by_key[victim]
@@ -357,15 +372,15 @@ class LoraManager:
         started = time.monotonic()
         if adapter.weights is None:  # dropped from the CPU tier: read again (rare; logged)
             log.warning("LoRA adapter %s: read again from %s for a slot", adapter.name, adapter.path)
-            adapter.weights = self.read(adapter.name, adapter.path).weights
+            again = self.read(adapter.name, adapter.path)
+            adapter.weights, adapter.images = again.weights, again.images
+        if adapter.images is None:
+            adapter.images = self.images(adapter)
         self._hold(adapter)
-        assert adapter.weights is not None
-        for stack in self.stacks.values():
-            stack.clear(slot)
+        images = adapter.images
         with torch.no_grad():
-            for (layer, module), (a, b) in adapter.weights.items():
-                stack, part = self.targets[layer, module]
-                stack.set(slot, part, a, b, adapter.scaling)
+            for key, stack in self.stacks.items():
+                stack.place(slot, images.get(key))
         self.slots[slot] = adapter.key
         log.debug(
             "LoRA adapter %s placed in slot %d in %.1f ms", adapter.name, slot, 1e3 * (time.monotonic() - started)

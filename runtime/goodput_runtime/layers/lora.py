@@ -138,6 +138,27 @@ class LoraStack:
         self.a[:, slot, cols] = lora_a.t().to(self.a.dtype)
         self.b[slot, cols, out] = (lora_b.float().t() * scaling).to(self.b.dtype)
 
+    def image(self, parts: dict[int, tuple[torch.Tensor, torch.Tensor]], scaling: float) -> tuple[torch.Tensor, ...]:
+        """A slot's contents for the adapter whose parts are {part: (lora_a, lora_b)}, built ahead (off the
+        engine's loop) so that placing it is two copies: (a [in, W], b [W, out])."""
+        a = torch.zeros(self.a.shape[0], self.width, dtype=self.a.dtype)
+        b = torch.zeros(self.width, self.b.shape[2], dtype=self.b.dtype)
+        for part, (lora_a, lora_b) in parts.items():
+            r = lora_a.shape[0]
+            cols = slice(part * self.max_rank, part * self.max_rank + r)
+            out = slice(self.offsets[part], self.offsets[part] + self.out_sizes[part])
+            a[:, cols] = lora_a.t().to(a.dtype)
+            b[cols, out] = (lora_b.float().t() * scaling).to(b.dtype)
+        return a, b
+
+    def place(self, slot: int, image: tuple[torch.Tensor, ...] | None) -> None:
+        """Fill `slot` from an ``image`` (None: clear it)."""
+        if image is None:
+            self.clear(slot)
+            return
+        self.a[:, slot].copy_(image[0])
+        self.b[slot].copy_(image[1])
+
     def add_(self, y: torch.Tensor, x: torch.Tensor, batch: LoraBatch) -> None:
         """y [T, out] += each adapter row's update from x [T, in]."""
         if batch.decode_rows is not None:
