@@ -17,6 +17,7 @@ DEVICE = "--device"
 MAX_MODEL_LEN = "--max-model-len"
 QUANTIZATION = "--quantization"
 TENSOR_PARALLEL_SIZE = "--tensor-parallel-size"
+PIPELINE_PARALLEL_SIZE = "--pipeline-parallel-size"
 MAX_NUM_SEQS = "--max-num-seqs"
 MAX_NUM_BATCHED_TOKENS = "--max-num-batched-tokens"
 GPU_MEMORY_UTILIZATION = "--gpu-memory-utilization"
@@ -39,6 +40,10 @@ PORT = "--port"
 SHUTDOWN_DELAY = "--shutdown-delay"  # seconds
 SHUTDOWN_GRACE = "--shutdown-grace"  # seconds
 TERMINATION_MESSAGE_PATH = "--termination-message-path"
+# a replica spanning pods: set by the operator per pod
+NODE_RANK = "--node-rank"
+NNODES = "--nnodes"
+LEADER_ADDRESS = "--leader-address"
 
 # CR field (its path under spec) -> the runtime flag that carries its value
 CR_FIELD_FLAGS: dict[str, str] = {

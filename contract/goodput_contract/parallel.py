@@ -61,3 +61,24 @@ def kv_heads_per_rank(shape: ModelShape, tensor: int) -> int:
     if tensor < 1 or shape.num_kv_heads % tensor:
         raise ValueError(f"{tensor} ranks cannot split {shape.num_kv_heads} KV heads evenly")
     return shape.num_kv_heads // tensor
+
+
+def pipeline_problem(num_layers: int, pipeline: int, field: str) -> str | None:
+    """Why ``pipeline`` stages cannot split a model of ``num_layers`` decoder layers, naming
+    ``field``; None when they can. Each stage runs a contiguous run of at least one layer."""
+    if pipeline < 1:
+        return f"{field} {pipeline} must be at least 1"
+    if num_layers < pipeline:
+        return f"{field} {pipeline} exceeds the model's {num_layers} layers: each pipeline stage needs at least one"
+    return None
+
+
+def pods_per_replica(gpus: int, gpus_per_node: int | None) -> int:
+    """Pods one replica of ``gpus`` GPUs (tensor × pipeline) spans: one when it fits a node (or no
+    node size is given), else one pod per node of ``gpus_per_node`` GPUs; ValueError when the
+    GPUs cannot be spread evenly over whole nodes."""
+    if gpus_per_node is None or gpus <= gpus_per_node:
+        return 1
+    if gpus % gpus_per_node:
+        raise ValueError(f"{gpus} GPUs cannot be spread evenly over nodes of {gpus_per_node}")
+    return gpus // gpus_per_node

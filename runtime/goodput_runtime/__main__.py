@@ -190,6 +190,33 @@ def build_parser() -> ReasonedArgumentParser:
         default=1,
         help="ranks the model is split over, one process each (gloo on CPU, NCCL on GPU)",
     )
+    model.add_argument(
+        "--pipeline-parallel-size",
+        type=positive_int,
+        default=1,
+        help="stages the decoder's layers are split into, each of --tensor-parallel-size ranks; a step passes "
+        "through the stages in turn",
+    )
+    model.add_argument(
+        "--node-rank",
+        type=non_negative_int,
+        default=None,
+        help="this pod's index in a replica spanning pods: 0 serves HTTP, the others serve /health and run their "
+        "ranks (default: $GOODPUT_NODE_RANK, $LWS_WORKER_INDEX, else 0)",
+    )
+    model.add_argument(
+        "--nnodes",
+        type=positive_int,
+        default=None,
+        help="pods of the replica, each running tensor × pipeline / nnodes ranks "
+        "(default: $GOODPUT_NNODES, $LWS_GROUP_SIZE, else 1)",
+    )
+    model.add_argument(
+        "--leader-address",
+        default=None,
+        help="HOST:PORT of pod 0, where the ranks meet (torch.distributed's store; PORT+1 carries the pods' "
+        "heartbeats) (default: $GOODPUT_LEADER_ADDRESS, $LWS_LEADER_ADDRESS)",
+    )
     engine = p.add_argument_group("engine")
     engine.add_argument(
         "--max-num-seqs", type=positive_int, default=default("max_num_seqs"), help="most requests running at once"
@@ -525,6 +552,13 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        from goodput_runtime.engine import rendezvous
+
+        group = rendezvous.group_of(args.node_rank, args.nnodes, args.leader_address)
+        if group.node_rank > 0:  # a worker pod of a replica spanning pods
+            from goodput_runtime.engine.tp_worker import serve_node
+
+            return serve_node(engine_config(args), group, args.host, args.port)
         return asyncio.run(run(args))
     except Exception as exc:
         write_termination_message(args.termination_message_path, f"Runtime crashed: {type(exc).__name__}: {exc}")

@@ -22,6 +22,10 @@ class EngineConfig:
     max_queue: int = 1024
     seed: int = 0
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1  # stages the decoder's layers are split into (engine/pipeline.py)
+    node_rank: int | None = None  # this pod's index in a replica spanning pods; None: from the environment
+    nnodes: int | None = None  # pods of the replica; None: from the environment, else 1
+    leader_address: str | None = None  # host:port of pod 0's torch.distributed store
     quantization: str = "none"  # none | int8 (weight-only) | int8-w8a8 | fp8
     quantize_lm_head: bool = False
     enforce_eager: bool = False  # on GPU: no CUDA graphs for decode steps

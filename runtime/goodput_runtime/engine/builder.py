@@ -15,7 +15,7 @@ import torch
 
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.cpu import pick_threads
-from goodput_runtime.engine import lora_manager, parallel, prefix_digest
+from goodput_runtime.engine import lora_manager, parallel, pipeline, prefix_digest, rendezvous
 from goodput_runtime.engine.batch_cap import BatchCap, StepTimeModel
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.contention import ContentionWatch
@@ -124,9 +124,14 @@ def kv_cache_bytes(config: EngineConfig, device: torch.device, model_config) -> 
 
 
 def load_for_rank(
-    config: EngineConfig, model_dir: Path, rank: int = 0, world: int = 1, port: int | None = None
+    config: EngineConfig,
+    model_dir: Path,
+    rank: int = 0,
+    world: int = 1,
+    init_method: str | None = None,
+    local_rank: int = 0,
 ) -> tuple[Any, torch.device]:
-    """This rank's model: loaded, sharded when tensor parallel, on its device."""
+    """This rank's model: loaded, cut to its pipeline stage and sharded when tensor parallel, on its device."""
     model_config = load_config(model_dir)
     device = pick_device(config.device)
     dtype = pick_dtype(config.dtype, device, model_config)
@@ -139,12 +144,16 @@ def load_for_rank(
     if world == 1:
         model = implementation.choose(load_model(model_dir, dtype, device, attn_implementation), config.model_impl)
     else:
-        device = parallel.rank_device(device, rank)
-        assert port is not None
-        parallel.init_group(rank, world, port, device)
+        topology = pipeline.Topology(rank, config.tensor_parallel_size, config.pipeline_parallel_size)
+        device = parallel.rank_device(device, local_rank)
+        assert init_method is not None
+        parallel.init_group(rank, world, init_method, device)
+        group = parallel.tensor_groups(topology.tensor, topology.pipeline, topology.stage)
         model = load_model(model_dir, dtype, torch.device("cpu"), attn_implementation)
         model = implementation.choose(model, config.model_impl, world)  # transformers' modules: they shard
-        parallel.shard_model(model, rank, world)
+        pipeline.cut_model(model, topology)
+        if topology.tensor > 1:
+            parallel.shard_model(model, topology.tensor_rank, topology.tensor, group)
         model = model.to(device)
     quantize_model(model, config.quantization, device, config.quantize_lm_head)
     return model, device
@@ -154,8 +163,11 @@ def size_kv_cache(
     config: EngineConfig, device: torch.device, model_config, dtype: torch.dtype, max_model_len: int
 ) -> int:
     """Blocks of this rank's KV cache; refuses a cache that cannot hold one full-length sequence."""
-    world = config.tensor_parallel_size
-    layout = KVLayout.of(model_config, dtype, world)
+    world = config.tensor_parallel_size * config.pipeline_parallel_size
+    layout = KVLayout.of(model_config, dtype, config.tensor_parallel_size)
+    if config.pipeline_parallel_size > 1:  # a rank holds its stage's layers alone (the first stage's are the most)
+        stage = pipeline.stage_layers(model_config.num_hidden_layers, config.pipeline_parallel_size, 0)
+        layout = dataclasses.replace(layout, num_layers=len(stage))
     block_bytes = layout.bytes_per_token() * config.block_size
     budget = kv_cache_bytes(config, device, model_config)
     if device.type != "cuda":
@@ -333,16 +345,31 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
     max_model_len = config.max_model_len or limit
     if max_model_len > limit:
         raise EngineConfigError(f"--max-model-len {max_model_len} exceeds the model's limit of {limit} tokens")
-    world = config.tensor_parallel_size
+    tensor = config.tensor_parallel_size
+    world = tensor * config.pipeline_parallel_size
     check_method(config.quantization, pick_device(config.device))  # before any rank or weight is loaded
     followers = None
-    port = None
+    init_method = None
+    group = rendezvous.group_of(config.node_rank, config.nnodes, config.leader_address)
+    if group.node_rank != 0:
+        raise EngineConfigError("a worker pod (--node-rank above 0) serves no requests; it runs serve_node")
     if world > 1:
-        parallel.validate(model_config, world, pick_device(config.device))
-        port = parallel.free_port()
-        followers = parallel.Followers(world, port, model_dir, json.dumps(dataclasses.asdict(config)))
+        per_node = group.ranks_per_node(world)
+        parallel.validate(model_config, tensor, pick_device(config.device), config.pipeline_parallel_size, per_node)
+        if config.pipeline_parallel_size > 1 and config.speculative_method:
+            raise EngineConfigError("--speculative-method does not run with --pipeline-parallel-size above 1 yet")
+        if group.nnodes == 1:
+            init_method = f"tcp://127.0.0.1:{parallel.free_port()}"
+        else:
+            init_method = group.init_method
+            rendezvous.GroupWatch(group).wait_for_workers()
+        followers = parallel.Followers(
+            list(range(1, per_node)), world, init_method, model_dir, json.dumps(dataclasses.asdict(config))
+        )
+    elif group.nnodes > 1:
+        raise EngineConfigError(f"--nnodes {group.nnodes} needs as many ranks at least (tensor × pipeline is 1)")
     tokenizer = load_tokenizer(model_dir)
-    model, device = load_for_rank(config, model_dir, 0, world, port)
+    model, device = load_for_rank(config, model_dir, 0, world, init_method)
     dtype = model.get_input_embeddings().weight.dtype
     wanted = config.enable_lora or config.lora_modules or config.lora_source
     lora = enable_lora(config, model, model_config, metrics) if wanted else None
@@ -374,7 +401,7 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
             config.slo_ttft, config.slo_tpot, max_chunk=config.max_num_batched_tokens, model=model_of_steps
         )
         log.info("Scheduling for the SLO: waiting prompts by TTFT deadline, online prefill chunks by TPOT slack")
-    runner = ModelRunner(model, num_blocks, config.block_size, config.seed, world)
+    runner = ModelRunner(model, num_blocks, config.block_size, config.seed, tensor)
     if followers is not None:
         parallel.broadcast(num_blocks)
         runner.broadcast = parallel.broadcast
@@ -387,7 +414,7 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
     if config.compile:
         compile_layers(runner)  # after tuning (whose trial plans would each compile), before CUDA graphs
     if device.type == "cuda" and attention.kernel_attends_decodes(runner.cache):
-        warm_up_triton(runner, model_config, world)
+        warm_up_triton(runner, model_config, tensor)
     if device.type == "cuda" and not config.enforce_eager and lora is not None:
         log.info("decode CUDA graphs are off with LoRA adapters; decode steps run eagerly")
     elif device.type == "cuda" and not config.enforce_eager:

@@ -1,5 +1,9 @@
 """Tensor parallelism: one process per rank, the model sharded by heads and MLP columns.
 
+With pipeline parallelism too (engine/pipeline.py), each stage's ranks form their own
+tensor-parallel group; with several pods (engine/rendezvous.py), each pod starts its own ranks
+and all of them meet at the leader's address.
+
 The runtime starts its own ranks: the serving process is rank 0 and drives every step;
 followers receive each step's plan, run the same forward pass on their shard and take part
 in the all-reduces. Attention heads and the MLP's gate/up rows are split across ranks
@@ -27,7 +31,8 @@ import torch.distributed as dist
 from torch import nn
 
 from goodput_contract import flags
-from goodput_contract.parallel import ModelShape, tensor_parallel_problem
+from goodput_contract.parallel import ModelShape, pipeline_problem, tensor_parallel_problem
+from goodput_runtime.engine import rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +53,17 @@ def model_shape(model_config) -> ModelShape:
     return ModelShape(heads, kv_heads, model_config.intermediate_size)
 
 
-def validate(model_config, world: int, device: torch.device) -> None:
-    """Refuse a split the model's shape does not allow (the contract's rule), or more GPUs than are visible."""
-    problem = tensor_parallel_problem(model_shape(model_config), world, flags.TENSOR_PARALLEL_SIZE)
+def validate(model_config, tensor: int, device: torch.device, pipeline: int = 1, ranks_here: int | None = None) -> None:
+    """Refuse a split the model's shape does not allow (the contract's rules), or more GPUs than are
+    visible for this pod's ranks (``ranks_here``, all of them where None)."""
+    problem = tensor_parallel_problem(model_shape(model_config), tensor, flags.TENSOR_PARALLEL_SIZE) or (
+        pipeline_problem(model_config.num_hidden_layers, pipeline, flags.PIPELINE_PARALLEL_SIZE)
+    )
     if problem:
         raise TensorParallelError(problem)
-    if device.type == "cuda" and world > torch.cuda.device_count():
-        raise TensorParallelError(
-            f"{flags.TENSOR_PARALLEL_SIZE} {world} needs {world} GPUs; {torch.cuda.device_count()} are visible"
-        )
+    here = tensor * pipeline if ranks_here is None else ranks_here
+    if device.type == "cuda" and here > torch.cuda.device_count():
+        raise TensorParallelError(f"{here} ranks in this pod need {here} GPUs; {torch.cuda.device_count()} are visible")
 
 
 def _shard(linear: nn.Linear, dim: int, rank: int, world: int) -> None:
@@ -70,13 +77,17 @@ def _shard(linear: nn.Linear, dim: int, rank: int, world: int) -> None:
             linear.register_parameter("bias", None)
 
 
-def _all_reduce(module: nn.Module, inputs, output: torch.Tensor) -> torch.Tensor:
-    dist.all_reduce(output)
-    return output
+def _all_reduce(group: Any):
+    def hook(module: nn.Module, inputs, output: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(output, group=group)
+        return output
+
+    return hook
 
 
-def shard_model(model: Any, rank: int, world: int) -> None:
-    """Split every decoder layer's projections for this rank and add the all-reduces, in place."""
+def shard_model(model: Any, rank: int, world: int, group: Any = None) -> None:
+    """Split every decoder layer's projections for this rank (its rank within its tensor-parallel
+    ``group``, the whole world where None) and add the all-reduces, in place."""
     for layer in model.model.layers:
         for block in (layer.self_attn, layer.mlp):
             for name, child in block.named_children():
@@ -84,7 +95,15 @@ def shard_model(model: Any, rank: int, world: int) -> None:
                     _shard(child, 0, rank, world)
                 elif name in ROW_PARALLEL:
                     _shard(child, 1, rank, world)
-                    child.register_forward_hook(_all_reduce)
+                    child.register_forward_hook(_all_reduce(group))
+
+
+def tensor_groups(tensor: int, pipeline: int, stage: int) -> Any:
+    """This stage's tensor-parallel process group; every rank creates every stage's, in order."""
+    if pipeline == 1:
+        return None
+    groups = [dist.new_group(list(range(s * tensor, (s + 1) * tensor))) for s in range(pipeline)]
+    return groups[stage]
 
 
 def free_port() -> int:
@@ -93,17 +112,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_group(rank: int, world: int, port: int, device: torch.device) -> None:
+def init_group(rank: int, world: int, init_method: str, device: torch.device) -> None:
+    """Join the group at ``init_method`` (``tcp://host:port``, the leader's store)."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT
-    )
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
 
 
-def rank_device(device: torch.device, rank: int) -> torch.device:
-    return torch.device("cuda", rank) if device.type == "cuda" else device
+def rank_device(device: torch.device, local_rank: int) -> torch.device:
+    """A rank's device: its GPU by its index among this pod's ranks."""
+    return torch.device("cuda", local_rank) if device.type == "cuda" else device
 
 
 def broadcast(obj=None):
@@ -114,9 +133,10 @@ def broadcast(obj=None):
 
 
 class Followers:
-    """The follower rank processes of this server, watched for as long as it runs."""
+    """This pod's other rank processes (``ranks``, global numbers), watched for as long as it runs."""
 
-    def __init__(self, world: int, port: int, model_dir: Path, config_json: str) -> None:
+    def __init__(self, ranks: list[int], world: int, init_method: str, model_dir: Path, config_json: str) -> None:
+        self.ranks = ranks
         self.procs = [
             subprocess.Popen(
                 [
@@ -127,35 +147,40 @@ class Followers:
                     str(rank),
                     "--world-size",
                     str(world),
-                    "--port",
-                    str(port),
+                    "--local-rank",
+                    str(local),
+                    "--init-method",
+                    init_method,
                     "--model-dir",
                     str(model_dir),
                     "--config",
                     config_json,
                 ]
             )
-            for rank in range(1, world)
+            for local, rank in enumerate(ranks, start=1)
         ]
         self.stopping = False
         threading.Thread(target=self._watch, name="tp-watch", daemon=True).start()
 
     def _watch(self) -> None:
         while not self.stopping:
-            for rank, proc in enumerate(self.procs, start=1):
+            for rank, proc in zip(self.ranks, self.procs, strict=True):
                 code = proc.poll()
                 if code is not None and not self.stopping:
                     log.error("Tensor-parallel rank %d exited with code %s; stopping the server", rank, code)
+                    logging.shutdown()
                     os._exit(1)
             time.sleep(0.2)
 
-    def stop(self) -> None:
-        """Tell the followers to finish, then make sure they have."""
+    def stop(self, tell: bool = True) -> None:
+        """Tell the followers to finish (rank 0 alone tells the whole group), then make sure they have."""
         self.stopping = True
-        try:
-            broadcast(None)
-        except Exception:  # a follower already gone: nothing left to tell
-            pass
+        rendezvous.stop_watching()
+        if tell:
+            try:
+                broadcast(None)
+            except Exception:  # a follower already gone: nothing left to tell
+                pass
         for proc in self.procs:
             try:
                 proc.wait(timeout=10)
