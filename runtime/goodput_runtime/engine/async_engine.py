@@ -176,10 +176,23 @@ class AsyncEngine:
             return False
         task = self.lora_loads.get(name)
         if task is None:
-            task = self.lora_loads[name] = asyncio.ensure_future(self.load_lora(name, str(path)))
+            task = self.lora_loads[name] = asyncio.ensure_future(self._load_counted(name, str(path)))
             task.add_done_callback(lambda _: self.lora_loads.pop(name, None))
         await asyncio.wait_for(asyncio.shield(task), LORA_LOAD_TIMEOUT_S)
         return True
+
+    async def _load_counted(self, name: str, path: str) -> LoraAdapter:
+        """load_lora, counted in the metrics by result."""
+        started, metrics = time.monotonic(), self.core.metrics
+        try:
+            adapter = await self.load_lora(name, path)
+        except LoraError:
+            if metrics is not None:
+                metrics.record_lora_load("error", time.monotonic() - started)
+            raise
+        if metrics is not None:
+            metrics.record_lora_load("ok", time.monotonic() - started)
+        return adapter
 
     def unload_lora(self, name: str) -> bool:
         manager = self.core.lora

@@ -82,16 +82,12 @@ class ServerState:
         request waits for the load); an adapter there that cannot be served is a 400 naming why."""
         engine = self.engine
         if model != self.model_name and engine is not None and engine.lora is not None:
-            started = time.monotonic()
             try:
-                loaded = await engine.ensure_lora(model)
+                await engine.ensure_lora(model)
             except LoraError as exc:
-                self.metrics.record_lora_load("error", time.monotonic() - started)
                 raise APIError(exc.status, str(exc), param="model", code=exc.code) from None
             except asyncio.TimeoutError:
                 raise unavailable(f"The adapter '{model}' is still loading; retry shortly", "lora_loading") from None
-            if loaded and time.monotonic() - started > 0.001:
-                self.metrics.record_lora_load("ok", time.monotonic() - started)
         return self.check_model(model)
 
     def check_model(self, model: str) -> str | None:
