@@ -128,7 +128,9 @@ class Replica:
 
 
 def traces(base: float, duration: float, seed: int = 7) -> dict[str, Callable[[float], float]]:
-    """Arrival rate (req/s) over time, in units of one replica's capacity `base`."""
+    """Arrival rate (req/s) over time, in units of one replica's capacity `base`: the grid's six Poisson
+    traces, then the over-dispersed ones (BURST_TRACES) and those with heavy-tailed request sizes
+    (TRACE_SIZES)."""
     return {
         "steady": lambda t: 4 * base,
         "ramp": lambda t: base * (1 + 7 * min(1.0, t / (0.6 * duration))),
@@ -136,7 +138,92 @@ def traces(base: float, duration: float, seed: int = 7) -> dict[str, Callable[[f
         "diurnal": lambda t: base * (4.5 - 3.5 * math.cos(2 * math.pi * t / duration)),
         "bursty": mmpp(base, duration, seed),
         "flash": lambda t: base * flash_crowd(t, duration),
+        "burst": bursts(base, duration, seed),
+        "heavy": lambda t: base * (4.5 - 3.5 * math.cos(2 * math.pi * t / duration)),
+        "burst-heavy": bursts(base, duration, seed),
     }
+
+
+POISSON_TRACES = ("steady", "ramp", "spike", "diurnal", "bursty", "flash")
+BURST_TRACES = ("burst", "burst-heavy")  # sub-minute bursts: over-dispersed counts at the control period's scale
+TRACE_SIZES = {"heavy": "lognormal", "burst-heavy": "lognormal"}  # every other trace: "uniform"
+# the burst traces: a Poisson background at BURST_BASE x the capacity, and bursts arriving as a Poisson
+# process (one every BURST_EVERY seconds on average) that each add BURST_HEIGHT x the capacity for a
+# duration uniform in BURST_SPAN seconds: a Poisson cluster process (compound Poisson in bursts), its
+# counts over-dispersed at every scale from a few seconds up (index of dispersion: bench/README.md)
+BURST_BASE, BURST_HEIGHT, BURST_EVERY, BURST_SPAN = 3.0, 4.0, 60.0, (5.0, 30.0)
+
+
+def bursts(
+    base: float,
+    duration: float,
+    seed: int,
+    background: float = BURST_BASE,
+    height: float = BURST_HEIGHT,
+    every: float = BURST_EVERY,
+    span: tuple[float, float] = BURST_SPAN,
+) -> Callable[[float], float]:
+    """The rate of a Poisson cluster process: `background` x base, plus `height` x base during each burst;
+    bursts start as a Poisson process of mean gap `every` seconds and last uniform(`span`) seconds (they
+    may overlap). Seeded, so every policy sees the same bursts; the rate function itself is what the
+    yardsticks know."""
+    rng = random.Random(seed * 104729 + 3)
+    edges: list[tuple[float, int]] = []
+    t = rng.expovariate(1 / every)
+    while t < duration:
+        edges += [(t, 1), (t + rng.uniform(*span), -1)]
+        t += rng.expovariate(1 / every)
+    edges.sort()
+    times, levels, active = [0.0], [0], 0
+    for at, step in edges:
+        active += step
+        times.append(at)
+        levels.append(active)
+
+    def rate(t: float) -> float:
+        return base * (background + height * levels[bisect_right(times, t) - 1])
+
+    rate.peak = base * (background + height * max(levels))  # type: ignore[attr-defined]
+    return rate
+
+
+# request sizes, in units of the mean request's work (decode tokens plus an eighth of the prompt's, as a
+# replayed log's are). uniform: ±50 %, the grid's. lognormal: prompt and output tokens drawn from
+# lognormals (medians and sigmas below, capped at 32k and 8k tokens), a heavy tail
+# in the manner of recorded chat traffic: squared coefficient of variation of the work about 1.4
+PROMPT_MEDIAN, PROMPT_SIGMA, PROMPT_CAP = 1000.0, 1.0, 32768.0
+OUTPUT_MEDIAN, OUTPUT_SIGMA, OUTPUT_CAP = 150.0, 1.2, 8192.0
+
+
+def lognormal_tokens(rng: random.Random) -> tuple[float, float]:
+    """(prompt tokens, output tokens) of one request of the heavy-tailed mix."""
+    prompt = min(PROMPT_CAP, PROMPT_MEDIAN * math.exp(rng.gauss(0, PROMPT_SIGMA)))
+    output = min(OUTPUT_CAP, OUTPUT_MEDIAN * math.exp(rng.gauss(0, OUTPUT_SIGMA)))
+    return round(prompt), max(1, round(output))
+
+
+def _lognormal_mean_work() -> float:
+    rng = random.Random(12345)
+    works = [o + p / 8 for p, o in (lognormal_tokens(rng) for _ in range(200_000))]
+    return sum(works) / len(works)
+
+
+LOGNORMAL_MEAN_WORK = _lognormal_mean_work()
+
+
+def size_sampler(mix: str, seed: int) -> Callable[[], float]:
+    """Each request's work, in units of the mix's mean: `uniform` (the grid's ±50 %) or `lognormal`."""
+    rng = random.Random(seed)
+    if mix == "uniform":
+        return lambda: rng.uniform(0.5, 1.5)
+    if mix == "lognormal":
+
+        def draw() -> float:
+            prompt, output = lognormal_tokens(rng)
+            return (output + prompt / 8) / LOGNORMAL_MEAN_WORK
+
+        return draw
+    raise ValueError(f"unknown size mix {mix!r}")
 
 
 def mmpp(
@@ -178,7 +265,7 @@ def flash_crowd(t: float, duration: float, start: float = 0.5, peak: float = 10.
 def arrivals(rate: Callable[[float], float], duration: float, seed: int) -> list[float]:
     """A Poisson process of time-varying rate, by thinning."""
     rng = random.Random(seed)
-    peak = max(rate(i * duration / 1000) for i in range(1001))
+    peak = getattr(rate, "peak", None) or max(rate(i * duration / 1000) for i in range(1001))
     t, out = 0.0, list[float]()
     while True:
         t += rng.expovariate(peak)
@@ -193,7 +280,7 @@ class Service:
         self.curve, self.startup, self.max_num_seqs = curve, startup, max_num_seqs
         self.replicas = [Replica(ready_at=0.0) for _ in range(replicas)]
         self.draining: list[Replica] = []  # removed from routing, finishing what they hold (SIGTERM drain)
-        self.finished: list[tuple[float, bool, float, float]] = []  # (time, good, ttft, tpot)
+        self.finished: list[tuple[float, bool, float, float, float]] = []  # (time, good, ttft, tpot, e2e)
 
     def ready(self, now: float) -> list[Replica]:
         return [r for r in self.replicas if r.ready_at <= now]
@@ -233,7 +320,7 @@ class Service:
                 if req.done >= 1.0:
                     mean_tpot = req.tpot_sum / req.steps
                     good = req.ttft <= c.slo_ttft and mean_tpot <= c.slo_tpot
-                    self.finished.append((now, good, req.ttft, mean_tpot))
+                    self.finished.append((now, good, req.ttft, mean_tpot, now - req.arrival))
                 else:
                     still.append(req)
             rep.running = still
@@ -241,3 +328,21 @@ class Service:
 
     def replica_count(self) -> int:
         return len(self.replicas) + len(self.draining)
+
+
+def write_trace(name: str, path: Path, duration: float = 3600.0, seed: int = 7, base: float | None = None) -> int:
+    """A trace's arrivals and request sizes in the replay format (`timestamp,prompt_tokens,output_tokens`), so
+    that `--replay` runs any policy on exactly these requests: the heavy-tailed mix's drawn tokens, or for the
+    uniform mix 200 output tokens ±50 % and no prompt. Returns the number of rows."""
+    base = base if base is not None else Curve.load().capacity_point(0.95)[0]
+    times = arrivals(traces(base, duration, seed)[name], duration, seed)
+    rng = random.Random(seed + 2)
+    rows = ["timestamp,prompt_tokens,output_tokens"]
+    for t in times:
+        if TRACE_SIZES.get(name, "uniform") == "lognormal":
+            prompt, output = lognormal_tokens(rng)
+        else:
+            prompt, output = 0, round(200 * rng.uniform(0.5, 1.5))
+        rows.append(f"{t:.3f},{prompt},{output}")
+    path.write_text("\n".join(rows) + "\n")
+    return len(times)

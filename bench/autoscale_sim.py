@@ -1,16 +1,21 @@
-"""Trace-driven simulation of a Goodput service under five scaling policies.
+"""Trace-driven simulation of a Goodput service under five scaling policies and two yardsticks.
 
     python -m bench.autoscale_sim [--plots] [--startup 60] [--duration 3600]
     python -m bench.autoscale_sim --grid [--seeds 1-5]   # the law without a hint vs the concurrency HPA
     python -m bench.autoscale_sim --surface              # attainment of static counts against load
+    python -m bench.autoscale_sim --replay log.csv       # every policy and both yardsticks on a recorded log
+    python -m bench.autoscale_sim --write-trace burst burst.csv   # a trace in that log format
 
 Replicas follow the capacity curve measured from our runtime (bench/autoscale_capacity.json:
 throughput, TTFT and TPOT against concurrency) and become ready `--startup` seconds after
 they are asked for. Arrivals are Poisson on six traces (steady, ramp, spike, diurnal, bursty,
-flash), seeded. The same traces go to:
+flash), then over-dispersed on two (burst, burst-heavy: sub-minute bursts, autoscale_model.bursts),
+request sizes ±50 % except on heavy and burst-heavy (lognormal prompt and output tokens), seeded.
+The same traces go to:
 
 - goodput: the operator's own law (goodput_operator.autoscaling.law.decide), every 15 s;
-  goodput-no-hint: the same with no capacity per replica given;
+  goodput-no-hint: the same with no capacity per replica given; goodput-poisson: the same with the
+  arrivals' dispersion never measured (the law as it was before it read burstiness);
 - queue-hpa: a Kubernetes HPA on requests waiting per replica, target 2 (the queue-length
   signal KServe/KubeAI-style setups scale on), with the same HPA behaviour as below;
 - concurrency-hpa: what KServe and KubeAI do, a Kubernetes HPA on requests in flight per
@@ -18,9 +23,11 @@ flash), seeded. The same traces go to:
   scale-up max(4 pods, 100 %) per period, 300 s scale-down stabilisation);
 - static-peak: the replicas the trace's peak needs at the same 80 % target utilisation.
 
---grid adds two yardsticks, bounds rather than policies: both know the capacity exactly (from the
-static attainment surface) and the trace's true rate; `reactive-bound` sizes for the rate now,
-`clairvoyant` for the highest rate until a pod asked for now would be ready.
+Two yardsticks, bounds rather than policies (autoscale_surface.yardstick_policy): both know the capacity
+exactly (from the static attainment surface, for the trace's size mix) and the trace's true rate;
+`reactive-bound` sizes for the rate now, `clairvoyant` for the highest rate until a pod asked for now
+would be ready. On the burst traces both run the static count that holds the target through the bursts;
+on a replayed log they know its rate per minute and its request sizes.
 
 Prints SLO attainment and replica-seconds per trace and policy; writes the table as JSON
 (and PNGs with --plots) under bench/results/.
@@ -36,22 +43,43 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.autoscale_model import DT, Curve, Replica, Request, Service, arrivals, traces
-from bench.autoscale_surface import surface_table, yardstick_policy
+from bench.autoscale_grid import grid, grid_table, parse_seeds, targets_text
+from bench.autoscale_model import (
+    BURST_TRACES,
+    DT,
+    TRACE_SIZES,
+    Curve,
+    Replica,
+    Request,
+    Service,
+    arrivals,
+    traces,
+    write_trace,
+)
+from bench.autoscale_report import plot, table
+from bench.autoscale_surface import Sizes, surface_table, work_sampler, yardstick_policy
+from goodput_operator.autoscaling.dispersion import DISPERSION_PERIODS, index_of_dispersion
 from goodput_operator.autoscaling.law import decide
 from goodput_operator.autoscaling.state import Observation, Policy, Signals, start_memory
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PERIOD = 15.0  # control period of every autoscaler
 WINDOW = 60.0  # metrics window the autoscalers read
+SETTLED = 600.0  # attainment_settled: requests that arrived after this many seconds (learning done, counts kept)
 
 
-def signals(svc: Service, now: float, arrived: deque[float]) -> Signals:
+def signals(
+    svc: Service, now: float, arrived: deque[float], periods: deque[tuple[float, float]] | None = None
+) -> Signals:
+    """What the operator reads from the pods, here read off the simulated service. `periods`: the arrivals
+    counted per control period so far (None: dispersion not measured, the law plans as for Poisson)."""
     recent = [f for f in svc.finished[-5000:] if f[0] > now - WINDOW]
-    long = [f[1] for f in svc.finished[-20000:] if f[0] > now - 5 * WINDOW]
+    long_finished = [f for f in svc.finished[-20000:] if f[0] > now - 5 * WINDOW]
+    long = [f[1] for f in long_finished]
     ttfts = sorted(f[2] for f in recent)
     tpots = sorted(f[3] for f in recent)
     ready = svc.ready(now)
+    dispersion = index_of_dispersion(list(periods)) if periods is not None else None
     return Signals(
         arrival_rate=sum(1 for a in arrived if a > now - WINDOW) / min(WINDOW, max(now, DT)),
         arrival_rate_now=sum(1 for a in arrived if a > now - PERIOD) / min(PERIOD, max(now, DT)),
@@ -63,12 +91,37 @@ def signals(svc: Service, now: float, arrived: deque[float]) -> Signals:
         ttft_p90=ttfts[int(0.9 * (len(ttfts) - 1))] if ttfts else None,
         tpot_p90=tpots[int(0.9 * (len(tpots) - 1))] if tpots else None,
         finished=len(recent),
+        dispersion=dispersion.index if dispersion else None,
+        peakedness=dispersion.peakedness if dispersion else 1.0,
+        size_cv2=spread(long_finished),
     )
 
 
+def spread(finished: list[tuple[float, bool, float, float, float]]) -> float | None:
+    """Request sizes' squared coefficient of variation as the operator reads it (dispersion.size_spread):
+    the variance of the time after the first token over its mean squared, here from exact moments."""
+    if len(finished) < 30:
+        return None
+
+    def moments(xs: list[float]) -> tuple[float, float]:
+        m = sum(xs) / len(xs)
+        return m, sum((x - m) ** 2 for x in xs) / len(xs)
+
+    (m1, v1), (m2, v2) = moments([f[4] for f in finished]), moments([f[2] for f in finished])
+    return max(0.0, v1 - v2) / (m1 - m2) ** 2 if m1 > m2 else None
+
+
 def goodput_policy(
-    curve: Curve, low: int, high: int, target: float, capacity: float | None, startup: float = 60.0
+    curve: Curve,
+    low: int,
+    high: int,
+    target: float,
+    capacity: float | None,
+    startup: float = 60.0,
+    dispersion: bool = True,
 ) -> Callable[..., int]:
+    """The operator's law every PERIOD; `dispersion`: it measures the arrivals' index of dispersion from
+    the counts per period, as the operator does (False: it is never read, and the law plans as for Poisson)."""
     policy = Policy(
         min_replicas=low,
         max_replicas=high,
@@ -80,10 +133,14 @@ def goodput_policy(
         window_seconds=WINDOW,
     )
     memory = start_memory(capacity)
+    periods: deque[tuple[float, float]] = deque(maxlen=DISPERSION_PERIODS)
 
     def law(svc: Service, now: float, arrived: deque[float]) -> int:
         nonlocal memory
-        obs = Observation(now, len(svc.replicas), len(svc.ready(now)), signals(svc, now, arrived))
+        periods.append((PERIOD, float(sum(1 for a in arrived if now - PERIOD < a <= now))))
+        obs = Observation(
+            now, len(svc.replicas), len(svc.ready(now)), signals(svc, now, arrived, periods if dispersion else None)
+        )
         decision = decide(policy, obs, memory)
         memory = decision.memory
         return decision.desired
@@ -132,10 +189,15 @@ def run(
     target: float,
     max_num_seqs: int,
     replay: tuple[list[float], list[float]] | None = None,
+    sizes: str = "uniform",
+    process: str = "poisson",
 ) -> dict:
-    """One policy on one trace. `replay`: recorded arrival times and each request's work instead."""
+    """One policy on one trace. `replay`: recorded arrival times and each request's work instead; `sizes`:
+    the request size mix otherwise (autoscale_model.size_sampler)."""
     times = replay[0] if replay else arrivals(trace, duration, seed)
     works = replay[1] if replay else None
+    draw = work_sampler(sizes, seed) if not replay else None
+    yardstick_sizes: Sizes = tuple(works) if works else sizes
     base, concurrency = curve.capacity_point(target)
     static = min(high, math.ceil(peak_minute(times) / (base * 0.8)))
     start = max(low, math.ceil(trace(0) / (base * 0.8)))
@@ -143,11 +205,14 @@ def run(
     laws = {
         "goodput": lambda: goodput_policy(curve, low, high, target, base, startup),
         "goodput-no-hint": lambda: goodput_policy(curve, low, high, target, None, startup),
+        "goodput-poisson": lambda: goodput_policy(curve, low, high, target, None, startup, dispersion=False),
         "queue-hpa": lambda: hpa_policy(low, high, 2.0, lambda r: len(r.queue)),
         "concurrency-hpa": lambda: hpa_policy(low, high, concurrency, Replica.load),
-        "clairvoyant": lambda: yardstick_policy(trace, base, startup, target, low, high, max_num_seqs, True, PERIOD),
+        "clairvoyant": lambda: yardstick_policy(
+            trace, base, startup, target, low, high, max_num_seqs, True, PERIOD, yardstick_sizes, process
+        ),
         "reactive-bound": lambda: yardstick_policy(
-            trace, base, startup, target, low, high, max_num_seqs, False, PERIOD
+            trace, base, startup, target, low, high, max_num_seqs, False, PERIOD, yardstick_sizes, process
         ),
     }
     law = laws[policy]() if policy in laws else None
@@ -156,7 +221,7 @@ def run(
     timeline, i, now, replica_seconds, next_control = [], 0, 0.0, 0.0, PERIOD
     while now < duration or any(r.load() for r in [*svc.replicas, *svc.draining]):
         while i < len(times) and times[i] <= now:
-            work = works[i] if works else rng.uniform(0.5, 1.5)
+            work = works[i] if works else (draw() if draw else rng.uniform(0.5, 1.5))
             svc.route(Request(times[i], work, rng.gauss(0, 1), rng.gauss(0, 1)), now)
             arrived.append(times[i])
             i += 1
@@ -183,8 +248,10 @@ def run(
         if now > duration * 2:
             break
     good = sum(f[1] for f in svc.finished)
+    settled = [f[1] for f in svc.finished if f[0] - f[4] >= SETTLED]
     return {
         "attainment": good / max(1, len(times)),
+        "attainment_settled": sum(settled) / max(1, len(settled)),
         "replica_seconds": replica_seconds,
         "requests": len(times),
         "timeline": timeline,
@@ -193,6 +260,8 @@ def run(
 
 POLICIES = ("goodput", "goodput-no-hint", "queue-hpa", "concurrency-hpa", "static-peak")
 YARDSTICKS = ("clairvoyant", "reactive-bound")
+# the law without a hint with the arrivals' dispersion never read: the law as it was before it measured burstiness
+POISSON_LAW = "goodput-poisson"
 
 
 def simulate(
@@ -204,14 +273,40 @@ def simulate(
     high: int = 20,
     curve: Curve | None = None,
     max_num_seqs: int = 8,
+    policies: tuple[str, ...] = POLICIES,
+    names: tuple[str, ...] | None = None,
 ) -> dict[str, dict[str, dict]]:
+    """Every policy on every trace (or those `names`), each with its own size mix and, for the yardsticks,
+    its own arrival process."""
     curve = curve or Curve.load()
     out: dict[str, dict[str, dict]] = {}
-    for name, trace in traces(curve.capacity_point(target)[0], duration, seed).items():
+    for name in names or tuple(traces(curve.capacity_point(target)[0], duration, seed)):
         out[name] = {
-            p: run(curve, trace, duration, p, startup, seed, low, high, target, max_num_seqs) for p in POLICIES
+            p: trace_run(curve, name, duration, p, startup, seed, target, max_num_seqs, low, high) for p in policies
         }
     return out
+
+
+def trace_run(
+    curve: Curve,
+    name: str,
+    duration: float,
+    policy: str,
+    startup: float,
+    seed: int,
+    target: float = 0.95,
+    max_num_seqs: int = 8,
+    low: int = 1,
+    high: int = 20,
+) -> dict:
+    """One policy on the named trace, with the trace's size mix (TRACE_SIZES) and arrival process (the burst
+    traces' yardsticks know theirs)."""
+    trace = traces(curve.capacity_point(target)[0], duration, seed)[name]
+    process = "burst" if name in BURST_TRACES else "poisson"
+    sizes = TRACE_SIZES.get(name, "uniform")
+    return run(
+        curve, trace, duration, policy, startup, seed, low, high, target, max_num_seqs, sizes=sizes, process=process
+    )
 
 
 def load_replay(path: Path) -> tuple[list[float], list[float], float]:
@@ -242,134 +337,6 @@ def replay_rate(times: list[float]) -> Callable[[float], float]:
     return lambda t: counts.get(int(t // 60), 0) / 60.0
 
 
-def grid(
-    seeds: list[int],
-    startups: list[float],
-    duration: float = 3600.0,
-    target: float = 0.95,
-    curve: Curve | None = None,
-    max_num_seqs: int = 8,
-) -> list[dict]:
-    """The goodput law (no capacity hint) against the hindsight-tuned concurrency HPA on every trace,
-    start-up time and seed: per trace and start-up, attainment (worst seed, mean) and replica-seconds
-    as a ratio to the HPA's (mean, worst seed)."""
-    curve = curve or Curve.load()
-    base = curve.capacity_point(target)[0]
-    rows = []
-    for name in traces(base, duration):
-        for startup in startups:
-            ours, hpa, ratios = [], [], []
-            bounds: dict[str, tuple[list[float], list[float]]] = {y: ([], []) for y in YARDSTICKS}
-            for seed in seeds:
-                trace = traces(base, duration, seed)[name]
-                g = run(curve, trace, duration, "goodput-no-hint", startup, seed, 1, 20, target, max_num_seqs)
-                h = run(curve, trace, duration, "concurrency-hpa", startup, seed, 1, 20, target, max_num_seqs)
-                ours.append(g["attainment"])
-                hpa.append(h["attainment"])
-                ratios.append(g["replica_seconds"] / h["replica_seconds"])
-                for y in YARDSTICKS:
-                    r = run(curve, trace, duration, y, startup, seed, 1, 20, target, max_num_seqs)
-                    bounds[y][0].append(r["attainment"])
-                    bounds[y][1].append(r["replica_seconds"] / h["replica_seconds"])
-            row = {
-                "trace": name,
-                "startup_s": startup,
-                "seeds": seeds,
-                "goodput_attainment_min": min(ours),
-                "goodput_attainment_mean": sum(ours) / len(ours),
-                "hpa_attainment_min": min(hpa),
-                "hpa_attainment_mean": sum(hpa) / len(hpa),
-                "replica_s_ratio_mean": sum(ratios) / len(ratios),
-                "replica_s_ratio_max": max(ratios),
-            }
-            for y, (att, rat) in bounds.items():
-                key = y.replace("-", "_")
-                row.update(
-                    {f"{key}_attainment_mean": sum(att) / len(att), f"{key}_replica_s_ratio_mean": sum(rat) / len(rat)}
-                )
-            rows.append(row)
-    return rows
-
-
-def parse_seeds(text: str) -> list[int]:
-    """`1-5` or `1,3,8`."""
-    if "-" in text:
-        first, last = text.split("-", 1)
-        return list(range(int(first), int(last) + 1))
-    return [int(x) for x in text.split(",") if x]
-
-
-def grid_table(rows: list[dict]) -> str:
-    lines = [
-        "| trace | start-up | goodput attainment (min / mean) | HPA attainment (min / mean) "
-        "| replica-s vs HPA (mean / max) | reactive bound: attainment, replica-s | clairvoyant: attainment, "
-        "replica-s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['trace']} | {r['startup_s']:.0f} s | {r['goodput_attainment_min']:.3f} / "
-            f"{r['goodput_attainment_mean']:.3f} | {r['hpa_attainment_min']:.3f} / "
-            f"{r['hpa_attainment_mean']:.3f} | {r['replica_s_ratio_mean']:.2f}× / "
-            f"{r['replica_s_ratio_max']:.2f}× | {r['reactive_bound_attainment_mean']:.3f}, "
-            f"{r['reactive_bound_replica_s_ratio_mean']:.2f}× | {r['clairvoyant_attainment_mean']:.3f}, "
-            f"{r['clairvoyant_replica_s_ratio_mean']:.2f}× |"
-        )
-    lines.append("")
-    for label, key in (
-        ("the goodput law", "replica_s_ratio_mean"),
-        ("the reactive bound", "reactive_bound_replica_s_ratio_mean"),
-        ("the clairvoyant", "clairvoyant_replica_s_ratio_mean"),
-    ):
-        mean = sum(r[key] for r in rows) / len(rows)
-        lines.append(f"replica-seconds vs the concurrency HPA, mean over traces and start-ups, {label}: {mean:.3f}×")
-    return "\n".join(lines)
-
-
-def table(results: dict[str, dict[str, dict]]) -> str:
-    lines = [
-        f"{'trace':<8} {'policy':<16} {'attainment':>10} {'replica-s':>9} {'/static':>7} {'/queue':>7} {'/conc':>7}",
-        "-" * 70,
-    ]
-    for name, by_policy in results.items():
-        for policy, r in by_policy.items():
-            rs = r["replica_seconds"]
-            ratios = [rs / by_policy[p]["replica_seconds"] for p in ("static-peak", "queue-hpa", "concurrency-hpa")]
-            lines.append(
-                f"{name:<8} {policy:<16} {r['attainment']:>10.3f} {rs:>9.0f} " + " ".join(f"{x:>7.2f}" for x in ratios)
-            )
-    return "\n".join(lines)
-
-
-def plot(results: dict[str, dict[str, dict]], out: Path) -> list[Path]:
-    import matplotlib  # optional: only for --plots
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    for name, by_policy in results.items():
-        fig, (ax_load, ax_rep, ax_att) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
-        first = next(iter(by_policy.values()))["timeline"]
-        ax_load.plot([p[0] for p in first], [p[1] for p in first], color="black")
-        ax_load.set_ylabel("arrivals (req/s)")
-        for policy, r in by_policy.items():
-            t = [p[0] for p in r["timeline"]]
-            ax_rep.step(t, [p[2] for p in r["timeline"]], where="post", label=policy)
-            ax_att.plot(t, [p[4] if p[4] is not None else float("nan") for p in r["timeline"]], label=policy)
-        ax_rep.set_ylabel("replicas")
-        ax_rep.legend()
-        ax_att.set_ylabel("attainment (1 min)")
-        ax_att.set_xlabel("seconds")
-        ax_att.set_ylim(0, 1.02)
-        fig.suptitle(f"trace: {name}")
-        path = out / f"autoscale-{name}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        paths.append(path)
-    return paths
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=3600.0, help="seconds per trace")
@@ -394,15 +361,29 @@ def main() -> None:
         help="attainment of static replica counts against the load per replica (seeds 1-3)",
     )
     parser.add_argument(
-        "--replay", type=Path, help="CSV of timestamp,prompt_tokens,output_tokens: run every policy on that log"
+        "--replay",
+        type=Path,
+        help="CSV of timestamp,prompt_tokens,output_tokens: run every policy and both yardsticks on that log",
+    )
+    parser.add_argument(
+        "--write-trace",
+        nargs=2,
+        metavar=("TRACE", "CSV"),
+        help="write a trace's arrivals and request sizes (seed --seed) in the replay format",
     )
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     if args.grid:
         rows = grid(args.seeds, [60.0, 180.0], args.duration, max_num_seqs=args.max_num_seqs)
         print(grid_table(rows))
+        print(targets_text(rows))
         if args.seeds == [1, 2, 3, 4, 5]:
             (RESULTS / "autoscale-grid.json").write_text(json.dumps(rows, indent=2))
+        return
+    if args.write_trace:
+        name, path = args.write_trace
+        write_trace(name, Path(path), args.duration, args.seed)
+        print(f"wrote {path}")
         return
     if args.surface:
         print(
@@ -415,7 +396,7 @@ def main() -> None:
         curve = Curve.load()
         times, works, duration = load_replay(args.replay)
         rate = replay_rate(times)
-        results = {
+        replayed = {
             args.replay.stem: {
                 p: run(
                     curve,
@@ -430,12 +411,14 @@ def main() -> None:
                     args.max_num_seqs,
                     replay=(times, works),
                 )
-                for p in POLICIES
+                for p in (*POLICIES, POISSON_LAW, *YARDSTICKS)
             }
         }
-        print(table(results))
+        print(table(replayed))
         return
-    results = simulate(args.duration, args.startup, args.seed, max_num_seqs=args.max_num_seqs)
+    results = simulate(
+        args.duration, args.startup, args.seed, max_num_seqs=args.max_num_seqs, policies=(*POLICIES, POISSON_LAW)
+    )
     print(table(results))
     summary = {
         t: {p: {k: v for k, v in r.items() if k != "timeline"} for p, r in by.items()} for t, by in results.items()

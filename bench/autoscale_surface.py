@@ -10,7 +10,20 @@ import functools
 import random
 from collections.abc import Callable
 
-from bench.autoscale_model import DT, Curve, Request, Service, arrivals
+from bench.autoscale_model import DT, Curve, Request, Service, arrivals, bursts, size_sampler
+
+Sizes = str | tuple[float, ...]  # a size mix by name (autoscale_model.size_sampler), or a log's works to resample
+
+
+def work_sampler(sizes: Sizes, seed: int) -> Callable[[], float] | None:
+    """Each request's work: None for the grid's uniform ±50 % (drawn from the run's own generator, as
+    before), a named mix's sampler, or a draw with replacement from a replayed log's works."""
+    if sizes == "uniform":
+        return None
+    if isinstance(sizes, str):
+        return size_sampler(sizes, seed + 2)
+    rng = random.Random(seed + 2)
+    return lambda: rng.choice(sizes)
 
 
 def static_attainment(
@@ -22,20 +35,66 @@ def static_attainment(
     target: float = 0.95,
     max_num_seqs: int = 8,
     warmup: float = 300.0,
+    sizes: Sizes = "uniform",
 ) -> float:
     """SLO attainment of a fixed `replicas` at a steady Poisson load of `load` × the measured capacity per
-    replica each, requests finished after `warmup`: the surface any sizing rule has to fit."""
+    replica each, requests finished after `warmup`: the surface any sizing rule has to fit. `sizes`: the
+    request size mix (the capacity unit stays the uniform mix's)."""
     base = curve.capacity_point(target)[0]
     times = arrivals(lambda t: load * replicas * base, duration, seed)
     svc, rng, i, now = Service(curve, replicas, 0.0, max_num_seqs), random.Random(seed + 1), 0, 0.0
+    draw = work_sampler(sizes, seed)
     while now < duration or any(r.load() for r in svc.replicas):
         while i < len(times) and times[i] <= now:
-            svc.route(Request(times[i], rng.uniform(0.5, 1.5), rng.gauss(0, 1), rng.gauss(0, 1)), now)
+            work = draw() if draw else rng.uniform(0.5, 1.5)
+            svc.route(Request(times[i], work, rng.gauss(0, 1), rng.gauss(0, 1)), now)
             i += 1
         svc.step(now)
         now += DT
     done = [f[1] for f in svc.finished if f[0] > warmup]
     return sum(done) / max(1, len(done))
+
+
+def static_burst_attainment(
+    curve: Curve,
+    replicas: int,
+    seed: int,
+    duration: float = 3600.0,
+    max_num_seqs: int = 8,
+    warmup: float = 300.0,
+    sizes: Sizes = "uniform",
+) -> float:
+    """SLO attainment of a fixed `replicas` on the burst traces' arrival process (autoscale_model.bursts:
+    a Poisson background and bursts of 5-30 s), requests finished after `warmup`."""
+    base = curve.capacity_point(0.95)[0]
+    times = arrivals(bursts(base, duration, seed), duration, seed)
+    svc, rng, i, now = Service(curve, replicas, 0.0, max_num_seqs), random.Random(seed + 1), 0, 0.0
+    draw = work_sampler(sizes, seed)
+    while now < duration or any(r.load() for r in svc.replicas):
+        while i < len(times) and times[i] <= now:
+            work = draw() if draw else rng.uniform(0.5, 1.5)
+            svc.route(Request(times[i], work, rng.gauss(0, 1), rng.gauss(0, 1)), now)
+            i += 1
+        svc.step(now)
+        now += DT
+    done = [f[1] for f in svc.finished if f[0] > warmup]
+    return sum(done) / max(1, len(done))
+
+
+@functools.cache
+def burst_replicas(target: float, max_num_seqs: int = 8, sizes: Sizes = "uniform", high: int = 20) -> int:
+    """The fewest static replicas that meet `target` + YARDSTICK_MARGIN on the burst process (an hour on each
+    of two seeds the grid does not use): what the yardsticks run on a burst trace, whose mean rate is
+    constant. Knowing the present, or the future rate, adds nothing there: each burst is over before a pod
+    asked for at its start is ready, as Poisson noise is, so the best either bound can do is the count that
+    holds the target through the bursts, known exactly."""
+    curve = Curve.load()
+    for n in range(1, high + 1):
+        if min(
+            static_burst_attainment(curve, n, seed, max_num_seqs=max_num_seqs, sizes=sizes) for seed in (101, 102)
+        ) >= (target + YARDSTICK_MARGIN):
+            return n
+    return high
 
 
 def surface_table(replicas: list[int], loads: list[float], seeds: list[int], max_num_seqs: int = 8) -> str:
@@ -55,10 +114,11 @@ YARDSTICK_MARGIN = 0.005  # the yardsticks size for static attainment this far a
 
 
 @functools.cache
-def load_limits(target: float, max_num_seqs: int = 8) -> tuple[tuple[int, float], ...]:
+def load_limits(target: float, max_num_seqs: int = 8, sizes: Sizes = "uniform") -> tuple[tuple[int, float], ...]:
     """(N, the most load per replica, in units of the measured capacity, at which N static replicas meet
     `target` + YARDSTICK_MARGIN): the --surface read the other way, by bisection on two seeds of 30 minutes.
-    The yardstick policies size with it, knowing the capacity exactly rather than learning it."""
+    The yardstick policies size with it, knowing the capacity exactly rather than learning it: the
+    capacity for the trace's own size mix (`sizes`), under Poisson arrivals at the rate they are told."""
     curve = Curve.load()
     limits = []
     for n in (1, 2, 3, 4, 6, 9, 12, 16, 20):
@@ -66,7 +126,9 @@ def load_limits(target: float, max_num_seqs: int = 8) -> tuple[tuple[int, float]
         for _ in range(7):
             mid = (low + high) / 2
             met = min(
-                static_attainment(curve, n, mid, seed, duration=1800.0, target=target, max_num_seqs=max_num_seqs)
+                static_attainment(
+                    curve, n, mid, seed, duration=1800.0, target=target, max_num_seqs=max_num_seqs, sizes=sizes
+                )
                 for seed in (1, 2)
             )
             low, high = (mid, high) if met >= target + YARDSTICK_MARGIN else (low, mid)
@@ -99,12 +161,19 @@ def yardstick_policy(
     max_num_seqs: int,
     ahead: bool,
     period: float,
+    sizes: Sizes = "uniform",
+    process: str = "poisson",
 ) -> Callable[..., int]:
     """Not policies anyone can run, but bounds to read the others against. Both know the capacity exactly
-    (load_limits) and the trace's true rate, so no Poisson noise and no learning:
+    (load_limits, for the trace's size mix) and the trace's true rate, so no Poisson noise and no learning
+    (on a replayed log, its rate per minute and its own request sizes):
     `clairvoyant` sizes for the highest rate until a pod asked for now would be ready (it sees the future);
-    `reactive-bound` for the rate now (the best a policy seeing only the present can do at its cost)."""
-    limits = load_limits(target, max_num_seqs)
+    `reactive-bound` for the rate now (the best a policy seeing only the present can do at its cost).
+    On a burst trace (`process` "burst") both run the count burst_replicas finds, all the time."""
+    if process == "burst":
+        fixed = max(low, min(high, burst_replicas(target, max_num_seqs, sizes)))
+        return lambda svc, now, arrived: fixed
+    limits = load_limits(target, max_num_seqs, sizes)
     horizon = startup + period if ahead else 0.0
 
     def law(svc: Service, now: float, arrived: object) -> int:

@@ -12,18 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from bench.autoscale_model import Curve, traces
-from bench.autoscale_sim import (
-    POLICIES,
-    grid,
-    grid_table,
-    load_replay,
-    parse_seeds,
-    replay_rate,
-    run,
-    simulate,
+from bench.autoscale_grid import grid, grid_table, parse_seeds, targets
+from bench.autoscale_model import (
+    BURST_EVERY,
+    BURST_SPAN,
+    Curve,
+    arrivals,
+    size_sampler,
+    traces,
+    write_trace,
 )
+from bench.autoscale_sim import POISSON_LAW, POLICIES, YARDSTICKS, load_replay, replay_rate, run, simulate, trace_run
 from bench.autoscale_surface import static_attainment
+from goodput_operator.autoscaling.dispersion import DISPERSION_PERIODS, index_of_dispersion
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +33,7 @@ TARGET = 0.95
 
 @pytest.fixture(scope="module")
 def results():
-    return simulate(duration=3600.0, startup=60.0, seed=7, target=TARGET)
+    return simulate(duration=3600.0, startup=60.0, seed=7, target=TARGET, names=("steady", "ramp", "spike", "diurnal"))
 
 
 @pytest.mark.parametrize("trace", ["steady", "ramp", "spike", "diurnal"])
@@ -64,12 +65,12 @@ def test_replay_reads_timestamp_prompt_and_output_tokens(tmp_path):
         load_replay(empty)
 
 
-def test_a_replayed_log_runs_through_every_policy(tmp_path):
+def test_a_replayed_log_runs_through_every_policy_and_both_yardsticks(tmp_path):
     log = tmp_path / "log.csv"
     log.write_text("\n".join(f"{i * 2.0},{100 + i % 7 * 50},{20 + i % 5 * 40}" for i in range(300)))
     times, works, duration = load_replay(log)
     curve = Curve.load()
-    for policy in POLICIES:
+    for policy in (*POLICIES, POISSON_LAW, *YARDSTICKS):
         r = run(curve, replay_rate(times), duration, policy, 60.0, 7, 1, 20, TARGET, 8, replay=(times, works))
         assert r["requests"] == 300 and 0.0 <= r["attainment"] <= 1.0 and r["replica_seconds"] > 0
 
@@ -77,15 +78,13 @@ def test_a_replayed_log_runs_through_every_policy(tmp_path):
 def test_grid_figures_are_the_runs_it_reports():
     """grid() reports, per trace and start-up, the worst and mean attainment and the replica-seconds ratio
     of the same runs `run` gives; the table prints exactly those figures."""
-    rows = grid([1, 2], [60.0], duration=600.0)
+    rows = grid([1, 2], [60.0], duration=600.0, names=("steady", "burst"))
     curve = Curve.load()
-    base = curve.capacity_point(TARGET)[0]
     for row in rows:
         ours, hpa = [], []
         for seed in (1, 2):
-            trace = traces(base, 600.0, seed)[row["trace"]]
-            ours.append(run(curve, trace, 600.0, "goodput-no-hint", 60.0, seed, 1, 20, TARGET, 8))
-            hpa.append(run(curve, trace, 600.0, "concurrency-hpa", 60.0, seed, 1, 20, TARGET, 8))
+            ours.append(trace_run(curve, row["trace"], 600.0, "goodput-no-hint", 60.0, seed))
+            hpa.append(trace_run(curve, row["trace"], 600.0, "concurrency-hpa", 60.0, seed))
         assert row["goodput_attainment_min"] == min(r["attainment"] for r in ours)
         assert row["hpa_attainment_mean"] == pytest.approx(sum(r["attainment"] for r in hpa) / 2)
         ratios = [g["replica_seconds"] / h["replica_seconds"] for g, h in zip(ours, hpa, strict=True)]
@@ -136,3 +135,67 @@ def test_the_yardsticks_bound_what_seeing_only_the_present_can_do():
     steady = traces(base, 3600.0, 1)["steady"]
     a, b = (run(curve, steady, 3600.0, p, 60.0, 1, 1, 20, TARGET, 8) for p in ("clairvoyant", "reactive-bound"))
     assert a["replica_seconds"] == b["replica_seconds"] and a["attainment"] >= TARGET
+
+
+def counts(times: list[float], period: float = 15.0) -> list[tuple[float, float]]:
+    out = [0.0] * int(3600 // period)
+    for t in times:
+        out[int(t // period)] += 1
+    return [(period, c) for c in out]
+
+
+def mean_index(times: list[float]) -> float:
+    series = counts(times)
+    readings = [
+        index_of_dispersion(series[i : i + DISPERSION_PERIODS])
+        for i in range(0, len(series) - DISPERSION_PERIODS, DISPERSION_PERIODS // 4)
+    ]
+    return sum(r.index for r in readings if r) / len(readings)
+
+
+def test_the_burst_traces_are_over_dispersed_at_the_control_periods_scale_and_the_others_are_not():
+    """The burst traces (a Poisson background and bursts of 5-30 s about once a minute): counts per 15 s swing
+    about four times as far as Poisson's, as bench/README.md states; the Poisson traces read 1."""
+    base = Curve.load().capacity_point(TARGET)[0]
+    for seed in (1, 2):
+        burst = mean_index(arrivals(traces(base, 3600.0, seed)["burst"], 3600.0, seed))
+        assert 3.0 < burst < 5.5, burst
+        steady = mean_index(arrivals(traces(base, 3600.0, seed)["steady"], 3600.0, seed))
+        assert 0.85 < steady < 1.15, steady
+    assert BURST_SPAN == (5.0, 30.0) and BURST_EVERY == 60.0
+
+
+def test_the_heavy_tailed_mix_is_heavy_tailed_with_a_mean_of_one():
+    draw = size_sampler("lognormal", 3)
+    works = [draw() for _ in range(100_000)]
+    mean = sum(works) / len(works)
+    cv2 = sum((w - mean) ** 2 for w in works) / len(works) / mean**2
+    assert mean == pytest.approx(1.0, abs=0.03)
+    assert 1.0 < cv2 < 1.6  # squared coefficient of variation (±50 % uniform: 0.08)
+    assert max(works) > 10  # a request ten times the mean work is not rare
+
+
+def test_a_written_trace_replays_as_the_same_requests(tmp_path):
+    """--write-trace writes a trace in the replay format, so any policy can run on exactly those requests."""
+    path = tmp_path / "burst.csv"
+    rows = write_trace("burst-heavy", path, duration=600.0, seed=3)
+    times, works, _ = load_replay(path)
+    base = Curve.load().capacity_point(TARGET)[0]
+    assert len(times) == rows == len(arrivals(traces(base, 600.0, 3)["burst-heavy"], 600.0, 3))
+    assert sum(works) / len(works) == pytest.approx(1.0) and max(works) > 5
+
+
+def test_the_targets_are_read_off_the_rows():
+    row = {
+        "trace": "burst",
+        "startup_s": 60.0,
+        "goodput_attainment_mean": 0.94,
+        "hpa_attainment_mean": 0.93,
+        "replica_s_ratio_mean": 0.9,
+        "reactive_bound_attainment_mean": 0.96,
+        "clairvoyant_replica_s_ratio_mean": 0.88,
+    }
+    t = targets([row])
+    assert list(t["misses"]) == ["burst 60 s"]  # attainment under the reactive bound's − 0.01
+    assert t["over_clairvoyant"] == pytest.approx(0.9 / 0.88 - 1)
+    assert targets([{**row, "goodput_attainment_mean": 0.951}])["misses"] == {}
