@@ -140,3 +140,39 @@ def test_prefix_digests_are_equal_across_processes_and_differ_by_model_and_adapt
     reloaded = Sequence.new("d", list(range(9)), SamplingParams(lora="x"), 0.0)
     reloaded.cache_salt = prefix_digest.adapter_salt("x", "d2")
     assert bm.match_prefix(reloaded) == []
+
+
+def test_a_request_passed_over_for_a_slot_is_not_starved_by_a_busy_adapters_newcomers():
+    import time
+
+    from goodput_runtime.engine.scheduler import LORA_AGEING_S, Scheduler
+
+    m, _ = manager(slots=1)
+    hot, cold = m.add(adapter("hot", 1.0)), m.add(adapter("cold", 2.0))
+    scheduler = Scheduler(BlockManager(64, 4, True, "m"), 8, 64, 64)
+    scheduler.lora = m
+
+    def seq(name: str, key: str, arrival: float) -> Sequence:
+        s = Sequence.new(name, [1, 2, 3], SamplingParams(max_tokens=50, lora=key), arrival)
+        s.cache_salt = key
+        scheduler.add(s)
+        return s
+
+    now = time.monotonic()
+    seq("hot-1", hot.key, now)
+    scheduler.schedule()  # hot takes the one slot
+    waiting_cold = seq("cold-1", cold.key, now)
+    seq("hot-2", hot.key, now)
+    out = scheduler.schedule()
+    assert {s.seq.request_id for s in out.scheduled} == {"hot-1", "hot-2"}  # cold passed over, hot's newcomer in
+    waiting_cold.times.arrival = now - LORA_AGEING_S - 1  # cold has waited past the ageing limit
+    seq("hot-3", hot.key, now)
+    seq("base", "", now)
+    out = scheduler.schedule()
+    assert "hot-3" not in {s.seq.request_id for s in out.scheduled}  # the slot drains to cold
+    assert "base" in {s.seq.request_id for s in out.scheduled}  # the base model is not held up
+    for s in list(scheduler.running):
+        if s.cache_salt == hot.key:
+            scheduler.finish(s, "stop")
+    out = scheduler.schedule()
+    assert "cold-1" in {s.seq.request_id for s in out.scheduled} and m.slot_of(cold.key) == 1

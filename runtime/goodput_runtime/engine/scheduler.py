@@ -48,7 +48,7 @@ from goodput_runtime.engine.slo_schedule import SloSchedule
 from goodput_runtime.engine.spec_decode.switch import SpeculationSwitch
 
 # a waiting request whose LoRA adapter finds no free slot is passed over; once one has waited this
-# long, no request on another adapter is admitted until it has its slot (base requests still are)
+# long, no newer request on another adapter is admitted until it has its slot (base requests still are)
 LORA_AGEING_S = 2.0
 BATCH_PREFILL_SHARE = 8  # batch prefills take at most 1/8 of a step's token budget: a step an online
 # request arrives during stays short, so its wait for the next step does too
@@ -294,15 +294,15 @@ class Scheduler:
         return best
 
     def _lora_slot(self, seq: Sequence, passed: set[Sequence], now: float) -> bool:
-        """Whether seq's adapter has a slot (placing it there if one is free or idle). With a request
-        passed over for LORA_AGEING_S, only its adapter may take a slot, so the slots drain to it. An
-        adapter unloaded since the request came finishes it (the core reports it)."""
+        """Whether seq's adapter has a slot (placing it there if one is free or idle). Once a request
+        passed over this step has waited LORA_AGEING_S, no newer request on another adapter is admitted
+        (base-model requests still are), so the slots drain to it. An adapter unloaded since the request
+        came finishes it (the core reports it)."""
         assert self.lora is not None
         key = seq.cache_salt
-        if key not in self.lora.slots:
-            starving = [s for s in passed if s.cache_salt != key and now - s.times.arrival > LORA_AGEING_S]
-            if starving and now - seq.times.arrival <= LORA_AGEING_S:
-                return False
+        starving = any(s.cache_salt != key and now - s.times.arrival > LORA_AGEING_S for s in passed)
+        if starving and now - seq.times.arrival <= LORA_AGEING_S:
+            return False  # the slots drain: the running sequences finish and the starving adapter gets one
         busy = {s.cache_salt for s in self.running if s.cache_salt}
         try:
             return self.lora.acquire(key, busy) is not None
