@@ -28,7 +28,7 @@ from goodput_gateway.errors import APIError, invalid, model_not_found, too_many,
 from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.pipelines import PipelineServer
 from goodput_gateway.proxy import Proxy, Upstream, parse_body, rewrite_model
-from goodput_gateway.tenants import ANONYMOUS, FairGate, Lease, Meter, Tenant, Tenants, slo_targets
+from goodput_gateway.tenants import ANONYMOUS, FairGate, Lease, Meter, NoTurn, Tenant, Tenants, slo_targets
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -176,7 +176,7 @@ class Gateway:
             async with gate.turn(who, limit, self.fair.queue_seconds) as waited:
                 self.tenants.metrics.queued.labels(self.tenants.metrics.label(who.name)).observe(waited)
                 yield
-        except TimeoutError:
+        except NoTurn:
             raise too_many(
                 f"'{svc.served_name}' is saturated: no turn came within {self.fair.queue_seconds:g} s", 1
             ) from None

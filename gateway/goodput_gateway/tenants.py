@@ -453,45 +453,57 @@ def slo_targets(
     return (ttft if own_ttft is None else own_ttft), (tpot if own_tpot is None else own_tpot)
 
 
+class NoTurn(Exception):
+    """No turn came within the wait allowed."""
+
+
 class FairGate:
     """A service's in-flight cap, with waiting requests served by priority class, then by weighted fair turn."""
 
     def __init__(self) -> None:
         self.in_flight = 0
         self.waiting: dict[int, dict[str, deque[asyncio.Future[None]]]] = {}
-        self.served: dict[str, float] = {}  # a tenant's virtual time: service received / weight
+        self.served: dict[str, float] = {}  # a tenant's next start tag: service received / weight
         self.weights: dict[str, float] = {}
+        self.virtual = 0.0  # the start tag of the request last given a place
 
-    def _clock(self) -> float:
-        active = [self.served[t] for queues in self.waiting.values() for t in queues]
-        return min(active) if active else max(self.served.values(), default=0.0)
+    def _activate(self, name: str) -> None:
+        """A tenant with nothing waiting becomes active: its next start is no earlier than the start of the
+        request last given a place (start-time fair queueing), so idle time banks no credit."""
+        self.served[name] = max(self.served.get(name, 0.0), self.virtual)
+
+    def _give(self, name: str) -> None:
+        self.virtual = self.served[name]
+        self.served[name] += 1 / self.weights.get(name, 1.0)
+        self.in_flight += 1
 
     @contextlib.asynccontextmanager
     async def turn(self, tenant: Tenant, limit: int, timeout: float) -> AsyncIterator[float]:
-        """Held while the request runs; yields the seconds it waited. Past `timeout` waiting: 503."""
+        """Held while the request runs; yields the seconds it waited. Past `timeout` waiting: NoTurn."""
         started = time.monotonic()
         self.weights[tenant.name] = tenant.weight
         if self.in_flight >= limit or self.waiting:
             prio = PRIORITIES[tenant.priority]
             queues = self.waiting.setdefault(prio, {})
             if tenant.name not in queues:
-                # a tenant that was idle starts level with the busy ones: no credit banked while away
-                self.served[tenant.name] = max(self.served.get(tenant.name, 0.0), self._clock())
+                self._activate(tenant.name)
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             queues.setdefault(tenant.name, deque()).append(future)
             self.dispatch(limit)
             try:
                 await asyncio.wait_for(asyncio.shield(future), timeout)
-            except BaseException:
+            except BaseException as err:
                 if future.done() and not future.cancelled():
                     self.release(limit)  # the turn came as the wait ended: give it to the next
                 else:
                     future.cancel()
                     self.forget(prio, tenant.name, future)
+                if isinstance(err, TimeoutError):
+                    raise NoTurn from None
                 raise
         else:
-            self.in_flight += 1
-            self.served[tenant.name] = max(self.served.get(tenant.name, 0.0), self._clock()) + 1 / tenant.weight
+            self._activate(tenant.name)
+            self._give(tenant.name)
         try:
             yield time.monotonic() - started
         finally:
@@ -522,7 +534,5 @@ class FairGate:
                     del self.waiting[prio]
             if future.done():
                 continue
-            weight = self.weights.get(name, 1.0)
-            self.served[name] = self.served.get(name, 0.0) + 1 / weight
-            self.in_flight += 1
+            self._give(name)
             future.set_result(None)

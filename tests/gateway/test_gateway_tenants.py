@@ -5,6 +5,7 @@ the tenant table is a file (the Secret's form is the same YAML, read through the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 import threading
@@ -205,9 +206,31 @@ def run_load(url: str, key: str, rate: float, seconds: float, latencies: list[fl
         thread.join(150)
 
 
+def capacity(url: str, key: str, seconds: float = 4.0) -> float:
+    """Requests per second the capped service completes, from two closed-loop clients (one waits its turn)."""
+    done: list[float] = []
+    stop = time.monotonic() + seconds
+
+    def client() -> None:
+        body = {**CHAT, "max_tokens": 200, "ignore_eos": True}
+        while time.monotonic() < stop:
+            post_json(url + "/v1/chat/completions", body, {"Authorization": f"Bearer {key}"}, timeout=120)
+            done.append(time.monotonic())
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=client) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(150)
+    return len(done) / (max(done) - started)
+
+
 def test_a_flooding_tenant_does_not_starve_a_light_one(env, tmp_path):
     """Two tenants on one saturated service, one sending 10x the other's rate: the light tenant's goodput
-    (requests within its SLO) stays at least 0.9x what it gets alone."""
+    (requests within its SLO) stays at least 0.9x what it gets alone. The rates follow the service's
+    measured capacity C (this machine's speed varies with what else runs on it): the light tenant sends
+    C/5, the heavy one 2C, so the service is saturated and the light tenant asks less than its half."""
     _, started, workdir, replica_url = env
     (tmp_path / "fair.yaml").write_text("tenants:\n  light: {keys: [sk-light]}\n  heavy: {keys: [sk-heavy]}\n")
     gateway = started.gateway(
@@ -218,31 +241,112 @@ def test_a_flooding_tenant_does_not_starve_a_light_one(env, tmp_path):
         "--tenants-file",
         str(tmp_path / "fair.yaml"),
         "--max-in-flight-per-replica",
-        "2",
+        "1",
+        "--queue-seconds",
+        "300",
         "--shutdown-delay",
         "0",
     )
-    rate, seconds = 1.5, 10.0
+    rate = capacity(gateway.url, "sk-light") / 5
+    seconds = 12 / rate  # twelve light requests a phase: one may miss (noise) and still pass
     alone: list[float] = []
     errors: list[int] = []
     run_load(gateway.url, "sk-light", rate, seconds, alone, errors)
-    slo = 4 * statistics.median(alone)  # room for one turn behind a running request, and its batch
+    slo = 4 * statistics.median(alone)  # room for a turn behind the running request
     good_alone = sum(latency <= slo for latency in alone)
 
     shared: list[float] = []
     heavy: list[float] = []
-    flood = threading.Thread(target=run_load, args=(gateway.url, "sk-heavy", 10 * rate, seconds + 4, heavy, errors))
+    flood = threading.Thread(target=run_load, args=(gateway.url, "sk-heavy", 10 * rate, seconds + 2, heavy, errors))
     flood.start()
-    time.sleep(2)  # the heavy tenant's queue builds first
+    time.sleep(min(2.0, 2 / rate))  # the heavy tenant's queue builds first
     run_load(gateway.url, "sk-light", rate, seconds, shared, errors)
-    flood.join(200)
+    flood.join(400)
     good_shared = sum(latency <= slo for latency in shared)
     queued = gateway.metric("goodput_gateway_tenant_queue_seconds_count", tenant="heavy")
     print(
-        f"light alone {good_alone}/{len(alone)} good (median {statistics.median(alone):.3f} s), shared "
-        f"{good_shared}/{len(shared)} (median {statistics.median(shared):.3f} s); heavy {len(heavy)} done "
-        f"(median {statistics.median(heavy):.3f} s)"
+        f"capacity {5 * rate:.2f} req/s; light alone {good_alone}/{len(alone)} good (median "
+        f"{statistics.median(alone):.3f} s), shared {good_shared}/{len(shared)} (median "
+        f"{statistics.median(shared):.3f} s); heavy {len(heavy)} done (median {statistics.median(heavy):.3f} s)"
     )
     assert not errors
     assert queued > 0 and statistics.median(heavy) > slo  # the service was saturated: the heavy tenant queued
     assert good_shared >= 0.9 * good_alone
+
+
+def test_tenants_from_a_secret_under_the_gateways_own_account(cluster, tmp_path):
+    """The table in a Secret, read with the gateway's RBAC (no new rule), and read again after a change."""
+    from harness import service_account_kubeconfig, wait_for
+
+    namespace = f"gwtenants-{int(time.time()) % 100000}"
+    kubeconfig = service_account_kubeconfig(
+        cluster, ("namespace.yaml", "gateway-rbac.yaml"), "goodput-gateway", tmp_path / "gateway.kubeconfig"
+    )
+    with Started() as started:
+        started.namespaces(cluster, namespace)
+        table = "tenants:\n  alpha: {keys: [sk-alpha]}\n"
+        cluster.core.create_namespaced_secret(
+            namespace, {"metadata": {"name": "tenants"}, "stringData": {"tenants.yaml": table}}
+        )
+        gateway = started.gateway(
+            kubeconfig, tmp_path / "gateway.log", "--tenants-secret", f"{namespace}/tenants", "--api-key-ttl", "1"
+        )
+        # a tenant's key gets as far as the model (none is served here); any other key stops at the door
+        assert post(gateway, "sk-alpha", {**CHAT, "model": "none"})[0] == 404
+        assert post(gateway, "sk-beta", {**CHAT, "model": "none"})[0] == 401
+        cluster.core.patch_namespaced_secret(
+            "tenants", namespace, {"stringData": {"tenants.yaml": table + "  beta: {keys: [sk-beta]}\n"}}
+        )
+        wait_for(lambda: post(gateway, "sk-beta", {**CHAT, "model": "none"})[0] == 404, 20, "the new tenant")
+        assert "sk-alpha" not in gateway.log() and "sk-beta" not in gateway.log()
+
+
+def test_fair_turns_order_by_class_then_weighted_share():
+    """The gate's order alone (no processes): one place, freed one request at a time."""
+    from goodput_gateway.tenants import FairGate, NoTurn, Tenant
+
+    heavy, light = Tenant("heavy"), Tenant("light")
+    double = Tenant("double", weight=2)
+    urgent, cheap = Tenant("urgent", priority="critical"), Tenant("cheap", priority="sheddable")
+
+    async def order(arrivals: list[Tenant]) -> list[str]:
+        gate = FairGate()
+        served: list[tuple[int, str]] = []
+        releases: dict[int, asyncio.Event] = {}
+
+        async def one(i: int, tenant: Tenant) -> None:
+            async with gate.turn(tenant, 1, 10):
+                releases[i] = asyncio.Event()
+                served.append((i, tenant.name))
+                await releases[i].wait()
+
+        tasks = []
+        for i, tenant in enumerate([heavy, *arrivals]):  # the first takes the place, the rest queue
+            tasks.append(asyncio.create_task(one(i, tenant)))
+            await asyncio.sleep(0)
+        for k in range(len(tasks)):
+            for _ in range(100):
+                if len(served) > k:
+                    break
+                await asyncio.sleep(0)
+            releases[served[k][0]].set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        return [name for _, name in served[1:]]
+
+    # the flood came first, yet the light tenant's two requests are served within the first four
+    served = asyncio.run(order([heavy] * 6 + [light] * 2))
+    assert [i for i, name in enumerate(served) if name == "light"] in ([0, 2], [1, 3], [0, 3], [1, 2])
+    # a weight of 2 gets two turns to one
+    assert asyncio.run(order([heavy] * 4 + [double] * 4))[:6].count("double") == 4
+    # classes first: critical before standard before sheddable, whatever the arrival order
+    assert asyncio.run(order([cheap, heavy, urgent])) == ["urgent", "heavy", "cheap"]
+
+    async def timeout() -> None:
+        gate = FairGate()
+        async with gate.turn(heavy, 1, 10):
+            with pytest.raises(NoTurn):
+                async with gate.turn(light, 1, 0.05):
+                    pass
+        assert gate.in_flight == 0 and not gate.waiting
+
+    asyncio.run(timeout())
