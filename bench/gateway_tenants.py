@@ -9,9 +9,9 @@ on, and fairness between two tenants on one saturated service.
    (translation included); and `/tokenize` through a gateway with every layer off.
 2. Streams: `--streams` concurrent streams through one gateway process with the layers on, to a trivial
    upstream (bench.gateway_routing's: 20 events 0.5 s apart).
-3. Fairness: a light tenant at `--light-rate` req/s alone, then beside a heavy tenant at 10x its rate, on
-   one runtime behind a gateway with `--max-in-flight-per-replica 2` (saturated: the heavy tenant alone
-   sends more than two places serve). Goodput: the light tenant's requests per second within 4x its
+3. Fairness: a light tenant at `--light-rate` req/s (default C/5, C the capped service's measured
+   capacity) alone, then beside a heavy tenant at 10x its rate (2C: saturated), on one runtime behind a
+   gateway with `--max-in-flight-per-replica 1`. Goodput: the light tenant's requests per second within 4x its
    median latency alone; each tenant's mean wait for a turn.
 Without --model the tiny random-weight model of the tests is made (its speed, not its words, matters).
 """
@@ -124,7 +124,26 @@ async def queue_seconds(url: str) -> dict[str, tuple[float, float]]:
     return {t: (v[0], v[1]) for t, v in out.items()}
 
 
-async def fairness(url: str, light_rate: float, seconds: float, slo: float | None) -> dict:
+async def capacity(url: str, seconds: float = 5.0) -> float:
+    """Requests per second the capped service completes, from two closed-loop clients."""
+    body = {**CHAT, "max_tokens": 200, "ignore_eos": True}
+    done: list[float] = []
+    started = time.perf_counter()
+    async with aiohttp.ClientSession() as session:
+
+        async def client() -> None:
+            while time.perf_counter() - started < seconds:
+                async with session.post(url + "/v1/chat/completions", json=body) as r:
+                    await r.read()
+                done.append(time.perf_counter())
+
+        await asyncio.gather(client(), client())
+    return len(done) / (max(done) - started)
+
+
+async def fairness(url: str, light_rate: float | None, seconds: float, slo: float | None) -> dict:
+    measured = await capacity(url)
+    light_rate = light_rate or measured / 5
     alone = await load(url, "sk-light", light_rate, seconds)
     slo = slo or 4 * statistics.median(alone)
     before = await queue_seconds(url)
@@ -143,6 +162,9 @@ async def fairness(url: str, light_rate: float, seconds: float, slo: float | Non
         return sum(x <= slo for x in latencies) / span
 
     return {
+        "capacity_rps": measured,
+        "light_rate_rps": light_rate,
+        "heavy_rate_rps": 10 * light_rate,
         "light_mean_queue_s": mean_wait("light"),
         "heavy_mean_queue_s": mean_wait("heavy"),
         "slo_s": slo,
@@ -163,7 +185,7 @@ def main() -> int:
     p.add_argument("--model", help="a model directory (default: the tests' tiny random-weight model)")
     p.add_argument("--pairs", type=int, default=300)
     p.add_argument("--streams", type=int, default=600)
-    p.add_argument("--light-rate", type=float, default=1.5)
+    p.add_argument("--light-rate", type=float, help="req/s (default: a fifth of the capped service's capacity)")
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--parts", default="latency,fairness,streams", help="which parts to run, comma-separated")
     p.add_argument("--out", default="bench/results/gateway_tenants.json")
@@ -189,7 +211,8 @@ def main() -> int:
                 report["added_latency"] = asyncio.run(added_latency(server.base_url, layered, plain, args.pairs))
             print(json.dumps(report["added_latency"]["added_p50_ms"], indent=1), flush=True)
         if "fairness" in parts:
-            with gateway_process(static, work, "fair", *layers, "--max-in-flight-per-replica", "2") as (url, _):
+            fair = [*layers, "--max-in-flight-per-replica", "1", "--queue-seconds", "600"]
+            with gateway_process(static, work, "fair", *fair) as (url, _):
                 report["fair"] = asyncio.run(fairness(url, args.light_rate, args.seconds, None))
             print("fair", json.dumps(report["fair"], indent=1), flush=True)
     if "streams" in parts:
