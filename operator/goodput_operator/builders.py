@@ -7,6 +7,7 @@ from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
+from goodput_contract import flags
 from goodput_contract.api import GROUP, KIND, VERSION
 from goodput_contract.api.spec import ServiceSpec
 from goodput_contract.metrics import ENGINE_METRICS
@@ -71,8 +72,133 @@ def child_metadata(svc: ServiceSpec, name: str, owner: dict[str, Any]) -> dict[s
 
 
 def runtime_args(svc: ServiceSpec) -> list[str]:
-    """The engine's command-line arguments, derived from the spec by its row in engines.ENGINES."""
-    return engines.engine_of(svc).args(svc)
+    """The engine's command-line arguments, derived from the spec by its row in engines.ENGINES; with
+    pipeline stages, the runtime's flag for them (the goodput engine alone runs them: engines refuse it)."""
+    args = engines.engine_of(svc).args(svc)
+    if svc.pipeline_parallel > 1:
+        args += [flags.PIPELINE_PARALLEL_SIZE, str(svc.pipeline_parallel)]
+    return args
+
+
+# --- A replica spanning pods ------------------------------------------------------------------------
+# Mode of a multi-node replica, as status.placement.mode records it
+POD, STATEFUL_SET, LEADER_WORKER_SET = "Pod", "StatefulSet", "LeaderWorkerSet"
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+RENDEZVOUS_PORT = 29500  # torch.distributed's store at the leader; the pods' heartbeats on the next port
+# A worker pod answers its readiness probe (this path) with 503 forever: it takes no requests, so the
+# client Service's ready endpoints are the groups' leaders alone (on every Kubernetes version, where
+# the pod-index label needs 1.28), and a leader is ready only once every rank of its group joined.
+GROUP_READINESS_PATH = "/health?serving"
+
+
+def group_name(svc: ServiceSpec, replica: int) -> str:
+    """The StatefulSet of replica `replica`: its pods are <name>-0 (the leader), <name>-1, ..."""
+    return f"{svc.name}-runtime-{replica}"
+
+
+def ranks_service_name(svc: ServiceSpec) -> str:
+    return f"{svc.name}-ranks"
+
+
+def placement(svc: ServiceSpec, lws_installed: bool) -> dict[str, Any]:
+    """status.placement: how one replica maps to pods."""
+    mode = POD if not svc.multi_node else LEADER_WORKER_SET if lws_installed else STATEFUL_SET
+    return {"mode": mode, "podsPerReplica": svc.pods_per_replica, "ranksPerPod": svc.ranks // svc.pods_per_replica}
+
+
+def _group_env(svc: ServiceSpec, leader_host: str) -> list[dict[str, Any]]:
+    """Node count and leader address; the node rank is the ordinal ending the pod's name."""
+    return [
+        {"name": "GOODPUT_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "GOODPUT_NNODES", "value": str(svc.pods_per_replica)},
+        {"name": "GOODPUT_LEADER_ADDRESS", "value": f"{leader_host}:{RENDEZVOUS_PORT}"},
+    ]
+
+
+def _group_pod_spec(svc: ServiceSpec, settings: Settings, env: list[dict[str, Any]]) -> dict[str, Any]:
+    spec = _pod_spec(svc, settings)
+    container = spec["containers"][0]
+    container["env"] = env + container["env"]
+    container["readinessProbe"]["httpGet"]["path"] = GROUP_READINESS_PATH
+    container["ports"] += [
+        {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"},
+        {"name": "heartbeat", "containerPort": RENDEZVOUS_PORT + 1, "protocol": "TCP"},
+    ]
+    return spec
+
+
+def _template_meta(svc: ServiceSpec) -> dict[str, Any]:
+    meta: dict[str, Any] = {"labels": {**svc.template.labels, **labels(svc)}}
+    if svc.template.annotations:
+        meta["annotations"] = dict(svc.template.annotations)
+    return meta
+
+
+def build_ranks_service(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
+    """The headless Service that gives each pod of a group a DNS name (<pod>.<svc>-ranks), not-ready
+    pods included: the ranks meet before any of them is ready."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": child_metadata(svc, ranks_service_name(svc), owner),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(svc),
+            "ports": [
+                {"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT, "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def build_group_statefulset(svc: ServiceSpec, settings: Settings, owner: dict[str, Any], replica: int) -> Manifest:
+    """Replica `replica` as a StatefulSet of pods_per_replica pods started together: pod i is node rank i
+    (its ordinal label), pod 0 the leader that serves HTTP."""
+    name = group_name(svc, replica)
+    leader = f"{name}-0.{ranks_service_name(svc)}.{svc.namespace}.svc"
+    meta = child_metadata(svc, name, owner)
+    meta["labels"] = {**meta["labels"], f"{GROUP}/replica": str(replica)}
+    template_meta = _template_meta(svc)
+    template_meta["labels"][f"{GROUP}/replica"] = str(replica)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": meta,
+        "spec": {
+            "replicas": svc.pods_per_replica,
+            "serviceName": ranks_service_name(svc),
+            # every pod at once: the ranks meet at the leader, none is ready before all are
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {**selector_labels(svc), f"{GROUP}/replica": str(replica)}},
+            "template": {
+                "metadata": template_meta,
+                "spec": _group_pod_spec(svc, settings, _group_env(svc, leader)),
+            },
+        },
+    }
+
+
+def build_leader_worker_set(svc: ServiceSpec, settings: Settings, owner: dict[str, Any]) -> Manifest:
+    """All replicas as one LeaderWorkerSet: a group of pods_per_replica pods per replica, recreated as a
+    whole when one of its pods restarts. LWS sets LWS_LEADER_ADDRESS and LWS_WORKER_INDEX itself; the
+    runtime reads them where GOODPUT_* are absent."""
+    env: list[dict[str, Any]] = [{"name": "GOODPUT_NNODES", "value": str(svc.pods_per_replica)}]
+    template = {"metadata": _template_meta(svc), "spec": _group_pod_spec(svc, settings, env)}
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": "LeaderWorkerSet",
+        "metadata": child_metadata(svc, deployment_name(svc), owner),
+        "spec": {
+            "replicas": svc.desired_replicas,
+            "startupPolicy": "LeaderCreated",
+            "leaderWorkerTemplate": {
+                "size": svc.pods_per_replica,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "workerTemplate": template,
+            },
+        },
+    }
 
 
 def _env(svc: ServiceSpec, settings: Settings) -> list[dict[str, Any]]:
@@ -117,7 +243,7 @@ def _volumes(svc: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any
             claim = {"claimName": adapter.source.claim, "readOnly": True}
             volumes.append({"name": f"lora-{i}", "persistentVolumeClaim": claim})
             mounts.append({"name": f"lora-{i}", "mountPath": f"{LORA_MOUNT}/{adapter.name}", "readOnly": True})
-    if svc.tensor_parallel > 1 or engines.engine_of(svc).shared_memory:
+    if svc.ranks > 1 or engines.engine_of(svc).shared_memory:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     volumes += [dict(v) for v in svc.template.volumes]
@@ -133,8 +259,9 @@ def _resources(svc: ServiceSpec) -> dict[str, Any]:
         requests["cpu"] = r.cpu
     if r.memory is not None:
         requests["memory"] = limits["memory"] = r.memory
-    if r.gpu:
-        requests[r.gpu_resource_name] = limits[r.gpu_resource_name] = str(r.gpu)
+    if r.gpu:  # a replica's GPUs shared out over its pods
+        per_pod = str(r.gpu // svc.pods_per_replica)
+        requests[r.gpu_resource_name] = limits[r.gpu_resource_name] = per_pod
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
@@ -221,7 +348,8 @@ def build_deployment(svc: ServiceSpec, settings: Settings, owner: dict[str, Any]
         "kind": "Deployment",
         "metadata": child_metadata(svc, deployment_name(svc), owner),
         "spec": {
-            "replicas": svc.desired_replicas,
+            # a replica spanning pods runs as groups of pods instead (build_group_statefulset): none here
+            "replicas": 0 if svc.multi_node else svc.desired_replicas,
             "selector": {"matchLabels": selector_labels(svc)},
             # A new pod must be ready before an old one goes: capacity never dips.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
@@ -231,13 +359,16 @@ def build_deployment(svc: ServiceSpec, settings: Settings, owner: dict[str, Any]
 
 
 def build_service(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
+    """The client Service: its ready endpoints are the replicas' pods, or the groups' leaders alone
+    (GROUP_READINESS_PATH)."""
+    selector = selector_labels(svc)
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": child_metadata(svc, svc.name, owner),
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_labels(svc),
+            "selector": selector,
             "ports": [
                 {"name": "http", "port": SERVICE_PORT, "targetPort": "http", "protocol": "TCP"},
                 {"name": "metrics", "port": RUNTIME_PORT, "targetPort": "http", "protocol": "TCP"},
@@ -247,8 +378,9 @@ def build_service(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
 
 
 def build_pdb(svc: ServiceSpec, owner: dict[str, Any], api_version: str = "policy/v1") -> Manifest | None:
-    """One pod may be voluntarily evicted at a time; none for a single replica (it would block drains)."""
-    if svc.desired_replicas <= 1:
+    """One pod may be voluntarily evicted at a time; none for a single replica (it would block drains),
+    nor for replicas spanning pods (their workers are never ready, so it would block every eviction)."""
+    if svc.desired_replicas <= 1 or svc.multi_node:
         return None
     return {
         "apiVersion": api_version,

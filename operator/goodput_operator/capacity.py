@@ -189,6 +189,11 @@ def tensor_parallel_problem(c: ModelConfig, tensor: int) -> str | None:
     return parallel.tensor_parallel_problem(c.shape, tensor, "parallelism.tensor")
 
 
+def pipeline_problem(c: ModelConfig, pipeline: int) -> str | None:
+    """Why `pipeline` stages cannot split this model (each stage needs at least one layer), naming the field."""
+    return parallel.pipeline_problem(c.num_layers, pipeline, "parallelism.pipeline")
+
+
 def architecture_problem(c: ModelConfig) -> str | None:
     """Why the runtime cannot serve this model's architecture, or None when it can."""
     return arch.architecture_problem(c.architectures, "config.json")
@@ -243,12 +248,17 @@ def plan(
     utilization: float,
     reserved_bytes: int = RESERVED_BYTES_PER_GPU,
     draft: ModelConfig | None = None,
+    pipeline: int = 1,
 ) -> Capacity:
     """The fit of the model (and of speculative decoding's draft model, which the runtime loads
-    unquantized and unsharded beside the first rank, with a KV cache of as many tokens as the model's)."""
+    unquantized and unsharded beside the first rank, with a KV cache of as many tokens as the model's).
+    With `pipeline` stages a GPU holds its stage's share of the weights and its stage's layers' KV
+    cache; the first stage, with the most layers (and the embeddings), is the one sized."""
     weights = weight_bytes(c, dtype, quantization)
-    per_gpu = -(-weights // tensor)
+    per_gpu = -(-weights // (tensor * pipeline))
     per_token = kv_bytes_per_token(c, dtype, tensor)
+    if pipeline > 1 and c.num_layers:
+        per_token = per_token // c.num_layers * -(-c.num_layers // pipeline)
     if draft is not None:
         draft_weights = weight_bytes(draft, dtype)
         weights += draft_weights

@@ -28,6 +28,7 @@ class Discovered:
     service_monitors: bool = False
     pod_monitors: bool = False
     scaled_objects: bool = False
+    leader_worker_sets: bool = False  # leaderworkerset.x-k8s.io/v1: groups of pods for a replica spanning nodes
 
 
 @dataclass
@@ -80,6 +81,7 @@ class Context:
                 service_monitors=await has("monitoring.coreos.com/v1", "servicemonitors"),
                 pod_monitors=await has("monitoring.coreos.com/v1", "podmonitors"),
                 scaled_objects=await has("keda.sh/v1alpha1", "scaledobjects"),
+                leader_worker_sets=await has("leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
             )
             self._discovered_at = time.monotonic()
         return self._discovered

@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 OWNED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 CHILD_RESOURCES = (
     {"group": "apps", "version": "v1", "plural": "deployments"},
+    {"group": "apps", "version": "v1", "plural": "statefulsets"},  # the groups of replicas spanning pods
     {"group": "", "version": "v1", "plural": "services"},
     {"group": "policy", "plural": "poddisruptionbudgets"},
 )

@@ -36,6 +36,8 @@ PLURALS = {
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
     "ScaledObject": "scaledobjects",
     "NetworkPolicy": "networkpolicies",
+    "StatefulSet": "statefulsets",
+    "LeaderWorkerSet": "leaderworkersets",
 }
 
 

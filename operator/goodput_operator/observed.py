@@ -82,6 +82,14 @@ class Observed:
     def child(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self._children.get((kind, namespace, name))
 
+    def children(self, kind: str, namespace: str, prefix: str) -> list[dict[str, Any]]:
+        """The children of `kind` in `namespace` whose names start with `prefix` (a service's groups)."""
+        return [
+            obj
+            for (k, ns, name), obj in self._children.items()
+            if k == kind and ns == namespace and name.startswith(prefix)
+        ]
+
     def known_absent(self, path: str) -> bool:
         return path in self._absent
 

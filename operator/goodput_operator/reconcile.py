@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +88,7 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
     try:
         svc = parse(name, namespace, body.get("spec") or {})
         engines.validate(svc)
+        _check_shape(svc)
         fit = await _model_fit(ctx, svc)
         if fit.invalid:
             raise fit.invalid
@@ -99,14 +101,18 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
     try:
         deployment = await _apply_children(ctx, body, desired, unwanted, svc, owner)
     except ChildConflict as err:
-        deployment = {}
+        deployment = {"kind": "Deployment"}
         available = Condition(AVAILABLE, FALSE, "ChildConflict", str(err))
         if (find(old, AVAILABLE) or {}).get("reason") != "ChildConflict":
             await ctx.event(body, "Warning", "ChildConflict", str(err))
         failure = None
     else:
         failure = pods.failure(ctx.observed.pods(namespace, svc.name))
-        available = _available(deployment, svc.desired_replicas, failure)
+        available = (
+            Condition(AVAILABLE, FALSE, "Suspended", "spec.suspend is true: held at zero replicas until it is cleared")
+            if svc.suspend
+            else _available(deployment, svc.desired_replicas, failure)
+        )
     conditions = [Condition(VALID, TRUE, "SpecValid", "the spec is valid"), fit.condition, available]
     conditions.append(derive_ready(conditions))
     dstatus = deployment.get("status") or {}
@@ -116,6 +122,7 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
         "readyReplicas": dstatus.get("readyReplicas", 0),
         "selector": builders.selector_string(svc),
         "url": builders.service_url(svc),
+        "placement": builders.placement(svc, deployment.get("kind") == "LeaderWorkerSet"),
         "capacity": fit.capacity,
         "conditions": merge(old, conditions, generation, now_timestamp()),
     }
@@ -174,6 +181,20 @@ async def _refuse(
         await ctx.event(body, "Warning", fits.reason, fits.message)
 
 
+def _check_shape(svc: ServiceSpec) -> None:
+    """Pipeline stages and replicas spanning pods are the goodput runtime's alone."""
+    if svc.engine.kind == engines.GOODPUT:
+        return
+    for field, used in (("parallelism.pipeline", svc.pipeline_parallel > 1), ("parallelism.nodes", svc.multi_node)):
+        if used:
+            raise SpecError(
+                field,
+                f"cannot be honoured by engine.kind {svc.engine.kind}: only the goodput runtime runs pipeline "
+                "stages and replicas spanning pods",
+                reason="EngineUnsupportedField",
+            )
+
+
 def _flipped(old: list[dict[str, Any]] | None, type_: str, status: str) -> bool:
     before = find(old, type_)
     return before is None or before.get("status") != status
@@ -218,6 +239,12 @@ async def _model_fit(ctx: Context, svc: ServiceSpec) -> Fit:
             Condition(MODEL_FITS, FALSE, "TensorParallelMismatch", problem),
             invalid=SpecError("parallelism.tensor", problem, reason="TensorParallelMismatch"),
         )
+    problem = capacity.pipeline_problem(config, svc.pipeline_parallel)
+    if problem:
+        return Fit(
+            Condition(MODEL_FITS, FALSE, "PipelineMismatch", problem),
+            invalid=SpecError("parallelism.pipeline", problem, reason="PipelineMismatch"),
+        )
     draft_source = svc.engine.speculative.draft_model if svc.engine.speculative else None
     draft = None
     if draft_source is not None and draft_source.scheme == "hf":  # the draft model counts in the plan too
@@ -253,6 +280,7 @@ async def _model_fit(ctx: Context, svc: ServiceSpec) -> Fit:
         device_memory_bytes=capacity.device_memory_bytes(svc.resources),
         utilization=utilization,
         draft=draft,
+        pipeline=svc.pipeline_parallel,
     )
     message = plan.describe(utilization)
     if plan.fits is None:
@@ -269,10 +297,13 @@ async def _desired_children(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The manifests to apply, and the paths of optional children this spec no longer wants."""
     discovered = await ctx.discovery()
+    mode = builders.placement(svc, discovered.leader_worker_sets)["mode"]
     desired: list[dict[str, Any]] = [
         builders.build_deployment(svc, ctx.settings, owner),
         builders.build_service(svc, owner),
     ]
+    groups, unwanted_groups = _groups(ctx, svc, owner, mode, discovered.leader_worker_sets)
+    desired += groups
     if discovered.service_monitors:
         desired.append(builders.build_service_monitor(svc, owner))
     elif discovered.pod_monitors:
@@ -307,7 +338,48 @@ async def _desired_children(
             )
         )
     desired += [manifest for manifest, _ in optional if manifest]
-    return desired, [path for manifest, path in optional if not manifest]
+    return desired, [path for manifest, path in optional if not manifest] + unwanted_groups
+
+
+def _groups(
+    ctx: Context, svc: ServiceSpec, owner: dict[str, Any], mode: str, lws_installed: bool
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The children of replicas spanning pods, and the paths of group children no longer wanted.
+
+    StatefulSet mode: the headless Service and one StatefulSet per replica; scaling adds or removes
+    whole StatefulSets (groups), and suspending keeps each at zero pods. LeaderWorkerSet mode: one
+    LeaderWorkerSet whose replicas are the groups.
+    """
+    pattern = re.compile(rf"{re.escape(builders.group_name(svc, 0)[:-1])}(\d+)")
+    existing = sorted(
+        int(match.group(1))
+        for obj in ctx.observed.children("StatefulSet", svc.namespace, f"{svc.name}-runtime-")
+        if (match := pattern.fullmatch(obj["metadata"]["name"])) and _owned_by(obj, owner["uid"])
+    )
+    desired: list[dict[str, Any]] = []
+    keep: set[int] = set()
+    if mode == builders.STATEFUL_SET:
+        desired.append(builders.build_ranks_service(svc, owner))
+        keep = set(existing) if svc.suspend else set(range(svc.desired_replicas))
+        for replica in sorted(keep):
+            group = builders.build_group_statefulset(svc, ctx.settings, owner, replica)
+            if svc.suspend:
+                group["spec"]["replicas"] = 0
+            desired.append(group)
+    elif mode == builders.LEADER_WORKER_SET:
+        desired.append(builders.build_leader_worker_set(svc, ctx.settings, owner))
+    unwanted = [
+        resource_path("apps/v1", "StatefulSet", svc.namespace, builders.group_name(svc, replica))
+        for replica in existing
+        if replica not in keep
+    ]
+    if mode != builders.STATEFUL_SET and existing:
+        unwanted.append(resource_path("v1", "Service", svc.namespace, builders.ranks_service_name(svc)))
+    if mode != builders.LEADER_WORKER_SET and lws_installed:
+        unwanted.append(
+            resource_path(builders.LWS_API_VERSION, "LeaderWorkerSet", svc.namespace, builders.deployment_name(svc))
+        )
+    return desired, unwanted
 
 
 async def _apply_children(
@@ -318,7 +390,9 @@ async def _apply_children(
     svc: ServiceSpec,
     owner: dict[str, Any],
 ) -> dict[str, Any]:
-    """Apply every desired child; remove the ones no longer wanted; return the live Deployment."""
+    """Apply every desired child; remove the ones no longer wanted; return the live Deployment, or for
+    replicas spanning pods, what stands for it: a status of groups (replicas, readyReplicas) made from the
+    StatefulSets, or the live LeaderWorkerSet."""
 
     # Look before writing anything: a name held by someone else's object stops the whole pass.
     # The watches' copy when they delivered one; else the server's (absent or predating the watch).
@@ -341,6 +415,7 @@ async def _apply_children(
             )
 
     deployment: dict[str, Any] = {}
+    groups: list[dict[str, Any]] = []
     written: dict[str, list[str]] = {}  # verb -> "Kind name" of each child written, one Event per verb
     applied = await asyncio.gather(
         *(ctx.kube.apply(manifest, live) for manifest, live in zip(desired, lives, strict=True))
@@ -355,8 +430,10 @@ async def _apply_children(
             metrics.CHILD_WRITES.labels(kind=manifest["kind"], action=action).inc()
             verb = action.capitalize()
             written.setdefault(verb, []).append(f"{manifest['kind']} {meta['name']}")
-        if manifest["kind"] == "Deployment":
+        if (manifest["kind"] == "Deployment" and not svc.multi_node) or manifest["kind"] == "LeaderWorkerSet":
             deployment = current
+        elif manifest["kind"] == "StatefulSet":
+            groups.append(current)
     # only a pass of ours creates an owned optional child, and a service without status never had one
     never_reconciled = not body.get("status")
     for path in unwanted:
@@ -375,7 +452,17 @@ async def _apply_children(
     for verb, children in written.items():  # one log line and one Event per verb, however many children
         logger.info("%s/%s: %s %s", svc.namespace, svc.name, verb, ", ".join(children))
         await ctx.event(body, "Normal", verb, f"{verb} {', '.join(children)}")
+    if svc.multi_node and deployment.get("kind") != "LeaderWorkerSet":
+        deployment = {"kind": "StatefulSet", "status": _group_status(groups)}
     return deployment
+
+
+def _group_status(groups: list[dict[str, Any]]) -> dict[str, int]:
+    """Replicas (groups with pods) and ready replicas (groups whose leader is ready: a worker pod is
+    never ready, and the leader only once every rank of the group has joined, so a group serves whole)."""
+    live = [g for g in groups if (g.get("spec") or {}).get("replicas", 0) > 0]
+    ready = [g for g in live if (g.get("status") or {}).get("readyReplicas", 0) >= 1]
+    return {"replicas": len(live), "readyReplicas": len(ready)}
 
 
 class ChildConflict(Exception):

@@ -115,6 +115,7 @@ class Resources:
     memory: str | None = None
     gpu_memory: str | None = None
     gpu_product: str | None = None
+    gpus_per_node: int | None = None  # GPUs one node offers: a replica needing more spans several pods
 
 
 @dataclass(frozen=True)
@@ -191,10 +192,25 @@ class ServiceSpec:
     batch: Batch = Batch()
     auth: Auth = Auth()
     network_policy: bool = True
+    pipeline_parallel: int = 1  # parallelism.pipeline: stages the layers are split into
+    pods_per_replica: int = 1  # parallelism.nodes, or the GPUs over resources.gpusPerNode
+    suspend: bool = False  # spec.suspend: held at zero replicas, children kept
+
+    @property
+    def ranks(self) -> int:
+        """Processes (GPUs on a GPU replica) one replica runs: tensor × pipeline."""
+        return self.tensor_parallel * self.pipeline_parallel
+
+    @property
+    def multi_node(self) -> bool:
+        """One replica is a group of pods (a StatefulSet or a LeaderWorkerSet group), not one pod."""
+        return self.pods_per_replica > 1
 
     @property
     def desired_replicas(self) -> int:
-        """spec.replicas when set (the scale subresource writes it); else the autoscaler's floor."""
+        """spec.replicas when set (the scale subresource writes it); else the autoscaler's floor; 0 while suspended."""
+        if self.suspend:
+            return 0
         return self.replicas if self.replicas is not None else self.autoscaling.min_replicas
 
 
@@ -318,14 +334,19 @@ def _speculative(raw: dict[str, Any]) -> Speculative:
     return Speculative(method=method, tokens=int(raw.get("tokens", 3)), draft_model=source)
 
 
-def _resources(raw: dict[str, Any], tensor: int) -> Resources:
-    gpu = int(raw.get("gpu", tensor))
-    if gpu not in (0, tensor):
+def _resources(raw: dict[str, Any], tensor: int, pipeline: int = 1) -> Resources:
+    ranks = tensor * pipeline
+    gpu = int(raw.get("gpu", ranks))
+    if gpu not in (0, ranks):
+        shape = f"parallelism.tensor={tensor}" + (f" × parallelism.pipeline={pipeline}" if pipeline > 1 else "")
         raise SpecError(
             "resources.gpu",
-            f"is {gpu} but each replica runs parallelism.tensor={tensor} GPUs (use {tensor}, or 0 for CPU)",
+            f"is {gpu} but each replica runs {shape} GPUs (use {ranks}, or 0 for CPU)",
             reason="GPUCountMismatch",
         )
+    per_node = raw.get("gpusPerNode")
+    if per_node is not None and int(per_node) < 1:
+        raise SpecError("resources.gpusPerNode", f"is {per_node}; it must be at least 1")
     return Resources(
         gpu=gpu,
         gpu_resource_name=raw.get("gpuResourceName") or DEFAULT_GPU_RESOURCE,
@@ -333,7 +354,40 @@ def _resources(raw: dict[str, Any], tensor: int) -> Resources:
         memory=_quantity(raw.get("memory"), "resources.memory"),
         gpu_memory=_quantity(raw.get("gpuMemory"), "resources.gpuMemory"),
         gpu_product=raw.get("gpuProduct"),
+        gpus_per_node=int(per_node) if per_node is not None else None,
     )
+
+
+def _pods_per_replica(parallelism: dict[str, Any], resources: Resources, ranks: int) -> int:
+    """Pods one replica spans: parallelism.nodes when set, else one per node of resources.gpusPerNode
+    GPUs when the replica's GPUs exceed one node, else 1. Each pod runs ranks / pods ranks."""
+    nodes = parallelism.get("nodes")
+    per_node = resources.gpus_per_node if resources.gpu else None
+    if nodes is None:
+        if per_node is None or ranks <= per_node:
+            return 1
+        if ranks % per_node:
+            raise SpecError(
+                "resources.gpusPerNode",
+                f"is {per_node}, which does not divide the replica's {ranks} GPUs (tensor × pipeline): "
+                "each pod of a replica runs an equal share",
+                reason="ShapeDoesNotFit",
+            )
+        return ranks // per_node
+    nodes = int(nodes)
+    if nodes < 1 or ranks % nodes:
+        raise SpecError(
+            "parallelism.nodes",
+            f"is {nodes}, which does not divide the replica's {ranks} ranks (tensor × pipeline)",
+            reason="ShapeDoesNotFit",
+        )
+    if per_node is not None and ranks // nodes > per_node:
+        raise SpecError(
+            "parallelism.nodes",
+            f"is {nodes}: each pod would need {ranks // nodes} GPUs, more than resources.gpusPerNode {per_node}",
+            reason="ShapeDoesNotFit",
+        )
+    return nodes
 
 
 def _slo(raw: dict[str, Any]) -> Slo:
@@ -536,7 +590,12 @@ def parse(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
             f"{name!r} must be a DNS label of at most {MAX_NAME_LENGTH} characters starting with a letter",
             reason="InvalidName",
         )
-    tensor = int((spec.get("parallelism") or {}).get("tensor", 1))
+    parallelism = spec.get("parallelism") or {}
+    tensor = int(parallelism.get("tensor", 1))
+    pipeline = int(parallelism.get("pipeline", 1))
+    if pipeline < 1:
+        raise SpecError("parallelism.pipeline", f"is {pipeline}; it must be at least 1")
+    resources = _resources(spec.get("resources") or {}, tensor, pipeline)
     replicas = spec.get("replicas")
     parsed = ServiceSpec(
         name=name,
@@ -544,7 +603,7 @@ def parse(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         model=_model(spec.get("model") or {}, name),
         engine=_engine(spec.get("engine") or {}),
         tensor_parallel=tensor,
-        resources=_resources(spec.get("resources") or {}, tensor),
+        resources=resources,
         slo=_slo(spec.get("slo") or {}),
         autoscaling=(autoscaling := _autoscaling(spec.get("autoscaling") or {})),
         replicas=int(replicas) if replicas is not None else None,
@@ -554,6 +613,9 @@ def parse(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         batch=_batch(spec.get("batch") or {}, autoscaling),
         auth=_auth(spec.get("auth") or {}),
         network_policy=bool(spec.get("networkPolicy", True)),
+        pipeline_parallel=pipeline,
+        pods_per_replica=_pods_per_replica(parallelism, resources, tensor * pipeline),
+        suspend=bool(spec.get("suspend", False)),
     )
     speculative = parsed.engine.speculative
     draft = speculative.draft_model if speculative else None

@@ -2,7 +2,8 @@
 
 Each pod (a "node" of the group) learns from its flags or environment its index
 (``--node-rank``), how many pods the replica has (``--nnodes``) and the leader's address
-(``--leader-address host:port``, pod 0's). The operator sets them; a LeaderWorkerSet's
+(``--leader-address host:port``, pod 0's). The operator sets them (a StatefulSet pod's rank is
+the ordinal ending its name, ``$GOODPUT_POD_NAME``); a LeaderWorkerSet's
 ``LWS_WORKER_INDEX``, ``LWS_GROUP_SIZE`` and ``LWS_LEADER_ADDRESS`` are read where the flags
 are absent. Each pod runs ``world / nnodes`` ranks (one process each), global ranks
 ``node_rank * per_node ...``; torch.distributed's store listens at the leader's address.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -34,6 +36,7 @@ STARTUP_TIMEOUT = 600.0  # the pods of a group scheduled, pulled and started
 NODE_RANK_ENV = ("GOODPUT_NODE_RANK", "LWS_WORKER_INDEX")
 NNODES_ENV = ("GOODPUT_NNODES", "LWS_GROUP_SIZE")
 LEADER_ENV = ("GOODPUT_LEADER_ADDRESS", "LWS_LEADER_ADDRESS")
+POD_NAME_ENV = "GOODPUT_POD_NAME"  # a StatefulSet pod's name: its node rank is the ordinal that ends it
 DEFAULT_PORT = 29500
 
 
@@ -90,6 +93,9 @@ def group_of(node_rank: int | None, nnodes: int | None, leader_address: str | No
     rank_text = str(node_rank) if node_rank is not None else from_env(NODE_RANK_ENV)
     nodes_text = str(nnodes) if nnodes is not None else from_env(NNODES_ENV)
     address = leader_address or from_env(LEADER_ENV)
+    if rank_text is None and nodes_text not in (None, "1"):
+        ordinal = re.search(r"-(\d+)$", os.environ.get(POD_NAME_ENV, ""))
+        rank_text = ordinal.group(1) if ordinal else None
     try:
         rank = int(rank_text) if rank_text is not None else 0
         nodes = int(nodes_text) if nodes_text is not None else 1
@@ -194,7 +200,10 @@ def join(group: Group, on_lost: Callable[[str], None] = _die, startup: float = S
 
 
 class HealthServer:
-    """A worker pod's /health: 503 while it loads, 200 once its ranks are ready (its probes)."""
+    """A worker pod's /health: 503 while it loads, 200 once its ranks are ready (its liveness). Asked
+    ``/health?serving`` (its readiness) it always answers 503: a worker takes no requests, so only the
+    group's leader is ever a ready endpoint of the service, and the leader is ready only once every
+    rank of the group has joined."""
 
     def __init__(self, host: str, port: int) -> None:
         self.ready = False
@@ -206,8 +215,10 @@ class HealthServer:
                     self.send_response(404)
                     self.end_headers()
                     return
+                serving = "serving" in self.path.partition("?")[2]
+                ok = outer.ready and not serving
                 body = b'{"status":"ok","role":"worker"}' if outer.ready else b'{"status":"loading","role":"worker"}'
-                self.send_response(200 if outer.ready else 503)
+                self.send_response(200 if ok else 503)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
