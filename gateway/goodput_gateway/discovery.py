@@ -34,6 +34,7 @@ class Service:
     api_key_secret: tuple[str, str] | None = None  # (Secret, key) of spec.auth.apiKeySecretRef
     adapters: frozenset[str] = frozenset()  # LoRA adapters of spec.model.lora, served under their own names
     max_adapters: int = 0  # spec.model.lora.maxAdapters: adapter slots per replica (0: no LoRA)
+    suspended: bool = False  # spec.suspend: its requests are answered 503 at once, not held
 
 
 class Registry:
@@ -131,6 +132,7 @@ def service_of(body: dict[str, Any]) -> Service | None:
         (secret.name, secret.key) if secret else None,
         frozenset(a.name for a in lora.adapters) if lora else frozenset(),
         lora.max_adapters if lora else 0,
+        spec.suspend,
     )
 
 

@@ -155,6 +155,13 @@ class Proxy:
             last = attempt + 1 == self.settings.attempts
             if reason:
                 self.metrics.retries.labels(*key, reason).inc()
+            if svc.suspended:  # held at zero until spec.suspend is cleared: nothing to wait for
+                raise unavailable(
+                    f"The model '{model}' is suspended (spec.suspend of InferenceService {svc.namespace}/{svc.name}); "
+                    "it serves again once that is cleared",
+                    "service_suspended",
+                    60,
+                )
             ready = await self.holds.ready(key, model)
             choice = self.pick(svc, ready, tried, prefix)
             self.metrics.decisions.labels(*key, choice.decision).inc()
