@@ -58,3 +58,39 @@ def test_suspend_keeps_the_groups_of_replicas_spanning_pods_at_zero_pods(cluster
     assert status["placement"] == {"mode": "StatefulSet", "podsPerReplica": 2, "ranksPerPod": 1}
     cluster.patch_service(namespace, "wide", {"spec": {"suspend": False}})
     wait_for(lambda: sizes() == {"wide-runtime-0": 2, "wide-runtime-1": 2}, 60, "both groups back")
+
+
+def test_the_gateway_answers_a_suspended_services_requests_with_503_at_once(cluster, namespace, tmp_path):
+    """The gateway (a real process reading the CR from the API server) refuses rather than holds."""
+    import json
+    import time
+    import urllib.error
+    import urllib.request
+
+    from gateway_helpers import GatewayProcess
+
+    spec = {**SPEC, "model": {**SPEC["model"], "servedName": "napping"}, "suspend": True}
+    cluster.create_service(namespace, "napping", spec)
+    gateway = GatewayProcess(cluster.kubeconfig, tmp_path / "gateway.log", "--hold-seconds", "30").start()
+    try:
+        models = wait_for(
+            lambda: "napping" in urllib.request.urlopen(gateway.url + "/v1/models", timeout=5).read().decode(),
+            30,
+            "the gateway to list the service",
+        )
+        assert models
+        body = json.dumps({"model": "napping", "prompt": "hi", "max_tokens": 1}).encode()
+        request = urllib.request.Request(
+            gateway.url + "/v1/completions", body, {"Content-Type": "application/json"}, method="POST"
+        )
+        started = time.monotonic()
+        try:
+            urllib.request.urlopen(request, timeout=20)
+            raise AssertionError("a suspended service answered")
+        except urllib.error.HTTPError as err:
+            status, error, retry_after = err.code, json.loads(err.read())["error"], err.headers.get("Retry-After")
+        assert time.monotonic() - started < 5  # not held for the 30 s hold
+        assert status == 503 and error["code"] == "service_suspended" and retry_after
+        assert "suspended" in error["message"] and f"{namespace}/napping" in error["message"]
+    finally:
+        gateway.stop()
