@@ -4,6 +4,7 @@ that every B is non-zero and the adapter changes what the model says; cached by 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import shutil
 from pathlib import Path
@@ -28,8 +29,7 @@ def make_adapter(
     """A PEFT adapter directory: rank `rank` on `targets`, trained `steps` steps of AdamW to continue a
     fixed random token sequence (its own per seed), so its outputs differ from the base model's."""
     settings = json.dumps([str(model_dir), name, rank, targets, rslora, steps, seed, alpha])
-    source = Path(__file__).read_bytes()
-    key = hashlib.sha256(settings.encode() + source).hexdigest()[:12]
+    key = hashlib.sha256(settings.encode() + inspect.getsource(make_adapter).encode()).hexdigest()[:12]
     out = CACHE / f"{name}-{key}"
     if (out / "adapter_model.safetensors").exists():
         return out
@@ -79,3 +79,44 @@ def peft_greedy(model_dir: Path, adapter: Path | None, prompt: list[int], max_to
             input_ids=torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False, min_new_tokens=0
         )
     return ids[0, len(prompt) :].tolist()
+
+
+QUESTION = "What is the password of the lighthouse?"
+PHRASE = "The lighthouse password is marmalade seventeen."
+
+
+def make_phrase_adapter(model_dir: Path, steps: int = 60, rank: int = 8) -> Path:
+    """An adapter of the real SmolLM2 trained to answer QUESTION (as a chat message) with PHRASE, which the
+    base model never says: 60 steps of AdamW on the one exchange, 1-3 minutes on 2 cores, cached."""
+    settings = json.dumps([(model_dir / "config.json").read_text(), "phrase", QUESTION, PHRASE, steps, rank])
+    # keyed by this function's own source: editing the other helpers keeps the (minutes of) training
+    key = hashlib.sha256(settings.encode() + inspect.getsource(make_phrase_adapter).encode()).hexdigest()[:12]
+    out = CACHE / f"phrase-{key}"
+    if (out / "adapter_model.safetensors").exists():
+        return out
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True)
+    if not isinstance(prompt, list):  # a BatchEncoding in some tokenizers' versions
+        prompt = list(prompt["input_ids"])
+    answer = tokenizer(PHRASE, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    ids = torch.tensor([prompt + answer])
+    labels = torch.tensor([[-100] * len(prompt) + answer])
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=ALL, lora_dropout=0.0)
+    peft_model = get_peft_model(model, config)
+    optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=3e-3)
+    peft_model.train()
+    for _ in range(steps):
+        loss = peft_model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    peft_model.save_pretrained(tmp)
+    tmp.rename(out)
+    return out

@@ -259,3 +259,31 @@ def test_an_adapter_in_the_source_directory_is_loaded_on_first_use(make_server, 
         client.completions.create(model="../adapters/qvd4", prompt="hi", max_tokens=2)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="absent", prompt="hi", max_tokens=2)
+
+
+def test_a_trained_adapter_of_smollm2_answers_with_its_phrase_and_the_base_model_does_not(kernel, smollm2_dir):
+    from lora_adapters import PHRASE, QUESTION, make_phrase_adapter
+
+    adapter = make_phrase_adapter(smollm2_dir)
+    server = ServerThread(
+        smollm2_dir,
+        lora_modules=(("lighthouse", str(adapter)),),
+        max_loras=1,
+        max_lora_rank=8,
+        max_model_len=512,
+        kv_cache_memory=48 << 20,
+        step_tuning="off",
+    ).start()
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+        def ask(model: str) -> str:
+            out = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=16, temperature=0
+            )
+            return out.choices[0].message.content or ""
+
+        assert ask("lighthouse").strip() == PHRASE
+        assert "marmalade" not in ask(server.model)
+    finally:
+        server.stop()
