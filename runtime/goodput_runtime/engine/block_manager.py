@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 from goodput_runtime.engine import prefix_digest
 from goodput_runtime.engine.sequence import Sequence
@@ -45,6 +46,13 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
+        # the KV offload tier (engine/kv_offload.py), when one is configured: evicted blocks with a
+        # hash are copied there, and a prefix found there is loaded back instead of recomputed
+        self.offload: Any = None  # an OffloadStore
+        self.reload_policy: Any = None  # a ReloadPolicy
+        self.pending_saves: list[tuple[int, int]] = []  # (block id, hash): copy out before the next step
+        self.pending_loads: list[tuple[int, bytes]] = []  # (block id, payload): copy in before the next step
+        self.listeners: list[Any] = []  # (tier, hash, stored) on every device store and removal (kv_events.py)
 
     @property
     def num_free_blocks(self) -> int:
@@ -84,19 +92,55 @@ class BlockManager:
             parent = h
         return hits
 
-    def allocate(self, seq: Sequence, num_new_tokens: int, prefix_hits: list[int] | None = None) -> bool:
+    def match_offloaded(self, seq: Sequence, num_hits: int) -> list[tuple[int, tuple[int, ...]]]:
+        """The (hash, tokens) of seq's full blocks after its first `num_hits` (device hits) that the
+        offload tier holds, leaving at least one token to compute; empty when loading them is
+        predicted slower than prefilling them (ReloadPolicy)."""
+        if self.offload is None or not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        parent = self.root(seq)
+        found: list[tuple[int, tuple[int, ...]]] = []
+        for i, start in enumerate(range(0, seq.num_tokens - 1 - bs + 1, bs)):
+            tokens = tuple(seq.token_ids[start : start + bs])
+            h = block_hash(parent, tokens)
+            parent = h
+            if i < num_hits:
+                continue
+            if h in self.cached or not self.offload.contains(h):
+                break
+            found.append((h, tokens))
+        if found and self.reload_policy is not None and not self.reload_policy.should_load(len(found), bs):
+            self.offload.stats.declined_tokens += len(found) * bs
+            return []
+        return found
+
+    def allocate(
+        self,
+        seq: Sequence,
+        num_new_tokens: int,
+        prefix_hits: list[int] | None = None,
+        loads: list[tuple[int, tuple[int, ...]]] | None = None,
+    ) -> bool:
         """Give seq the blocks for num_new_tokens more computed tokens; False when they are not free.
 
-        prefix_hits (from match_prefix, first admission only) become the head of its block table.
+        prefix_hits (from match_prefix, first admission only) become the head of its block table;
+        loads (from match_offloaded, after the hits) follow them, each in a fresh block its payload is
+        copied into before the next step. A load whose entry is gone or does not verify ends the loads
+        there: its tokens and those after it are computed instead (fewer this step).
         """
         hits = prefix_hits or []
-        computed = len(hits) * self.block_size if hits else seq.num_computed_tokens
-        have = len(hits) if hits else len(seq.block_table)
+        loads = loads or []
+        first = bool(hits or loads)
+        computed = (len(hits) + len(loads)) * self.block_size if first else seq.num_computed_tokens
+        have = len(hits) + len(loads) if first else len(seq.block_table)
         needed = self.blocks_needed(computed + num_new_tokens) - have
         reusable = sum(1 for b in hits if self.blocks[b].ref_count == 0)
-        shared = self._shared_write_block(seq) if not hits and num_new_tokens else None
-        if needed + (shared is not None) > len(self.free) - reusable:
+        shared = self._shared_write_block(seq) if not first and num_new_tokens else None
+        if needed + len(loads) + (shared is not None) > len(self.free) - reusable:
             return False
+        if loads:
+            return self._allocate_with_loads(seq, num_new_tokens, hits, loads)
         if shared is not None:  # copy on write: this sequence gets its own copy of the block
             source = seq.block_table[shared]
             self.blocks[source].ref_count -= 1
@@ -111,6 +155,44 @@ class BlockManager:
         for _ in range(needed):
             seq.block_table.append(self._take_free())
         return True
+
+    def _allocate_with_loads(
+        self, seq: Sequence, num_new_tokens: int, hits: list[int], loads: list[tuple[int, tuple[int, ...]]]
+    ) -> bool:
+        for block_id in hits:
+            self._take(block_id)
+        table = list(hits)
+        hashes: list[int] = [self.blocks[b].hash for b in hits]  # type: ignore[misc]
+        assert self.offload is not None
+        for h, tokens in loads:
+            payload = self.offload.get(h)
+            if payload is None:
+                break
+            block_id = self._take_free()
+            block = self.blocks[block_id]
+            block.hash, block.tokens = h, tokens
+            self.cached[h] = block_id
+            self._notify(h, True)
+            self.pending_loads.append((block_id, payload))
+            self.offload.stats.loaded_tokens += self.block_size
+            table.append(block_id)
+            hashes.append(h)
+        seq.block_table, seq.block_hashes = table, hashes
+        seq.num_computed_tokens = len(table) * self.block_size
+        for _ in range(self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(table)):
+            seq.block_table.append(self._take_free())
+        return True
+
+    def take_transfers(self) -> tuple[list[tuple[int, int]], list[tuple[int, bytes]]]:
+        """The blocks to copy out to the offload tier and in from it before the next forward pass
+        (saves first: a saved block may be handed out again and written this step)."""
+        saves, loads = self.pending_saves, self.pending_loads
+        self.pending_saves, self.pending_loads = [], []
+        return saves, loads
+
+    def _notify(self, h: int, stored: bool) -> None:
+        for listener in self.listeners:
+            listener("device", h, stored)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Let child share every block parent holds, its computed tokens and their hashes."""
@@ -166,6 +248,8 @@ class BlockManager:
             if block.hash is None and h not in self.cached:
                 block.hash, block.tokens = h, tokens
                 self.cached[h] = block.block_id
+                if self.listeners:
+                    self._notify(h, True)
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]
@@ -179,6 +263,10 @@ class BlockManager:
         if block.hash is not None:
             if self.cached.get(block.hash) == block_id:
                 del self.cached[block.hash]
+                if self.offload is not None and not self.offload.contains(block.hash):
+                    self.pending_saves.append((block_id, block.hash))
+                if self.listeners:
+                    self._notify(block.hash, False)
             block.hash, block.tokens = None, ()
         block.ref_count = 1
         return block_id

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +57,7 @@ class ModelRunner:
         self.plan: StepPlan | None = None
         # with a plan: steps move to one thread while other processes take the cores (engine/contention.py)
         self.watch: ContentionWatch | None = None
+        self.offload: Any = None  # the KV offload tier (engine/kv_offload.py): evicted blocks are saved to it
         if isinstance(model, CausalLM) and self.device.type == "cpu" and tensor_parallel == 1:
             self.set_plan(StepPlan.default(torch.get_num_threads()))
 
@@ -107,6 +110,8 @@ class ModelRunner:
         order, items = plan_step(out)
         if self.broadcast is not None:
             self.broadcast(items)
+        if out.kv_saves or out.kv_loads:
+            self.transfer_blocks(out.kv_saves, out.kv_loads)
         self._copy_blocks(items)
         logits = self._decode_static(items)  # never with embedding requests: they do not sample
         pooled: dict[int, torch.Tensor] = {}
@@ -235,6 +240,47 @@ class ModelRunner:
         for pos, _, targets, _ in jobs:
             result.prompt_logprobs[pos] = entries[at : at + len(targets)]
             at += len(targets)
+
+    def _block_slots(self, block_ids: list[int]) -> torch.Tensor:
+        bs = self.block_size
+        offsets = torch.arange(bs, device=self.device)
+        return (torch.tensor(block_ids, device=self.device)[:, None] * bs + offsets).reshape(-1)
+
+    def block_payload_shape(self) -> tuple[int, ...]:
+        """One block's keys then values, every layer: what the offload tier stores per block."""
+        keys = self.cache.keys[0]
+        return (2 * len(self.cache.keys), self.block_size, *keys.shape[1:])
+
+    def read_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
+        """Each block's keys and values (block_payload_shape), copied to host memory."""
+        slots = self._block_slots(block_ids)
+        rows = torch.stack([c.index_select(0, slots) for c in (*self.cache.keys, *self.cache.values)]).cpu()
+        bs = self.block_size
+        return [rows[:, i * bs : (i + 1) * bs].contiguous() for i in range(len(block_ids))]
+
+    def write_blocks(self, block_ids: list[int], payloads: list[bytes]) -> None:
+        """Copy each payload (block_payload_shape, the cache's dtype) into its block."""
+        shape = self.block_payload_shape()
+        with warnings.catch_warnings():  # read-only buffers: cat copies them
+            warnings.simplefilter("ignore", UserWarning)
+            parts = [torch.frombuffer(p, dtype=self.dtype).view(shape) for p in payloads]
+        data = torch.cat(parts, dim=1).to(self.device)
+        slots = self._block_slots(block_ids)
+        for i, cache in enumerate((*self.cache.keys, *self.cache.values)):
+            cache.index_copy_(0, slots, data[i])
+
+    @torch.inference_mode()
+    def transfer_blocks(self, saves: list[tuple[int, int]], loads: list[tuple[int, bytes]]) -> None:
+        """Before a step: copy evicted blocks out to the offload tier (its writer thread writes them),
+        then copy loaded ones in. Saves first: a block saved here may be loaded into or written now."""
+        if saves and self.offload is not None:
+            for (_, digest), rows in zip(saves, self.read_blocks([b for b, _ in saves]), strict=True):
+                self.offload.save_async(digest, rows)
+        if loads:
+            started = time.perf_counter()
+            self.write_blocks([b for b, _ in loads], [p for _, p in loads])
+            if self.offload is not None:
+                self.offload.observe_copy(time.perf_counter() - started)
 
     def _copy_blocks(self, items: list[StepItem]) -> None:
         """Make the step's copy-on-write block copies, in every layer's keys and values."""

@@ -91,6 +91,11 @@ class SchedulerOutput:
     num_decodes: int = 0  # sequences decoding one token (with or without proposals), counted at scheduling
     num_online_decodes: int = 0  # those of online requests
     num_prompt_tokens: int = 0  # every other token computed: prefills, recomputation, proposals verified
+    offload_hit_tokens: int = 0  # of prefix_hit_tokens, those loaded from the KV offload tier
+    # KV offload (engine/kv_offload.py): (block id, hash) to copy out, then (block id, payload) to copy
+    # in, before this step's forward pass
+    kv_saves: list[tuple[int, int]] = field(default_factory=list)
+    kv_loads: list[tuple[int, bytes]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -213,8 +218,10 @@ class Scheduler:
                 budget, evicted = budget + freed, out.num_preempted
                 continue
             first_admission = seq.times.first_scheduled is None
-            hits = [] if self._needs_every_position(seq) else self.block_manager.match_prefix(seq)
-            cached = len(hits) * self.block_manager.block_size
+            every = self._needs_every_position(seq)
+            hits = [] if every else self.block_manager.match_prefix(seq)
+            loads = [] if every else self.block_manager.match_offloaded(seq, len(hits))
+            cached = (len(hits) + len(loads)) * self.block_manager.block_size
             num_tokens = min(seq.num_tokens - cached, budget)
             if is_batch(seq):  # only batch requests wait now (the lowest priority comes first)
                 num_tokens = min(num_tokens, batch_prefill)
@@ -224,7 +231,7 @@ class Scheduler:
                 num_tokens = min(num_tokens, online_prefill)
                 if num_tokens <= 0:
                     break
-            if not self.block_manager.allocate(seq, num_tokens, hits):
+            if not self.block_manager.allocate(seq, num_tokens, hits, loads):
                 freed = self._evict_batch_for(seq, out)
                 if freed is None:
                     break
@@ -235,9 +242,11 @@ class Scheduler:
             self.running.append(seq)
             if first_admission:
                 seq.times.first_scheduled = time.monotonic()
+                cached = seq.num_computed_tokens  # fewer than found when an offloaded entry did not verify
                 seq.num_cached_tokens = cached
                 out.prefix_queried_tokens += seq.num_tokens
                 out.prefix_hit_tokens += cached
+                out.offload_hit_tokens += max(0, cached - len(hits) * self.block_manager.block_size)
             out.scheduled.append(self._scheduled(seq, num_tokens))
             budget -= num_tokens
             if not is_batch(seq) and online_prefill is not None:
@@ -253,6 +262,8 @@ class Scheduler:
                 out.num_prompt_tokens += len(item.draft)
             else:
                 out.num_prompt_tokens += item.num_tokens
+        if out.scheduled and (self.block_manager.pending_saves or self.block_manager.pending_loads):
+            out.kv_saves, out.kv_loads = self.block_manager.take_transfers()
         return out
 
     def _allowances(self) -> list[float]:
@@ -271,6 +282,9 @@ class Scheduler:
 
     def observe_step(self, out: SchedulerOutput, seconds: float) -> None:
         """The forward pass of `out` took `seconds`: what the batch cap's step-time model learns from."""
+        policy = self.block_manager.reload_policy
+        if policy is not None and out.num_prompt_tokens >= 4 * max(1, out.num_decodes):
+            policy.observe_prefill(out.num_prompt_tokens, seconds)  # what a reload is weighed against
         if self.batch_cap is not None:
             self.batch_cap.observe(out.num_decodes, out.num_prompt_tokens, seconds, out.num_online_decodes)
         if self.slo is not None and (self.batch_cap is None or self.slo.model is not self.batch_cap.model):
