@@ -249,6 +249,19 @@ def build_parser() -> ReasonedArgumentParser:
         help="share KV blocks of common prefixes",
     )
     engine.add_argument(
+        "--kv-offload-bytes",
+        type=byte_size,
+        default=default("kv_offload_bytes"),
+        help="a second KV tier on local disk of this many bytes (8Gi): blocks evicted from the KV cache "
+        "are kept there and loaded back on a prefix hit instead of recomputed; 0: none",
+    )
+    engine.add_argument(
+        "--kv-offload-dir",
+        default=default("kv_offload_dir"),
+        metavar="DIR",
+        help="local directory of the KV offload tier's file (default: the system's temporary directory)",
+    )
+    engine.add_argument(
         "--max-queue",
         type=positive_int,
         default=default("max_queue"),
@@ -346,6 +359,13 @@ def build_parser() -> ReasonedArgumentParser:
         help="adapters of --lora-modules never dropped from memory, their slots reused last",
     )
     adapters.add_argument(
+        "--lora-source",
+        default=default("lora_source"),
+        metavar="DIR",
+        help="a directory of adapters, one per subdirectory: a request naming one not loaded yet loads it "
+        "(the request waits for the load); with it LoRA is enabled",
+    )
+    adapters.add_argument(
         "--allow-runtime-lora-updating",
         action="store_true",
         default=default("allow_runtime_lora_updating"),
@@ -371,13 +391,6 @@ def build_parser() -> ReasonedArgumentParser:
     )
     spec.add_argument(
         "--ngram-min", type=positive_int, default=default("ngram_min"), help="shortest suffix prompt lookup matches"
-    )
-    adapters.add_argument(
-        "--lora-source",
-        default=default("lora_source"),
-        metavar="DIR",
-        help="a directory of adapters, one per subdirectory: a request naming one not loaded yet loads it "
-        "(the request waits for the load); with it LoRA is enabled",
     )
     spec.add_argument(
         "--ngram-max", type=positive_int, default=default("ngram_max"), help="longest suffix prompt lookup matches"

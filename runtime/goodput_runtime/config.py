@@ -19,6 +19,8 @@ class EngineConfig:
     kv_cache_memory: int | None = None  # bytes; CPU default is a quarter of free memory (cgroup-aware)
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
+    kv_offload_bytes: int = 0  # the KV offload tier's bound (engine/kv_offload.py); 0: no tier
+    kv_offload_dir: str | None = None  # local directory of the tier's file; None: the system's temporary one
     max_queue: int = 1024
     seed: int = 0
     tensor_parallel_size: int = 1
@@ -54,8 +56,8 @@ class EngineConfig:
     max_lora_rank: int = 16
     pinned_loras: tuple[str, ...] = ()  # adapters never dropped from memory, whose slots go last
     allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+    lora_source: str | None = None  # a directory of adapters, one per subdirectory, loaded on first use by name
 
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
-    lora_source: str | None = None  # a directory of adapters, one per subdirectory, loaded on first use by name

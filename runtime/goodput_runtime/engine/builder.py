@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Iterable
@@ -337,6 +338,32 @@ def enable_lora(config: EngineConfig, model: Any, model_config, metrics: Runtime
     return manager
 
 
+def enable_kv_offload(config: EngineConfig, runner: ModelRunner, block_manager: BlockManager, world: int) -> None:
+    """The KV offload tier (engine/kv_offload.py) behind the block manager and the runner."""
+    from goodput_runtime.engine.kv_offload import OffloadStore, ReloadPolicy
+
+    if world > 1:
+        raise EngineConfigError("--kv-offload-bytes does not run with tensor or pipeline parallelism yet")
+    if not config.enable_prefix_caching:
+        raise EngineConfigError("--kv-offload-bytes needs prefix caching (it keeps prefix blocks)")
+    shape = runner.block_payload_shape()
+    entry_bytes = math.prod(shape) * runner.dtype.itemsize
+    try:
+        store = OffloadStore(config.kv_offload_dir, config.kv_offload_bytes, entry_bytes)
+    except (ValueError, OSError) as e:
+        raise EngineConfigError(f"--kv-offload-bytes: {e}") from e
+    block_manager.offload = store
+    block_manager.reload_policy = ReloadPolicy(store)
+    runner.offload = store
+    log.info(
+        "KV offload tier: %d blocks of %d bytes in %s (%d bytes at most)",
+        store.num_slots,
+        entry_bytes,
+        store.path,
+        config.kv_offload_bytes,
+    )
+
+
 def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> EngineCore:
     model_dir = resolve_model_path(config.model, config.revision)
     check_architecture(model_dir)
@@ -402,6 +429,8 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
         )
         log.info("Scheduling for the SLO: waiting prompts by TTFT deadline, online prefill chunks by TPOT slack")
     runner = ModelRunner(model, num_blocks, config.block_size, config.seed, tensor)
+    if config.kv_offload_bytes:
+        enable_kv_offload(config, runner, block_manager, world)
     if followers is not None:
         parallel.broadcast(num_blocks)
         runner.broadcast = parallel.broadcast

@@ -149,6 +149,8 @@ class EngineCore:
         self.scheduler.add(seq)
 
     def close(self) -> None:
+        if self.block_manager.offload is not None:
+            self.block_manager.offload.close()  # its file goes with it
         if self.followers is not None:
             self.followers.stop()
             self.followers = None
