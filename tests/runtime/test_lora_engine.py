@@ -205,3 +205,25 @@ def test_speculative_decoding_and_several_choices_keep_the_adapters_tokens(tiny_
         for output in plain.step():
             produced[output.index].extend(output.token_ids)
     assert produced[0] == produced[1] == expected[:6]
+
+
+def test_logits_with_an_adapter_equal_peft_and_the_merged_weights(tiny_model_dir, adapters):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from goodput_runtime.engine.step import StepItem
+
+    core = build_core(config(tiny_model_dir, adapters))
+    manager = core.lora
+    prompt = list(range(30, 60))
+    for name in ("all8", "qvd4"):
+        slot = manager.acquire(manager.get(name).key, set())
+        step = [StepItem(prompt, 0, list(range(8)), True, lora_slot=slot)]
+        ours = core.runner.execute(step)[-1]
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        peft_model = PeftModel.from_pretrained(base, adapters[name]).eval()
+        with torch.inference_mode():
+            reference = peft_model(input_ids=torch.tensor([prompt])).logits[0, -1]
+            merged = peft_model.merge_and_unload()(input_ids=torch.tensor([prompt])).logits[0, -1]
+        torch.testing.assert_close(ours, reference, atol=1e-4, rtol=0)
+        torch.testing.assert_close(ours, merged, atol=1e-4, rtol=0)
