@@ -51,7 +51,7 @@ class BlockManager:
         self.offload: Any = None  # an OffloadStore
         self.reload_policy: Any = None  # a ReloadPolicy
         self.pending_saves: list[tuple[int, int]] = []  # (block id, hash): copy out before the next step
-        self.pending_loads: list[tuple[int, bytes]] = []  # (block id, payload): copy in before the next step
+        self.pending_loads: list[tuple[int, bytearray]] = []  # (block id, payload): copy in before the next step
         self.listeners: list[Any] = []  # (tier, hash, stored) on every device store and removal (kv_events.py)
 
     @property
@@ -183,7 +183,7 @@ class BlockManager:
             seq.block_table.append(self._take_free())
         return True
 
-    def take_transfers(self) -> tuple[list[tuple[int, int]], list[tuple[int, bytes]]]:
+    def take_transfers(self) -> tuple[list[tuple[int, int]], list[tuple[int, bytearray]]]:
         """The blocks to copy out to the offload tier and in from it before the next forward pass
         (saves first: a saved block may be handed out again and written this step)."""
         saves, loads = self.pending_saves, self.pending_loads

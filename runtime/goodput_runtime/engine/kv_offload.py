@@ -55,6 +55,7 @@ class OffloadStats:
     corrupt: int = 0  # entries whose header, length or checksum did not match: dropped, recomputed
     offload_bytes: int = 0
     offload_seconds: float = 0.0  # on the writer thread
+    save_copy_seconds: float = 0.0  # on the step: evicted blocks copied out of the cache for the writer
     reload_bytes: int = 0
     reload_seconds: float = 0.0  # read, verify and copy into the cache
     loaded_tokens: int = 0  # prompt tokens served from the tier instead of prefilled
@@ -152,7 +153,7 @@ class OffloadStore:
             self._notify(old, False)
         header = HEADER.pack(digest.to_bytes(16, "little"), zlib.crc32(data), len(data))
         try:
-            os.pwrite(self.fd, header + data, slot * self.slot_bytes)
+            os.pwritev(self.fd, [header, data], slot * self.slot_bytes)
         except OSError:
             log.exception("KV offload: writing a block failed; it is not kept")
             with self.lock:
@@ -184,7 +185,7 @@ class OffloadStore:
 
     # -- reads -----------------------------------------------------------------------------------
 
-    def get(self, digest: int) -> bytes | None:
+    def get(self, digest: int) -> bytearray | None:
         """The entry's payload, verified; None when it is gone or does not verify (then dropped)."""
         started = time.perf_counter()
         with self.lock:
@@ -194,14 +195,17 @@ class OffloadStore:
                 return None
             self.index.move_to_end(digest)
             self.writing.add(slot)  # not reused while it is read
+        header = bytearray(HEADER.size)
+        payload: bytearray | None = bytearray(self.entry_bytes)
         try:
-            raw = os.pread(self.fd, self.slot_bytes, slot * self.slot_bytes)
+            got = os.preadv(self.fd, [header, payload], slot * self.slot_bytes)  # type: ignore[list-item]
         except OSError:
-            raw = b""
+            got = 0
         finally:
             with self.lock:
                 self.writing.discard(slot)
-        payload = self._verify(raw, digest)
+        if not self._verify(header, payload, got, digest):  # type: ignore[arg-type]
+            payload = None
         with self.lock:
             if payload is None:
                 self.stats.corrupt += 1
@@ -217,16 +221,20 @@ class OffloadStore:
             self._notify(digest, False)
         return payload
 
-    def _verify(self, raw: bytes, digest: int) -> bytes | None:
-        if len(raw) < HEADER.size:
-            return None
-        stored, crc, length = HEADER.unpack_from(raw)
-        payload = raw[HEADER.size :]
-        if stored != digest.to_bytes(16, "little") or length != self.entry_bytes or len(payload) != length:
-            return None
-        if zlib.crc32(payload) != crc:
-            return None
-        return payload
+    def _verify(self, header: bytearray, payload: bytearray, got: int, digest: int) -> bool:
+        """Whether a read of `got` bytes gave the whole entry of `digest`, unchanged."""
+        if got != self.slot_bytes:
+            return False  # truncated
+        stored, crc, length = HEADER.unpack_from(header)
+        if stored != digest.to_bytes(16, "little") or length != self.entry_bytes:
+            return False
+        return zlib.crc32(payload) == crc
+
+    def observe_save_copy(self, seconds: float) -> None:
+        """Seconds a step spent copying evicted blocks out of the cache for the writer: the tier's
+        only cost on the step loop."""
+        with self.lock:
+            self.stats.save_copy_seconds += seconds
 
     def observe_copy(self, seconds: float) -> None:
         """Seconds the runner spent copying loaded blocks into the cache: part of a reload's cost."""

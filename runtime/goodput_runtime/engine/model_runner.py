@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -241,41 +240,44 @@ class ModelRunner:
             result.prompt_logprobs[pos] = entries[at : at + len(targets)]
             at += len(targets)
 
-    def _block_slots(self, block_ids: list[int]) -> torch.Tensor:
-        bs = self.block_size
-        offsets = torch.arange(bs, device=self.device)
-        return (torch.tensor(block_ids, device=self.device)[:, None] * bs + offsets).reshape(-1)
-
     def block_payload_shape(self) -> tuple[int, ...]:
         """One block's keys then values, every layer: what the offload tier stores per block."""
         keys = self.cache.keys[0]
         return (2 * len(self.cache.keys), self.block_size, *keys.shape[1:])
 
-    def read_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
-        """Each block's keys and values (block_payload_shape), copied to host memory."""
-        slots = self._block_slots(block_ids)
-        rows = torch.stack([c.index_select(0, slots) for c in (*self.cache.keys, *self.cache.values)]).cpu()
+    def _by_block(self) -> list[torch.Tensor]:
+        """Every layer's keys then values, viewed as [blocks, block_size, kv_heads, head_dim]."""
         bs = self.block_size
-        return [rows[:, i * bs : (i + 1) * bs].contiguous() for i in range(len(block_ids))]
+        return [c.view(-1, bs, *c.shape[1:]) for c in (*self.cache.keys, *self.cache.values)]
 
-    def write_blocks(self, block_ids: list[int], payloads: list[bytes]) -> None:
+    def read_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
+        """Each block's keys and values (block_payload_shape), copied to host memory: one gather per
+        layer into one buffer; each block's part of it is contiguous."""
+        ids = torch.tensor(block_ids, device=self.device)
+        layers = self._by_block()
+        rows = torch.empty((len(block_ids), *self.block_payload_shape()), dtype=self.dtype, device=self.device)
+        for i, cache in enumerate(layers):
+            rows[:, i] = cache.index_select(0, ids)
+        rows = rows.cpu()
+        return list(rows.unbind(0))
+
+    def write_blocks(self, block_ids: list[int], payloads: list[bytearray]) -> None:
         """Copy each payload (block_payload_shape, the cache's dtype) into its block."""
         shape = self.block_payload_shape()
-        with warnings.catch_warnings():  # read-only buffers: cat copies them
-            warnings.simplefilter("ignore", UserWarning)
-            parts = [torch.frombuffer(p, dtype=self.dtype).view(shape) for p in payloads]
-        data = torch.cat(parts, dim=1).to(self.device)
-        slots = self._block_slots(block_ids)
-        for i, cache in enumerate((*self.cache.keys, *self.cache.values)):
-            cache.index_copy_(0, slots, data[i])
+        data = torch.stack([torch.frombuffer(p, dtype=self.dtype).view(shape) for p in payloads]).to(self.device)
+        ids = torch.tensor(block_ids, device=self.device)
+        for i, cache in enumerate(self._by_block()):
+            cache.index_copy_(0, ids, data[:, i])
 
     @torch.inference_mode()
-    def transfer_blocks(self, saves: list[tuple[int, int]], loads: list[tuple[int, bytes]]) -> None:
+    def transfer_blocks(self, saves: list[tuple[int, int]], loads: list[tuple[int, bytearray]]) -> None:
         """Before a step: copy evicted blocks out to the offload tier (its writer thread writes them),
         then copy loaded ones in. Saves first: a block saved here may be loaded into or written now."""
         if saves and self.offload is not None:
+            started = time.perf_counter()
             for (_, digest), rows in zip(saves, self.read_blocks([b for b, _ in saves]), strict=True):
                 self.offload.save_async(digest, rows)
+            self.offload.observe_save_copy(time.perf_counter() - started)
         if loads:
             started = time.perf_counter()
             self.write_blocks([b for b, _ in loads], [p for _, p in loads])

@@ -95,7 +95,7 @@ class SchedulerOutput:
     # KV offload (engine/kv_offload.py): (block id, hash) to copy out, then (block id, payload) to copy
     # in, before this step's forward pass
     kv_saves: list[tuple[int, int]] = field(default_factory=list)
-    kv_loads: list[tuple[int, bytes]] = field(default_factory=list)
+    kv_loads: list[tuple[int, bytearray]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
