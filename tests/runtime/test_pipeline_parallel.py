@@ -219,3 +219,46 @@ def zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def test_the_real_model_split_gives_one_process_greedy_tokens(smollm2_dir):
+    """SmolLM2-135M (30 layers, 9 heads, 3 KV heads: tensor parallelism splits it 3 ways, not 2) as
+    TP 3 × PP 2, six ranks: 15 + 15 layers, 3 ranks per stage, give one process's greedy chat answers."""
+    tensor, pipeline = 3, 2
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    prompts = [
+        tokenizer(
+            tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,
+        ).input_ids
+        for q in ("What is the capital of France?", "Give me three tips for writing clear code.")
+    ]
+
+    def answers(tensor: int, pipeline: int) -> list[list[int]]:
+        cfg = EngineConfig(
+            model=str(smollm2_dir),
+            device="cpu",
+            dtype="float32",
+            kv_cache_memory=64 << 20,
+            max_model_len=512,
+            tensor_parallel_size=tensor,
+            pipeline_parallel_size=pipeline,
+            num_threads=1,
+        )
+        core = build_core(cfg)
+        try:
+            out = {str(i): [] for i in range(len(prompts))}
+            for i, prompt in enumerate(prompts):
+                core.add(str(i), prompt, SamplingParams(max_tokens=16, temperature=0.0))
+            while core.has_unfinished():
+                for o in core.step():
+                    out[o.request_id].extend(o.token_ids)
+            return [out[str(i)] for i in range(len(prompts))]
+        finally:
+            core.close()
+
+    expected = answers(1, 1)
+    assert all(len(a) > 3 for a in expected)
+    assert answers(tensor, pipeline) == expected
