@@ -34,6 +34,7 @@ LORA_MODULES = "--lora-modules"  # spec.model.lora.adapters
 MAX_LORAS = "--max-loras"  # spec.model.lora.maxAdapters
 MAX_LORA_RANK = "--max-lora-rank"  # spec.model.lora.maxRank
 MAX_CPU_LORAS = "--max-cpu-loras"  # spec.model.lora.maxCpuAdapters
+ALLOW_RUNTIME_LORA_UPDATING = "--allow-runtime-lora-updating"  # spec.model.lora.runtimeUpdates (goodput)
 # set by the operator, not from a CR field
 HOST = "--host"
 PORT = "--port"

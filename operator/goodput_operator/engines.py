@@ -188,6 +188,11 @@ def lora_args(svc: ServiceSpec) -> list[str]:
     return args
 
 
+def runtime_lora_updates(svc: ServiceSpec) -> bool:
+    """Whether the engine serves /v1/load_lora_adapter and /v1/unload_lora_adapter (LoraAdapter resources)."""
+    return svc.model.lora is not None and svc.model.lora.runtime_updates
+
+
 def with_boundary(buckets: tuple[float, ...], *extra: float | None) -> list[float]:
     """The buckets with each SLO value added as a boundary."""
     return sorted(set(buckets) | {e for e in extra if e is not None and e > 0})
@@ -234,6 +239,8 @@ def goodput_args(svc: ServiceSpec) -> list[str]:
             }
         )
     args += lora_args(svc)
+    if runtime_lora_updates(svc):
+        args.append(flags.ALLOW_RUNTIME_LORA_UPDATING)
     args += [flags.SHUTDOWN_DELAY, str(SHUTDOWN_DELAY_SECONDS)]
     return args + list(e.extra_args)
 
@@ -306,6 +313,8 @@ def _vllm_env(svc: ServiceSpec) -> list[dict[str, str]]:
     return [
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
         {"name": "VLLM_CACHE_ROOT", "value": f"{MODEL_CACHE_DIR}/vllm"},
+        # vLLM serves its load and unload endpoints on this variable, not a flag
+        *([{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}] if runtime_lora_updates(svc) else []),
     ]
 
 

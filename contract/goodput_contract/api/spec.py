@@ -72,6 +72,7 @@ class Lora:
     max_adapters: int = 4  # slots a step can use
     max_rank: int = 16
     max_cpu_adapters: int | None = None  # adapters held in memory; None: the engine's default
+    runtime_updates: bool = False  # the engine loads and unloads adapters through its API (LoraAdapter)
 
 
 @dataclass(frozen=True)
@@ -299,7 +300,10 @@ def _lora(raw: dict[str, Any], served_name: str) -> Lora:
             raise SpecError(f"model.lora.{field_name}", f"{value!r} is not a whole number of at least 1")
     if max_cpu is not None and max_cpu < max_adapters:
         raise SpecError("model.lora.maxCpuAdapters", f"{max_cpu} is below maxAdapters ({max_adapters})")
-    return Lora(tuple(adapters), max_adapters, max_rank, max_cpu)
+    runtime_updates = raw.get("runtimeUpdates", False)
+    if not isinstance(runtime_updates, bool):
+        raise SpecError("model.lora.runtimeUpdates", f"{runtime_updates!r} is not true or false")
+    return Lora(tuple(adapters), max_adapters, max_rank, max_cpu, runtime_updates)
 
 
 def _engine(raw: dict[str, Any]) -> Engine:
