@@ -14,27 +14,33 @@ pytestmark = pytest.mark.slow
 LONG = {"max_tokens": 400, "extra_body": {"ignore_eos": True}}
 
 
-@pytest.fixture
-def env(tiny_model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def replicas(tiny_model_dir, tmp_path_factory):
+    """One gateway and a replica for each test to kill, started together; each serves its own model name."""
+    workdir = tmp_path_factory.mktemp("failover")
     with Started() as started:
-        replica = started.replica("victim", tiny_model_dir, tmp_path)
-        wait_ready(replica)
-        gateway = started.gateway(
-            tmp_path / "no-kubeconfig",
-            tmp_path / "gateway.log",
-            "--static-model",
-            f"tiny=http://127.0.0.1:{replica.port}",
-            "--shutdown-delay",
-            "0",
-        )
-        yield gateway, replica
+        pods = {
+            name: started.replica(name, tiny_model_dir, workdir, "--served-model-name", name)
+            for name in ("chat", "responses", "messages")
+        }
+        wait_ready(*pods.values())
+        args = [a for name, pod in pods.items() for a in ("--static-model", f"{name}=http://127.0.0.1:{pod.port}")]
+        gateway = started.gateway(workdir / "no-kubeconfig", workdir / "gateway.log", *args, "--shutdown-delay", "0")
+        yield gateway, pods
 
 
+@pytest.fixture
+def env(replicas, request):
+    gateway, pods = replicas
+    return gateway, pods[request.param]
+
+
+@pytest.mark.parametrize("env", ["chat"], indirect=True)
 def test_chat_completions_stream_ends_with_an_error_event(env):
     gateway, replica = env
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="k", max_retries=0, timeout=60)
     stream = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Hi"}], stream=True, **LONG
+        model="chat", messages=[{"role": "user", "content": "Hi"}], stream=True, **LONG
     )
     seen = 0
     with pytest.raises(openai.APIError) as info:
@@ -44,15 +50,16 @@ def test_chat_completions_stream_ends_with_an_error_event(env):
                 replica.process.kill()
     assert 5 <= seen < 400
     assert "went away" in info.value.message and info.value.code == "upstream_lost"
-    assert gateway.metric("goodput_gateway_streams_lost_total", service="tiny") == 1
+    assert gateway.metric("goodput_gateway_streams_lost_total", service="chat") == 1
 
 
+@pytest.mark.parametrize("env", ["responses"], indirect=True)
 def test_responses_stream_ends_with_response_failed(env):
     gateway, replica = env
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="k", max_retries=0, timeout=60)
     kinds = []
     stream = client.responses.create(
-        model="tiny", input="Hi", stream=True, max_output_tokens=400, temperature=0, store=False
+        model="responses", input="Hi", stream=True, max_output_tokens=400, temperature=0, store=False
     )
     for event in stream:
         kinds.append(event.type)
@@ -62,6 +69,7 @@ def test_responses_stream_ends_with_response_failed(env):
     assert "went away" in event.response.error.message
 
 
+@pytest.mark.parametrize("env", ["messages"], indirect=True)
 def test_messages_stream_ends_with_an_error_event(env):
     gateway, replica = env
     client = anthropic.Anthropic(base_url=gateway.url, api_key="k", max_retries=0, timeout=60)
@@ -69,7 +77,10 @@ def test_messages_stream_ends_with_an_error_event(env):
     with (
         pytest.raises(anthropic.APIStatusError) as info,
         client.messages.stream(
-            model="tiny", max_tokens=400, messages=[{"role": "user", "content": "Hi"}], extra_body={"temperature": 0}
+            model="messages",
+            max_tokens=400,
+            messages=[{"role": "user", "content": "Hi"}],
+            extra_body={"temperature": 0},
         ) as stream,
     ):
         for event in stream:
