@@ -380,7 +380,8 @@ def build_service(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
 def build_pdb(svc: ServiceSpec, owner: dict[str, Any], api_version: str = "policy/v1") -> Manifest | None:
     """One pod may be voluntarily evicted at a time; none for a single replica (it would block drains),
     nor for replicas spanning pods (their workers are never ready, so it would block every eviction)."""
-    if svc.desired_replicas <= 1 or svc.multi_node:
+    running = svc.replicas if svc.replicas is not None else svc.autoscaling.min_replicas  # kept while suspended
+    if running <= 1 or svc.multi_node:
         return None
     return {
         "apiVersion": api_version,
