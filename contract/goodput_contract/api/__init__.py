@@ -1,10 +1,11 @@
-"""The typed views of the project's two kinds, which the operator and the gateway both read.
+"""The typed views of the project's kinds, which the operator and the gateway both read.
 
 Standard library only, like the rest of the contract: a component reads a CR through these
 modules and never imports another component to do it.
 
 - ``spec``: ``InferenceService``'s spec, parsed once and refused with the field named.
 - ``pipeline_spec``: ``InferencePipeline``'s steps (guard, template, generate).
+- ``lora_adapter_spec``: ``LoraAdapter``'s spec (an adapter loaded at run time on a service's replicas).
 - ``names``: the names of a service's children and the limits Kubernetes puts on names.
 - ``quantity``: Kubernetes quantities (``64Gi``, ``500m``) as numbers.
 """
@@ -16,3 +17,5 @@ KIND = "InferenceService"
 PLURAL = "inferenceservices"
 PIPELINE_KIND = "InferencePipeline"
 PIPELINE_PLURAL = "inferencepipelines"
+LORA_KIND = "LoraAdapter"
+LORA_PLURAL = "loraadapters"
