@@ -26,6 +26,7 @@ class Settings:
     liveness_port: int = 8080
     metrics_port: int = 8081  # 0: no metrics endpoint
     resync_seconds: float = 30.0
+    lora_resync_seconds: float = 15.0  # how often LoraAdapters are checked on their replicas (restarts, new ones)
     discovery_seconds: float = 60.0  # how long optional APIs (PDB version, monitors) stay cached
     hf_endpoint: str = DEFAULT_HF_ENDPOINT
     hub_timeout_seconds: float = 10.0
@@ -49,6 +50,7 @@ class Settings:
             liveness_port=int(env.get("LIVENESS_PORT", "8080")),
             metrics_port=int(env.get("METRICS_PORT", "8081")),
             resync_seconds=float(env.get("RESYNC_SECONDS", "30")),
+            lora_resync_seconds=float(env.get("LORA_RESYNC_SECONDS", "15")),
             discovery_seconds=float(env.get("DISCOVERY_SECONDS", "60")),
             hf_endpoint=(env.get("HF_ENDPOINT") or DEFAULT_HF_ENDPOINT).rstrip("/"),
             hub_timeout_seconds=float(env.get("HUB_TIMEOUT_SECONDS", "10")),

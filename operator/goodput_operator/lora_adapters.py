@@ -1,0 +1,405 @@
+"""LoraAdapter: one LoRA adapter loaded at run time on an InferenceService's ready replicas.
+
+A pass reads the adapter's service and the service's ready endpoints (its EndpointSlices, as the
+autoscaler finds pods), asks each replica's /v1/models which adapters it holds, and loads the adapter
+through the engine's /v1/load_lora_adapter on the replicas that should hold it and do not, with the
+service's API key (spec.auth.apiKeySecretRef). Goodput's runtime and vLLM answer the same shapes. A
+replica that restarted or was added lacks the adapter, so the next pass loads it there: passes run
+on the resource's own changes and every `lora_resync_seconds`. With `replicas: N` the adapter is held
+by the first N ready replicas in name order and unloaded from others. A finalizer unloads it from
+every replica when the resource is deleted.
+
+Refused by field (phase Failed, Valid False): a spec the schema lets through but cannot work, an
+InferenceService that does not exist or is not valid, one that does not allow run-time updates
+(spec.model.lora.runtimeUpdates), a pvc:// source whose claim the service's pods do not mount, a name
+taken by the model or a spec.model.lora adapter, `pinned` on vLLM. A replica refusing the adapter
+(a 4xx: a rank above the maximum, target modules the model lacks, another base model, a missing or
+corrupt file) fails it too, with the engine's message as lastError; passes go on trying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from goodput_contract.api import GROUP, LORA_PLURAL, VERSION
+from goodput_contract.api.lora_adapter_spec import LoraAdapterSpec, parse_lora_adapter
+from goodput_contract.api.spec import ServiceSpec, SpecError, parse
+from goodput_operator import conditions
+from goodput_operator.conditions import FALSE, READY, TRUE, VALID, Condition
+from goodput_operator.context import Context
+from goodput_operator.engines import LORA_MOUNT, SOURCE_MOUNT, VLLM, runtime_lora_updates
+from goodput_operator.k8s import ApiError, now_timestamp, owner_path
+
+logger = logging.getLogger(__name__)
+
+MODELS_TIMEOUT_SECONDS = 5.0
+LOAD_TIMEOUT_SECONDS = 120.0  # a load reads and checks the adapter's files
+SLICE_VERSIONS = ("discovery.k8s.io/v1", "discovery.k8s.io/v1beta1")
+
+
+def adapter_path(namespace: str, name: str | None = None) -> str:
+    base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{LORA_PLURAL}"
+    return f"{base}/{name}" if name else base
+
+
+@dataclass(frozen=True)
+class Replica:
+    name: str  # the pod's name (the endpoint's targetRef), else address:port
+    url: str  # http://host:port
+
+
+def resolve_path(adapter: LoraAdapterSpec, svc: ServiceSpec) -> str:
+    """Where the service's pods read the adapter; SpecError when they cannot."""
+    source = adapter.source
+    if source.scheme == "file":
+        return source.path
+    inner = source.path if source.path != "/" else ""
+    for mounted in svc.model.lora.adapters if svc.model.lora else ():
+        if mounted.source.scheme == "pvc" and mounted.source.claim == source.claim:
+            # the claim is mounted at LORA_MOUNT/<that adapter's name>, its path relative to the claim's root
+            return f"{LORA_MOUNT}/{mounted.name}{inner}"
+    if svc.model.source.scheme == "pvc" and svc.model.source.claim == source.claim:
+        return SOURCE_MOUNT + inner
+    raise SpecError(
+        "source",
+        f"claim {source.claim!r} is not mounted in InferenceService {svc.name!r}'s pods (mount it through "
+        "its spec.model.lora.adapters or spec.model.source, or give file:///path)",
+        reason="ClaimNotMounted",
+    )
+
+
+def check_service(adapter: LoraAdapterSpec, svc: ServiceSpec) -> str:
+    """The path the pods read, after the checks that need the service; SpecError naming the field."""
+    if not runtime_lora_updates(svc):
+        raise SpecError(
+            "service",
+            f"InferenceService {svc.name!r} does not load adapters at run time: set its "
+            "spec.model.lora.runtimeUpdates to true",
+            reason="RuntimeUpdatesOff",
+        )
+    if adapter.name == svc.model.served_name:
+        raise SpecError("metadata.name", f"{adapter.name!r} is the served name of InferenceService {svc.name!r}")
+    if svc.model.lora and any(a.name == adapter.name for a in svc.model.lora.adapters):
+        raise SpecError(
+            "metadata.name", f"{adapter.name!r} is an adapter of InferenceService {svc.name!r}'s spec.model.lora"
+        )
+    if adapter.pinned and svc.engine.kind == VLLM:
+        raise SpecError("pinned", "vLLM does not pin adapters; leave pinned false for engine.kind vllm")
+    return resolve_path(adapter, svc)
+
+
+def plan(
+    adapter: LoraAdapterSpec, replicas: list[Replica], holding: set[str]
+) -> tuple[list[Replica], list[Replica], list[Replica]]:
+    """(keep, load, unload) among the replicas that answered: those holding the adapter stay while
+    `replicas` allows; the rest needed come first in name order."""
+    ordered = sorted(replicas, key=lambda r: r.name)
+    wanted = adapter.wanted(len(ordered))
+    held = [r for r in ordered if r.name in holding]
+    keep, unload = held[:wanted], held[wanted:]
+    load = [r for r in ordered if r.name not in holding][: max(0, wanted - len(keep))]
+    return keep, load, unload
+
+
+async def slice_version(ctx: Context) -> str:
+    for version in SLICE_VERSIONS:
+        if await ctx.kube.has_resource(version, "endpointslices"):
+            return version
+    raise ApiError(404, "NotFound", "the server serves no EndpointSlices")
+
+
+async def ready_replicas(ctx: Context, namespace: str, service: str) -> list[Replica]:
+    """The service's ready endpoints, on the port named http (or metrics: the same server)."""
+    listing = await ctx.kube.request(
+        "GET",
+        f"/apis/{await slice_version(ctx)}/namespaces/{namespace}/endpointslices",
+        query={"labelSelector": f"kubernetes.io/service-name={service}"},
+    )
+    replicas: dict[str, Replica] = {}
+    for piece in (listing or {}).get("items") or ():
+        ports = {p.get("name"): p.get("port") for p in piece.get("ports") or ()}
+        port = ports.get("http") or ports.get("metrics")
+        for endpoint in piece.get("endpoints") or ():
+            state = endpoint.get("conditions") or {}
+            if port is None or state.get("terminating") or state.get("ready") is False:
+                continue
+            host = endpoint["addresses"][0]
+            host = f"[{host}]" if ":" in host else host
+            name = (endpoint.get("targetRef") or {}).get("name") or f"{host}:{port}"
+            replicas[name] = Replica(name, f"http://{host}:{port}")
+    return list(replicas.values())
+
+
+class Engine:
+    """The engine's adapter API on each replica, with the service's API key."""
+
+    def __init__(self, session: aiohttp.ClientSession, api_key: str | None) -> None:
+        self.session = session
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    async def adapters(self, replica: Replica) -> set[str]:
+        """The adapter names /v1/models lists (entries with a parent)."""
+        timeout = aiohttp.ClientTimeout(total=MODELS_TIMEOUT_SECONDS)
+        async with self.session.get(f"{replica.url}/v1/models", headers=self.headers, timeout=timeout) as response:
+            response.raise_for_status()
+            listing = await response.json(content_type=None)
+        return {m.get("id") for m in listing.get("data") or () if m.get("parent")}
+
+    async def load(self, replica: Replica, name: str, path: str, pinned: bool, inplace: bool) -> tuple[int, str]:
+        body: dict[str, Any] = {"lora_name": name, "lora_path": path}
+        if pinned:
+            body["pinned"] = True
+        if inplace:
+            body["load_inplace"] = True
+        return await self._post(replica, "/v1/load_lora_adapter", body, LOAD_TIMEOUT_SECONDS)
+
+    async def unload(self, replica: Replica, name: str) -> tuple[int, str]:
+        return await self._post(replica, "/v1/unload_lora_adapter", {"lora_name": name}, MODELS_TIMEOUT_SECONDS)
+
+    async def _post(self, replica: Replica, path: str, body: dict[str, Any], seconds: float) -> tuple[int, str]:
+        """(HTTP status, the error's message or ""); status 0 when the replica did not answer."""
+        try:
+            async with self.session.post(
+                replica.url + path, json=body, headers=self.headers, timeout=aiohttp.ClientTimeout(total=seconds)
+            ) as response:
+                text = await response.text()
+                if response.status < 400:
+                    return response.status, ""
+                return response.status, error_message(text)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+            return 0, f"{type(err).__name__}: {err}"
+
+
+def error_message(text: str) -> str:
+    """The message of an error in OpenAI's shape (or vLLM's), else the text itself."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text[:500]
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and error.get("message"):
+        return str(error["message"])
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    return text[:500]
+
+
+@dataclass
+class Outcome:
+    phase: str
+    replicas: list[str]
+    wanted: int
+    error: str = ""
+    valid: Condition | None = None
+    ready: Condition | None = None
+    loaded_generation: int | None = None
+
+
+def refused(err: SpecError) -> Outcome:
+    return Outcome(
+        "Failed",
+        [],
+        0,
+        str(err),
+        Condition(VALID, FALSE, err.reason, str(err)),
+        Condition(READY, FALSE, err.reason, "the spec is not valid"),
+    )
+
+
+async def service_spec(ctx: Context, namespace: str, adapter: LoraAdapterSpec) -> ServiceSpec:
+    service = await ctx.kube.get(owner_path(namespace, adapter.service))
+    if service is None:
+        raise SpecError("service", f"InferenceService {adapter.service!r} not found", reason="ServiceNotFound")
+    try:
+        return parse(adapter.service, namespace, service.get("spec") or {})
+    except SpecError as err:
+        raise SpecError(
+            "service", f"InferenceService {adapter.service!r} is not valid ({err})", "ServiceInvalid"
+        ) from None
+
+
+async def api_key(ctx: Context, svc: ServiceSpec) -> str | None:
+    ref = svc.auth.api_key_secret
+    return await ctx.kube.secret_value(svc.namespace, ref.name, ref.key) if ref else None
+
+
+async def converge(ctx: Context, body: dict[str, Any], on_loading: Any = None) -> Outcome:
+    """One pass: load where the adapter should be and is not, unload where it should not be."""
+    meta = body["metadata"]
+    namespace, generation = meta["namespace"], int(meta.get("generation") or 0)
+    status = body.get("status") or {}
+    try:
+        adapter = parse_lora_adapter(meta["name"], body.get("spec") or {})
+        svc = await service_spec(ctx, namespace, adapter)
+        path = check_service(adapter, svc)
+    except SpecError as err:
+        return refused(err)
+    valid = Condition(VALID, TRUE, "Valid", f"{path} on InferenceService {adapter.service!r}")
+    replicas = await ready_replicas(ctx, namespace, adapter.service)
+    async with aiohttp.ClientSession() as session:
+        engine = Engine(session, await api_key(ctx, svc))
+        answers = await asyncio.gather(*(engine.adapters(r) for r in replicas), return_exceptions=True)
+        reachable = [r for r, a in zip(replicas, answers, strict=True) if not isinstance(a, BaseException)]
+        holding = {r.name for r, a in zip(replicas, answers, strict=True) if isinstance(a, set) and adapter.name in a}
+        keep, load, unload = plan(adapter, reachable, holding)
+        wanted = adapter.wanted(len(reachable))
+        # a change of spec (source, pinned) is loaded again, in place, where the adapter is held
+        reload = keep if status.get("loadedGeneration") not in (None, generation) else []
+        if (load or reload) and on_loading is not None:
+            await on_loading(Outcome("Loading", sorted(r.name for r in keep), wanted, valid=valid))
+        results = await asyncio.gather(
+            *(engine.load(r, adapter.name, path, adapter.pinned, r in reload) for r in [*load, *reload]),
+            *(engine.unload(r, adapter.name) for r in unload),
+        )
+    now_held = {r.name for r in keep}
+    errors: list[str] = []
+    refusals: list[str] = []
+    for replica, (code, message) in zip([*load, *reload], results[: len(load) + len(reload)], strict=True):
+        if code and code < 400:
+            now_held.add(replica.name)
+        else:
+            now_held.discard(replica.name)  # a failed in-place load leaves the replica's old weights in doubt
+            (refusals if 400 <= code < 500 else errors).append(f"{replica.name}: {message or code}")
+    for replica, (code, message) in zip(unload, results[len(load) + len(reload) :], strict=True):
+        if code == 0 or code >= 500:
+            errors.append(f"unloading from {replica.name}: {message or code}")
+        else:
+            now_held.discard(replica.name)  # 404: it was gone already
+    for replica, answer in zip(replicas, answers, strict=True):
+        if isinstance(answer, BaseException):
+            errors.append(f"{replica.name}: /v1/models: {type(answer).__name__}: {answer}")
+    held = sorted(now_held)
+    done = not refusals and not errors and len(held) >= wanted
+    loaded = generation if done else status.get("loadedGeneration")
+    if refusals:
+        message = "; ".join(refusals)
+        return Outcome("Failed", held, wanted, message, valid, Condition(READY, FALSE, "LoadRefused", message), loaded)
+    if not reachable:
+        message = f"InferenceService {adapter.service!r} has no ready replica"
+        return Outcome(
+            "Pending",
+            held,
+            wanted,
+            "; ".join(errors),
+            valid,
+            Condition(READY, FALSE, "NoReadyReplicas", message),
+            loaded,
+        )
+    if len(held) >= wanted and not [r for r in reload if r.name not in now_held]:
+        message = f"held by {len(held)} of {len(reachable)} ready replicas"
+        return Outcome(
+            "Ready", held, wanted, "; ".join(errors), valid, Condition(READY, TRUE, "Loaded", message), loaded
+        )
+    message = f"held by {len(held)} of the {wanted} replicas that should" + (f": {'; '.join(errors)}" if errors else "")
+    return Outcome(
+        "Loading", held, wanted, "; ".join(errors), valid, Condition(READY, FALSE, "Loading", message), loaded
+    )
+
+
+def status_body(body: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
+    meta, status = body["metadata"], body.get("status") or {}
+    generation = int(meta.get("generation") or 0)
+    current = [c for c in (outcome.valid, outcome.ready) if c is not None]
+    new: dict[str, Any] = {
+        "observedGeneration": generation,
+        "phase": outcome.phase,
+        "replicas": outcome.replicas,
+        "replicaCount": f"{len(outcome.replicas)}/{outcome.wanted}",
+        "lastError": outcome.error or None,
+        "conditions": conditions.merge(status.get("conditions"), current, generation, now_timestamp()),
+    }
+    if outcome.loaded_generation is not None:
+        new["loadedGeneration"] = outcome.loaded_generation
+    return new
+
+
+async def write_status(ctx: Context, body: dict[str, Any], outcome: Outcome) -> None:
+    meta, status = body["metadata"], body.get("status") or {}
+    new = status_body(body, outcome)
+    if all(status.get(k) == v for k, v in new.items()):
+        return
+    answer = await ctx.kube.request(
+        "PATCH",
+        adapter_path(meta["namespace"], meta["name"]) + "/status",
+        body={"status": new},
+        content_type="application/merge-patch+json",
+    )
+    body["status"] = (answer or {}).get("status") or new
+    if status.get("phase") != outcome.phase:
+        logger.info(
+            "LoraAdapter %s/%s: %s (%s)", meta["namespace"], meta["name"], outcome.phase, outcome.error or "no error"
+        )
+
+
+async def reconcile_adapter(ctx: Context, body: dict[str, Any]) -> None:
+    meta = body["metadata"]
+    async with ctx.lock(meta["namespace"], f"{LORA_PLURAL}/{meta['name']}"):
+        current = await ctx.kube.get(adapter_path(meta["namespace"], meta["name"]))
+        if current is None or (current["metadata"].get("deletionTimestamp")):
+            return
+        body = {k: current.get(k) for k in ("metadata", "spec", "status")}
+
+        async def loading(outcome: Outcome) -> None:
+            if (body.get("status") or {}).get("phase") != "Loading":
+                await write_status(ctx, body, outcome)
+
+        await write_status(ctx, body, await converge(ctx, body, loading))
+
+
+async def unload_everywhere(ctx: Context, body: dict[str, Any]) -> None:
+    """On deletion: unload from every ready replica that holds it (a replica that does not answer is
+    logged and let go: deletion is not held up by a replica that is gone)."""
+    meta, spec = body["metadata"], body.get("spec") or {}
+    namespace, name = meta["namespace"], meta["name"]
+    async with ctx.lock(namespace, f"{LORA_PLURAL}/{name}"):
+        try:
+            adapter = parse_lora_adapter(name, spec)
+            svc = await service_spec(ctx, namespace, adapter)
+        except SpecError:
+            return  # nothing was loaded, or the service and its pods are gone
+        replicas = await ready_replicas(ctx, namespace, adapter.service)
+        async with aiohttp.ClientSession() as session:
+            engine = Engine(session, await api_key(ctx, svc))
+            results = await asyncio.gather(*(engine.unload(r, name) for r in replicas))
+        for replica, (code, message) in zip(replicas, results, strict=True):
+            if code == 0 or code >= 500:
+                logger.warning(
+                    "LoraAdapter %s/%s: unloading from %s failed: %s", namespace, name, replica.name, message
+                )
+        unloaded = [r.name for r, (code, _) in zip(replicas, results, strict=True) if 200 <= code < 300]
+        logger.info("LoraAdapter %s/%s deleted: unloaded from %s", namespace, name, ", ".join(unloaded) or "no replica")
+
+
+def register(registry: Any, settings: Any) -> None:
+    import kopf
+
+    def current(body: kopf.Body) -> dict[str, Any]:
+        return {"metadata": dict(body.metadata), "spec": dict(body.spec), "status": dict(body.status)}
+
+    @kopf.on.event(GROUP, VERSION, LORA_PLURAL, id="lora-adapter-watch", registry=registry)
+    async def adapter_watched(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        """A pass when the spec moved past what the status describes (our own status writes do not)."""
+        obj = event["object"]
+        meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+        if event.get("type") == "DELETED" or meta.get("deletionTimestamp") or getattr(memo, "ctx", None) is None:
+            return
+        if status.get("observedGeneration") != meta.get("generation"):
+            await reconcile_adapter(memo.ctx, dict(obj))
+
+    @kopf.timer(
+        GROUP, VERSION, LORA_PLURAL, id="lora-adapter-resync", interval=settings.lora_resync_seconds, registry=registry
+    )
+    async def adapter_resync(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        """Replicas that restarted or were added since the last pass get the adapter."""
+        if getattr(memo, "ctx", None) is not None:
+            await reconcile_adapter(memo.ctx, current(body))
+
+    @kopf.on.delete(GROUP, VERSION, LORA_PLURAL, id="lora-adapter-unload", registry=registry)
+    async def adapter_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        await unload_everywhere(memo.ctx, current(body))
