@@ -53,6 +53,7 @@ class BlockManager:
         self.pending_saves: list[tuple[int, int]] = []  # (block id, hash): copy out before the next step
         self.pending_loads: list[tuple[int, bytearray]] = []  # (block id, payload): copy in before the next step
         self.listeners: list[Any] = []  # (tier, hash, stored) on every device store and removal (kv_events.py)
+        self.events: Any = None  # the KvEvents those go to, when they are published (kv_events.py)
 
     @property
     def num_free_blocks(self) -> int:

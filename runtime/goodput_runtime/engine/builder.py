@@ -21,6 +21,7 @@ from goodput_runtime.engine.batch_cap import BatchCap, StepTimeModel
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.contention import ContentionWatch
 from goodput_runtime.engine.core import EngineCore
+from goodput_runtime.engine.kv_events import KvEvents
 from goodput_runtime.engine.lora_manager import LoraError, LoraManager
 from goodput_runtime.engine.model_runner import ModelRunner
 from goodput_runtime.engine.scheduler import Scheduler
@@ -431,6 +432,11 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
     runner = ModelRunner(model, num_blocks, config.block_size, config.seed, tensor)
     if config.kv_offload_bytes:
         enable_kv_offload(config, runner, block_manager, world)
+    if config.enable_prefix_caching:  # the blocks held per tier, published (engine/kv_events.py)
+        block_manager.events = KvEvents(config.block_size)
+        block_manager.listeners.append(block_manager.events.record)
+        if block_manager.offload is not None:
+            block_manager.offload.listeners.append(block_manager.events.record)
     if followers is not None:
         parallel.broadcast(num_blocks)
         runner.broadcast = parallel.broadcast

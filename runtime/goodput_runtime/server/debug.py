@@ -1,4 +1,5 @@
-"""``GET /debug/state``: what a leak would show — asyncio tasks, KV blocks, requests in flight, open files.
+"""``GET /debug/state``: what a leak would show — asyncio tasks, KV blocks, requests in flight, open files;
+the prefix blocks held per KV tier and the offload tier's counters.
 
 Read by the soak benchmark (bench/soak.py) before and after a long run of mixed traffic.
 """
@@ -6,6 +7,7 @@ Read by the soak benchmark (bench/soak.py) before and after a long run of mixed 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from typing import Any
 
@@ -33,4 +35,19 @@ def state_of(engine: EngineClient | None, phase: str, requests_in_flight: int) -
             requests_waiting=engine.num_waiting,
             engine_streams=engine.num_streams,
         )
+        out.update(kv_tiers(engine))
+    return out
+
+
+def kv_tiers(engine: EngineClient) -> dict[str, Any]:
+    """The prefix blocks held per tier (what GET /kv/events publishes) and the offload tier's state."""
+    block_manager = engine.scheduler.block_manager
+    out: dict[str, Any] = {}
+    if block_manager.events is not None:
+        out["kv_prefix_blocks"] = block_manager.events.counts()
+    store = block_manager.offload
+    if store is not None:
+        stats = dataclasses.asdict(store.stats)
+        stats.update(capacity_bytes=store.capacity, used_bytes=store.used_bytes, entries=len(store))
+        out["kv_offload"] = stats
     return out
