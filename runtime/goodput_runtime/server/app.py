@@ -11,7 +11,7 @@ from aiohttp import hdrs, web
 
 from goodput_runtime.engine.client import EngineClient
 from goodput_runtime.sampling import SamplingParams
-from goodput_runtime.server import debug, lora_routes
+from goodput_runtime.server import debug, kv_events_routes, lora_routes
 from goodput_runtime.server import embeddings as embedding_routes
 from goodput_runtime.server import tokens as token_routes
 from goodput_runtime.server.auth import require_api_key
@@ -232,6 +232,7 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/debug/state", debug_state)
+    kv_events_routes.add_routes(app)
     if state.allow_lora_updates:
         lora_routes.add_routes(app)
     return app
