@@ -192,6 +192,12 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     scraper = LoadScraper(
         session, lambda: {u for k in registry.services for u in registry.ready(k)}, args.scrape_seconds
     )
+
+    def learn_adapters() -> None:  # each service serves the adapters any of its ready replicas lists
+        for key in list(registry.services):
+            registry.learn_adapters(key, [c for u in registry.ready(key) for c in scraper.cards.get(u, ())])
+
+    scraper.scraped_all = learn_adapters
     holds = Holds(registry, metrics, args.max_held_requests, args.hold_seconds)
     settings = ProxySettings(
         epsilon=args.load_epsilon,

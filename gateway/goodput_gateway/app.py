@@ -27,7 +27,7 @@ from goodput_gateway.discovery import Registry, Service
 from goodput_gateway.errors import APIError, invalid, model_not_found, too_many, unavailable
 from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.pipelines import PipelineServer
-from goodput_gateway.proxy import Proxy, Upstream, parse_body, rewrite_model
+from goodput_gateway.proxy import Proxy, Upstream, parse_body, rewrite_model, served_model
 from goodput_gateway.tenants import ANONYMOUS, FairGate, Lease, Meter, NoTurn, Tenant, Tenants, slo_targets
 
 logger = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class Gateway:
                     request,
                     svc,
                     model,
-                    rewrite_model(raw, body, svc.served_name),
+                    rewrite_model(raw, body, served_model(self.registry, svc, model)),
                     body,
                     upstream_auth,
                     meter.feed if meter is not None else None,
@@ -210,7 +210,7 @@ class Gateway:
         for name in ("X-Goodput-Priority", "X-Request-Id"):
             if name in request.headers:
                 headers[name] = request.headers[name]
-        raw = json.dumps({**body, "model": svc.served_name}).encode()
+        raw = json.dumps({**body, "model": served_model(self.registry, svc, model)}).encode()
         if path != "/v1/chat/completions":  # a helper call (a prompt's token count), not a request
             async with self.proxy.open("POST", path, headers, svc, model, raw, body) as upstream:
                 yield upstream

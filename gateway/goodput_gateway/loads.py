@@ -1,14 +1,18 @@
-"""Each ready replica's queue and KV usage, scraped from its /metrics every period."""
+"""Each ready replica's queue and KV usage, scraped from its /metrics every period; with them, its LoRA
+adapters: those of its running and waiting requests (``vllm:lora_requests_info``, from the same page) and
+those it serves (the cards of its /v1/models whose parent is another model)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import aiohttp
 
 from goodput_contract.metrics import ENGINE_METRICS
+from goodput_gateway.routing import AdapterState, lora_state
 
 # every engine's series for the same two signals (a replica exports one engine's names)
 WAITING = frozenset(name for m in ENGINE_METRICS.values() for name in m.waiting)
@@ -42,26 +46,63 @@ class LoadScraper:
     """Keeps `scraped[url] = (waiting, kv usage)` for the replicas `targets()` names; a replica whose
     /metrics cannot be read counts as neither queued nor full (its outstanding requests still count)."""
 
-    def __init__(self, session: aiohttp.ClientSession, targets: Callable[[], Iterable[str]], period: float) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        targets: Callable[[], Iterable[str]],
+        period: float,
+        scraped_all: Callable[[], None] | None = None,
+    ) -> None:
         self.session, self.targets, self.period = session, targets, period
         self.scraped: dict[str, tuple[float, float]] = {}
+        self.lora: dict[str, AdapterState] = {}  # replicas that export the adapters' gauge
+        self.cards: dict[str, list[dict[str, Any]]] = {}  # each replica's adapter cards from /v1/models
+        self.scraped_all = scraped_all  # called after each round (the registry learns adapters from `cards`)
 
     async def _scrape(self, url: str) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.period)
         try:
-            async with self.session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=self.period)) as r:
+            async with self.session.get(url + "/metrics", timeout=timeout) as r:
                 if r.status == 200:
-                    self.scraped[url] = parse_load(await r.text())
+                    text = await r.text()
+                    self.scraped[url] = parse_load(text)
+                    state = lora_state(text)
+                    if state is None:
+                        self.lora.pop(url, None)
+                    else:
+                        self.lora[url] = state
+                        await self._scrape_models(url, timeout)
                     return
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             pass
         self.scraped.pop(url, None)
+        self.lora.pop(url, None)
+
+    async def _scrape_models(self, url: str, timeout: aiohttp.ClientTimeout) -> None:
+        """The adapters a replica serving LoRA lists; those kept from before where it cannot be read now
+        (a keyed runtime answers 401: its service's adapters come from its spec only)."""
+        try:
+            async with self.session.get(url + "/v1/models", timeout=timeout) as r:
+                if r.status == 200:
+                    data = (await r.json()).get("data")
+                    if isinstance(data, list):
+                        self.cards[url] = [m for m in data if isinstance(m, dict) and m.get("parent") and m.get("id")]
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, AttributeError):
+            pass
+
+    def serving(self, url: str, adapter: str) -> bool:
+        """Whether the replica's /v1/models listed `adapter` at the latest scrape."""
+        return any(m["id"] == adapter for m in self.cards.get(url, ()))
 
     async def run_forever(self) -> None:
         while True:
             urls = set(self.targets())
-            for gone in set(self.scraped) - urls:
-                self.scraped.pop(gone, None)
+            for table in (self.scraped, self.lora, self.cards):
+                for gone in set(table) - urls:
+                    table.pop(gone, None)
             await asyncio.gather(*(self._scrape(u) for u in urls))
+            if self.scraped_all is not None:
+                self.scraped_all()
             await asyncio.sleep(self.period)
 
     def extra(self, url: str) -> float:

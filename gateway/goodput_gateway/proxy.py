@@ -99,14 +99,24 @@ class Proxy:
             ring = self.rings[replicas] = routing.Ring(replicas)
         return ring
 
-    def pick(self, svc: Service, ready: tuple[str, ...], tried: set[str], key: int) -> routing.Choice:
+    def pick(
+        self, svc: Service, ready: tuple[str, ...], tried: set[str], key: int, adapter: str | None = None
+    ) -> routing.Choice:
         now = time.monotonic()
         usable = tuple(r for r in ready if r not in tried and self.cooling.get(r, 0.0) <= now)
         if not usable:
             usable = tuple(r for r in ready if r not in tried) or ready
+        if adapter is not None:
+            # replicas that list the adapter, where any does: another would answer 404 or load it first
+            usable = tuple(r for r in usable if self.scraper.serving(r, adapter)) or usable
         loads = self.loads(usable)
         if tried:
             return routing.Choice(routing.least_loaded(usable, loads, self.rng), routing.RETRY)
+        if adapter is not None:
+            states = {r: self.scraper.lora.get(r) for r in usable}
+            return routing.choose_adapter(
+                svc.policy, usable, loads, key, adapter, states, epsilon=self.settings.epsilon, rng=self.rng
+            )
         ring = self.ring(usable) if svc.policy == "prefix" else None
         return routing.choose(svc.policy, usable, loads, key, ring=ring, epsilon=self.settings.epsilon, rng=self.rng)
 
@@ -141,8 +151,9 @@ class Proxy:
         replica counts as carrying the request until the block ends. `authorization`, when given,
         replaces the client's header: the runtime's own key."""
         key = (svc.namespace, svc.name)
+        adapter = self.registry.adapter_of(svc, model)
         prefix = 0
-        if svc.policy == "prefix":
+        if svc.policy == "prefix" or adapter is not None:
             text = routing.prompt_text(body)
             prefix = routing.prefix_key(text, self.settings.chunk_chars, self.settings.prefix_chunks)
         headers = CIMultiDict((k, v) for k, v in client_headers.items() if k.lower() not in HOP_BY_HOP)
@@ -163,7 +174,7 @@ class Proxy:
                     60,
                 )
             ready = await self.holds.ready(key, model)
-            choice = self.pick(svc, ready, tried, prefix)
+            choice = self.pick(svc, ready, tried, prefix, adapter)
             self.metrics.decisions.labels(*key, choice.decision).inc()
             url = choice.replica
             self.outstanding[url] += 1
@@ -302,6 +313,12 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object", code="invalid_type")
     return body
+
+
+def served_model(registry: Registry, svc: Service, model: str) -> str:
+    """`model` as svc's runtime knows it: its served name, or the LoRA adapter the request names (a
+    `namespace/name` model loses its namespace)."""
+    return registry.adapter_of(svc, model) or svc.served_name
 
 
 def rewrite_model(raw: bytes, body: dict[str, Any], served_name: str) -> bytes:
