@@ -42,13 +42,22 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         kubeconfig, bin_dir = _start_cluster(workdir)
         api = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
         cluster = Cluster(workdir, kubeconfig, bin_dir, api)
-        cluster.kubectl("apply", "-f", str(CRD), "-f", str(CRD.with_name(f"{GROUP}_inferencepipelines.yaml")))
+        cluster.kubectl(
+            "apply",
+            "-f",
+            str(CRD),
+            "-f",
+            str(CRD.with_name(f"{GROUP}_inferencepipelines.yaml")),
+            "-f",
+            str(CRD.with_name(f"{GROUP}_loraadapters.yaml")),
+        )
         cluster.kubectl(
             "wait",
             "--for=condition=Established",
             "--timeout=60s",
             f"crd/{PLURAL}.{GROUP}",
             f"crd/inferencepipelines.{GROUP}",
+            f"crd/loraadapters.{GROUP}",
         )
         # kubectl's discovery cache predates the CRD; the OpenAPI document lags it by seconds
         shutil.rmtree(workdir / "kubectl-cache", ignore_errors=True)
