@@ -202,7 +202,7 @@ def build_parser() -> ReasonedArgumentParser:
         type=non_negative_int,
         default=None,
         help="this pod's index in a replica spanning pods: 0 serves HTTP, the others serve /health and run their "
-        "ranks (default: $GOODPUT_NODE_RANK, $LWS_WORKER_INDEX, else 0)",
+        "ranks (default: $GOODPUT_NODE_RANK, $LWS_WORKER_INDEX, the ordinal ending $GOODPUT_POD_NAME, else 0)",
     )
     model.add_argument(
         "--nnodes",
