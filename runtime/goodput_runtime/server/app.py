@@ -62,7 +62,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     params = with_priority(request, body.sampling, dataclasses.replace(params, lora=adapter))
     predicted = state.admit(engine, prompt_ids, params)
     params = await state.grammars.params(engine, body.guide, params)
-    shape = CompletionShape(body.model, body.include_usage, n=params.n, token_text=state.token_text)
+    shape = CompletionShape(
+        body.model, body.include_usage, n=params.n, token_text=state.token_text, return_token_ids=body.return_token_ids
+    )
     echo_text = None
     if body.sampling.echo:
         decoded = body.prompt if isinstance(body.prompt, str) else engine.tokenizer.decode(prompt_ids)
@@ -89,7 +91,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     params = with_priority(request, body.sampling, dataclasses.replace(params, lora=adapter))
     predicted = state.admit(engine, prompt_ids, params)
     params = await state.grammars.params(engine, body.guide, params)
-    shape = ChatShape(body.model, body.include_usage, n=params.n, token_text=state.token_text)
+    shape = ChatShape(
+        body.model, body.include_usage, n=params.n, token_text=state.token_text, return_token_ids=body.return_token_ids
+    )
     return await generate(
         request,
         engine,

@@ -118,6 +118,8 @@ async def generate(
     headers: dict[str, str] | None = None,
 ) -> web.StreamResponse:
     outputs = admit(engine, shape.id, prompt_ids, params, prompt_param)
+    if shape.return_token_ids:
+        shape.prompt_token_ids = prompt_ids
     tracker.active.add(shape.id)
     pieces = Pieces(shape, prompt_ids, params, echo_text)
     finished = False
@@ -166,12 +168,14 @@ async def collect(
     outputs: AsyncIterator[RequestOutput], pieces: Pieces, tools: ToolSetup | None = None
 ) -> tuple[list[Choice], RequestOutput]:
     texts: dict[int, list[str]] = {}
+    ids: dict[int, list[int]] = {}
     entries: dict[int, list[tuple[int, TokenLogprob | None]]] = {}
     reasons: dict[int, str | None] = {}
     last = None
     async for out in outputs:
         text, new = pieces.take(out)
         texts.setdefault(out.index, []).append(text)
+        ids.setdefault(out.index, []).extend(out.token_ids)
         entries.setdefault(out.index, []).extend(new)
         reasons[out.index] = out.finish_reason
         last = out
@@ -182,7 +186,7 @@ async def collect(
     choices = []
     for index in sorted(texts):
         text = "".join(texts[index])
-        choice = Choice(index, text, reasons[index], pieces.logprobs(index, entries[index], text))
+        choice = Choice(index, text, reasons[index], pieces.logprobs(index, entries[index], text), token_ids=ids[index])
         if tools is not None:
             content, calls = tools.parse(text)
             if calls:
@@ -214,26 +218,30 @@ async def stream_events(
     finished = False
     streams: dict[int, ToolStream] = {}
     opened = False
+    ids = TokenIds(shape)
     try:
         async for out in outputs:
             if not opened:  # the role chunks wait for the first output: a replica lost while the request
                 # queues or prefills has sent no body byte yet, so the gateway may still send it elsewhere
                 for chunk in shape.first_chunks():
-                    await response.write(event(chunk))
+                    await response.write(event(ids.on(chunk)))
                 opened = True
             text, entries = pieces.take(out)
             reason = out.finish_reason
+            ids.produced(out.token_ids)
             if tools is not None:
                 calls = streams.setdefault(out.index, tools.stream())
                 deltas = calls.feed(text) + (calls.finish() if reason is not None else [])
                 logprobs = pieces.logprobs(out.index, entries, text) if entries else None
-                for i, delta in enumerate(deltas or ([{}] if logprobs else [])):
+                for i, delta in enumerate(deltas or ([{}] if logprobs or ids.pending else [])):
                     await response.write(
                         event(
-                            shape.delta(  # type: ignore[attr-defined]
-                                delta,
-                                index=out.index,
-                                logprobs=logprobs if i == 0 else None,
+                            ids.on(
+                                shape.delta(  # type: ignore[attr-defined]
+                                    delta,
+                                    index=out.index,
+                                    logprobs=logprobs if i == 0 else None,
+                                )
                             )
                         )
                     )
@@ -241,11 +249,11 @@ async def stream_events(
                     if count_calls is not None:
                         count_calls(calls.num_calls)
                     reason = "tool_calls" if reason == "stop" else reason
-            elif text or entries:
+            elif text or entries or (ids.pending and reason is None):
                 logprobs = pieces.logprobs(out.index, entries, text)
-                await response.write(event(shape.chunk(text, index=out.index, logprobs=logprobs)))
+                await response.write(event(ids.on(shape.chunk(text, index=out.index, logprobs=logprobs))))
             if reason is not None:
-                await response.write(event(shape.chunk("", reason, index=out.index)))
+                await response.write(event(ids.on(shape.chunk("", reason, index=out.index))))
             if out.finished:
                 finished = True
                 if shape.include_usage:
@@ -266,6 +274,33 @@ async def stream_events(
     except ConnectionResetError:
         pass
     return response, finished
+
+
+class TokenIds:
+    """vLLM's return_token_ids on a stream: the prompt's ids on its first chunk, and each choice's new
+    token ids on the first chunk after they were produced (an empty list on the others). A token whose
+    text is held back (a stop string's possible start, a character's first bytes) has its id sent at once:
+    the ids say what the model produced, the text what the client may see."""
+
+    def __init__(self, shape: Shape) -> None:
+        self.on_shape = shape.return_token_ids
+        self.prompt = shape.prompt_token_ids
+        self.pending: list[int] = []
+        self.first = True
+
+    def produced(self, token_ids: list[int]) -> None:
+        if self.on_shape:
+            self.pending = self.pending + list(token_ids)
+
+    def on(self, chunk: dict) -> dict:
+        if not self.on_shape:
+            return chunk
+        if self.first:
+            chunk["prompt_token_ids"] = self.prompt
+            self.first = False
+        for choice in chunk["choices"]:
+            choice["token_ids"], self.pending = self.pending, []
+        return chunk
 
 
 async def write_quietly(response: web.StreamResponse, data: bytes) -> None:

@@ -94,6 +94,7 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     guide: Guide | None = None
+    return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids in the answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +108,7 @@ class ChatRequest:
     tools: tuple[Tool, ...] = ()
     tool_choice: str | None = None  # none, auto, required, or the name of the one function to call
     parallel_tool_calls: bool = True
+    return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids in the answer
 
     @property
     def forced_tool(self) -> bool:
@@ -354,6 +356,7 @@ def parse_completion(body: dict) -> CompletionRequest:
         stream,
         include_usage(body, stream),
         guide(body),
+        boolean(body, "return_token_ids"),
     )
 
 
@@ -488,6 +491,7 @@ def parse_chat(body: dict) -> ChatRequest:
         tools,
         choice,
         parallel,
+        boolean(body, "return_token_ids"),
     )
 
 

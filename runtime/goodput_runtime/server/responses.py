@@ -85,6 +85,7 @@ class Choice:
     finish_reason: str | None
     logprobs: dict | None = None
     tool_calls: list[dict] | None = None  # a chat message's, as OpenAI shapes them
+    token_ids: list[int] | None = None  # the choice's tokens, where the request asked for them
 
 
 @dataclass
@@ -97,6 +98,10 @@ class Shape:
     created: int = field(default_factory=lambda: int(time.time()))
     n: int = 1
     token_text: TokenText | None = None  # needed when logprobs are asked for
+    # vLLM's return_token_ids: `prompt_token_ids` on the first chunk (and a whole response), `token_ids`
+    # on each choice
+    return_token_ids: bool = False
+    prompt_token_ids: list[int] | None = None
 
     prefix = "cmpl"
     object_name = "text_completion"
@@ -136,12 +141,20 @@ class Shape:
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return self.chunk_envelope([choice])
 
+    def with_token_ids(self, body: dict, choices: list[Choice]) -> dict:
+        """A whole response with the token ids, where the request asked for them."""
+        if self.return_token_ids:
+            body["prompt_token_ids"] = self.prompt_token_ids
+            for c, out in zip(choices, body["choices"], strict=True):
+                out["token_ids"] = c.token_ids or []
+        return body
+
     def response(self, choices: list[Choice], counts: dict) -> dict:
         body = [
             {"index": c.index, "text": c.text, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
             for c in choices
         ]
-        return {**self.envelope(self.object_name, body), "usage": counts}
+        return self.with_token_ids({**self.envelope(self.object_name, body), "usage": counts}, choices)
 
 
 @dataclass
@@ -217,7 +230,7 @@ class ChatShape(Shape):
             {"index": c.index, "message": message(c), "logprobs": c.logprobs, "finish_reason": c.finish_reason}
             for c in choices
         ]
-        return {**self.envelope(self.object_name, body), "usage": counts}
+        return self.with_token_ids({**self.envelope(self.object_name, body), "usage": counts}, choices)
 
 
 def message(choice: Choice) -> dict:
