@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 MODELS_TIMEOUT_SECONDS = 5.0
 LOAD_TIMEOUT_SECONDS = 120.0  # a load reads and checks the adapter's files
+REFUSED_RETRY_SECONDS = 60.0  # an adapter the replicas refused is tried again this often (else on a spec change)
 SLICE_VERSIONS = ("discovery.k8s.io/v1", "discovery.k8s.io/v1beta1")
 
 
@@ -337,6 +339,17 @@ async def write_status(ctx: Context, body: dict[str, Any], outcome: Outcome) -> 
         )
 
 
+_refused: dict[tuple[str, str, str], tuple[int, float]] = {}  # (namespace, name, uid) -> (generation, when refused)
+
+
+def refused_lately(body: dict[str, Any], now: float) -> bool:
+    """The replicas refused this generation of the adapter less than REFUSED_RETRY_SECONDS ago."""
+    meta = body["metadata"]
+    generation = int(meta.get("generation") or 0)
+    seen = _refused.get((meta["namespace"], meta["name"], meta.get("uid", "")))
+    return seen is not None and seen[0] == generation and now - seen[1] < REFUSED_RETRY_SECONDS
+
+
 async def reconcile_adapter(ctx: Context, body: dict[str, Any]) -> None:
     meta = body["metadata"]
     async with ctx.lock(meta["namespace"], f"{LORA_PLURAL}/{meta['name']}"):
@@ -344,12 +357,20 @@ async def reconcile_adapter(ctx: Context, body: dict[str, Any]) -> None:
         if current is None or (current["metadata"].get("deletionTimestamp")):
             return
         body = {k: current.get(k) for k in ("metadata", "spec", "status")}
+        if refused_lately(body, time.monotonic()):
+            return
 
         async def loading(outcome: Outcome) -> None:
             if (body.get("status") or {}).get("phase") != "Loading":
                 await write_status(ctx, body, outcome)
 
-        await write_status(ctx, body, await converge(ctx, body, loading))
+        outcome = await converge(ctx, body, loading)
+        key = (meta["namespace"], meta["name"], body["metadata"].get("uid", ""))
+        if outcome.ready is not None and outcome.ready.reason == "LoadRefused":
+            _refused[key] = (int(body["metadata"].get("generation") or 0), time.monotonic())
+        else:
+            _refused.pop(key, None)
+        await write_status(ctx, body, outcome)
 
 
 async def unload_everywhere(ctx: Context, body: dict[str, Any]) -> None:
@@ -357,6 +378,7 @@ async def unload_everywhere(ctx: Context, body: dict[str, Any]) -> None:
     logged and let go: deletion is not held up by a replica that is gone)."""
     meta, spec = body["metadata"], body.get("spec") or {}
     namespace, name = meta["namespace"], meta["name"]
+    _refused.pop((namespace, name, meta.get("uid", "")), None)
     async with ctx.lock(namespace, f"{LORA_PLURAL}/{name}"):
         try:
             adapter = parse_lora_adapter(name, spec)
