@@ -127,3 +127,32 @@ def test_gone_and_corrupt_entries_are_recomputed_with_the_same_tokens(tiny_model
         assert store.stats.loaded_tokens == loaded
     finally:
         core.close()
+
+
+def test_the_real_model_reloads_a_prefix_with_the_same_greedy_tokens(smollm2_dir, tmp_path):
+    """SmolLM2-135M (fp32): a KV cache of 12 blocks of 16 tokens, prompts of 96 tokens."""
+    per_token = 2 * 30 * 3 * 64 * 4  # k and v, 30 layers, 3 kv heads, head dim 64, fp32
+
+    def real(tier: Path | None) -> EngineConfig:
+        return EngineConfig(
+            model=str(smollm2_dir),
+            dtype="float32",
+            block_size=16,
+            kv_cache_memory=12 * 16 * per_token,
+            max_model_len=128,
+            max_num_batched_tokens=128,
+            max_num_seqs=4,
+            kv_offload_bytes=(64 << 20) if tier is not None else 0,
+            kv_offload_dir=str(tier) if tier is not None else None,
+        )
+
+    rng = random.Random(5)
+    a, *others = [[rng.randrange(100, 40000) for _ in range(96)] for _ in range(3)]
+    plain = evict_and_return(build_core(real(None)), a, others)
+    core = build_core(real(tmp_path))
+    try:
+        tiered = evict_and_return(core, a, others)
+        assert [t for t, _ in tiered] == [t for t, _ in plain]
+        assert plain[0][1] == 0 and tiered[0][1] >= 80
+    finally:
+        core.close()

@@ -277,7 +277,7 @@ class OffloadStore:
                 log.exception("KV offload: an event listener failed")
 
 
-def _as_bytes(payload: object) -> bytes | memoryview:
+def _as_bytes(payload: object) -> bytes | bytearray | memoryview:
     if isinstance(payload, bytes | bytearray | memoryview):
         return payload
     numpy = getattr(payload, "numpy", None)
