@@ -3,11 +3,11 @@
     python3 hack/health_testdata.py           write them
     python3 hack/health_testdata.py --check   exit 1 naming each fixture that differs
 
-Each fixture is an InferenceService or InferencePipeline whose status is built by the functions the
-operator writes status with (goodput_operator.reconcile, .pods, .conditions, .pipelines) from the pods
-and Deployment of one situation, so the health checks are tested against what the operator really
-writes. Each health_test.yaml beside them names the health each fixture must get, in the layout of
-Argo CD's resource_customizations tests.
+Each fixture is an InferenceService, InferencePipeline or LoraAdapter whose status is built by the
+functions the operator writes status with (goodput_operator.reconcile, .pods, .conditions, .pipelines,
+.lora_adapters) from the pods and Deployment of one situation, so the health checks are tested against
+what the operator really writes. Each health_test.yaml beside them names the health each fixture must
+get, in the layout of Argo CD's resource_customizations tests.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import yaml
 
 from goodput_contract.api.pipeline_spec import parse_pipeline
 from goodput_contract.api.spec import SpecError, parse
-from goodput_operator import pods
-from goodput_operator.conditions import FALSE, MODEL_FITS, TRUE, UNKNOWN, VALID, Condition, derive_ready, merge
+from goodput_operator import lora_adapters, pods
+from goodput_operator.conditions import FALSE, MODEL_FITS, READY, TRUE, UNKNOWN, VALID, Condition, derive_ready, merge
+from goodput_operator.lora_adapters import Outcome, status_body
 from goodput_operator.pipelines import pipeline_conditions
 from goodput_operator.reconcile import _available
 
@@ -201,9 +202,89 @@ def pipeline_fixtures() -> dict[str, tuple[dict[str, Any], str]]:
     }
 
 
+LORA_SPEC = {"service": "chat", "source": "file:///adapters/sql", "replicas": "all", "pinned": False}
+
+
+def lora_adapter(outcome: Outcome | None, generation: int = 1) -> dict[str, Any]:
+    """A LoraAdapter with the status its pass writes (lora_adapters.status_body), or none yet."""
+    obj: dict[str, Any] = {
+        "apiVersion": "serving.goodput.dev/v1alpha1",
+        "kind": "LoraAdapter",
+        "metadata": {"name": "sql", "namespace": "models", "generation": generation},
+        "spec": LORA_SPEC,
+    }
+    if outcome is not None:
+        status = status_body({"metadata": {"generation": 1}}, outcome)
+        obj["status"] = {k: v for k, v in status.items() if v is not None}
+        for c in obj["status"]["conditions"]:
+            c["lastTransitionTime"] = NOW
+    return obj
+
+
+def lora_adapter_fixtures() -> dict[str, tuple[dict[str, Any], str]]:
+    valid = Condition(VALID, TRUE, "Valid", "/adapters/sql on InferenceService 'chat'")
+    loaded = Outcome(
+        "Ready",
+        ["chat-7d9c-a", "chat-7d9c-b"],
+        2,
+        "",
+        valid,
+        Condition(READY, TRUE, "Loaded", "held by 2 of 2 ready replicas"),
+        1,
+    )
+    refusal = "chat-7d9c-a: adapter 'sql': rank 32 is above --max-lora-rank 16"
+    return {
+        "no_status": (lora_adapter(None), "Progressing"),
+        "generation_lags": (lora_adapter(loaded, generation=2), "Progressing"),
+        "pending": (
+            lora_adapter(
+                Outcome(
+                    "Pending",
+                    [],
+                    0,
+                    "",
+                    valid,
+                    Condition(READY, FALSE, "NoReadyReplicas", "InferenceService 'chat' has no ready replica"),
+                )
+            ),
+            "Progressing",
+        ),
+        "loading": (
+            lora_adapter(
+                Outcome(
+                    "Loading",
+                    ["chat-7d9c-a"],
+                    2,
+                    "",
+                    valid,
+                    Condition(READY, FALSE, "Loading", "held by 1 of the 2 replicas that should"),
+                )
+            ),
+            "Progressing",
+        ),
+        "service_not_found": (
+            lora_adapter(
+                lora_adapters.refused(
+                    SpecError("service", "InferenceService 'chat' not found", reason="ServiceNotFound")
+                )
+            ),
+            "Degraded",
+        ),
+        "load_refused": (
+            lora_adapter(Outcome("Failed", [], 2, refusal, valid, Condition(READY, FALSE, "LoadRefused", refusal))),
+            "Degraded",
+        ),
+        "ready": (lora_adapter(loaded), "Healthy"),
+    }
+
+
 def files() -> dict[Path, str]:
     out: dict[Path, str] = {}
-    for kind, fixtures in (("InferenceService", service_fixtures()), ("InferencePipeline", pipeline_fixtures())):
+    for kind, fixtures in (
+        ("InferenceService", service_fixtures()),
+        ("InferencePipeline", pipeline_fixtures()),
+        ("LoraAdapter", lora_adapter_fixtures()),
+    ):
         tests = []
         for name, (obj, health) in fixtures.items():
             out[HEALTH / kind / "testdata" / f"{name}.yaml"] = yaml.safe_dump(obj, sort_keys=False)
