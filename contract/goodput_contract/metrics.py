@@ -28,6 +28,17 @@ GENERATION_TOKENS = PREFIX + "generation_tokens_total"
 PREEMPTIONS = PREFIX + "preemptions_total"
 PREFIX_CACHE_QUERIES = PREFIX + "prefix_cache_queries_total"
 PREFIX_CACHE_HITS = PREFIX + "prefix_cache_hits_total"
+# the KV cache's tiers (docs/kv-cache.md): prefix blocks held per tier (label tier: device | offload);
+# the offload tier's hits (prompt tokens loaded from it, also counted in PREFIX_CACHE_HITS), its bytes
+# and seconds (label direction: offload | reload), occupancy, and entries that failed their check
+KV_TIER_BLOCKS = PREFIX + "kv_tier_blocks"
+KV_OFFLOAD_HIT_TOKENS = PREFIX + "kv_offload_hit_tokens_total"
+KV_OFFLOAD_BYTES = PREFIX + "kv_offload_bytes_total"
+KV_OFFLOAD_SECONDS = PREFIX + "kv_offload_seconds_total"
+KV_OFFLOAD_USED_BYTES = PREFIX + "kv_offload_used_bytes"
+KV_OFFLOAD_CAPACITY_BYTES = PREFIX + "kv_offload_capacity_bytes"
+KV_OFFLOAD_CORRUPT = PREFIX + "kv_offload_corrupt_total"
+KV_OFFLOAD_DROPPED_SAVES = PREFIX + "kv_offload_dropped_saves_total"
 REQUESTS_REJECTED = PREFIX + "requests_rejected_total"  # label reason: ttft_slo | tpot_slo | queue_full
 # the same requests split by priority class (label priority: online | batch), so batch work
 # never hides or inflates the online SLO signals

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 import urllib.request
@@ -123,6 +124,13 @@ def test_a_subscriber_holds_what_the_runtime_holds_through_reconnects_and_restar
     assert fresh["tiers"]["offload"] and fresh["tiers"]["device"]
     assert second.gaps == 0
     assert fresh["block_size"] == 4
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as response:
+        exposition = response.read().decode()
+    offloaded = re.search(
+        r'^goodput_kv_offload_bytes_total\{direction="offload",model="tiny"\} (\S+)$', exposition, re.M
+    )
+    assert offloaded and float(offloaded[1]) > 0, exposition
+    assert re.search(r'^goodput_kv_tier_blocks\{model="tiny",tier="offload"\} [1-9]', exposition, re.M), exposition
 
     server.close()  # the runtime restarts: a new instance, none of the old blocks
     restarted = runtime(*flags)

@@ -285,9 +285,16 @@ BATCH_PREFIX = metric_names.PREFIX + "batch_"  # the gateway's batch API
 PIPELINE_PREFIXES = (metric_names.PREFIX + "pipeline_", metric_names.PREFIX + "guard_")  # the gateway's pipelines
 
 
-def test_the_runtime_exports_every_series_the_contract_names():
+def test_the_runtime_exports_every_series_the_contract_names(tmp_path):
+    from goodput_runtime.engine.block_manager import BlockManager
+    from goodput_runtime.engine.kv_events import KvEvents
+    from goodput_runtime.engine.kv_offload import OffloadStore
+
     metrics = RuntimeMetrics("m", 0.5, 0.05)
     metrics.enable_lora(2)  # the LoRA adapters' series, registered where adapters are enabled
+    blocks = BlockManager(4, 4)  # the KV tiers' series: with events, and with an offload tier configured
+    blocks.events, blocks.offload = KvEvents(4), OffloadStore(str(tmp_path), 4096, 64)
+    metrics.watch_kv_tiers(blocks)
     metrics.record_lora_load("ok", 0.1)
     metrics.record_finished(
         RequestTimes(arrival=0.0, first_scheduled=0.1, first_token=0.2, finished=1.0, num_output_tokens=3)
@@ -313,6 +320,7 @@ def test_the_runtime_exports_every_series_the_contract_names():
         metric_names.GRAMMAR_COMPILE_TIME,
         metric_names.LORA_LOAD_SECONDS,
     }
+    blocks.offload.close()
     for name in runtime_series:
         assert (name + "_count" if name in histograms else name) in exported, name
 

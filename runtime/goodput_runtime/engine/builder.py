@@ -437,6 +437,8 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
         block_manager.listeners.append(block_manager.events.record)
         if block_manager.offload is not None:
             block_manager.offload.listeners.append(block_manager.events.record)
+        if metrics is not None:
+            metrics.watch_kv_tiers(block_manager)
     if followers is not None:
         parallel.broadcast(num_blocks)
         runner.broadcast = parallel.broadcast
