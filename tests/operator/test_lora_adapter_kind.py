@@ -57,6 +57,11 @@ def adapter_dir(tiny_model_dir) -> Path:
     return make_adapter(tiny_model_dir, "all8", 8, ALL)
 
 
+@pytest.fixture(scope="module")
+def other_adapter_dir(tiny_model_dir) -> Path:
+    return make_adapter(tiny_model_dir, "qvd4", 4, ["q_proj", "v_proj", "down_proj"], rslora=True, seed=1)
+
+
 def adapter_url(cluster, namespace: str, name: str | None = None) -> str:
     base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{LORA_PLURAL}"
     return f"{base}/{name}" if name else base
@@ -84,12 +89,17 @@ def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
     return next(c for c in obj["status"]["conditions"] if c["type"] == type_)
 
 
-def models(pod: Pod, key: str = KEY) -> set[str]:
+def cards(pod: Pod) -> dict[str, dict[str, Any]]:
+    """The replica's /v1/models, by id (an adapter's card has its directory as root)."""
     request = urllib.request.Request(
-        f"http://127.0.0.1:{pod.port}/v1/models", headers={"Authorization": f"Bearer {key}"}
+        f"http://127.0.0.1:{pod.port}/v1/models", headers={"Authorization": f"Bearer {KEY}"}
     )
     with urllib.request.urlopen(request, timeout=10) as response:
-        return {m["id"] for m in json.load(response)["data"]}
+        return {m["id"]: m for m in json.load(response)["data"]}
+
+
+def models(pod: Pod) -> set[str]:
+    return set(cards(pod))
 
 
 def complete(pod: Pod, model: str) -> int:
@@ -210,11 +220,22 @@ def test_loaded_on_every_replica_again_after_a_restart_and_unloaded_on_deletion(
         assert complete(pod, "sql") == 404
 
 
-def test_a_count_of_replicas_and_a_load_the_runtime_refuses(cluster, chat, namespace, adapter_dir, tmp_path):
+def test_a_count_of_replicas_a_new_source_and_a_load_the_runtime_refuses(
+    cluster, chat, namespace, adapter_dir, other_adapter_dir, tmp_path
+):
     pods = [chat.start(), chat.start()]
     create_adapter(cluster, namespace, "one", {"service": "chat", "source": f"file://{adapter_dir}", "replicas": 1})
     obj = wait_phase(cluster, namespace, "one", "Ready")
     assert obj["status"]["replicaCount"] == "1/1"
+    [holder] = [p for p in pods if "one" in models(p)]
+    assert cards(holder)["one"]["root"] == str(adapter_dir)
+
+    # a new source is loaded in place on the replica holding it, under the same name
+    cluster.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, LORA_PLURAL, "one", {"spec": {"source": f"file://{other_adapter_dir}"}}
+    )
+    wait_phase(cluster, namespace, "one", "Ready", lambda o: o["status"].get("loadedGeneration") == 2)
+    assert cards(holder)["one"]["root"] == str(other_adapter_dir)
     assert [("one" in models(p)) for p in pods].count(True) == 1
 
     # a directory with no adapter in it: the runtime answers 400, and the adapter fails with its reason
