@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,7 +232,9 @@ async def api_key(ctx: Context, svc: ServiceSpec) -> str | None:
     return await ctx.kube.secret_value(svc.namespace, ref.name, ref.key) if ref else None
 
 
-async def converge(ctx: Context, body: dict[str, Any], on_loading: Any = None) -> Outcome:
+async def converge(
+    ctx: Context, body: dict[str, Any], on_loading: Callable[[Outcome], Awaitable[None]] | None = None
+) -> Outcome:
     """One pass: load where the adapter should be and is not, unload where it should not be."""
     meta = body["metadata"]
     namespace, generation = meta["namespace"], int(meta.get("generation") or 0)
