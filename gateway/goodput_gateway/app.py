@@ -10,14 +10,14 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from goodput_gateway import batch, routing
+from goodput_gateway import batch, resume, routing
 from goodput_gateway.apis import chat
 from goodput_gateway.apis.messages import MessagesAPI
 from goodput_gateway.apis.responses import ResponsesAPI
@@ -43,14 +43,18 @@ class FairSettings:
 class Metered(Upstream):
     """A replica's stream whose tokens are charged to the caller's tenant as they pass."""
 
-    def __init__(self, response: Any, first: bytes, meter: Meter) -> None:
-        super().__init__(response, first)
-        self.meter = meter
+    def __init__(self, upstream: Upstream, meter: Meter) -> None:
+        super().__init__(upstream.response, upstream.first, upstream.replica)
+        self.upstream, self.meter = upstream, meter
 
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        async for chunk in super().iter_any():
-            self.meter.feed(chunk)
-            yield chunk
+    async def iter_any(self) -> AsyncGenerator[bytes, None]:
+        chunks = self.upstream.iter_any()
+        try:
+            async for chunk in chunks:
+                self.meter.feed(chunk)
+                yield chunk
+        finally:
+            await chunks.aclose()
 
 
 class Gateway:
@@ -215,6 +219,9 @@ class Gateway:
             async with self.proxy.open("POST", path, headers, svc, model, raw, body) as upstream:
                 yield upstream
             return
+        resumable = resume.resumable(path, body)
+        if resumable:  # a stream the gateway may take up on another replica
+            raw = resume.with_token_ids(raw)
         targets = slo_targets(request.headers, tenant, svc.ttft_slo, svc.tpot_slo)
         lease = self.tenants.admit(tenant, len(routing.prompt_text(body)) // 4) if tenant is not None else None
         meter = Meter(lease, True, started)
@@ -229,7 +236,9 @@ class Gateway:
                 self.proxy.open("POST", path, headers, svc, model, raw, body) as upstream,
             ):
                 status = upstream.status
-                yield Metered(upstream.response, upstream.first, meter)
+                if resumable and status == 200:
+                    upstream = self.proxy.resumable(upstream, path, body, raw, svc, model, headers, None)
+                yield Metered(upstream, meter)
         except APIError as err:
             status = err.status
             raise

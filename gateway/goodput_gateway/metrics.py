@@ -77,6 +77,20 @@ class GatewayMetrics:
             SERVICE,
             registry=r,
         )
+        self.streams_resumed = Counter(
+            "goodput_gateway_streams_resumed_total",
+            "Streamed completions whose replica went away mid-stream and that went on on another replica "
+            "(each resume counted)",
+            SERVICE,
+            registry=r,
+        )
+        self.resume_seconds = Histogram(
+            "goodput_gateway_stream_resume_seconds",
+            "Seconds from a stream's replica going away to the first bytes of the replica that took it up",
+            SERVICE,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.last_request = Gauge(
             names.GATEWAY_LAST_REQUEST,
             "Unix time of the service's latest request at this gateway (the idle signal)",

@@ -18,7 +18,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ import aiohttp
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
-from goodput_gateway import routing
+from goodput_gateway import resume, routing
 from goodput_gateway.discovery import Registry, Service
 from goodput_gateway.errors import APIError, unavailable
 from goodput_gateway.holding import Holds
@@ -130,10 +130,41 @@ class Proxy:
         authorization: str | None = None,
         observe: Callable[[bytes], None] | None = None,
     ) -> web.StreamResponse:
+        labels = (svc.namespace, svc.name)
+        resumable = request.method == "POST" and resume.resumable(request.path, body)
+        if resumable:
+            raw = resume.with_token_ids(raw)
         async with self.open(
             request.method, request.path_qs, request.headers, svc, model, raw, body, authorization
         ) as upstream:
-            return await self.stream(request, upstream, observe, (svc.namespace, svc.name))
+            if resumable and upstream.status == 200:
+                upstream = self.resumable(upstream, request.path, body, raw, svc, model, request.headers, authorization)
+            return await self.stream(request, upstream, observe, labels)
+
+    def resumable(
+        self,
+        upstream: Upstream,
+        path: str,
+        body: Mapping[str, Any],
+        raw: bytes,
+        svc: Service,
+        model: str,
+        client_headers: Mapping[str, str],
+        authorization: str | None,
+    ) -> Upstream:
+        """`upstream`, whose stream goes on on another replica of svc if its own goes away mid-stream."""
+        labels = (svc.namespace, svc.name)
+
+        def reopen(rest: bytes, dead: set[str]) -> contextlib.AbstractAsyncContextManager[Upstream]:
+            return self.open("POST", "/v1/completions", client_headers, svc, model, rest, {}, authorization, avoid=dead)
+
+        def resumed(seconds: float) -> None:
+            self.metrics.streams_resumed.labels(*labels).inc()
+            self.metrics.resume_seconds.labels(*labels).observe(seconds)
+
+        served = json.loads(raw).get("model", model)
+        state = resume.Resumption(path, body, served, reopen, FIRST_BYTE_LOST, resumed)
+        return Resumed(upstream, state)
 
     @contextlib.asynccontextmanager
     async def open(
@@ -146,10 +177,11 @@ class Proxy:
         raw: bytes,
         body: dict[str, Any],
         authorization: str | None = None,
+        avoid: set[str] | None = None,
     ) -> AsyncIterator[Upstream]:
         """One replica of `svc`'s response, its body's first bytes read (retried elsewhere as above); the
         replica counts as carrying the request until the block ends. `authorization`, when given,
-        replaces the client's header: the runtime's own key."""
+        replaces the client's header: the runtime's own key. Replicas in `avoid` are tried last."""
         key = (svc.namespace, svc.name)
         adapter = self.registry.adapter_of(svc, model)
         prefix = 0
@@ -160,7 +192,7 @@ class Proxy:
         if authorization is not None:
             headers.popall(hdrs.AUTHORIZATION, None)
             headers[hdrs.AUTHORIZATION] = authorization
-        tried: set[str] = set()
+        tried: set[str] = set(avoid or ())
         failure, reason = "", ""
         for attempt in range(self.settings.attempts):
             last = attempt + 1 == self.settings.attempts
@@ -207,7 +239,7 @@ class Proxy:
                 except BaseException:
                     response.close()
                     raise
-                yield Upstream(response, first)
+                yield Upstream(response, first, url)
             finally:
                 self.outstanding[url] -= 1
                 response.close()  # a no-op after a full read (the connection went back to the pool)
@@ -243,8 +275,9 @@ class Proxy:
             await response.prepare(request)
             events = upstream.headers.get(hdrs.CONTENT_TYPE, "").startswith("text/event-stream")
             pending = b""  # an event's start, held until its end comes: a lost replica never leaves half of one
+            chunks = upstream.iter_any()
             try:
-                async for chunk in upstream.iter_any():
+                async for chunk in chunks:
                     if observe is not None:
                         observe(chunk)
                     if events:
@@ -264,6 +297,8 @@ class Proxy:
                     self.metrics.streams_lost.labels(*labels).inc()
                 logger.info("A replica went away mid-stream: %r", err)
                 await response.write(LOST_EVENT)
+            finally:
+                await chunks.aclose()  # a resumed stream's replica, if any, let go
             await response.write_eof()
             finished = True
             return response
@@ -281,6 +316,7 @@ class Upstream:
 
     response: aiohttp.ClientResponse
     first: bytes
+    replica: str = ""  # its base URL
 
     @property
     def status(self) -> int:
@@ -293,11 +329,27 @@ class Upstream:
     async def read(self) -> bytes:
         return self.first + await self.response.read()
 
-    async def iter_any(self) -> AsyncIterator[bytes]:
+    async def iter_any(self) -> AsyncGenerator[bytes, None]:
         if self.first:
             yield self.first
         async for chunk in self.response.content.iter_any():
             yield chunk
+
+
+class Resumed(Upstream):
+    """A streamed completion that goes on on another replica when its own goes away (resume.py)."""
+
+    def __init__(self, upstream: Upstream, state: resume.Resumption) -> None:
+        super().__init__(upstream.response, upstream.first, upstream.replica)
+        self.upstream, self.state = upstream, state
+
+    async def iter_any(self) -> AsyncGenerator[bytes, None]:
+        events = self.state.run(self.upstream.iter_any(), self.replica)
+        try:
+            async for chunk in events:
+                yield chunk
+        finally:
+            await events.aclose()
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
