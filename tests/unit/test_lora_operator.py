@@ -92,5 +92,5 @@ def test_the_crd_describes_the_field():
     )
     model = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["model"]
     lora = model["properties"]["lora"]["properties"]
-    assert set(lora) == {"adapters", "maxAdapters", "maxRank", "maxCpuAdapters"}
+    assert set(lora) == {"adapters", "maxAdapters", "maxRank", "maxCpuAdapters", "runtimeUpdates"}
     assert lora["adapters"]["items"]["required"] == ["name", "source"]
