@@ -27,6 +27,8 @@ def config(model_dir: Path, tier: Path | None, blocks: int = 30) -> EngineConfig
         max_model_len=96,
         max_num_batched_tokens=32,
         max_num_seqs=4,
+        step_tuning="off",  # both engines run the same step plans: equal numerics, not only close
+        cpu_contention="off",
         kv_offload_bytes=(1 << 20) if tier is not None else 0,
         kv_offload_dir=str(tier) if tier is not None else None,
     )
@@ -142,6 +144,8 @@ def test_the_real_model_reloads_a_prefix_with_the_same_greedy_tokens(smollm2_dir
             max_model_len=128,
             max_num_batched_tokens=128,
             max_num_seqs=4,
+            step_tuning="off",
+            cpu_contention="off",
             kv_offload_bytes=(64 << 20) if tier is not None else 0,
             kv_offload_dir=str(tier) if tier is not None else None,
         )
