@@ -105,3 +105,31 @@ def test_the_policy_loads_only_when_predicted_faster_than_prefill(store):
     assert not policy.should_load(4, 16)
     policy.prefill_tokens_per_s = 16 * 10.0  # 10 blocks/s: loading is faster
     assert policy.should_load(4, 16)
+
+
+def test_a_block_loaded_and_handed_out_again_before_its_step_is_neither_loaded_nor_saved(tmp_path):
+    """A request admitted with loaded blocks and preempted in the same step gives them back before
+    their payloads reach the cache: the next owner must not get the payload, nor the tier a copy."""
+    from goodput_runtime.engine.block_manager import BlockManager, block_hash
+    from goodput_runtime.engine.sequence import Sequence
+    from goodput_runtime.sampling import SamplingParams
+
+    bm = BlockManager(4, 4, model_salt="m")
+    bm.offload = OffloadStore(str(tmp_path), 8 * (HEADER.size + ENTRY), ENTRY)
+    try:
+        prompt = list(range(1, 10))
+        seq = Sequence.new("a", prompt, SamplingParams(), 0.0)
+        first = block_hash(bm.root(seq), tuple(prompt[:4]))
+        second = block_hash(first, tuple(prompt[4:8]))
+        bm.offload.put(first, payload(1))
+        bm.offload.put(second, payload(2))
+        loads = bm.match_offloaded(seq, 0)
+        assert [h for h, _ in loads] == [first, second]
+        assert bm.allocate(seq, 1, [], loads)
+        assert seq.num_computed_tokens == 8 and len(bm.pending_loads) == 2
+        bm.free_seq(seq)  # preempted before the step ran
+        other = Sequence.new("b", list(range(100, 116)), SamplingParams(), 0.0)
+        assert bm.allocate(other, 16)  # every block, the two loaded ones included
+        assert bm.take_transfers() == ([], [])
+    finally:
+        bm.offload.close()

@@ -264,7 +264,11 @@ class BlockManager:
         if block.hash is not None:
             if self.cached.get(block.hash) == block_id:
                 del self.cached[block.hash]
-                if self.offload is not None and not self.offload.contains(block.hash):
+                # a block loaded this very step holds no data yet: nothing to save, and its load is moot
+                loading = any(b == block_id for b, _ in self.pending_loads)
+                if loading:
+                    self.pending_loads = [(b, p) for b, p in self.pending_loads if b != block_id]
+                elif self.offload is not None and not self.offload.contains(block.hash):
                     self.pending_saves.append((block_id, block.hash))
                 if self.listeners:
                     self._notify(block.hash, False)

@@ -86,9 +86,9 @@ class OffloadStore:
         # (tier, digest, stored): called on the thread that stores or removes (kv_events.py)
         self.listeners: list[Callable[[str, int, bool], None]] = []
         self.queue: queue.Queue[tuple[int, object] | None] = queue.Queue(WRITE_QUEUE)
+        self.closed = False
         self.writer = threading.Thread(target=self._write_loop, name="kv-offload-writer", daemon=True)
         self.writer.start()
-        self.closed = False
 
     # -- queries ---------------------------------------------------------------------------------
 
