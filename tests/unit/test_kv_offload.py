@@ -2,7 +2,7 @@
 entries that are gone, corrupt or truncated never served.
 
 Real files on local disk; no model. The engine with the tier on is tested in
-tests/runtime/test_kv_offload.py.
+tests/runtime/test_kv_offload_engine.py.
 """
 
 from __future__ import annotations
