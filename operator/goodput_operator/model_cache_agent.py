@@ -391,7 +391,7 @@ class Agent:
         try:
             spec = parse_model_cache(name, body.get("spec") or {})
         except SpecError as err:
-            return fail(f"spec.{err}")
+            return fail(str(err))
         try:
             commit, files = self.hub.listing(spec)
             targets = [(remote, safe_path(directory, remote.path)) for remote in files]
