@@ -44,7 +44,6 @@ SAMPLING = (
     "repetition_penalty",
     "priority",
     "user",
-    "skip_special_tokens",
 )
 # fields allowed only at the value that makes them do nothing
 HARMLESS: dict[str, tuple[Any, ...]] = {
@@ -72,7 +71,6 @@ OTHER = frozenset(
         "max_tokens",
         "max_completion_tokens",
         "min_tokens",
-        "return_token_ids",
     }
 )
 MAX_RESUMES = 2
@@ -82,7 +80,11 @@ def resumable(path: str, body: Mapping[str, Any]) -> bool:
     """Whether a request's stream can be taken up on another replica from its token ids."""
     if path not in PATHS or body.get("stream") is not True:
         return False
+    if not isinstance(body.get("return_token_ids", False), bool):  # the runtime refuses it, by name
+        return False
     for name, value in body.items():
+        if name == "return_token_ids":
+            continue
         if name in SAMPLING or name in OTHER:
             continue
         if name not in HARMLESS or value not in HARMLESS[name]:

@@ -133,3 +133,6 @@ def test_a_stream_with_no_other_replica_ends_with_the_lost_error(env):
     assert info.value.code == "upstream_lost" and "went away" in info.value.message
     assert gateway.metric("goodput_gateway_streams_lost_total", service="tiny") == 1
     assert gateway.metric("goodput_gateway_streams_resumed_total", service="tiny") == 3
+    seconds = gateway.metric("goodput_gateway_stream_resume_seconds_sum", service="tiny")
+    assert gateway.metric("goodput_gateway_stream_resume_seconds_count", service="tiny") == 3
+    print(f"resume: loss to the new replica's first bytes, mean of 3: {seconds / 3 * 1000:.0f} ms")
