@@ -3,11 +3,12 @@
     python3 hack/health_testdata.py           write them
     python3 hack/health_testdata.py --check   exit 1 naming each fixture that differs
 
-Each fixture is an InferenceService, InferencePipeline or LoraAdapter whose status is built by the
+Each fixture is an InferenceService, InferencePipeline, LoraAdapter or ModelCache whose status is built by the
 functions the operator writes status with (goodput_operator.reconcile, .pods, .conditions, .pipelines,
-.lora_adapters) from the pods and Deployment of one situation, so the health checks are tested against
-what the operator really writes. Each health_test.yaml beside them names the health each fixture must
-get, in the layout of Argo CD's resource_customizations tests.
+.lora_adapters, .model_cache_agent) from the pods and Deployment of one situation, so the health
+checks are tested against what the operator (and the caching agent) really writes. Each
+health_test.yaml beside them names the health each fixture must get, in the layout of Argo CD's
+resource_customizations tests.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from goodput_contract.api.spec import SpecError, parse
 from goodput_operator import lora_adapters, pods
 from goodput_operator.conditions import FALSE, MODEL_FITS, READY, TRUE, UNKNOWN, VALID, Condition, derive_ready, merge
 from goodput_operator.lora_adapters import Outcome, status_body
+from goodput_operator.model_cache_agent import Progress, summary
 from goodput_operator.pipelines import pipeline_conditions
 from goodput_operator.reconcile import _available
 
@@ -278,12 +280,47 @@ def lora_adapter_fixtures() -> dict[str, tuple[dict[str, Any], str]]:
     }
 
 
+def model_cache(nodes: dict[str, Progress] | None, generation: int = 1) -> dict[str, Any]:
+    """A ModelCache with the status its nodes' agents write (model_cache_agent.Status), or none yet."""
+    obj: dict[str, Any] = {
+        "apiVersion": "serving.goodput.dev/v1alpha1",
+        "kind": "ModelCache",
+        "metadata": {"name": "llama-70b", "namespace": "models", "generation": generation},
+        "spec": {"source": "hf://meta-llama/Llama-3.1-70B-Instruct", "revision": "main"},
+    }
+    if nodes is not None:
+        path = Path("/var/lib/goodput/models/models/llama-70b")
+        entries = {name: p.entry(path, 1) for name, p in nodes.items()}
+        for entry in entries.values():
+            entry["updatedAt"] = NOW
+        obj["status"] = {**summary(entries), "nodes": entries, "observedGeneration": 1}
+    return obj
+
+
+def model_cache_fixtures() -> dict[str, tuple[dict[str, Any], str]]:
+    total = 141_107_412_992
+    ready = Progress(files=37, files_done=37, bytes_total=total, bytes_done=total, downloaded=total, phase="Ready")
+    moving = Progress(files=37, files_done=12, bytes_total=total, bytes_done=total // 3, downloaded=total // 3)
+    moving.phase, moving.rate = "Downloading", 850_000_000.0
+    failed = Progress(files=37, files_done=30, bytes_total=total, bytes_done=total - 4_983_112_192, phase="Failed")
+    failed.failed_file, failed.attempts = "model-00031-of-00037.safetensors", 5
+    failed.last_error = "model-00031-of-00037.safetensors: HTTP 503 Service Unavailable (after 5 tries)"
+    return {
+        "no_status": (model_cache(None), "Progressing"),
+        "generation_lags": (model_cache({"gpu-node-1": ready}, generation=2), "Progressing"),
+        "downloading": (model_cache({"gpu-node-1": ready, "gpu-node-2": moving}), "Progressing"),
+        "file_failed": (model_cache({"gpu-node-1": ready, "gpu-node-2": failed}), "Degraded"),
+        "ready": (model_cache({"gpu-node-1": ready, "gpu-node-2": ready}), "Healthy"),
+    }
+
+
 def files() -> dict[Path, str]:
     out: dict[Path, str] = {}
     for kind, fixtures in (
         ("InferenceService", service_fixtures()),
         ("InferencePipeline", pipeline_fixtures()),
         ("LoraAdapter", lora_adapter_fixtures()),
+        ("ModelCache", model_cache_fixtures()),
     ):
         tests = []
         for name, (obj, health) in fixtures.items():

@@ -38,7 +38,7 @@ def flux_status(obj: dict[str, Any]) -> str:
 
 def cases() -> list[tuple[str, str, str]]:
     out = []
-    for kind in ("InferenceService", "InferencePipeline", "LoraAdapter"):
+    for kind in ("InferenceService", "InferencePipeline", "LoraAdapter", "ModelCache"):
         for test in yaml.safe_load((HEALTH / kind / "health_test.yaml").read_text())["tests"]:
             out.append((kind, test["inputPath"], AS_FLUX[test["healthStatus"]["status"]]))
     return out

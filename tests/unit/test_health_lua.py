@@ -14,7 +14,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTH = ROOT / "gitops" / "argocd" / "resource_customizations" / "serving.goodput.dev"
-KINDS = ("InferenceService", "InferencePipeline", "LoraAdapter")
+KINDS = ("InferenceService", "InferencePipeline", "LoraAdapter", "ModelCache")
 LUAS = ("lua51", "lua54")
 
 
@@ -64,6 +64,7 @@ def test_every_state_has_a_fixture():
         ("InferenceService", {"Progressing", "Degraded", "Suspended", "Healthy"}),
         ("InferencePipeline", {"Progressing", "Degraded", "Healthy"}),
         ("LoraAdapter", {"Progressing", "Degraded", "Healthy"}),
+        ("ModelCache", {"Progressing", "Degraded", "Healthy"}),
     ):
         tests = yaml.safe_load((HEALTH / kind / "health_test.yaml").read_text())["tests"]
         assert {t["healthStatus"]["status"] for t in tests} == wanted
