@@ -51,7 +51,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from goodput_contract.api import GROUP, MODEL_CACHE_PLURAL, VERSION
-from goodput_contract.api.model_cache_spec import ModelCacheSpec, parse_model_cache
+from goodput_contract.api.model_cache_spec import ModelCacheSpec, node_label, parse_model_cache
 from goodput_contract.api.spec import SpecError
 
 logger = logging.getLogger("goodput_operator.model_cache_agent")
@@ -63,6 +63,8 @@ HTTP_TIMEOUT_SECONDS = 30.0
 MAX_BACKOFF_SECONDS = 60.0
 STATUS_CONFLICT_TRIES = 8
 PARTIAL = ".partial"
+REVISION_FILE = ".goodput-revision"
+VERIFIED_FILE = ".goodput-verified.json"
 
 
 @dataclass(frozen=True)
@@ -305,11 +307,63 @@ class Hub:
                         time.sleep(ahead)
 
 
-class Status:
-    """Writes status.nodes.<node> and the summary, under the object's resourceVersion."""
+class Verified:
+    """The files a pass checked, by size, modification time and checksum: a file unchanged since is not
+    read again on the next pass (a rewritten or truncated one is)."""
 
-    def __init__(self, api: kubernetes.client.CustomObjectsApi, node: str) -> None:
-        self.api, self.node = api, node
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / VERIFIED_FILE
+        try:
+            self.seen: dict[str, list[Any]] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.seen = {}
+
+    @staticmethod
+    def _stamp(target: Path, remote: RemoteFile) -> list[Any]:
+        stat = target.stat()
+        return [stat.st_size, stat.st_mtime_ns, remote.algorithm, remote.digest]
+
+    def matches(self, target: Path, remote: RemoteFile) -> bool:
+        if target.stat().st_size != remote.size:
+            return False
+        if self.seen.get(str(target)) == self._stamp(target, remote):
+            return True
+        if file_digest(target, remote.algorithm, remote.size) != remote.digest:
+            return False
+        self.record(target, remote)
+        return True
+
+    def record(self, target: Path, remote: RemoteFile) -> None:
+        self.seen[str(target)] = self._stamp(target, remote)
+
+    def save(self, wanted: set[Path]) -> None:
+        kept = {k: v for k, v in self.seen.items() if Path(k) in wanted}
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(kept))
+        os.replace(tmp, self.path)
+
+
+class Status:
+    """Writes status.nodes.<node> and the summary, under the object's resourceVersion, and the node's
+    label modelcache.goodput.dev/<namespace>.<name>: "ready" while the node holds every file."""
+
+    def __init__(
+        self, api: kubernetes.client.CustomObjectsApi, node: str, core: kubernetes.client.CoreV1Api | None = None
+    ) -> None:
+        self.api, self.node, self.core = api, node, core
+
+    def label(self, namespace: str, name: str, ready: bool) -> None:
+        """Set (or remove) the node's label; a failure (no such Node, no right to patch it) is logged only."""
+        if self.core is None:
+            return
+        key = node_label(namespace, name)
+        try:
+            node = self.core.read_node(self.node)
+            if ((node.metadata and node.metadata.labels) or {}).get(key) == ("ready" if ready else None):
+                return
+            self.core.patch_node(self.node, {"metadata": {"labels": {key: "ready" if ready else None}}})
+        except ApiException as err:
+            logger.warning("label %s on node %s: %s %s", key, self.node, err.status, err.reason)
 
     def write(self, namespace: str, name: str, entry: dict[str, Any]) -> None:
         for _ in range(STATUS_CONFLICT_TRIES):
@@ -379,6 +433,7 @@ class Agent:
                 last_report[0] = now
                 try:
                     self.status.write(namespace, name, progress.entry(directory, generation))
+                    self.status.label(namespace, name, progress.phase == "Ready")
                 except ApiException as err:
                     logger.warning("status of %s/%s: %s %s: %s", namespace, name, err.status, err.reason, err.body)
 
@@ -403,12 +458,10 @@ class Agent:
         directory.mkdir(parents=True, exist_ok=True)
         self._remove_unwanted(directory, {t for _, t in targets})
         missing = []
+        verified = Verified(directory)
         for remote, target in targets:  # what is on disk and right stays; anything else is fetched
             if target.is_file():
-                if (
-                    target.stat().st_size == remote.size
-                    and file_digest(target, remote.algorithm, remote.size) == remote.digest
-                ):
+                if verified.matches(target, remote):
                     progress.reused += remote.size
                     progress.bytes_done += remote.size
                     progress.files_done += 1
@@ -419,7 +472,8 @@ class Agent:
                 progress.repaired.append(remote.path)
                 target.unlink()
             missing.append((remote, target))
-        report(force=True)
+        if missing:
+            report(force=True)
 
         def on_bytes(count: int) -> None:
             progress.bytes_done += count
@@ -433,6 +487,7 @@ class Agent:
                 progress.bytes_done += on_disk  # a resumed file's first bytes
                 try:
                     self.hub.download(spec.repo, commit, remote, target, on_bytes, self.max_rate)
+                    verified.record(target, remote)
                     break
                 except FetchError as err:
                     now_on_disk = partial.stat().st_size if partial.exists() else 0
@@ -446,7 +501,8 @@ class Agent:
             progress.files_done += 1
         progress.phase, progress.last_error, progress.failed_file, progress.attempts = "Ready", "", "", 0
         progress.rate = 0.0
-        (directory / ".goodput-revision").write_text(commit + "\n")
+        (directory / REVISION_FILE).write_text(commit + "\n")
+        verified.save({t for _, t in targets})
         report(force=True)
         logger.info(
             "%s/%s: ready at %s: %d bytes downloaded, %d reused, repaired %s",
@@ -463,7 +519,7 @@ class Agent:
     def _remove_unwanted(directory: Path, wanted: set[Path]) -> None:
         for path in sorted(directory.rglob("*"), reverse=True):
             keep = path in wanted or path.with_name(path.name.removesuffix(PARTIAL)) in wanted
-            if path.is_file() and not keep and path.name != ".goodput-revision":
+            if path.is_file() and not keep and path.name not in (REVISION_FILE, VERIFIED_FILE):
                 path.unlink()
             elif path.is_dir() and not any(path.iterdir()):
                 path.rmdir()
@@ -479,6 +535,7 @@ class Agent:
             for cache_dir in ns_dir.iterdir():
                 if cache_dir.is_dir() and (ns_dir.name, cache_dir.name) not in live:
                     logger.info("removing %s: its ModelCache is gone", cache_dir)
+                    self.status.label(ns_dir.name, cache_dir.name, False)
                     shutil.rmtree(cache_dir, ignore_errors=True)
 
 
@@ -519,13 +576,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.name and not args.namespace:
         parser.error("--name needs --namespace")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    api = kubernetes.client.CustomObjectsApi(load_api())
+    client = load_api()
+    api = kubernetes.client.CustomObjectsApi(client)
     endpoint = os.environ.get("HF_ENDPOINT") or DEFAULT_HF_ENDPOINT
     agent = Agent(
         args.node,
         Path(args.root),
         Hub(endpoint, os.environ.get("HF_TOKEN") or None),
-        Status(api, args.node),
+        Status(api, args.node, kubernetes.client.CoreV1Api(client)),
         args.max_bytes_per_second,
         args.report_seconds,
         max(1, args.retries),

@@ -22,10 +22,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import kubernetes
 import pytest
 from harness import ROOT, wait_for
 
 from goodput_contract.api import GROUP, MODEL_CACHE_PLURAL, VERSION
+from goodput_contract.api.model_cache_spec import node_label
 
 CRD_FILE = ROOT / "crds" / f"{GROUP}_modelcaches.yaml"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -115,8 +117,18 @@ def node_root(tmp_path_factory) -> Path:
 def ns(cluster) -> Iterator[str]:
     cluster.kubectl("apply", "-f", str(CRD_FILE))
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{MODEL_CACHE_PLURAL}.{GROUP}")
-    with cluster.scratch_namespace("cache") as name:
-        yield name
+    core = kubernetes.client.CoreV1Api(cluster.api)
+    # the Node object the agent labels (the test cluster has no kubelet to register one)
+    core.create_node({"metadata": {"name": "node-a"}})
+    try:
+        with cluster.scratch_namespace("cache") as name:
+            yield name
+    finally:
+        core.delete_node("node-a")
+
+
+def labels(cluster) -> dict[str, str]:
+    return kubernetes.client.CoreV1Api(cluster.api).read_node("node-a").metadata.labels or {}
 
 
 def agent(cluster, hub: str, root: Path, namespace: str, name: str, *flags: str) -> subprocess.Popen[str]:
@@ -184,6 +196,8 @@ def test_progress_shows_during_a_throttled_download(cluster, hub, ns, node_root)
     cached = root / ns / "llama"
     assert (cached / "model.safetensors").read_bytes() == WEIGHTS and (cached / "config.json").read_bytes() == CONFIG
     assert not (cached / "README.md").exists()  # not matched by spec.files
+    # the node says it holds the model, for the serving pods' node affinity
+    assert labels(cluster)[node_label(ns, "llama")] == "ready"
 
 
 def test_a_second_fetch_on_the_same_node_downloads_nothing(cluster, hub, ns, node_root):
@@ -232,6 +246,7 @@ def test_a_failing_file_is_retried_reported_by_name_and_resumed(cluster, hub, ns
         assert failed["lastError"].startswith("node-a: weights.bin"), failed
         wide = cluster.kubectl("get", "modelcaches", "-n", ns, "flaky", "-o", "wide").stdout
         assert "weights.bin: HTTP 503" in wide, wide
+        assert node_label(ns, "flaky") not in labels(cluster)
         wait_for(lambda: status(cluster, ns, "flaky").get("phase") == "Ready", 30, "the next pass to succeed")
     finally:
         process.terminate()
@@ -242,3 +257,17 @@ def test_a_failing_file_is_retried_reported_by_name_and_resumed(cluster, hub, ns
     half = len(WEIGHTS) // 2
     assert ("weights.bin", f"bytes={half}-") in FakeHub.ranges  # resumed, not fetched from the start
     assert FakeHub.faults["weights.bin"] == []
+
+
+def test_a_deleted_cache_leaves_the_disk_and_the_node(cluster, hub, ns, node_root):
+    assert (node_root / ns / "llama").is_dir() and node_label(ns, "llama") in labels(cluster)
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, MODEL_CACHE_PLURAL, "llama")
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "HF_ENDPOINT": hub}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    command = [sys.executable, "-m", "goodput_operator.model_cache_agent", "--node", "node-a"]
+    command += ["--root", str(node_root), "--namespace", ns, "--once"]
+    result = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not (node_root / ns / "llama").exists()
+    assert node_label(ns, "llama") not in labels(cluster)
+    assert labels(cluster)[node_label(ns, "flaky")] == "ready"  # the other cache, on this node too now

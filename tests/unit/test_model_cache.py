@@ -13,7 +13,7 @@ import pytest
 import yaml
 from pod_security import violations
 
-from goodput_contract.api.model_cache_spec import parse_model_cache
+from goodput_contract.api.model_cache_spec import node_label, parse_model_cache
 from goodput_contract.api.spec import SpecError
 from goodput_operator.model_cache_agent import FetchError, file_digest, safe_path, summary
 
@@ -35,6 +35,14 @@ def test_spec_parses_and_refusals_name_the_field():
         with pytest.raises(SpecError) as err:
             parse_model_cache("m", raw)
         assert err.value.field == f"spec.{field}", raw
+
+
+def test_the_node_label_is_a_valid_label_key_for_any_name():
+    assert node_label("models", "llama-70b") == "modelcache.goodput.dev/models.llama-70b"
+    long = node_label("a" * 63, "b" * 253)
+    name = long.split("/", 1)[1]
+    assert len(name) <= 63 and name[0].isalnum() and name[-1].isalnum()
+    assert long != node_label("a" * 63, "b" * 252)
 
 
 def node(phase: str, done: int, total: int, rate: int = 0, eta: int | None = None, error: str = "") -> dict[str, Any]:
@@ -112,4 +120,5 @@ def test_the_agent_is_off_by_default_and_runs_in_its_own_privileged_namespace():
     assert {(tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]} == {
         (("modelcaches",), ("get", "list")),
         (("modelcaches/status",), ("get", "update")),
+        (("nodes",), ("get", "patch")),
     }

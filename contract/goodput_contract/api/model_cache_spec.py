@@ -7,6 +7,7 @@ schema cannot check.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -45,3 +46,17 @@ def parse_model_cache(name: str, spec: dict[str, Any]) -> ModelCacheSpec:
     if not isinstance(files, list) or not all(isinstance(p, str) and p for p in files):
         raise SpecError("files", "is a list of glob patterns such as '*.safetensors'")
     return ModelCacheSpec(name, source.repo, revision, tuple(files))
+
+
+NODE_LABEL_PREFIX = "modelcache.goodput.dev/"
+
+
+def node_label(namespace: str, name: str) -> str:
+    """The label the caching agent sets to "ready" on a node holding every file of a ModelCache, for
+    the serving pods' node affinity: modelcache.goodput.dev/<namespace>.<name> (hashed when longer
+    than a label's 63 characters)."""
+    key = f"{namespace}.{name}"
+    if len(key) > 63:
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        key = f"{key[:46].rstrip('-_.')}-{digest}"
+    return NODE_LABEL_PREFIX + key
