@@ -162,6 +162,7 @@ def status(cluster, namespace: str, name: str) -> dict[str, Any]:
 def test_progress_shows_during_a_throttled_download(cluster, hub, ns, node_root):
     root = node_root
     create(cluster, ns, "llama", "hf://org/cached")
+    started = time.monotonic()
     process = agent(cluster, hub, root, ns, "llama", "--once", "--max-bytes-per-second", str(THROTTLE))
     seen: list[dict[str, Any]] = []
     columns: list[str] = []
@@ -181,6 +182,7 @@ def test_progress_shows_during_a_throttled_download(cluster, hub, ns, node_root)
         code, out = finish(process)
         print(out)
     assert code == 0, out
+    print(f"first fetch: {time.monotonic() - started:.2f} s")
     node = seen[-1]
     total = len(WEIGHTS) + len(CONFIG)
     assert node["bytesTotal"] == total and node["files"] == 2
@@ -219,8 +221,10 @@ def test_a_corrupted_file_is_detected_and_fetched_again(cluster, hub, ns, node_r
     data = bytearray(weights.read_bytes())
     data[1000] ^= 0xFF  # one flipped byte, same size
     weights.write_bytes(bytes(data))
+    started = time.monotonic()
     code, out = finish(agent(cluster, hub, root, ns, "llama", "--once"))
     assert code == 0, out
+    print(f"repair: {time.monotonic() - started:.2f} s")
     node = status(cluster, ns, "llama")["nodes"]["node-a"]
     assert node["repairedFiles"] == ["model.safetensors"], node
     assert node["downloadedBytes"] == len(WEIGHTS) and node["reusedBytes"] == len(CONFIG), node
