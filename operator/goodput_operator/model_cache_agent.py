@@ -18,7 +18,11 @@ For each ModelCache it:
   `--report-seconds`, and the summary over every node (phase, nodesReady, progress, rate, ETA) that
   `kubectl get modelcaches` shows, under the object's resourceVersion so agents on other nodes do not
   overwrite each other;
-- deletes the directories of ModelCaches that no longer exist.
+- while the node holds every file, labels the Node modelcache.goodput.dev/<namespace>.<name>=ready
+  and publishes the copy as `--volumes-per-node` local PersistentVolumes (read-only, this node only,
+  StorageClass goodput-model-cache), which a serving pod's ephemeral claim selects: the pod is then
+  placed on a node holding the model and reads it without a hostPath (the restricted profile);
+- deletes the directories, label and volumes of ModelCaches that no longer exist.
 
 Files not wanted any more (another revision, fewer patterns) are deleted. Hub requests honour
 HF_ENDPOINT and HF_TOKEN like every hub client.
@@ -51,7 +55,14 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from goodput_contract.api import GROUP, MODEL_CACHE_PLURAL, VERSION
-from goodput_contract.api.model_cache_spec import ModelCacheSpec, node_label, parse_model_cache
+from goodput_contract.api.model_cache_spec import (
+    STORAGE_CLASS,
+    VOLUME_LABEL,
+    ModelCacheSpec,
+    cache_key,
+    node_label,
+    parse_model_cache,
+)
 from goodput_contract.api.spec import SpecError
 
 logger = logging.getLogger("goodput_operator.model_cache_agent")
@@ -348,9 +359,83 @@ class Status:
     label modelcache.goodput.dev/<namespace>.<name>: "ready" while the node holds every file."""
 
     def __init__(
-        self, api: kubernetes.client.CustomObjectsApi, node: str, core: kubernetes.client.CoreV1Api | None = None
+        self,
+        api: kubernetes.client.CustomObjectsApi,
+        node: str,
+        core: kubernetes.client.CoreV1Api | None = None,
+        host_root: Path | None = None,
+        volumes_per_node: int = 0,
     ) -> None:
         self.api, self.node, self.core = api, node, core
+        self.host_root, self.volumes_per_node = host_root, volumes_per_node
+
+    def volumes(self, namespace: str, name: str, ready: bool, size: int = 0) -> None:
+        """The node's copy as `volumes_per_node` local PersistentVolumes (read-only, bound to this node, of
+        the StorageClass goodput-model-cache, labelled with the cache) while it is complete: a serving pod's
+        claim selecting them is placed on a node holding the model and reads it without a hostPath. A
+        released volume is made available again; unbound ones go when the copy is incomplete or deleted."""
+        if self.core is None or self.host_root is None or not self.volumes_per_node:
+            return
+        key = cache_key(namespace, name)
+        base = "gcache-" + hashlib.sha256(f"{self.node}/{namespace}/{name}".encode()).hexdigest()[:20]
+        try:
+            listing = self.core.list_persistent_volume(label_selector=f"{VOLUME_LABEL}={key}")
+            mine: dict[str, Any] = {}
+            for volume in listing.items:
+                volume_name = str((volume.metadata and volume.metadata.name) or "")
+                if volume_name.startswith(base + "-"):
+                    mine[volume_name] = volume
+            if not ready:
+                for volume_name, volume in mine.items():
+                    if (volume.status and volume.status.phase) in ("Available", "Released", "Pending", None):
+                        self.core.delete_persistent_volume(volume_name)
+                return
+            node = self.core.read_node(self.node)
+            hostname = ((node.metadata and node.metadata.labels) or {}).get("kubernetes.io/hostname", self.node)
+            for i in range(self.volumes_per_node):
+                pv_name = f"{base}-{i}"
+                current = mine.get(pv_name)
+                if current is None:
+                    manifest: Any = self._volume(pv_name, key, namespace, name, hostname, size)
+                    self.core.create_persistent_volume(manifest)
+                elif current.status and current.status.phase == "Released":
+                    self.core.patch_persistent_volume(pv_name, {"spec": {"claimRef": None}})
+        except ApiException as err:
+            logger.warning("volumes of %s/%s on node %s: %s %s", namespace, name, self.node, err.status, err.reason)
+
+    def _volume(self, pv_name: str, key: str, namespace: str, name: str, hostname: str, size: int) -> dict[str, Any]:
+        assert self.host_root is not None
+        return {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {
+                "name": pv_name,
+                "labels": {VOLUME_LABEL: key, "app.kubernetes.io/managed-by": "goodput-model-cache-agent"},
+                "annotations": {
+                    "serving.goodput.dev/node": self.node,
+                    "serving.goodput.dev/cache": f"{namespace}/{name}",
+                },
+            },
+            "spec": {
+                "capacity": {"storage": str(max(size, 1))},
+                "accessModes": ["ReadOnlyMany"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": STORAGE_CLASS,
+                "volumeMode": "Filesystem",
+                "local": {"path": str(self.host_root / namespace / name)},
+                "nodeAffinity": {
+                    "required": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [hostname]}
+                                ]
+                            }
+                        ]
+                    }
+                },
+            },
+        }
 
     def label(self, namespace: str, name: str, ready: bool) -> None:
         """Set (or remove) the node's label; a failure (no such Node, no right to patch it) is logged only."""
@@ -474,6 +559,7 @@ class Agent:
             missing.append((remote, target))
         if missing:
             report(force=True)
+            self.status.volumes(namespace, name, False)
 
         def on_bytes(count: int) -> None:
             progress.bytes_done += count
@@ -504,6 +590,7 @@ class Agent:
         (directory / REVISION_FILE).write_text(commit + "\n")
         verified.save({t for _, t in targets})
         report(force=True)
+        self.status.volumes(namespace, name, True, progress.bytes_total)
         logger.info(
             "%s/%s: ready at %s: %d bytes downloaded, %d reused, repaired %s",
             namespace,
@@ -536,6 +623,7 @@ class Agent:
                 if cache_dir.is_dir() and (ns_dir.name, cache_dir.name) not in live:
                     logger.info("removing %s: its ModelCache is gone", cache_dir)
                     self.status.label(ns_dir.name, cache_dir.name, False)
+                    self.status.volumes(ns_dir.name, cache_dir.name, False)
                     shutil.rmtree(cache_dir, ignore_errors=True)
 
 
@@ -569,6 +657,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-seconds", type=float, default=2.0)
     parser.add_argument("--max-bytes-per-second", type=float, default=0.0, help="download throttle (0: none)")
     parser.add_argument("--retries", type=int, default=5, help="tries of a failing file per pass")
+    parser.add_argument("--host-path", help="--root as the node sees it (default: --root), for the local volumes")
+    parser.add_argument(
+        "--volumes-per-node", type=int, default=4, help="local PersistentVolumes of each complete copy (0: none)"
+    )
     parser.add_argument("--backoff-seconds", type=float, default=1.0, help="first wait between tries (doubles)")
     args = parser.parse_args(argv)
     if not args.node:
@@ -583,7 +675,13 @@ def main(argv: list[str] | None = None) -> int:
         args.node,
         Path(args.root),
         Hub(endpoint, os.environ.get("HF_TOKEN") or None),
-        Status(api, args.node, kubernetes.client.CoreV1Api(client)),
+        Status(
+            api,
+            args.node,
+            kubernetes.client.CoreV1Api(client),
+            Path(args.host_path or args.root),
+            args.volumes_per_node,
+        ),
         args.max_bytes_per_second,
         args.report_seconds,
         max(1, args.retries),

@@ -27,7 +27,7 @@ import pytest
 from harness import ROOT, wait_for
 
 from goodput_contract.api import GROUP, MODEL_CACHE_PLURAL, VERSION
-from goodput_contract.api.model_cache_spec import node_label
+from goodput_contract.api.model_cache_spec import STORAGE_CLASS, VOLUME_LABEL, cache_key, node_label
 
 CRD_FILE = ROOT / "crds" / f"{GROUP}_modelcaches.yaml"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -127,6 +127,12 @@ def ns(cluster) -> Iterator[str]:
         core.delete_node("node-a")
 
 
+def volumes(cluster, namespace: str, name: str) -> list[Any]:
+    core = kubernetes.client.CoreV1Api(cluster.api)
+    items = core.list_persistent_volume(label_selector=f"{VOLUME_LABEL}={cache_key(namespace, name)}").items
+    return sorted(items, key=lambda v: v.metadata.name)
+
+
 def labels(cluster) -> dict[str, str]:
     return kubernetes.client.CoreV1Api(cluster.api).read_node("node-a").metadata.labels or {}
 
@@ -135,7 +141,7 @@ def agent(cluster, hub: str, root: Path, namespace: str, name: str, *flags: str)
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "HF_ENDPOINT": hub}
     env.pop("KUBERNETES_SERVICE_HOST", None)
     command = [sys.executable, "-m", "goodput_operator.model_cache_agent", "--node", "node-a", "--root", str(root)]
-    command += ["--namespace", namespace, "--name", name, "--report-seconds", "0.3", *flags]
+    command += ["--namespace", namespace, "--name", name, "--report-seconds", "0.3", "--volumes-per-node", "2", *flags]
     return subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -200,10 +206,30 @@ def test_progress_shows_during_a_throttled_download(cluster, hub, ns, node_root)
     assert not (cached / "README.md").exists()  # not matched by spec.files
     # the node says it holds the model, for the serving pods' node affinity
     assert labels(cluster)[node_label(ns, "llama")] == "ready"
+    # and publishes its copy as local volumes bound to the node: a serving pod's claim on them reads the
+    # files without a hostPath of its own, on a node that holds them
+    published = volumes(cluster, ns, "llama")
+    assert len(published) == 2, published
+    for volume in published:
+        assert volume.spec.local.path == str(cached) and volume.spec.access_modes == ["ReadOnlyMany"]
+        assert volume.spec.storage_class_name == STORAGE_CLASS
+        (term,) = volume.spec.node_affinity.required.node_selector_terms
+        assert term.match_expressions[0].values == ["node-a"]
 
 
 def test_a_second_fetch_on_the_same_node_downloads_nothing(cluster, hub, ns, node_root):
     root = node_root
+    # a pod that used one of the node's volumes went away: its claim is gone, the volume Released
+    core = kubernetes.client.CoreV1Api(cluster.api)
+    used = volumes(cluster, ns, "llama")[0].metadata.name
+    gone = {
+        "kind": "PersistentVolumeClaim",
+        "namespace": ns,
+        "name": "gone",
+        "uid": "9f0e0c1c-0000-4000-8000-000000000001",
+    }
+    core.patch_persistent_volume(used, {"spec": {"claimRef": gone}})
+    wait_for(lambda: core.read_persistent_volume(used).status.phase == "Released", 30, "the volume to be released")
     before = sum(FakeHub.sent.values())
     started = time.monotonic()
     code, out = finish(agent(cluster, hub, root, ns, "llama", "--once", "--max-bytes-per-second", str(THROTTLE)))
@@ -212,6 +238,9 @@ def test_a_second_fetch_on_the_same_node_downloads_nothing(cluster, hub, ns, nod
     node = status(cluster, ns, "llama")["nodes"]["node-a"]
     assert node["downloadedBytes"] == 0 and node["reusedBytes"] == len(WEIGHTS) + len(CONFIG), node
     assert sum(FakeHub.sent.values()) == before  # not a byte of a file crossed the network
+    # the released volume is offered to the next pod on the node
+    assert core.read_persistent_volume(used).spec.claim_ref is None
+    wait_for(lambda: core.read_persistent_volume(used).status.phase == "Available", 30, "the volume to be available")
     print(f"second fetch: {node['downloadedBytes']} bytes downloaded, {node['reusedBytes']} reused, {elapsed:.2f} s")
 
 
@@ -265,13 +294,14 @@ def test_a_failing_file_is_retried_reported_by_name_and_resumed(cluster, hub, ns
 
 def test_a_deleted_cache_leaves_the_disk_and_the_node(cluster, hub, ns, node_root):
     assert (node_root / ns / "llama").is_dir() and node_label(ns, "llama") in labels(cluster)
+    assert volumes(cluster, ns, "llama")
     cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, MODEL_CACHE_PLURAL, "llama")
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "HF_ENDPOINT": hub}
     env.pop("KUBERNETES_SERVICE_HOST", None)
     command = [sys.executable, "-m", "goodput_operator.model_cache_agent", "--node", "node-a"]
-    command += ["--root", str(node_root), "--namespace", ns, "--once"]
+    command += ["--root", str(node_root), "--namespace", ns, "--once", "--volumes-per-node", "2"]
     result = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert not (node_root / ns / "llama").exists()
-    assert node_label(ns, "llama") not in labels(cluster)
+    assert node_label(ns, "llama") not in labels(cluster) and volumes(cluster, ns, "llama") == []
     assert labels(cluster)[node_label(ns, "flaky")] == "ready"  # the other cache, on this node too now

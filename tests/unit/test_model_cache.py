@@ -13,9 +13,11 @@ import pytest
 import yaml
 from pod_security import violations
 
-from goodput_contract.api.model_cache_spec import node_label, parse_model_cache
-from goodput_contract.api.spec import SpecError
+from goodput_contract.api.model_cache_spec import STORAGE_CLASS, VOLUME_LABEL, cache_key, node_label, parse_model_cache
+from goodput_contract.api.spec import SpecError, parse
+from goodput_operator import builders
 from goodput_operator.model_cache_agent import FetchError, file_digest, safe_path, summary
+from goodput_operator.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,4 +123,38 @@ def test_the_agent_is_off_by_default_and_runs_in_its_own_privileged_namespace():
         (("modelcaches",), ("get", "list")),
         (("modelcaches/status",), ("get", "update")),
         (("nodes",), ("get", "patch")),
+        (("persistentvolumes",), ("get", "list", "create", "patch", "delete")),
     }
+    assert "--host-path=/var/lib/goodput/models" in container["args"]
+    (storage_class,) = objects["StorageClass"]
+    assert storage_class["volumeBindingMode"] == "WaitForFirstConsumer"
+    assert storage_class["metadata"]["name"] == STORAGE_CLASS
+
+
+def test_a_service_reading_a_nodes_copy_through_its_local_volumes_stays_restricted():
+    """The serving side of the cache with the service's own template: a generic ephemeral volume whose claim
+    selects the cache's local volumes (the agent publishes them per node, of the StorageClass that binds at
+    scheduling), so the pod lands on a node holding the model and reads it without a hostPath."""
+    claim = {
+        "accessModes": ["ReadOnlyMany"],
+        "storageClassName": STORAGE_CLASS,
+        "selector": {"matchLabels": {VOLUME_LABEL: cache_key("models", "llama-70b")}},
+        "resources": {"requests": {"storage": "1"}},
+    }
+    spec = {
+        "model": {"source": "file:///cache"},
+        "resources": {"gpu": 0, "memory": "2Gi"},
+        "template": {
+            "volumes": [{"name": "node-model", "ephemeral": {"volumeClaimTemplate": {"spec": claim}}}],
+            "volumeMounts": [{"name": "node-model", "mountPath": "/cache", "readOnly": True}],
+        },
+    }
+    svc = parse("chat", "models", spec)
+    pod = builders.build_deployment(svc, Settings(), builders.owner_reference("chat", "uid-1"))["spec"]["template"]
+    assert violations(pod["spec"]) == []
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "node-model")
+    assert volume["ephemeral"]["volumeClaimTemplate"]["spec"]["selector"]["matchLabels"] == {
+        VOLUME_LABEL: "models.llama-70b"
+    }
+    args = pod["spec"]["containers"][0]["args"]
+    assert "/cache" in args, args

@@ -49,14 +49,22 @@ def parse_model_cache(name: str, spec: dict[str, Any]) -> ModelCacheSpec:
 
 
 NODE_LABEL_PREFIX = "modelcache.goodput.dev/"
+# The StorageClass of the local PersistentVolumes the agent publishes for each node's copy, and the label
+# (value: cache_key) that a serving pod's claim selects them by.
+STORAGE_CLASS = "goodput-model-cache"
+VOLUME_LABEL = "serving.goodput.dev/model-cache"
 
 
-def node_label(namespace: str, name: str) -> str:
-    """The label the caching agent sets to "ready" on a node holding every file of a ModelCache, for
-    the serving pods' node affinity: modelcache.goodput.dev/<namespace>.<name> (hashed when longer
-    than a label's 63 characters)."""
+def cache_key(namespace: str, name: str) -> str:
+    """<namespace>.<name>, hashed when longer than a label's 63 characters."""
     key = f"{namespace}.{name}"
     if len(key) > 63:
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
         key = f"{key[:46].rstrip('-_.')}-{digest}"
-    return NODE_LABEL_PREFIX + key
+    return key
+
+
+def node_label(namespace: str, name: str) -> str:
+    """The label the caching agent sets to "ready" on a node holding every file of a ModelCache, for
+    the serving pods' node affinity: modelcache.goodput.dev/<namespace>.<name>."""
+    return NODE_LABEL_PREFIX + cache_key(namespace, name)
