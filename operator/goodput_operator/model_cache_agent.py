@@ -52,6 +52,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import kubernetes
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from goodput_contract.api import GROUP, MODEL_CACHE_PLURAL, VERSION
@@ -694,14 +695,20 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     while True:
-        caches = list_caches(api, args.namespace)
-        if args.name:
-            caches = [c for c in caches if c["metadata"]["name"] == args.name]
-        results = [agent.sync(cache) for cache in caches]
-        if not args.name:
-            agent.collect(caches, {args.namespace} if args.namespace else None)
+        ok = True
+        try:  # an API server or disk error ends this pass, not the agent: the next pass tries again
+            caches = list_caches(api, args.namespace)
+            if args.name:
+                caches = [c for c in caches if c["metadata"]["name"] == args.name]
+            for cache in caches:
+                ok = agent.sync(cache).phase == "Ready" and ok
+            if not args.name:
+                agent.collect(caches, {args.namespace} if args.namespace else None)
+        except (ApiException, OSError, urllib3.exceptions.HTTPError) as err:
+            logger.error("pass failed: %s", err)
+            ok = False
         if args.once:
-            return 0 if all(p.phase == "Ready" for p in results) else 1
+            return 0 if ok else 1
         time.sleep(args.resync_seconds)
 
 
