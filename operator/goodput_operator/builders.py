@@ -9,10 +9,18 @@ from prometheus_client.utils import floatToGoString
 
 from goodput_contract import flags
 from goodput_contract.api import GROUP, KIND, VERSION
+from goodput_contract.api.model_cache_spec import STORAGE_CLASS, VOLUME_LABEL, cache_key
 from goodput_contract.api.spec import ServiceSpec
 from goodput_contract.metrics import ENGINE_METRICS
 from goodput_operator import engines
-from goodput_operator.engines import LORA_MOUNT, MODEL_CACHE_DIR, RUNTIME_PORT, SHUTDOWN_DELAY_SECONDS, SOURCE_MOUNT
+from goodput_operator.engines import (
+    LORA_MOUNT,
+    MODEL_CACHE_DIR,
+    NODE_CACHE_MOUNT,
+    RUNTIME_PORT,
+    SHUTDOWN_DELAY_SECONDS,
+    SOURCE_MOUNT,
+)
 from goodput_operator.settings import DEFAULT_HF_ENDPOINT, Settings
 
 SERVICE_PORT = 80
@@ -225,6 +233,21 @@ def _env(svc: ServiceSpec, settings: Settings) -> list[dict[str, Any]]:
     return env + [dict(item) for item in svc.template.env]
 
 
+def node_cache_claim(svc: ServiceSpec) -> dict[str, Any]:
+    """A claim on one of the local volumes the ModelCache agent publishes for each node's complete copy
+    (model_cache_agent.Status.volumes): bound when the pod is scheduled, so the pod goes to such a node."""
+    assert svc.model.node_cache is not None
+    return {
+        "metadata": {"labels": selector_labels(svc)},
+        "spec": {
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": STORAGE_CLASS,
+            "selector": {"matchLabels": {VOLUME_LABEL: cache_key(svc.namespace, svc.model.node_cache)}},
+            "resources": {"requests": {"storage": "1"}},
+        },
+    }
+
+
 def _volumes(svc: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     cache: dict[str, Any] = (
         {"persistentVolumeClaim": {"claimName": svc.model.cache_claim}} if svc.model.cache_claim else {"emptyDir": {}}
@@ -234,6 +257,9 @@ def _volumes(svc: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any
         {"name": "model-cache", "mountPath": MODEL_CACHE_DIR},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
+    if svc.model.node_cache:
+        volumes.append({"name": "model-node-cache", "ephemeral": {"volumeClaimTemplate": node_cache_claim(svc)}})
+        mounts.append({"name": "model-node-cache", "mountPath": NODE_CACHE_MOUNT, "readOnly": True})
     if svc.model.source.scheme == "pvc":
         claim = {"claimName": svc.model.source.claim, "readOnly": True}
         volumes.append({"name": "model-source", "persistentVolumeClaim": claim})

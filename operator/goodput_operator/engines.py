@@ -25,6 +25,7 @@ GOODPUT, VLLM, SGLANG = "goodput", "vllm", "sglang"
 RUNTIME_PORT = 8000  # every engine listens here, serving the API, its health check and /metrics
 MODEL_CACHE_DIR = "/var/cache/goodput"
 SOURCE_MOUNT = "/mnt/models"
+NODE_CACHE_MOUNT = "/mnt/node-cache"  # spec.model.nodeCache: the node's copy of the model, read-only
 LORA_MOUNT = "/mnt/loras"  # a pvc:// adapter's claim is mounted at LORA_MOUNT/<adapter name>
 # After SIGTERM our runtime keeps admitting requests (Connection: close) with /health at 503
 # for SHUTDOWN_DELAY_SECONDS, so endpoints drop the pod before it stops accepting. Engines
@@ -157,6 +158,8 @@ def model_path(svc: ServiceSpec, source: ModelSource | None = None) -> str:
     """Where the engine finds the weights (of `source`, by default the model's): the Hub id
     (downloaded by the engine itself into the model cache), or the path the source claim is
     mounted at, or a path in the image."""
+    if svc.model.node_cache and source in (None, svc.model.source):
+        return NODE_CACHE_MOUNT
     source = source or svc.model.source
     if source.scheme == "hf":
         return f"hf://{source.repo}/{source.file}" if source.file else source.repo
@@ -209,7 +212,7 @@ def goodput_args(svc: ServiceSpec) -> list[str]:
         {
             "model.source": model_path(svc),
             "model.servedName": m.served_name,
-            "model.revision": m.revision if m.source.scheme == "hf" else None,
+            "model.revision": m.revision if m.source.scheme == "hf" and not m.node_cache else None,
         }
     )
     args += [flags.HOST, "0.0.0.0", flags.PORT, str(RUNTIME_PORT)]
@@ -273,7 +276,7 @@ def _common_args(svc: ServiceSpec, f: dict[str, str], *more: tuple[str, object])
     """The model, its served name and revision, the address, and every set field both engines map alike."""
     m, e = svc.model, svc.engine
     args = [f["model.source"], model_path(svc), f["model.servedName"], m.served_name]
-    if m.source.scheme == "hf":
+    if m.source.scheme == "hf" and not m.node_cache:
         args += [f["model.revision"], m.revision]
     args += ["--host", "0.0.0.0", "--port", str(RUNTIME_PORT)]
     optional: list[tuple[str, object]] = [

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from pod_security import violations
 
-from goodput_contract.api.model_cache_spec import STORAGE_CLASS, VOLUME_LABEL, cache_key, node_label, parse_model_cache
+from goodput_contract.api.model_cache_spec import STORAGE_CLASS, VOLUME_LABEL, node_label, parse_model_cache
 from goodput_contract.api.spec import SpecError, parse
 from goodput_operator import builders
 from goodput_operator.model_cache_agent import FetchError, file_digest, safe_path, summary
@@ -132,29 +132,39 @@ def test_the_agent_is_off_by_default_and_runs_in_its_own_privileged_namespace():
 
 
 def test_a_service_reading_a_nodes_copy_through_its_local_volumes_stays_restricted():
-    """The serving side of the cache with the service's own template: a generic ephemeral volume whose claim
-    selects the cache's local volumes (the agent publishes them per node, of the StorageClass that binds at
-    scheduling), so the pod lands on a node holding the model and reads it without a hostPath."""
-    claim = {
-        "accessModes": ["ReadOnlyMany"],
-        "storageClassName": STORAGE_CLASS,
-        "selector": {"matchLabels": {VOLUME_LABEL: cache_key("models", "llama-70b")}},
-        "resources": {"requests": {"storage": "1"}},
-    }
+    """spec.model.nodeCache: a generic ephemeral volume whose claim selects the cache's local volumes (the
+    agent publishes them per node, of the StorageClass that binds at scheduling), so the pod lands on a node
+    holding the model and reads it there without a hostPath, and the runtime is given that directory."""
     spec = {
-        "model": {"source": "file:///cache"},
+        "model": {"source": "hf://meta-llama/Llama-3.1-70B-Instruct", "nodeCache": "llama-70b"},
         "resources": {"gpu": 0, "memory": "2Gi"},
-        "template": {
-            "volumes": [{"name": "node-model", "ephemeral": {"volumeClaimTemplate": {"spec": claim}}}],
-            "volumeMounts": [{"name": "node-model", "mountPath": "/cache", "readOnly": True}],
-        },
     }
     svc = parse("chat", "models", spec)
     pod = builders.build_deployment(svc, Settings(), builders.owner_reference("chat", "uid-1"))["spec"]["template"]
     assert violations(pod["spec"]) == []
-    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "node-model")
-    assert volume["ephemeral"]["volumeClaimTemplate"]["spec"]["selector"]["matchLabels"] == {
-        VOLUME_LABEL: "models.llama-70b"
-    }
-    args = pod["spec"]["containers"][0]["args"]
-    assert "/cache" in args, args
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "model-node-cache")
+    claim = volume["ephemeral"]["volumeClaimTemplate"]["spec"]
+    assert claim["selector"]["matchLabels"] == {VOLUME_LABEL: "models.llama-70b"}
+    assert (claim["storageClassName"], claim["accessModes"]) == (STORAGE_CLASS, ["ReadOnlyMany"])
+    (container,) = pod["spec"]["containers"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "model-node-cache")
+    assert mount == {"name": "model-node-cache", "mountPath": "/mnt/node-cache", "readOnly": True}
+    args = container["args"]
+    assert args[args.index("--model") + 1] == "/mnt/node-cache" and "--revision" not in args, args
+    without = parse("chat", "models", {**spec, "model": {"source": spec["model"]["source"]}})
+    plain = builders.build_deployment(without, Settings(), builders.owner_reference("chat", "uid-1"))
+    assert "model-node-cache" not in str(plain)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"source": "pvc://weights/llama", "nodeCache": "llama-70b"},
+        {"source": "hf://org/m/model.Q4_K_M.gguf", "nodeCache": "llama-70b"},
+        {"source": "hf://org/m", "nodeCache": "Not_A_Name"},
+    ],
+)
+def test_a_node_cache_the_pods_cannot_read_is_refused_naming_the_field(model):
+    with pytest.raises(SpecError) as err:
+        parse("chat", "models", {"model": model, "resources": {"gpu": 0}})
+    assert err.value.field == "spec.model.nodeCache", err.value

@@ -28,8 +28,8 @@ RESTRICTED_VOLUME_TYPES = frozenset(
 )
 API_KEY_VARIABLES = frozenset({"GOODPUT_API_KEY", "VLLM_API_KEY"})  # what spec.auth sets; never a literal
 # The runtime pod's own volumes and mount paths (builders.py), which template.volumes must not reuse
-RESERVED_VOLUMES = frozenset({"model-cache", "tmp", "model-source", "dshm"})
-RESERVED_MOUNT_PATHS = frozenset({"/var/cache/goodput", "/tmp", "/mnt/models", "/dev/shm"})
+RESERVED_VOLUMES = frozenset({"model-cache", "tmp", "model-source", "dshm", "model-node-cache"})
+RESERVED_MOUNT_PATHS = frozenset({"/var/cache/goodput", "/tmp", "/mnt/models", "/dev/shm", "/mnt/node-cache"})
 INT32_MAX = 2**31 - 1  # replica counts are int32 in Deployments, PodDisruptionBudgets and autoscalers
 _FILE = re.compile(r"^file://(?P<path>/.+)$")
 
@@ -86,6 +86,7 @@ class Model:
     token_secret: TokenSecretRef | None = None
     cache_claim: str | None = None
     lora: Lora | None = None
+    node_cache: str | None = None  # a ModelCache of the namespace: the pods read its copy on their node
 
 
 @dataclass(frozen=True)
@@ -261,6 +262,7 @@ def _model(raw: dict[str, Any], name: str) -> Model:
         token_secret=TokenSecretRef(secret["name"], secret.get("key") or "token") if secret else None,
         cache_claim=raw.get("cacheClaimName"),
         lora=_lora(raw["lora"], raw.get("servedName") or name) if raw.get("lora") is not None else None,
+        node_cache=raw.get("nodeCache"),
     )
 
 
@@ -634,6 +636,14 @@ def parse(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
             reason="DraftClaimNotMounted",
         )
     _check_references(spec, parsed)
+    if parsed.model.node_cache is not None:
+        _check("model.nodeCache", names.dns_subdomain(parsed.model.node_cache))
+        if parsed.model.source.scheme != "hf" or parsed.model.source.file:
+            raise SpecError(
+                "model.nodeCache",
+                "reads a ModelCache, which holds a Hub repository: model.source must be hf://org/name",
+                reason="NodeCacheNeedsHubSource",
+            )
     if parsed.model.source.scheme == "pvc" and parsed.model.cache_claim == parsed.model.source.claim:
         raise SpecError(
             "model.cacheClaimName",
