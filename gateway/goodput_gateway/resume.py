@@ -129,6 +129,10 @@ class Resumption:
         )
         self.prompt: list[int] | None = None
         self.produced: list[int] = []
+        # produced tokens whose text the client has: those after it are held back by the runtime (a
+        # character's first bytes), and are generated again on a resume rather than sent as prompt
+        self.shown = 0
+        self.repeated = 0  # ids of tokens generated again that the client already got (when it asked)
         self.template: dict[str, Any] = {}
         self.finished = False  # the choice's finish_reason was sent
         self.usage_sent = False
@@ -148,6 +152,8 @@ class Resumption:
             lost_at = time.monotonic()
             if self.prompt is None:
                 raise loss
+            self.repeated = len(self.produced) - self.shown
+            del self.produced[self.shown :]
             if self.finished or self.budget() <= 0:  # nothing left to generate: the stream's end, made here
                 for data in self.ending():
                     yield data
@@ -275,21 +281,28 @@ class Resumption:
         for choice in chunk.get("choices") or ():
             ids = choice.get("token_ids") if self.client_ids else choice.pop("token_ids", None)
             changed = changed or not self.client_ids
-            self.produced.extend(ids or ())
-            if choice.get("finish_reason") is not None:
-                self.finished = True
+            text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
+            self.took(ids or [], text or "", choice.get("finish_reason"))
         if chunk.get("usage"):
             self.usage_sent = True
         return event(chunk) if changed else raw
+
+    def took(self, ids: list[int], text: str, finish_reason: str | None) -> None:
+        """A choice's chunk: tokens produced, and whether their text came with them."""
+        self.produced.extend(ids)
+        if text or finish_reason is not None:
+            self.shown = len(self.produced)
+        if finish_reason is not None:
+            self.finished = True
 
     def resumed(self, chunk: dict[str, Any]) -> bytes:
         """An event of the replica that took over, in the original stream's shape."""
         choices = []
         for choice in chunk.get("choices") or ():
             ids = choice.get("token_ids") or []
-            self.produced.extend(ids)
-            if choice.get("finish_reason") is not None:
-                self.finished = True
+            self.took(ids, choice.get("text") or "", choice.get("finish_reason"))
+            skip = min(self.repeated, len(ids))
+            ids, self.repeated = ids[skip:], self.repeated - skip
             choices.append(self.choice(choice.get("text") or "", choice.get("finish_reason"), ids))
         body = self.envelope(choices)
         if chunk.get("usage"):
