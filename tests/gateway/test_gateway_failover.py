@@ -1,6 +1,6 @@
 """A replica killed mid-stream, behind the gateway: the client's stream ends with a clear error event in its
-API's shape, never a silent cut, and the loss is counted. (Resuming the stream on another replica is not
-built: it needs the runtime to continue from the produced tokens.) Real runtime processes, SIGKILLed."""
+API's shape, never a silent cut, and the loss is counted, where no other replica can take the stream up
+(test_gateway_resume.py covers resumption). Real runtime processes, SIGKILLed."""
 
 from __future__ import annotations
 

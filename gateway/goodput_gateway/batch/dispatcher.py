@@ -31,7 +31,7 @@ from goodput_gateway.batch.store import Claimed, Store
 from goodput_gateway.batch.validate import parse_input
 from goodput_gateway.discovery import Key, Registry, Service
 from goodput_gateway.errors import APIError
-from goodput_gateway.proxy import Proxy
+from goodput_gateway.proxy import Proxy, served_model
 
 logger = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ class Dispatcher:
             await self.store.release(line, self.owner)
             return
         body = json.loads(line.body)
-        body["model"] = svc.served_name
+        body["model"] = served_model(self.registry, svc, str(body.get("model", "")))
         url = self.proxy.pick(svc, ready, set(), 0).replica
         outstanding = self.proxy.outstanding
         outstanding[url] += 1
