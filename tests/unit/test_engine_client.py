@@ -29,6 +29,7 @@ def engine() -> tuple[AsyncEngine, Scheduler]:
         max_model_len=256,
         scheduler=scheduler,
         block_manager=scheduler.block_manager,
+        lora=scheduler.lora,
         runner=SimpleNamespace(model=model),
         sampling_defaults={"temperature": 0.6},
     )
