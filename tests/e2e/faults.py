@@ -115,17 +115,20 @@ def gateway_pods(node: Node) -> list[dict[str, Any]]:
 
 
 def gateway_retries(node: Node, namespace: str, service: str) -> Counter[str]:
-    """goodput_gateway_retries_total for the service by reason, summed over the gateway pods
-    (each pod's /metrics, read from the node, which routes to pod IPs)."""
+    """The failures the gateway absorbed for the service, summed over the gateway pods (each pod's
+    /metrics, read from the node, which routes to pod IPs): goodput_gateway_retries_total by reason,
+    and under "resumed" goodput_gateway_streams_resumed_total, the streams taken up on another
+    replica after their first byte."""
     total: Counter[str] = Counter()
     for pod in gateway_pods(node):
         with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8000/metrics", timeout=10) as response:
             text = response.read().decode()
         for line in text.splitlines():
-            match = re.match(r"^goodput_gateway_retries_total\{(.*)\} (\S+)$", line)
-            if match and f'namespace="{namespace}"' in match[1] and f'service="{service}"' in match[1]:
-                reason = re.search(r'reason="([^"]*)"', match[1])
-                total[reason[1] if reason else ""] += int(float(match[2]))
+            match = re.match(r"^goodput_gateway_(retries|streams_resumed)_total\{(.*)\} (\S+)$", line)
+            if match and f'namespace="{namespace}"' in match[2] and f'service="{service}"' in match[2]:
+                reason = re.search(r'reason="([^"]*)"', match[2])
+                label = "resumed" if match[1] == "streams_resumed" else reason[1] if reason else ""
+                total[label] += int(float(match[3]))
     return total
 
 

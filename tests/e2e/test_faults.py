@@ -7,7 +7,8 @@ ClusterIP, half of them streamed, before, through and after each fault. What a u
 is asserted: a request fails only where the fault made that unavoidable (a stream whose
 replica died after its first tokens had reached the client) and then the client got an error,
 never a silently short answer; everything the gateway could still send elsewhere (a replica
-gone before the client got a byte) it retried; the service returns to two Ready replicas.
+gone before the client got a byte) it retried, and a stream it could take up on another replica
+from its token ids it resumed; the service returns to two Ready replicas.
 
 Each test prints one `FAULT-ROW {json}` line, which bench/faults.py collects into its table.
 """
@@ -151,7 +152,7 @@ def test_a_runtime_process_killed_under_steady_load_is_retried_by_the_gateway(fa
     by_reason = gateway_retries(node, NAMESPACE, NAME) - retried_before
     retried = by_reason.total()
     check_losses(load)
-    assert retried > 0, "no request met the dead replica: the gateway retried nothing"
+    assert retried > 0, "no request met the dead replica: the gateway retried or resumed nothing"
     report(
         {
             "fault": "runtime process SIGKILLed (a crash) under steady load, 2 replicas behind the gateway",
