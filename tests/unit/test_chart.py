@@ -120,6 +120,9 @@ FULL: dict[str, Any] = {
         "holdSeconds": 12.5,
         "attempts": 2,
         "auth": {"apiKeyTtlSeconds": 5},
+        "maxInFlightPerReplica": 2,
+        "queueSeconds": 9,
+        "tenants": {"secretName": "gateway-tenants", "metricsCap": 20},
         "service": {"type": "LoadBalancer", "port": 8080},
         "nodeSelector": {"pool": "edge"},
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}},
@@ -154,6 +157,10 @@ def test_every_value_reaches_the_object_it_names(chart):
     assert gw_env["GATEWAY_HOLD_SECONDS"] == "12.5"
     assert gw_env["GATEWAY_ATTEMPTS"] == "2"
     assert gw_env["GATEWAY_API_KEY_TTL"] == "5"
+    assert gw_env["GATEWAY_MAX_IN_FLIGHT_PER_REPLICA"] == "2"
+    assert gw_env["GATEWAY_QUEUE_SECONDS"] == "9"
+    assert gw_env["GATEWAY_TENANTS_SECRET"] == f"{NS}/gateway-tenants"
+    assert gw_env["GATEWAY_TENANT_METRICS_CAP"] == "20"
     assert gw_env["LOG_LEVEL"] == "DEBUG"
     assert gw_env["GATEWAY_DATABASE"] == {"secretKeyRef": {"name": "batch-db", "key": "dsn"}}
     service = find(objects, "Service", "goodput-gateway")
@@ -172,9 +179,24 @@ def test_every_value_reaches_the_object_it_names(chart):
     assert rule["spec"] == source["spec"]  # Prometheus's own {{ }} templates arrive untouched
 
 
-def test_defaults_leave_the_batch_api_and_monitoring_off(chart):
+def test_the_gateway_reads_every_setting_the_chart_gives_it(chart, monkeypatch):
+    from goodput_gateway.__main__ import parser
+
+    gw_env = env(container(render(chart, FULL), "goodput-gateway"))
+    plain = {name: value for name, value in gw_env.items() if isinstance(value, str)}
+    for name, value in plain.items():
+        monkeypatch.setenv(name, value)
+    args = parser().parse_args([])
+    assert args.max_in_flight_per_replica == 2 and args.queue_seconds == 9
+    assert args.tenants_secret == f"{NS}/gateway-tenants" and args.tenant_metrics_cap == 20
+    assert args.max_held_requests == 7 and args.hold_seconds == 12.5 and args.attempts == 2
+
+
+def test_defaults_leave_the_batch_api_tenants_and_monitoring_off(chart):
     objects = render(chart)
-    assert "GATEWAY_DATABASE" not in env(container(objects, "goodput-gateway"))
+    gw_env = env(container(objects, "goodput-gateway"))
+    assert "GATEWAY_DATABASE" not in gw_env and "GATEWAY_TENANTS_SECRET" not in gw_env
+    assert gw_env["GATEWAY_MAX_IN_FLIGHT_PER_REPLICA"] == "0"
     assert not [o for o in objects if o["kind"] in ("PersistentVolumeClaim", "ServiceMonitor", "PrometheusRule")]
 
 
@@ -233,6 +255,9 @@ def test_a_store_without_what_it_needs_is_refused_naming_the_field(chart, values
         ({"batch": {"store": "mysql"}}, "/batch/store"),
         ({"monitoring": {"enabled": "yes"}}, "/monitoring/enabled"),
         ({"gateway": {"auth": {"apiKeyTtlSeconds": -1}}}, "/gateway/auth/apiKeyTtlSeconds"),
+        ({"gateway": {"maxInFlightPerReplica": -1}}, "/gateway/maxInFlightPerReplica"),
+        ({"gateway": {"queueSeconds": 0}}, "/gateway/queueSeconds"),
+        ({"gateway": {"tenants": {"secretName": "Tenants_Secret"}}}, "/gateway/tenants/secretName"),
         # a misspelt key is refused, not ignored
         ({"gateway": {"replica": 3}}, "/gateway"),
     ],
