@@ -15,12 +15,14 @@ from typing import Any, cast
 
 import kopf
 
+from goodput_contract.version import VERSION
 from goodput_operator.handlers import operator_settings, register
 from goodput_operator.settings import Settings
 
 
 def parse_args(argv: list[str] | None, defaults: Settings) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m goodput_operator", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"goodput-operator {VERSION}")
     parser.add_argument(
         "--namespace", default=defaults.namespace, help="watch one namespace (default: all; env WATCH_NAMESPACE)"
     )

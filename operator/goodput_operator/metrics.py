@@ -7,6 +7,10 @@ import contextvars
 from prometheus_client import Counter, Gauge, Histogram
 
 from goodput_contract import metrics as names
+from goodput_contract.version import VERSION
+
+BUILD_INFO = Gauge("goodput_operator_build_info", "The operator's version, as a label (always 1).", ["version"])
+BUILD_INFO.labels(VERSION).set(1)
 
 RECONCILES = Counter(
     "goodput_operator_reconciles_total",
