@@ -7,49 +7,15 @@ the line's current owner, and a line is done once, so each custom_id gets exactl
 in the batch's output or error file however many gateways come and go.
 """
 
-from __future__ import annotations
-
 import json
-import os
-import secrets
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from goodput_gateway.batch.db import Database, Tx
+from goodput_gateway.batch.batch_table import BatchTable
+from goodput_gateway.batch.db import Database
+from goodput_gateway.batch.file_store import FileStore, new_id, query_all
 from goodput_gateway.batch.validate import Line
-
-ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
-TERMINAL = ("completed", "failed", "expired", "cancelled")
-BATCH_COLUMNS = (
-    "id",
-    "endpoint",
-    "input_file_id",
-    "completion_window",
-    "status",
-    "model",
-    "created_at",
-    "expires_at",
-    "in_progress_at",
-    "finalizing_at",
-    "completed_at",
-    "failed_at",
-    "expired_at",
-    "cancelling_at",
-    "cancelled_at",
-    "output_file_id",
-    "error_file_id",
-    "errors",
-    "metadata",
-    "total",
-)
-FILE_COLUMNS = ("id", "purpose", "filename", "bytes", "created_at")
-
-
-def new_id(prefix: str) -> str:
-    """Ids that sort by creation time (pagination walks them newest first)."""
-    return f"{prefix}{time.time_ns():016x}{secrets.token_hex(4)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,190 +27,8 @@ class Claimed:
     attempts: int
 
 
-def file_object(row: tuple[Any, ...]) -> dict[str, Any]:
-    f = dict(zip(FILE_COLUMNS, row, strict=True))
-    return {
-        "id": f["id"],
-        "object": "file",
-        "bytes": f["bytes"],
-        "created_at": f["created_at"],
-        "filename": f["filename"],
-        "purpose": f["purpose"],
-        "status": "processed",
-        "expires_at": None,
-        "status_details": None,
-    }
-
-
-class Store:
-    def __init__(self, db: Database, file_dir: Path | None = None) -> None:
-        self.db, self.file_dir = db, file_dir
-        if file_dir is not None:
-            file_dir.mkdir(parents=True, exist_ok=True)
-
-    # files
-
-    def _put_file(self, tx: Tx, file_id: str, purpose: str, filename: str, data: bytes, now: int) -> None:
-        content: bytes | None = data
-        path: str | None = None
-        if self.file_dir is not None:
-            target = self.file_dir / file_id
-            temp = target.with_suffix(".part")
-            with temp.open("wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            temp.replace(target)
-            content, path = None, str(target)
-        tx.execute(
-            "INSERT INTO batch_files (id, purpose, filename, bytes, created_at, content, path) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (file_id, purpose, filename, len(data), now, content, path),
-        )
-
-    async def create_file(self, purpose: str, filename: str, data: bytes) -> dict[str, Any]:
-        file_id, now = new_id("file-"), int(time.time())
-
-        def work(db: Database) -> None:
-            with db.transaction() as tx:
-                self._put_file(tx, file_id, purpose, filename, data, now)
-
-        await self.db.run(work)
-        return file_object((file_id, purpose, filename, len(data), now))
-
-    async def get_file(self, file_id: str) -> dict[str, Any] | None:
-        row = await self.db.run(
-            lambda db: _one(db, f"SELECT {', '.join(FILE_COLUMNS)} FROM batch_files WHERE id = ?", (file_id,))
-        )
-        return None if row is None else file_object(row)
-
-    async def list_files(self, purpose: str | None, after: str | None, limit: int, order: str) -> list[dict]:
-        where, params = ["1 = 1"], []
-        if purpose:
-            where.append("purpose = ?")
-            params.append(purpose)
-        if after:
-            where.append("id < ?" if order == "desc" else "id > ?")
-            params.append(after)
-        sql = (
-            f"SELECT {', '.join(FILE_COLUMNS)} FROM batch_files WHERE {' AND '.join(where)} "
-            f"ORDER BY id {'DESC' if order == 'desc' else 'ASC'} LIMIT ?"
-        )
-        rows = await self.db.run(lambda db: _all(db, sql, (*params, limit)))
-        return [file_object(r) for r in rows]
-
-    async def file_content(self, file_id: str) -> bytes | None:
-        row = await self.db.run(lambda db: _one(db, "SELECT content, path FROM batch_files WHERE id = ?", (file_id,)))
-        if row is None:
-            return None
-        content, path = row
-        if path is not None:
-            return Path(path).read_bytes()
-        return bytes(content)
-
-    async def delete_file(self, file_id: str) -> bool:
-        def work(db: Database) -> str | bool | None:
-            with db.transaction() as tx:
-                row = tx.one("SELECT path FROM batch_files WHERE id = ?", (file_id,))
-                if row is None:
-                    return False
-                tx.execute("DELETE FROM batch_files WHERE id = ?", (file_id,))
-                return row[0]
-
-        found = await self.db.run(work)
-        if isinstance(found, str):
-            Path(found).unlink(missing_ok=True)
-        return found is not False
-
-    # batches
-
-    async def create_batch(
-        self, endpoint: str, input_file_id: str, window: str, metadata: dict[str, str] | None
-    ) -> str:
-        batch_id, now = new_id("batch_"), int(time.time())
-
-        def work(db: Database) -> None:
-            with db.transaction() as tx:
-                tx.execute(
-                    "INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, created_at, "
-                    "expires_at, metadata) VALUES (?, ?, ?, ?, 'validating', ?, ?, ?)",
-                    (
-                        batch_id,
-                        endpoint,
-                        input_file_id,
-                        window,
-                        now,
-                        now + 24 * 3600,
-                        None if metadata is None else json.dumps(metadata),
-                    ),
-                )
-
-        await self.db.run(work)
-        return batch_id
-
-    async def get_batch(self, batch_id: str) -> dict[str, Any] | None:
-        def work(db: Database) -> dict[str, Any] | None:
-            with db.transaction() as tx:
-                return self._batch(tx, batch_id)
-
-        return await self.db.run(work)
-
-    def _batch(self, tx: Tx, batch_id: str) -> dict[str, Any] | None:
-        row = tx.one(f"SELECT {', '.join(BATCH_COLUMNS)} FROM batches WHERE id = ?", (batch_id,))
-        if row is None:
-            return None
-        b = dict(zip(BATCH_COLUMNS, row, strict=True))
-        counts = dict(
-            tx.all(
-                "SELECT CASE WHEN status_code BETWEEN 200 AND 299 THEN 'completed' ELSE 'failed' END, "
-                "COUNT(*) FROM batch_lines WHERE batch_id = ? AND state = 'done' GROUP BY 1",
-                (batch_id,),
-            )
-        )
-        errors = json.loads(b.pop("errors")) if b["errors"] else None
-        return {
-            "id": b.pop("id"),
-            "object": "batch",
-            **b,
-            "model": b["model"] or None,
-            "errors": None if errors is None else {"object": "list", "data": errors},
-            "metadata": json.loads(b["metadata"]) if b["metadata"] else None,
-            "request_counts": {
-                "total": b.pop("total"),
-                "completed": counts.get("completed", 0),
-                "failed": counts.get("failed", 0),
-            },
-        }
-
-    async def list_batches(self, after: str | None, limit: int) -> list[dict[str, Any]]:
-        def work(db: Database) -> list[dict[str, Any]]:
-            with db.transaction() as tx:
-                ids = tx.all(
-                    "SELECT id FROM batches WHERE id < ? ORDER BY id DESC LIMIT ?", (after or "batch_~", limit)
-                )
-                return [b for (i,) in ids if (b := self._batch(tx, i)) is not None]
-
-        return await self.db.run(work)
-
-    async def cancel_batch(self, batch_id: str) -> str | None:
-        """The status after asking: cancelling (or the status it already had); None: no such batch."""
-
-        def work(db: Database) -> str | None:
-            with db.transaction() as tx:
-                row = tx.one("SELECT status FROM batches WHERE id = ?", (batch_id,))
-                if row is None:
-                    return None
-                if row[0] in ("validating", "in_progress"):
-                    tx.execute(
-                        "UPDATE batches SET status = 'cancelling', cancelling_at = ?, lease_until = 0 WHERE id = ?",
-                        (int(time.time()), batch_id),
-                    )
-                    return "cancelling"
-                return str(row[0])
-
-        return await self.db.run(work)
-
-    # the dispatcher's side
+class Store(FileStore, BatchTable):
+    """Files and batches (the API's side), and the lines the dispatchers claim, run and finalize."""
 
     async def take_validating(self, owner_lease: float) -> list[tuple[str, str, str]]:
         """(batch id, input file id, endpoint) of batches to validate, leased to the caller."""
@@ -295,7 +79,7 @@ class Store:
     async def running(self) -> list[tuple[str, str, str, int]]:
         """(id, model, endpoint, expires_at) of batches whose lines may be claimed."""
         return await self.db.run(
-            lambda db: _all(
+            lambda db: query_all(
                 db, "SELECT id, model, endpoint, expires_at FROM batches WHERE status = 'in_progress' ORDER BY id", ()
             )
         )
@@ -375,7 +159,7 @@ class Store:
     async def pending_lines(self) -> dict[str, int]:
         """Lines of running batches not yet done, by the batches' model."""
         rows = await self.db.run(
-            lambda db: _all(
+            lambda db: query_all(
                 db,
                 "SELECT b.model, COUNT(*) FROM batch_lines l JOIN batches b ON b.id = l.batch_id "
                 "WHERE l.state <> 'done' AND b.status IN ('in_progress', 'cancelling') GROUP BY b.model",
@@ -396,7 +180,7 @@ class Store:
             " AND l.lease_until >= ?) FROM batches b WHERE b.status IN ('in_progress', 'finalizing', 'cancelling') "
             "AND b.lease_until < ?"
         )
-        rows = await self.db.run(lambda db: _all(db, sql, (now, now)))
+        rows = await self.db.run(lambda db: query_all(db, sql, (now, now)))
         out = []
         for batch_id, status, expires_at, left, in_flight in rows:
             if status == "cancelling":
@@ -487,13 +271,3 @@ class Store:
                 return True
 
         return await self.db.run(write)
-
-
-def _one(db: Database, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    with db.transaction() as tx:
-        return tx.one(sql, params)
-
-
-def _all(db: Database, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-    with db.transaction() as tx:
-        return tx.all(sql, params)
