@@ -1,8 +1,8 @@
-"""A stream that survives its replica: five real runtime processes behind one gateway; the replica serving
-a greedy stream is SIGKILLed mid-stream, and the client (the openai SDK) receives one unbroken stream whose
-text equals an uninterrupted run's, taken up on another replica from the tokens already produced. With no
-other replica left the stream ends with the clean `upstream_lost` error event, as a stream that cannot be
-resumed always did."""
+"""A stream that survives its replica: six real runtime processes behind one gateway; the replica serving
+a greedy stream is SIGKILLed mid-stream, and the client (the openai SDK, or the anthropic SDK for
+Messages) receives one unbroken stream whose text equals an uninterrupted run's, taken up on another
+replica from the tokens already produced. With no other replica left the stream ends with the clean
+`upstream_lost` error event, as a stream that cannot be resumed always did."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import anthropic
 import openai
 import pytest
 from gateway_helpers import Started, metric, wait_ready
@@ -25,7 +26,7 @@ MESSAGES = [{"role": "user", "content": "Tell me a long story"}]
 def env(tiny_model_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("resume")
     with Started() as started:
-        pods = [started.replica(f"r{i}", tiny_model_dir, workdir, *FLAGS) for i in range(5)]
+        pods = [started.replica(f"r{i}", tiny_model_dir, workdir, *FLAGS) for i in range(6)]
         wait_ready(*pods)
         urls = ",".join(f"http://127.0.0.1:{p.port}" for p in pods)
         gateway = started.gateway(
@@ -127,6 +128,32 @@ def test_a_responses_stream_goes_on_with_the_same_text(env):
     text, kinds = events(kill_after=5)
     assert text == whole and kinds[-1] == unbroken[-1] and "response.failed" not in kinds
     assert gateway.metric("goodput_gateway_streams_resumed_total", service="tiny") == 3
+
+
+def test_a_messages_stream_goes_on_with_the_same_text(env):
+    gateway, pods, _ = env
+    client = anthropic.Anthropic(base_url=gateway.url, api_key="k", max_retries=0, timeout=60)
+
+    def events(kill_after: int | None = None) -> tuple[str, list[str], str | None]:
+        deltas, kinds = [], []
+        with client.messages.stream(
+            model="tiny", max_tokens=900, messages=MESSAGES, extra_body={"temperature": 0}
+        ) as stream:
+            for event in stream:
+                kinds.append(event.type)
+                if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                    deltas.append(event.delta.text)
+                    if len(deltas) == kill_after:
+                        kill_the_serving_replica(pods)
+            final = stream.get_final_message()
+        return "".join(deltas), kinds, final.stop_reason
+
+    whole, unbroken, reason = events()
+    assert len(whole) > 100
+    text, kinds, resumed_reason = events(kill_after=5)
+    assert text == whole and resumed_reason == reason and kinds[-1] == unbroken[-1] == "message_stop"
+    assert "error" not in kinds
+    assert gateway.metric("goodput_gateway_streams_resumed_total", service="tiny") == 4
 
 
 def test_sixteen_concurrent_streams_lose_nothing_when_one_of_two_replicas_dies(env):
