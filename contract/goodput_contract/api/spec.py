@@ -8,19 +8,38 @@ and raises SpecError naming the field for anything still wrong.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from goodput_contract.api import names
+from goodput_contract.api.disaggregation_spec import Disaggregation, Pool, parse_disaggregation
+from goodput_contract.api.errors import SpecError
+from goodput_contract.api.model_spec import Lora, LoraAdapter, Model, ModelSource, TokenSecretRef, _model, parse_source
 from goodput_contract.api.quantity import parse_quantity
+from goodput_contract.api.scaling_spec import Autoscaling, Batch, Slo, _autoscaling, _batch, _slo, parse_duration
+
+# Names other modules import from here, whichever module of the contract defines them
+__all__ = [
+    "Autoscaling",
+    "Batch",
+    "Disaggregation",
+    "Lora",
+    "LoraAdapter",
+    "Model",
+    "ModelSource",
+    "Pool",
+    "ServiceSpec",
+    "Slo",
+    "SpecError",
+    "TokenSecretRef",
+    "parse",
+    "parse_duration",
+    "parse_source",
+]
 
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 MAX_NAME_LENGTH = 55  # "<name>-runtime" must stay a 63-character DNS label
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_DURATION = re.compile(r"^(?P<value>[0-9]+(?:\.[0-9]+)?)(?P<unit>ms|s|m)$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0}
-_HF = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*(?:/[\w.-]+)?)(?:/(?P<file>[\w.-]+\.gguf))?$")
-_PVC = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?P<path>/.*)?$")
 ROUTING_POLICIES = ("prefix", "least-load", "random")
 # Volume types the restricted Pod Security profile admits (besides the name)
 RESTRICTED_VOLUME_TYPES = frozenset(
@@ -31,62 +50,6 @@ API_KEY_VARIABLES = frozenset({"GOODPUT_API_KEY", "VLLM_API_KEY"})  # what spec.
 RESERVED_VOLUMES = frozenset({"model-cache", "tmp", "model-source", "dshm", "model-node-cache"})
 RESERVED_MOUNT_PATHS = frozenset({"/var/cache/goodput", "/tmp", "/mnt/models", "/dev/shm", "/mnt/node-cache"})
 INT32_MAX = 2**31 - 1  # replica counts are int32 in Deployments, PodDisruptionBudgets and autoscalers
-_FILE = re.compile(r"^file://(?P<path>/.+)$")
-
-
-class SpecError(ValueError):
-    """An invalid spec; `field` is the dotted path the user has to fix, e.g. spec.slo.ttft."""
-
-    def __init__(self, field_path: str, message: str, reason: str = "InvalidSpec") -> None:
-        self.field = field_path if field_path.startswith("metadata.") else f"spec.{field_path}"
-        self.reason = reason
-        super().__init__(f"{self.field}: {message}")
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    scheme: str  # "hf" | "pvc" | "file"
-    repo: str = ""  # hf: the Hub repository id
-    file: str = ""  # hf: one GGUF file of the repository (hf://org/name/file.gguf), else ""
-    claim: str = ""  # pvc: the claim name
-    path: str = ""  # pvc: the path inside the claim; file: the absolute path
-
-
-@dataclass(frozen=True)
-class TokenSecretRef:
-    name: str
-    key: str = "token"
-
-
-@dataclass(frozen=True)
-class LoraAdapter:
-    name: str  # what requests send as "model"
-    source: ModelSource  # pvc:// (mounted read-only) or file://
-
-
-@dataclass(frozen=True)
-class Lora:
-    """spec.model.lora: LoRA adapters of the model, fixed at deploy time, and the runtime's limits."""
-
-    adapters: tuple[LoraAdapter, ...] = ()
-    max_adapters: int = 4  # slots a step can use
-    max_rank: int = 16
-    max_cpu_adapters: int | None = None  # adapters held in memory; None: the engine's default
-    runtime_updates: bool = False  # the engine loads and unloads adapters through its API (LoraAdapter)
-
-
-@dataclass(frozen=True)
-class Model:
-    source: ModelSource
-    revision: str = "main"
-    served_name: str = ""
-    max_model_len: int | None = None
-    dtype: str = "auto"
-    quantization: str = "none"
-    token_secret: TokenSecretRef | None = None
-    cache_claim: str | None = None
-    lora: Lora | None = None
-    node_cache: str | None = None  # a ModelCache of the namespace: the pods read its copy on their node
 
 
 @dataclass(frozen=True)
@@ -118,32 +81,6 @@ class Resources:
     gpu_memory: str | None = None
     gpu_product: str | None = None
     gpus_per_node: int | None = None  # GPUs one node offers: a replica needing more spans several pods
-
-
-@dataclass(frozen=True)
-class Slo:
-    ttft_seconds: float | None = None
-    tpot_seconds: float | None = None
-    attainment: float = 0.95
-
-
-@dataclass(frozen=True)
-class Autoscaling:
-    mode: str = "none"
-    min_replicas: int = 1
-    max_replicas: int = 1
-    scale_up_window_seconds: float = 0.0
-    scale_down_window_seconds: float = 300.0
-    prometheus_address: str | None = None  # keda: where its trigger queries
-    # goodput law (all deciding modes)
-    capacity_per_replica: float | None = None  # requests/s one replica serves within the SLO, a starting point
-    target_utilization: float = 0.8  # share of that capacity to plan for
-    idle_period_seconds: float | None = None  # with minReplicas 0: no requests this long removes the last one
-
-
-@dataclass(frozen=True)
-class Batch:
-    max_replicas: int = 0  # replicas kept while batch lines are pending (0: batch work adds none)
 
 
 @dataclass(frozen=True)
@@ -191,12 +128,13 @@ class ServiceSpec:
     image: str | None
     template: PodTemplate
     routing: Routing = Routing()
-    batch: Batch = Batch()
+    batch: Batch = field(default_factory=Batch)
     auth: Auth = Auth()
     network_policy: bool = True
     pipeline_parallel: int = 1  # parallelism.pipeline: stages the layers are split into
     pods_per_replica: int = 1  # parallelism.nodes, or the GPUs over resources.gpusPerNode
     suspend: bool = False  # spec.suspend: held at zero replicas, children kept
+    disaggregation: Disaggregation | None = None  # spec.disaggregation: separate prefill and decode pools
 
     @property
     def ranks(self) -> int:
@@ -210,30 +148,14 @@ class ServiceSpec:
 
     @property
     def desired_replicas(self) -> int:
-        """spec.replicas when set (the scale subresource writes it); else the autoscaler's floor; 0 while suspended."""
+        """spec.replicas when set (the scale subresource writes it); else the autoscaler's floor; 0 while suspended.
+        Disaggregated, these are the decode pool's replicas, within its bounds."""
         if self.suspend:
             return 0
+        if self.disaggregation is not None:
+            decode = self.disaggregation.decode
+            return decode.clamp(self.replicas if self.replicas is not None else decode.min_replicas)
         return self.replicas if self.replicas is not None else self.autoscaling.min_replicas
-
-
-def parse_duration(value: str, field_path: str) -> float:
-    """'500ms', '0.5s' or '1m' in seconds."""
-    match = _DURATION.match(str(value))
-    if not match:
-        raise SpecError(field_path, f"{value!r} is not a duration like 500ms, 2s or 1m")
-    return float(match["value"]) * _UNIT_SECONDS[match["unit"]]
-
-
-def parse_source(uri: str) -> ModelSource:
-    if match := _HF.match(uri):
-        return ModelSource("hf", repo=match["repo"], file=match["file"] or "")
-    if match := _PVC.match(uri):
-        return ModelSource("pvc", claim=match["claim"], path=(match["path"] or "/").rstrip("/") or "/")
-    if match := _FILE.match(uri):
-        return ModelSource("file", path=match["path"])
-    raise SpecError(
-        "model.source", f"{uri!r} is not hf://org/name, hf://org/name/file.gguf, pvc://claim/path or file:///path"
-    )
 
 
 def _quantity(value: Any, field_path: str) -> str | None:
@@ -246,66 +168,6 @@ def _quantity(value: Any, field_path: str) -> str | None:
     if amount < 0:
         raise SpecError(field_path, f"{value!r} is negative")
     return str(value)
-
-
-def _model(raw: dict[str, Any], name: str) -> Model:
-    if "source" not in raw:
-        raise SpecError("model.source", "is required")
-    secret = raw.get("tokenSecretRef")
-    return Model(
-        source=parse_source(raw["source"]),
-        revision=raw.get("revision") or "main",
-        served_name=raw.get("servedName") or name,
-        max_model_len=raw.get("maxModelLen"),
-        dtype=raw.get("dtype", "auto"),
-        quantization=raw.get("quantization", "none"),
-        token_secret=TokenSecretRef(secret["name"], secret.get("key") or "token") if secret else None,
-        cache_claim=raw.get("cacheClaimName"),
-        lora=_lora(raw["lora"], raw.get("servedName") or name) if raw.get("lora") is not None else None,
-        node_cache=raw.get("nodeCache"),
-    )
-
-
-_LORA_NAME = re.compile(r"^[A-Za-z0-9][-_.A-Za-z0-9]*$")
-
-
-def _lora(raw: dict[str, Any], served_name: str) -> Lora:
-    """spec.model.lora; adapter sources the runtime reads from the pod's filesystem (pvc://, file://)."""
-    adapters: list[LoraAdapter] = []
-    for i, entry in enumerate(raw.get("adapters") or []):
-        where = f"model.lora.adapters[{i}]"
-        name = entry.get("name")
-        if not isinstance(name, str) or not _LORA_NAME.match(name) or len(name) > 253:
-            raise SpecError(f"{where}.name", f"{name!r} is not a name of letters, digits, '-', '_' and '.'")
-        if name == served_name:
-            raise SpecError(f"{where}.name", f"{name!r} is the model's own served name")
-        if any(a.name == name for a in adapters):
-            raise SpecError(f"{where}.name", f"{name!r} names another adapter too")
-        uri = entry.get("source")
-        if not isinstance(uri, str):
-            raise SpecError(f"{where}.source", "is required")
-        try:
-            source = parse_source(uri)
-        except SpecError:
-            raise SpecError(f"{where}.source", f"{uri!r} is not pvc://claim/path or file:///path") from None
-        if source.scheme == "hf" or source.file:
-            raise SpecError(
-                f"{where}.source",
-                f"{uri!r}: the runtime reads adapters from the pod's filesystem; give pvc://claim/path or file:///path",
-            )
-        adapters.append(LoraAdapter(name, source))
-    max_adapters = raw.get("maxAdapters", 4)
-    max_rank = raw.get("maxRank", 16)
-    max_cpu = raw.get("maxCpuAdapters")
-    for field_name, value in (("maxAdapters", max_adapters), ("maxRank", max_rank), ("maxCpuAdapters", max_cpu)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise SpecError(f"model.lora.{field_name}", f"{value!r} is not a whole number of at least 1")
-    if max_cpu is not None and max_cpu < max_adapters:
-        raise SpecError("model.lora.maxCpuAdapters", f"{max_cpu} is below maxAdapters ({max_adapters})")
-    runtime_updates = raw.get("runtimeUpdates", False)
-    if not isinstance(runtime_updates, bool):
-        raise SpecError("model.lora.runtimeUpdates", f"{runtime_updates!r} is not true or false")
-    return Lora(tuple(adapters), max_adapters, max_rank, max_cpu, runtime_updates)
 
 
 def _engine(raw: dict[str, Any]) -> Engine:
@@ -394,66 +256,6 @@ def _pods_per_replica(parallelism: dict[str, Any], resources: Resources, ranks: 
             reason="ShapeDoesNotFit",
         )
     return nodes
-
-
-def _slo(raw: dict[str, Any]) -> Slo:
-    ttft = parse_duration(raw["ttft"], "slo.ttft") if "ttft" in raw else None
-    tpot = parse_duration(raw["tpot"], "slo.tpot") if "tpot" in raw else None
-    for path, seconds in (("slo.ttft", ttft), ("slo.tpot", tpot)):
-        if seconds is not None and seconds <= 0:
-            raise SpecError(path, "must be longer than zero")
-    return Slo(ttft_seconds=ttft, tpot_seconds=tpot, attainment=float(raw.get("attainment", 0.95)))
-
-
-def _autoscaling(raw: dict[str, Any]) -> Autoscaling:
-    mode = raw.get("mode", "none")
-    capacity, idle = raw.get("capacityPerReplica"), raw.get("idlePeriod")
-    low = int(raw.get("minReplicas", 1))
-    high = int(raw.get("maxReplicas", max(low, 1)))
-    if high < low:
-        raise SpecError(
-            "autoscaling.maxReplicas",
-            f"is {high}, below autoscaling.minReplicas={low}",
-            reason="ReplicaBoundsInverted",
-        )
-    if mode == "hpa" and low < 1:
-        raise SpecError(
-            "autoscaling.minReplicas",
-            "must be at least 1 in hpa mode (use keda to scale to zero)",
-            reason="HPACannotScaleToZero",
-        )
-    if mode == "keda" and not raw.get("prometheusAddress"):
-        raise SpecError("autoscaling.prometheusAddress", "is required in keda mode", reason="PrometheusAddressMissing")
-    return Autoscaling(
-        mode=mode,
-        min_replicas=low,
-        max_replicas=high,
-        scale_up_window_seconds=parse_duration(raw.get("scaleUpWindow", "0s"), "autoscaling.scaleUpWindow"),
-        scale_down_window_seconds=parse_duration(raw.get("scaleDownWindow", "5m"), "autoscaling.scaleDownWindow"),
-        prometheus_address=raw.get("prometheusAddress"),
-        capacity_per_replica=float(capacity) if capacity is not None else None,
-        target_utilization=float(raw.get("targetUtilization", 0.8)),
-        idle_period_seconds=parse_duration(idle, "autoscaling.idlePeriod") if idle else None,
-    )
-
-
-def _batch(raw: dict[str, Any], autoscaling: Autoscaling) -> Batch:
-    value = raw.get("maxReplicas", 0)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise SpecError("batch.maxReplicas", f"is {value!r}, not a whole number of replicas")
-    if value and autoscaling.mode == "none":
-        raise SpecError(
-            "batch.maxReplicas",
-            "needs an autoscaling.mode that decides replicas (goodput, hpa or keda)",
-            reason="BatchReplicasWithoutAutoscaling",
-        )
-    if value > autoscaling.max_replicas:
-        raise SpecError(
-            "batch.maxReplicas",
-            f"is {value}, above autoscaling.maxReplicas={autoscaling.max_replicas}",
-            reason="BatchReplicasAboveMax",
-        )
-    return Batch(max_replicas=value)
 
 
 def _routing(raw: dict[str, Any]) -> Routing:
@@ -623,6 +425,14 @@ def parse(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         pods_per_replica=_pods_per_replica(parallelism, resources, tensor * pipeline),
         suspend=bool(spec.get("suspend", False)),
     )
+    engine = parsed.engine
+    if spec.get("disaggregation") is not None:
+        parsed = replace(
+            parsed,
+            disaggregation=parse_disaggregation(
+                spec["disaggregation"], engine.kind, tensor, engine.extra_args, pipeline, parsed.pods_per_replica
+            ),
+        )
     speculative = parsed.engine.speculative
     draft = speculative.draft_model if speculative else None
     if (
