@@ -8,13 +8,11 @@ import json
 import math
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from goodput_gateway.errors import APIError
+from goodput_gateway.tenant_spend import Lease
 from goodput_gateway.tenant_table import Tenant
-
-if TYPE_CHECKING:
-    from goodput_gateway.tenants import Lease
 
 TTFT_HEADERS = ("x-goodput-slo-ttft-ms", "x-llm-d-slo-ttft-ms")
 TPOT_HEADERS = ("x-goodput-slo-tpot-ms", "x-llm-d-slo-tpot-ms")

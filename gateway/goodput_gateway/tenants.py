@@ -29,7 +29,7 @@ from goodput_gateway.errors import APIError
 from goodput_gateway.fair_gate import FairGate, NoTurn
 from goodput_gateway.slo import Meter, slo_targets
 from goodput_gateway.tenant_metrics import TenantMetrics
-from goodput_gateway.tenant_spend import WINDOW, Spend, reset_text
+from goodput_gateway.tenant_spend import WINDOW, Lease, Spend, reset_text
 from goodput_gateway.tenant_table import ANONYMOUS, Tenant, digest, parse_table
 
 # The gateway's app and entry point import these from here: the fair gate and the SLO meter live beside it.
@@ -38,31 +38,6 @@ __all__ = ["ANONYMOUS", "TENANTS_KEY", "FairGate", "Lease", "Meter", "NoTurn", "
 logger = logging.getLogger(__name__)
 
 TENANTS_KEY = "tenants.yaml"  # the Secret's key holding the table
-
-
-class Lease:
-    """One admitted request's hold on its tenant: tokens charged as they flow, released once."""
-
-    def __init__(self, tenants: Tenants, tenant: Tenant, spend: Spend) -> None:
-        self.tenants, self.tenant, self.spend, self.charged, self.released = tenants, tenant, spend, 0, False
-        self.label = tenants.metrics.label(tenant.name)
-
-    def charge(self, tokens: int) -> None:
-        if tokens:
-            self.spend.tokens.add(time.monotonic(), tokens)
-            self.charged += tokens
-            if tokens > 0:
-                self.tenants.metrics.tokens.labels(self.label).inc(tokens)
-
-    def settle(self, total: int) -> None:
-        """The runtime's usage is known: the charge becomes exactly it."""
-        self.charge(total - self.charged)
-
-    def release(self, status: int) -> None:
-        if not self.released:
-            self.released = True
-            self.spend.in_flight -= 1
-            self.tenants.metrics.requests.labels(self.label, str(status)).inc()
 
 
 class Tenants:
@@ -178,6 +153,6 @@ class Tenants:
             )
         spend.requests.add(now, 1)
         spend.in_flight += 1
-        lease = Lease(self, tenant, spend)
+        lease = Lease(self.metrics, tenant, spend)
         lease.charge(estimate)
         return lease
