@@ -14,14 +14,18 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from goodput_gateway import batch, routing
+from goodput_gateway import batch, held_routing, prompt_digests, routing
 from goodput_gateway.app import FairSettings, Gateway, build_app
 from goodput_gateway.auth import ServiceKeys
-from goodput_gateway.discovery import Registry, start_watches
+from goodput_gateway.disagg import DisaggSettings, TwoPhase
+from goodput_gateway.discovery import Registry, Split, start_watches
+from goodput_gateway.held_routing import HeldRouter
 from goodput_gateway.holding import Holds
+from goodput_gateway.kv_index import KvIndex
 from goodput_gateway.loads import LoadScraper
 from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.pipelines import PipelineMetrics, PipelineServer, PipelineTable, start_watch
+from goodput_gateway.prompt_digests import PromptDigests
 from goodput_gateway.proxy import Proxy, ProxySettings
 from goodput_gateway.tenants import TENANTS_KEY, Tenants
 from goodput_operator.k8s import Kube, load_config
@@ -78,6 +82,38 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         default=float(_env("GATEWAY_SHUTDOWN_GRACE", "45")),
         help="then: seconds in-flight requests (streams) get to finish",
+    )
+    p.add_argument(
+        "--held-routing",
+        choices=("on", "off"),
+        default=_env("GATEWAY_HELD_ROUTING", "on"),
+        help="policy prefix: route by the prefix blocks each replica reports holding (its /kv/events), the "
+        "hash ring where none is known; off: the ring alone",
+    )
+    p.add_argument(
+        "--held-offload-weight",
+        type=float,
+        default=float(_env("GATEWAY_HELD_OFFLOAD_WEIGHT", str(held_routing.OFFLOAD_WEIGHT))),
+        help="what a prompt block in a replica's offload tier is worth against one in its device KV cache",
+    )
+    p.add_argument(
+        "--digest-timeout",
+        type=float,
+        default=float(_env("GATEWAY_DIGEST_TIMEOUT", str(prompt_digests.TIMEOUT_S))),
+        help="seconds a replica gets to answer a prompt's block digests before the ring decides",
+    )
+    p.add_argument(
+        "--static-prefill",
+        action="append",
+        default=[],
+        metavar="NAME=URL[,URL...]",
+        help="with --static-model: NAME is disaggregated, these URLs its prefill pool (repeatable)",
+    )
+    p.add_argument(
+        "--static-threshold",
+        type=int,
+        default=512,
+        help="with --static-prefill: uncached prompt tokens below which the decode replica prefills itself",
     )
     p.add_argument("--prefix-chunk-chars", type=int, default=routing.CHUNK_CHARS)
     p.add_argument("--prefix-chunks", type=int, default=routing.PREFIX_CHUNKS)
@@ -178,7 +214,10 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     watches = []
     kube = None
     if args.static_model:
-        registry.set_static(parse_static(args.static_model), args.static_policy)
+        split = Split(threshold_tokens=args.static_threshold)
+        registry.set_static(
+            parse_static(args.static_model), args.static_policy, parse_static(args.static_prefill), split
+        )
         pipelines.load_files(args.static_pipeline, "static")
     else:
         api = load_config()
@@ -189,13 +228,20 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     session = aiohttp.ClientSession(
         connector=connector, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None, sock_connect=5)
     )
-    scraper = LoadScraper(
-        session, lambda: {u for k in registry.services for u in registry.ready(k)}, args.scrape_seconds
-    )
+
+    def replicas() -> set[str]:  # every ready replica, the prefill pools' included
+        keys = [*registry.services, *(s.prefill_key for s in registry.services.values() if s.disaggregation)]
+        return {u for k in keys for u in registry.ready(k)}
+
+    scraper = LoadScraper(session, replicas, args.scrape_seconds)
+    index = KvIndex(session)
 
     def learn_adapters() -> None:  # each service serves the adapters any of its ready replicas lists
         for key in list(registry.services):
             registry.learn_adapters(key, [c for u in registry.ready(key) for c in scraper.cards.get(u, ())])
+        if args.held_routing == "on":
+            index.sync({u for k in registry.services for u in registry.ready(k)})
+            metrics.kv_index_seen(index)
 
     scraper.scraped_all = learn_adapters
     holds = Holds(registry, metrics, args.max_held_requests, args.hold_seconds)
@@ -205,7 +251,11 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         chunk_chars=args.prefix_chunk_chars,
         prefix_chunks=args.prefix_chunks,
     )
-    proxy = Proxy(registry, holds, scraper, session, metrics, settings)
+    held = None
+    if args.held_routing == "on":
+        held = HeldRouter(index, PromptDigests(session, args.digest_timeout), args.held_offload_weight)
+    proxy = Proxy(registry, holds, scraper, session, metrics, settings, held)
+    proxy.disagg = TwoPhase(proxy, DisaggSettings())
     keys = ServiceKeys(kube, args.api_key_ttl)
     pipeline_server = PipelineServer(pipelines, registry, proxy, PipelineMetrics(metrics.registry), keys)
     gateway = Gateway(
@@ -244,6 +294,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         logger.info("Draining: up to %.0f s for requests in flight", args.shutdown_grace)
     finally:
         scraping.cancel()
+        await index.close()
         for w in watches:
             w.stopping.set()
         await runner.cleanup()

@@ -35,6 +35,20 @@ class Service:
     adapters: frozenset[str] = frozenset()  # LoRA adapters of spec.model.lora, served under their own names
     max_adapters: int = 0  # spec.model.lora.maxAdapters: adapter slots per replica (0: no LoRA)
     suspended: bool = False  # spec.suspend: its requests are answered 503 at once, not held
+    disaggregation: Split | None = None  # spec.disaggregation: prefill on a second pool (disagg.py)
+
+    @property
+    def prefill_key(self) -> Key:
+        """The prefill pool's Service: `<name>-prefill`, whose EndpointSlices list its replicas."""
+        return (self.namespace, f"{self.name}-prefill")
+
+
+@dataclass(frozen=True)
+class Split:
+    """What the gateway needs of spec.disaggregation."""
+
+    threshold_tokens: int = 512  # uncached prompt tokens below which the decode replica prefills itself
+    transport: str = "tcp"
 
 
 class Registry:
@@ -99,15 +113,34 @@ class Registry:
             self._ready = {service: tuple(sorted(urls)) for service, urls in index.items()}
         return self._ready.get(key, ())
 
-    def set_static(self, models: dict[str, tuple[str, ...]], policy: str) -> None:
-        """Fixed services outside any cluster: served name -> replica URLs."""
+    def set_static(
+        self,
+        models: dict[str, tuple[str, ...]],
+        policy: str,
+        prefill: dict[str, tuple[str, ...]] | None = None,
+        split: Split | None = None,
+    ) -> None:
+        """Fixed services outside any cluster: served name -> replica URLs; a name in `prefill` is
+        disaggregated (`split`, by default the spec's defaults), those URLs its prefill pool."""
+        prefill = prefill or {}
         self.services.fill(
             {
-                ("static", name): Service("static", name, name, policy, len(urls), len(urls))
+                ("static", name): Service(
+                    "static",
+                    name,
+                    name,
+                    policy,
+                    len(urls),
+                    len(urls),
+                    disaggregation=(split or Split()) if name in prefill else None,
+                )
                 for name, urls in models.items()
             }
         )
-        self.slices.fill({("static", name): (("static", name), urls) for name, urls in models.items()})
+        slices = {("static", name): (("static", name), urls) for name, urls in models.items()}
+        for name, urls in prefill.items():
+            slices[("static", f"{name}-prefill")] = (("static", f"{name}-prefill"), urls)
+        self.slices.fill(slices)
 
 
 def service_of(body: dict[str, Any]) -> Service | None:
@@ -133,6 +166,16 @@ def service_of(body: dict[str, Any]) -> Service | None:
         frozenset(a.name for a in lora.adapters) if lora else frozenset(),
         lora.max_adapters if lora else 0,
         spec.suspend,
+        split_of(getattr(spec, "disaggregation", None)),
+    )
+
+
+def split_of(disaggregation: Any) -> Split | None:
+    """The gateway's view of a parsed spec.disaggregation (None: off)."""
+    if disaggregation is None:
+        return None
+    return Split(
+        int(getattr(disaggregation, "threshold_tokens", 512)), str(getattr(disaggregation, "transport", "tcp"))
     )
 
 

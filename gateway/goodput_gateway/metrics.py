@@ -5,10 +5,14 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from goodput_contract import metrics as names
+from goodput_gateway.held_routing import DECISIONS as HELD_DECISIONS
+from goodput_gateway.held_routing import LOOKUP_RESULTS
+from goodput_gateway.kv_index import KvIndex
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 HOLD_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 SERVICE = ("namespace", "service")
+DISAGG_PATHS = ("disaggregated", "local", "fallback")  # disagg.py's paths
 
 
 class GatewayMetrics:
@@ -91,6 +95,40 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.held_lookups = Counter(
+            "goodput_gateway_held_lookups_total",
+            "Held-aware routing's lookups of a prompt's blocks in the replicas' KV index: hit (a replica "
+            "within the load bound held its leading blocks), miss (none did; the ring chose), stale (no "
+            "replica's index was synced; the ring chose), no_digests (the prompt's digests could not be had)",
+            [*SERVICE, "result"],
+            registry=r,
+        )
+        self.disaggregation = Counter(
+            "goodput_gateway_disaggregation_total",
+            "Requests of a disaggregated service by path: disaggregated (prefilled on the prefill pool, "
+            "decoded with the hand-off), local (served whole on the decode replica), fallback (the prefill "
+            "phase failed or timed out; served whole on the decode replica)",
+            [*SERVICE, "path"],
+            registry=r,
+        )
+        self.handoff_seconds = Histogram(
+            "goodput_gateway_handoff_seconds",
+            "Seconds the prefill phase of a disaggregated request took before its decode request was sent",
+            SERVICE,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.kv_index_blocks = Gauge(
+            "goodput_gateway_kv_index_blocks",
+            "Prefix blocks the gateway's KV index holds, over every synced replica, by tier",
+            ["tier"],
+            registry=r,
+        )
+        self.kv_index_staleness = Gauge(
+            "goodput_gateway_kv_index_staleness_seconds",
+            "Seconds since the least recently heard replica's KV events (0 with none)",
+            registry=r,
+        )
         self.last_request = Gauge(
             names.GATEWAY_LAST_REQUEST,
             "Unix time of the service's latest request at this gateway (the idle signal)",
@@ -102,9 +140,21 @@ class GatewayMetrics:
         """Series a dashboard or the autoscaler reads exist at zero from the service's first appearance."""
         self.waiting.labels(namespace, service)
         self.in_flight.labels(namespace, service)
-        for decision in names.GATEWAY_ROUTING_DECISION_KINDS:
+        for decision in (*names.GATEWAY_ROUTING_DECISION_KINDS, *HELD_DECISIONS):
             self.decisions.labels(namespace, service, decision)
+        for result in LOOKUP_RESULTS:
+            self.held_lookups.labels(namespace, service, result)
         for reason in names.GATEWAY_RETRY_REASONS:
             self.retries.labels(namespace, service, reason)
         for reason in names.GATEWAY_REFUSAL_REASONS:
             self.refused.labels(namespace, service, reason)
+
+    def kv_index_seen(self, index: KvIndex) -> None:
+        """The index's size and staleness, set after each scrape round."""
+        for tier, count in index.size().items():
+            self.kv_index_blocks.labels(tier).set(count)
+        self.kv_index_staleness.set(max(index.staleness().values(), default=0.0))
+
+    def disaggregated_seen(self, namespace: str, service: str) -> None:
+        for path in DISAGG_PATHS:
+            self.disaggregation.labels(namespace, service, path)

@@ -18,7 +18,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,11 +27,15 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
 from goodput_gateway import resume, routing
+from goodput_gateway.disagg import TwoPhase
 from goodput_gateway.discovery import Registry, Service
-from goodput_gateway.errors import APIError, unavailable
+from goodput_gateway.errors import unavailable
+from goodput_gateway.held_routing import HeldRouter
 from goodput_gateway.holding import Holds
 from goodput_gateway.loads import LoadScraper
 from goodput_gateway.metrics import GatewayMetrics
+from goodput_gateway.prompt_digests import PromptBlocks
+from goodput_gateway.upstream import Resumed, Upstream, parse_body, rewrite_model, served_model
 
 logger = logging.getLogger(__name__)
 
@@ -80,9 +84,12 @@ class Proxy:
         session: aiohttp.ClientSession,
         metrics: GatewayMetrics,
         settings: ProxySettings,
+        held: HeldRouter | None = None,
     ) -> None:
         self.registry, self.holds, self.scraper, self.session = registry, holds, scraper, session
         self.metrics, self.settings = metrics, settings
+        self.held = held  # routing by what each replica holds (held_routing.py); None: the ring alone
+        self.disagg: TwoPhase | None = None  # disagg.py: prefill elsewhere first, where the service splits
         self.outstanding: Counter[str] = Counter()
         self.cooling: dict[str, float] = {}
         self.rings: dict[tuple[str, ...], routing.Ring] = {}
@@ -100,8 +107,16 @@ class Proxy:
         return ring
 
     def pick(
-        self, svc: Service, ready: tuple[str, ...], tried: set[str], key: int, adapter: str | None = None
+        self,
+        svc: Service,
+        ready: tuple[str, ...],
+        tried: set[str],
+        key: int,
+        adapter: str | None = None,
+        blocks: PromptBlocks | None = None,
+        lookup: bool = False,
     ) -> routing.Choice:
+        """With `lookup`, held-aware routing by the prompt's digests `blocks` (None: none could be had)."""
         now = time.monotonic()
         usable = tuple(r for r in ready if r not in tried and self.cooling.get(r, 0.0) <= now)
         if not usable:
@@ -118,6 +133,11 @@ class Proxy:
                 svc.policy, usable, loads, key, adapter, states, epsilon=self.settings.epsilon, rng=self.rng
             )
         ring = self.ring(usable) if svc.policy == "prefix" else None
+        if ring is not None and self.held is not None and lookup:
+            eps = self.settings.epsilon
+            choice, result = self.held.pick(svc.policy, usable, loads, key, ring, blocks, eps, self.rng)
+            self.metrics.held_lookups.labels(svc.namespace, svc.name, result).inc()
+            return choice
         return routing.choose(svc.policy, usable, loads, key, ring=ring, epsilon=self.settings.epsilon, rng=self.rng)
 
     async def forward(
@@ -194,6 +214,12 @@ class Proxy:
             headers[hdrs.AUTHORIZATION] = authorization
         tried: set[str] = set(avoid or ())
         failure, reason = "", ""
+        path = path_qs.partition("?")[0]
+        blocks: PromptBlocks | None = None
+        lookup = self.held is not None and self.held.applies(svc.policy, adapter, method, path)
+        if self.held is not None and lookup:
+            ready = self.registry.ready(key)
+            blocks = await self.held.blocks(key, path, raw, body, headers, ready, self.loads(ready))
         for attempt in range(self.settings.attempts):
             last = attempt + 1 == self.settings.attempts
             if reason:
@@ -206,12 +232,15 @@ class Proxy:
                     60,
                 )
             ready = await self.holds.ready(key, model)
-            choice = self.pick(svc, ready, tried, prefix, adapter)
+            choice = self.pick(svc, ready, tried, prefix, adapter, blocks, lookup)
             self.metrics.decisions.labels(*key, choice.decision).inc()
             url = choice.replica
             self.outstanding[url] += 1
             try:
-                response = await self.session.request(method, url + path_qs, data=raw, headers=headers)
+                sent = raw
+                if self.disagg is not None and not tried and svc.disaggregation is not None:
+                    sent = await self.disagg.prepare(svc, url, path, raw, body, headers, blocks)
+                response = await self.session.request(method, url + path_qs, data=sent, headers=headers)
             except RETRYABLE as err:
                 self.outstanding[url] -= 1
                 reason = "connect" if isinstance(err, aiohttp.ClientConnectorError) else "reset"
@@ -309,72 +338,5 @@ class Proxy:
                 upstream.response.close()  # the runtime sees the connection go and aborts the request
 
 
-@dataclass
-class Upstream:
-    """A replica's response whose body's first bytes were read: a replica that fails before them is
-    retried elsewhere, so whoever reads the body gets those bytes first."""
-
-    response: aiohttp.ClientResponse
-    first: bytes
-    replica: str = ""  # its base URL
-
-    @property
-    def status(self) -> int:
-        return self.response.status
-
-    @property
-    def headers(self) -> Mapping[str, str]:
-        return self.response.headers
-
-    async def read(self) -> bytes:
-        return self.first + await self.response.read()
-
-    async def iter_any(self) -> AsyncGenerator[bytes, None]:
-        if self.first:
-            yield self.first
-        async for chunk in self.response.content.iter_any():
-            yield chunk
-
-
-class Resumed(Upstream):
-    """A streamed completion that goes on on another replica when its own goes away (resume.py)."""
-
-    def __init__(self, upstream: Upstream, state: resume.Resumption) -> None:
-        super().__init__(upstream.response, upstream.first, upstream.replica)
-        self.upstream, self.state = upstream, state
-
-    async def iter_any(self) -> AsyncGenerator[bytes, None]:
-        events = self.state.run(self.upstream.iter_any(), self.replica)
-        try:
-            async for chunk in events:
-                yield chunk
-        finally:
-            await events.aclose()
-
-
-def parse_body(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise APIError(
-            400,
-            "We could not parse the JSON body of your request. (HINT: This likely means you "
-            "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload.)",
-            code="invalid_json",
-        ) from None
-    if not isinstance(body, dict):
-        raise APIError(400, "The request body must be a JSON object", code="invalid_type")
-    return body
-
-
-def served_model(registry: Registry, svc: Service, model: str) -> str:
-    """`model` as svc's runtime knows it: its served name, or the LoRA adapter the request names (a
-    `namespace/name` model loses its namespace)."""
-    return registry.adapter_of(svc, model) or svc.served_name
-
-
-def rewrite_model(raw: bytes, body: dict[str, Any], served_name: str) -> bytes:
-    """The body with `model` as the runtime knows it (a `namespace/name` model loses its namespace)."""
-    if body.get("model") == served_name:
-        return raw
-    return json.dumps({**body, "model": served_name}).encode()
+# the response and body helpers moved to upstream.py; importers of this module keep their names
+__all__ = ["Proxy", "ProxySettings", "Resumed", "Upstream", "parse_body", "rewrite_model", "served_model"]

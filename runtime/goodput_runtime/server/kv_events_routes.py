@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from goodput_runtime.engine.kv_events import KvEvents, batches
+from goodput_runtime.server import kv_digests_routes
 from goodput_runtime.server.errors import APIError
 from goodput_runtime.server.state import STATE
 
@@ -73,3 +74,4 @@ async def kv_events(request: web.Request) -> web.StreamResponse:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/kv/events", kv_events)
+    kv_digests_routes.add_routes(app)  # POST /kv/digests: a prompt's digests, for the same consumers
