@@ -18,9 +18,11 @@ from typing import Any
 from goodput_contract.api.spec import ServiceSpec, SpecError, parse
 from goodput_contract.metrics import AUTOSCALER_DESIRED_REPLICAS as DESIRED_METRIC
 from goodput_operator import metrics
+from goodput_operator.autoscaling import pool_metrics
 from goodput_operator.autoscaling.arrival import forecast
 from goodput_operator.autoscaling.gateway import GatewayReader, GatewayView, RefusalRate, with_gateway_demand
 from goodput_operator.autoscaling.law import SCALE_CAUSES, UP, Decision, decide
+from goodput_operator.autoscaling.pool_loop import PoolState, pool_source, scale_pools
 from goodput_operator.autoscaling.sources import (
     DirectSource,
     PrometheusSource,
@@ -72,6 +74,8 @@ class Autoscaler:
     gateway: GatewayReader | None = None  # requests held and refused there, last request times, batch lines
     refusals: dict[tuple[str, str], RefusalRate] = field(default_factory=dict)
     _slice_version: str | None = None
+    pools: dict[tuple[str, str], PoolState] = field(default_factory=dict)  # disaggregated services (pool_loop.py)
+    pool_source: DirectSource | None = None
 
     @classmethod
     def from_context(cls, ctx: Context) -> Autoscaler:
@@ -95,6 +99,8 @@ class Autoscaler:
         )
 
     def __post_init__(self) -> None:
+        if self.pool_source is None:
+            self.pool_source = pool_source(self.window)
         for direction, causes in SCALE_CAUSES.items():
             for cause in causes:
                 metrics.AUTOSCALER_SCALE_EVENTS.labels(direction=direction, reason=cause)
@@ -107,6 +113,8 @@ class Autoscaler:
                 await asyncio.sleep(max(0.0, self.period - (time.monotonic() - started)))
         finally:
             await self.source.close()
+            if self.pool_source is not None:
+                await self.pool_source.close()
             if self.gateway is not None:
                 await self.gateway.close()
 
@@ -135,6 +143,10 @@ class Autoscaler:
                 continue
             seen.add(key)
             try:
+                if svc.disaggregation is not None and svc.autoscaling.mode == "goodput":
+                    await scale_pools(self, body, svc, None if views is None else views.get(key, GatewayView()))
+                    continue
+                self.pools.pop(key, None)
                 await self.scale(body, svc, None if views is None else views.get(key, GatewayView()))
             except WriteFailed as err:
                 logger.warning("Autoscaling %s/%s: %s", *key, err)
@@ -147,6 +159,12 @@ class Autoscaler:
             self.refusals.pop(key, None)
             self.source.forget(key)
             _forget_series(*key)
+        for key in set(self.pools) - seen:
+            self.pools.pop(key, None)
+            pool_metrics.forget(*key)
+            if self.pool_source is not None:
+                self.pool_source.forget(key)
+                self.pool_source.forget((key[0], f"{key[1]}-prefill"))
 
     async def scale(self, body: dict[str, Any], svc: ServiceSpec, gateway: GatewayView | None = None) -> Decision:
         namespace, name = svc.namespace, svc.name
@@ -233,7 +251,9 @@ class Autoscaler:
             metrics.AUTOSCALER_DISPERSION.labels(namespace=namespace, name=name, kind=kind).set(measured)
         return decision
 
-    async def _write_replicas(self, body: dict[str, Any], svc: ServiceSpec, current: int, decision: Decision) -> None:
+    async def _write_replicas(
+        self, body: dict[str, Any], svc: ServiceSpec, current: int, decision: Decision, event: bool = True
+    ) -> None:
         meta = body["metadata"]
         path = owner_path(meta["namespace"], meta["name"])
         patch = {"spec": {"replicas": decision.desired}}
@@ -257,6 +277,8 @@ class Autoscaler:
                 query={"fieldManager": FIELD_MANAGER},
                 content_type="application/merge-patch+json",
             )
+        if not event:  # the caller names what changed (pool_loop.py)
+            return
         verb = "ScaledUp" if decision.direction == UP else "ScaledDown"
         message = f"{current} → {decision.desired} replicas: {decision.reason}"
         logger.info("%s %s/%s %s", verb, meta["namespace"], meta["name"], message)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from goodput_contract.metrics import E2E_LATENCY, ENGINE_METRICS, EngineMetrics
+from goodput_contract.metrics import E2E_LATENCY, ENGINE_METRICS, GENERATION_TOKENS, PROMPT_TOKENS, EngineMetrics
 from goodput_operator.autoscaling.dispersion import DISPERSION_PERIODS, index_of_dispersion, size_spread
 from goodput_operator.autoscaling.state import Signals
 
@@ -27,6 +27,13 @@ E2E_HISTOGRAMS = {
     "vllm": ("vllm:e2e_request_latency_seconds",),
     "sglang": ("sglang:e2e_request_latency_seconds",),
 }
+# each engine's counters of prompt and generated tokens, for a disaggregated service's pools (pools.py)
+TOKEN_COUNTERS = {
+    "goodput": (PROMPT_TOKENS, GENERATION_TOKENS),
+    "vllm": ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"),
+    "sglang": ("sglang:prompt_tokens_total", "sglang:generation_tokens_total"),
+}
+HANDOFF_SECONDS = "goodput_kv_transfer_seconds"  # the decode side's pull of a hand-off, histogram
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,10 @@ class PodSample:
     counts_good: bool = True  # False: the engine has no good counter; it is estimated against the SLO
     rejected: float = 0.0  # refused before being queued (admission's 429s): arrivals the pod never served
     e2e_buckets: Buckets = ()  # end-to-end latency, for the spread of request sizes
+    prompt_tokens: float = 0.0  # counters: prompt tokens computed, tokens generated
+    output_tokens: float = 0.0
+    handoff_seconds: float = 0.0  # the KV hand-offs' summed seconds and their count (decode side)
+    handoffs: float = 0.0
 
 
 def _detect(names: set[str]) -> EngineMetrics:
@@ -104,6 +115,10 @@ def parse_pod_metrics(text: str) -> PodSample:
         counts_good=m.good is not None,
         rejected=sum(total(name) for name in m.rejected),
         e2e_buckets=buckets(E2E_HISTOGRAMS.get(m.engine, ())),
+        prompt_tokens=total(TOKEN_COUNTERS[m.engine][0]),
+        output_tokens=total(TOKEN_COUNTERS[m.engine][1]),
+        handoff_seconds=total(HANDOFF_SECONDS + "_sum"),
+        handoffs=total(HANDOFF_SECONDS + "_count"),
     )
 
 
@@ -275,7 +290,23 @@ class History:
             dispersion=None if dispersion is None else dispersion.index,
             peakedness=1.0 if dispersion is None else dispersion.peakedness,
             size_cv2=sizes,
+            ttft_within=share_within(ttft, self.slo_ttft) if self.slo_ttft is not None else None,
+            tpot_within=share_within(tpot, self.slo_tpot) if self.slo_tpot is not None else None,
+            **self._tokens(pairs, base),
         )
+
+    def _tokens(self, pairs: list[tuple[PodSample, PodSample]], base: tuple[float, dict[str, PodSample]]) -> dict:
+        """Token rates over the window, and the hand-off's mean seconds (None where nothing was counted)."""
+        elapsed = max(self.scrapes[-1][0] - base[0], 1e-9)
+        prompt = sum(_delta(new.prompt_tokens, old.prompt_tokens) for new, old in pairs)
+        output = sum(_delta(new.output_tokens, old.output_tokens) for new, old in pairs)
+        seconds = sum(_delta(new.handoff_seconds, old.handoff_seconds) for new, old in pairs)
+        count = sum(_delta(new.handoffs, old.handoffs) for new, old in pairs)
+        return {
+            "prompt_tokens_rate": prompt / elapsed,
+            "output_tokens_rate": output / elapsed,
+            "handoff_seconds": seconds / count if count > 0 else None,
+        }
 
     @staticmethod
     def _bucket_delta(pairs: list[tuple[PodSample, PodSample]], attr: str) -> list[tuple[float, float]]:

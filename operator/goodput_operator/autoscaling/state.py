@@ -44,6 +44,12 @@ class Signals:
     dispersion: float | None = None  # index of dispersion of arrival counts per control period (None: too few yet)
     peakedness: float = 1.0  # what the law's headroom uses: the index less its noise, floored at 1 (dispersion.py)
     size_cv2: float | None = None  # request sizes' squared coefficient of variation, over the long window
+    # for a disaggregated service's pools (pools.py); None where the source did not say
+    ttft_within: float | None = None  # share of the window's requests within the TTFT target the source was given
+    tpot_within: float | None = None  # ... within the TPOT target
+    prompt_tokens_rate: float | None = None  # prompt tokens computed per second
+    output_tokens_rate: float | None = None  # tokens generated per second
+    handoff_seconds: float | None = None  # mean seconds of a KV hand-off (the decode side's pull)
 
 
 @dataclass(frozen=True)
