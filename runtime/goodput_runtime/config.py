@@ -57,6 +57,14 @@ class EngineConfig:
     pinned_loras: tuple[str, ...] = ()  # adapters never dropped from memory, whose slots go last
     allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
     lora_source: str | None = None  # a directory of adapters, one per subdirectory, loaded on first use by name
+    # KV hand-off between a prefill and a decode runtime (engine/kv_transfer/)
+    kv_transfer_role: str = "none"  # none | prefill | decode | both
+    kv_transfer_transport: str = "tcp"  # tcp | local (runtimes in one process: tests)
+    kv_transfer_port: int = 8001  # the tcp transport's listen port; 0: a free one
+    kv_transfer_host: str | None = None  # the address advertised to peers; None: $POD_IP, else the host's
+    kv_lease_seconds: float = 30.0  # a prefill runtime holds a finished prompt's blocks this long at most
+    kv_failure_policy: str = "recompute"  # recompute | fail (503 kv_transfer_failed)
+    kv_transfer_timeout: float = 10.0  # seconds: the bound on any one hand-off
 
     @property
     def model_name(self) -> str:

@@ -19,6 +19,9 @@ from pathlib import Path
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.client import StepObserver
 from goodput_runtime.engine.core import EngineCore
+from goodput_runtime.engine.kv_transfer.agent import KVTransferAgent
+from goodput_runtime.engine.kv_transfer.base import KVTransferError
+from goodput_runtime.engine.kv_transfer.params import HandoffParams
 from goodput_runtime.engine.lora_manager import LoraAdapter, LoraError, LoraManager
 from goodput_runtime.engine.outputs import EngineStoppedError, QueueFullError, RequestOutput
 from goodput_runtime.engine.scheduler import Scheduler, SchedulerOutput
@@ -75,6 +78,10 @@ class AsyncEngine:
         # pass, update, the handlers that run before the next step), the time between a request's tokens
         self.last_step: tuple[SchedulerOutput, float] | None = None
         self.lora_loads: dict[str, asyncio.Future] = {}  # adapters being loaded on first use, by name
+        # the KV hand-off's side of this engine (engine/kv_transfer/agent.py); None with role none
+        self.kv_transfer: KVTransferAgent | None = None
+        if config.kv_transfer_role != "none":
+            self.kv_transfer = KVTransferAgent(core, config, self.executor)
 
     @classmethod
     def from_config(cls, config: EngineConfig, metrics: RuntimeMetrics | None = None) -> AsyncEngine:
@@ -112,6 +119,8 @@ class AsyncEngine:
         await asyncio.get_running_loop().run_in_executor(self.executor, self.core.warmup)
         self.wakeup = asyncio.Event()
         self.loop_task = asyncio.create_task(self._run(), name="engine-loop")
+        if self.kv_transfer is not None:
+            await self.kv_transfer.start()
 
     @property
     def pooling(self) -> str:
@@ -132,17 +141,49 @@ class AsyncEngine:
         return self.core.scheduler.eos_token_ids
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, pooling: PoolingParams | None = None
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        pooling: PoolingParams | None = None,
+        kv_role: str | None = None,
     ) -> RequestStream:
+        """kv_role "prefill": the prompt's blocks stay under a lease at the finish, whose hand-off the
+        finished output carries (engine/kv_transfer/); "decode" is add_handoff_request's."""
         if not self.admitting or self.loop_task is None:
             raise EngineStoppedError("the server is shutting down and admits no new requests")
         if self.num_waiting >= self.config.max_queue:
             raise QueueFullError(f"{self.num_waiting} requests are already waiting (--max-queue)")
         if request_id in self.streams:
             raise ValueError(f"request id {request_id} is already in use")
-        self.core.add(request_id, prompt_token_ids, params, pooling)
+        self.core.add(request_id, prompt_token_ids, params, pooling, kv_role)
         stream = RequestStream(request_id)
         self.streams[request_id] = stream
+        self.wakeup.set()
+        return stream
+
+    async def add_handoff_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, handoff: HandoffParams
+    ) -> RequestStream:
+        """A decode runtime's request: its prompt's blocks are pulled from the prefill runtime `handoff`
+        names (the request parked meanwhile, other requests' steps going on), then it is queued. On a
+        failed hand-off the prompt is computed here, or, with --kv-failure-policy fail, KVTransferError
+        is raised (a layout mismatch is always computed here)."""
+        assert self.kv_transfer is not None
+        stream = self.add_request(request_id, prompt_token_ids, params, kv_role="decode")
+        seq = self.core.requests[request_id].seq
+        try:
+            await self.kv_transfer.handoff(seq, handoff)
+        except KVTransferError as exc:
+            if not seq.is_finished:
+                self.core.block_manager.free_seq(seq)
+                if self.config.kv_failure_policy == "fail" and exc.reason != "layout_mismatch":
+                    self.abort(request_id)
+                    raise
+        except BaseException:
+            self.abort(request_id)  # the client left (the handler was cancelled): nothing leaks
+            raise
+        self.core.scheduler.unpark(seq)
         self.wakeup.set()
         return stream
 
@@ -218,6 +259,8 @@ class AsyncEngine:
             except asyncio.CancelledError:
                 pass
             self.loop_task = None
+        if self.kv_transfer is not None:
+            await self.kv_transfer.stop()
         await asyncio.to_thread(self.executor.shutdown, True)
         self.stepping = False
         for request_id in list(self.streams):

@@ -211,13 +211,30 @@ class BlockManager:
             return index
         return None
 
-    def free_seq(self, seq: Sequence) -> None:
-        # freed in reverse so a prefix's tail is reused before its head
-        for block_id in reversed(seq.block_table):
+    def reserve(self, seq: Sequence, hits: list[int], count: int) -> list[int] | None:
+        """A KV hand-off's blocks (kv_transfer/agent.py): seq takes the prefix hits (from match_prefix)
+        and `count` fresh blocks after them for blocks pulled from another runtime; the fresh ones, or
+        None when they are not free. Nothing counts as computed until the pulled blocks land."""
+        reusable = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        if count > len(self.free) - reusable:
+            return None
+        for block_id in hits:
+            self._take(block_id)
+        fresh = [self._take_free() for _ in range(count)]
+        seq.block_table = [*hits, *fresh]
+        seq.block_hashes = [self.blocks[b].hash for b in hits]  # type: ignore[misc]
+        return fresh
+
+    def release_blocks(self, block_ids: list[int]) -> None:
+        """Drop one reference on each block (in reverse, so a prefix's tail is reused before its head)."""
+        for block_id in reversed(block_ids):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free[block_id] = None
+
+    def free_seq(self, seq: Sequence) -> None:
+        self.release_blocks(seq.block_table)
         seq.block_table = []
         seq.block_hashes = []
         seq.block_copies = []

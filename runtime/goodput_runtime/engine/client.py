@@ -12,6 +12,8 @@ from typing import Protocol, runtime_checkable
 
 from transformers import PreTrainedTokenizerBase
 
+from goodput_runtime.engine.kv_transfer.agent import KVTransferAgent
+from goodput_runtime.engine.kv_transfer.params import HandoffParams
 from goodput_runtime.engine.lora_manager import LoraAdapter, LoraManager
 from goodput_runtime.engine.outputs import RequestOutput
 from goodput_runtime.engine.scheduler import ScheduledSeq, Scheduler
@@ -54,10 +56,28 @@ class EngineClient(Protocol):
 
     # requests
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, pooling: PoolingParams | None = None
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        pooling: PoolingParams | None = None,
+        kv_role: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """The request's outputs, in order, the last one finished. Raises QueueFullError when the
-        queue is full and EngineStoppedError once the engine admits nothing more."""
+        queue is full and EngineStoppedError once the engine admits nothing more. kv_role "prefill"
+        keeps the prompt's blocks under a lease for a decode runtime (engine/kv_transfer/)."""
+        ...
+
+    async def add_handoff_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, handoff: HandoffParams
+    ) -> AsyncIterator[RequestOutput]:
+        """A decode runtime's request (engine/kv_transfer/): its prompt's blocks are pulled from the
+        prefill runtime first. Raises KVTransferError when that fails under --kv-failure-policy fail."""
+        ...
+
+    @property
+    def kv_transfer(self) -> KVTransferAgent | None:
+        """The KV hand-off's side of this engine (its role, leases, counts); None with role none."""
         ...
 
     def abort(self, request_id: str) -> None: ...

@@ -88,11 +88,18 @@ class EngineCore:
         return self.lora.get(params.lora).key
 
     def add(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, pooling: PoolingParams | None = None
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        pooling: PoolingParams | None = None,
+        kv_role: str | None = None,
     ) -> None:
         """Queue a request. With `pooling` it is an embedding request: its prompt is prefilled like any
         other (chunked, sharing steps with generation), then pooled instead of sampled; it finishes with
-        its vector in the output and generates nothing (params then only need n == 1)."""
+        its vector in the output and generates nothing (params then only need n == 1).
+        kv_role (engine/kv_transfer/): "prefill" keeps the prompt's blocks under a lease at its finish;
+        "decode" parks the request until its prompt's blocks are pulled (the caller unparks it)."""
         if pooling is not None:
             self._add_embedding(request_id, prompt_token_ids, params, pooling)
             return
@@ -127,7 +134,11 @@ class EngineCore:
         if params.prompt_logprobs is not None:
             prompt_logprobs = [None]
         self.requests[request_id] = Request(choices, prompt_logprobs)
-        self.scheduler.add(first)
+        first.lease_kv = kv_role == "prefill"
+        if kv_role == "decode":
+            self.scheduler.park(first)
+        else:
+            self.scheduler.add(first)
 
     def _add_embedding(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, pooling: PoolingParams
@@ -323,6 +334,7 @@ class EngineCore:
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             embedding=request.embedding,
+            kv_transfer_params=seq.kv_handoff if finished else None,
         )
         if finished:
             times = seq.times  # shared by every choice

@@ -52,6 +52,9 @@ class RequestOutput:
     # the prompt's tokens, the first without a logprob (None), on a choice's first output when asked for
     prompt_logprobs: list[TokenLogprob | None] | None = None
     embedding: list[float] | None = None  # an embedding request's vector, on its finished output
+    # a prefill runtime's request (kv_transfer_params do_remote_decode): on its finished output, the
+    # hand-off a decode runtime pulls its prompt's blocks by (kv_transfer/params.py)
+    kv_transfer_params: dict | None = None
 
 
 __all__ = [

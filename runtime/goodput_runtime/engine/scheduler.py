@@ -38,75 +38,27 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from goodput_runtime.engine.batch_cap import BatchCap
 from goodput_runtime.engine.block_manager import BlockManager
+from goodput_runtime.engine.kv_transfer.leases import LeaseTable
 from goodput_runtime.engine.lora_manager import LoraManager, LoraNotFound
+from goodput_runtime.engine.schedule_output import ScheduledSeq, SchedulerOutput, is_batch
 from goodput_runtime.engine.sequence import SeqStatus, Sequence
+from goodput_runtime.engine.sequence_updates import SequenceUpdates
 from goodput_runtime.engine.slo_schedule import SloSchedule
 from goodput_runtime.engine.spec_decode.switch import SpeculationSwitch
+
+__all__ = ["BATCH_PREFILL_SHARE", "LORA_AGEING_S", "ScheduledSeq", "Scheduler", "SchedulerOutput", "is_batch"]
 
 # a waiting request whose LoRA adapter finds no free slot is passed over; once one has waited this
 # long, no newer request on another adapter is admitted until it has its slot (base requests still are)
 LORA_AGEING_S = 2.0
 BATCH_PREFILL_SHARE = 8  # batch prefills take at most 1/8 of a step's token budget: a step an online
+
+
 # request arrives during stays short, so its wait for the next step does too
-
-
-def is_batch(seq: Sequence) -> bool:
-    return seq.params.priority > 0
-
-
-@dataclass(slots=True)
-class ScheduledSeq:
-    seq: Sequence
-    num_tokens: int  # computed this step, from seq.num_computed_tokens on
-    block_copies: list[tuple[int, int]] = field(default_factory=list)  # to make before the step
-    # positions [start, stop) of this step whose logits give prompt logprobs, each predicting the
-    # prompt token after it; empty unless the request asked for them and they are not yet reported
-    prompt_logprobs: range = range(0)
-    draft: list[int] = field(default_factory=list)  # proposed tokens verified after the last one (in num_tokens)
-    lora_slot: int = 0  # the LoRA slot its rows use; 0: the base model
-
-    @property
-    def start(self) -> int:
-        return self.seq.num_computed_tokens
-
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the sequence's last token, so its next token is sampled."""
-        return self.seq.num_computed_tokens + self.num_tokens - len(self.draft) == self.seq.num_tokens
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)
-    num_preempted: int = 0
-    prefix_queried_tokens: int = 0
-    prefix_hit_tokens: int = 0
-    speculative: bool = False  # the switch allowed speculation this step (and proposals for the next)
-    batch_cap: int | None = None  # batch sequences allowed beside the online ones this step; None: not capped
-    batch_paused: int = 0  # running batch sequences the cap kept out of this step
-    num_decodes: int = 0  # sequences decoding one token (with or without proposals), counted at scheduling
-    num_online_decodes: int = 0  # those of online requests
-    num_prompt_tokens: int = 0  # every other token computed: prefills, recomputation, proposals verified
-    offload_hit_tokens: int = 0  # of prefix_hit_tokens, those loaded from the KV offload tier
-    # KV offload (engine/kv_offload.py): (block id, hash) to copy out, then (block id, payload) to copy
-    # in, before this step's forward pass
-    kv_saves: list[tuple[int, int]] = field(default_factory=list)
-    kv_loads: list[tuple[int, bytearray]] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled)
-
-    @property
-    def num_batch(self) -> int:
-        return sum(1 for s in self.scheduled if is_batch(s.seq))
-
-
-class Scheduler:
+class Scheduler(SequenceUpdates):
     def __init__(
         self,
         block_manager: BlockManager,
@@ -128,6 +80,10 @@ class Scheduler:
         self.slo: SloSchedule | None = None  # set when the service's SLO orders prompts and sizes their chunks
         self.lora: LoraManager | None = None  # set when LoRA adapters are enabled: their slots
         self.lora_failed: list[Sequence] = []  # waiting sequences whose adapter was unloaded: finished by the core
+        # KV hand-offs (engine/kv_transfer/): sequences parked while their prompt's blocks arrive, and
+        # on a prefill runtime the leases finished prompts' blocks are held under
+        self.parked: list[Sequence] = []
+        self.leases: LeaseTable | None = None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -218,10 +174,11 @@ class Scheduler:
                 budget, evicted = budget + freed, out.num_preempted
                 continue
             first_admission = seq.times.first_scheduled is None
-            every = self._needs_every_position(seq)
-            hits = [] if every else self.block_manager.match_prefix(seq)
-            loads = [] if every else self.block_manager.match_offloaded(seq, len(hits))
-            cached = (len(hits) + len(loads)) * self.block_manager.block_size
+            # a hand-off's sequence arrives holding the blocks that landed for it (kv_transfer/agent.py)
+            skip = self._needs_every_position(seq) or bool(seq.block_table)
+            hits = [] if skip else self.block_manager.match_prefix(seq)
+            loads = [] if skip else self.block_manager.match_offloaded(seq, len(hits))
+            cached = (len(hits) + len(loads)) * self.block_manager.block_size or seq.num_computed_tokens
             num_tokens = min(seq.num_tokens - cached, budget)
             if is_batch(seq):  # only batch requests wait now (the lowest priority comes first)
                 num_tokens = min(num_tokens, batch_prefill)
@@ -373,92 +330,3 @@ class Scheduler:
                 scheduled.prompt_logprobs = range(start, stop)
                 seq.num_prompt_logprob_positions = stop
         return scheduled
-
-    def update(
-        self,
-        out: SchedulerOutput,
-        sampled: list[int | None],
-        fork_tokens: dict[int, list[int]] | None = None,
-        accepted: dict[int, list[int]] | None = None,
-        proposals: dict[int, list[int]] | None = None,
-    ) -> list[Sequence]:
-        """Record computed tokens and sampled ones; return the sequences that got new tokens, and the
-        embedding requests whose prompt this step completed (finished here).
-        By scheduled position: fork_tokens, the first tokens of the choices forking there; accepted,
-        the proposed tokens the target kept (before its own sampled token); proposals, tokens proposed
-        for the sequence's next step."""
-        advanced: list[Sequence] = []
-        for pos, (item, token) in enumerate(zip(out.scheduled, sampled, strict=True)):
-            seq = item.seq
-            if seq.is_finished:  # aborted while the step ran
-                continue
-            kept = (accepted or {}).get(pos, [])
-            seq.num_computed_tokens += item.num_tokens - len(item.draft) + len(kept)
-            if item.draft:
-                self.block_manager.trim(seq)  # the rejected proposals' slots
-            else:
-                self.block_manager.commit(seq)
-            if token is None:
-                if seq.pooling is not None and not seq.num_uncomputed_tokens:
-                    # an embedding request: its prompt is complete and pooled, nothing to generate
-                    advanced.append(seq)
-                    self.finish(seq, "stop")
-                continue
-            forks, seq.forks = seq.forks, []
-            for child, child_token in zip(forks, (fork_tokens or {}).get(pos, []), strict=True):
-                self.block_manager.fork(seq, child)
-                child.num_prompt_logprob_positions = seq.num_prompt_logprob_positions
-                child.status = SeqStatus.RUNNING
-                self.running.append(child)
-                self._advance(child, [child_token], advanced)
-            self._advance(seq, [*kept, token], advanced)
-            if item.draft and not seq.is_finished:
-                self.block_manager.commit(seq)  # now that the accepted tokens are in token_ids
-            if pos in (proposals or {}) and not seq.is_finished:
-                self.drafts[seq] = (proposals or {})[pos]
-        return advanced
-
-    def _advance(self, seq: Sequence, tokens: list[int], advanced: list[Sequence]) -> None:
-        """Append tokens one by one, up to the first that stops the sequence (a grammar's end included)."""
-        advanced.append(seq)
-        if seq.params.max_tokens == 0:  # prompt logprobs only: the sampled token is not wanted
-            self.finish(seq, "length")
-            return
-        for token in tokens:
-            seq.token_ids.append(token)
-            reason = self.stop_reason(seq, token)
-            if seq.grammar is not None and not reason and (not seq.grammar.accept(token) or seq.grammar.terminated):
-                reason = "stop"  # the grammar is complete (its stop token came, though EOS was ignored)
-            if reason:
-                self.finish(seq, reason)
-                return
-
-    def stop_reason(self, seq: Sequence, token: int) -> str | None:
-        p = seq.params
-        if seq.num_output_tokens >= p.min_tokens:
-            if token in p.stop_token_ids:
-                return "stop"
-            if not p.ignore_eos and token in self.eos_token_ids:
-                return "stop"
-        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            return "length"
-        return None
-
-    def finish(self, seq: Sequence, reason: str) -> None:
-        if seq.is_finished:
-            return
-        if seq.status is SeqStatus.RUNNING:
-            self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
-        self.block_manager.free_seq(seq)
-        self.drafts.pop(seq, None)
-        seq.status = SeqStatus.FINISHED
-        seq.finish_reason = reason
-
-    def _preempt(self, seq: Sequence) -> None:
-        self.block_manager.free_seq(seq)
-        self.drafts.pop(seq, None)
-        seq.status = SeqStatus.WAITING
-        seq.num_preemptions += 1
-        self.waiting.appendleft(seq)

@@ -25,6 +25,9 @@ class PoolingParams:
 class SeqStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    # a decode runtime's request whose prompt blocks are being pulled from a prefill runtime (kv_transfer/):
+    # parked outside the queue, holding the blocks they land in, until they have or the hand-off failed
+    WAITING_FOR_REMOTE_KV = "waiting_for_remote_kv"
     FINISHED = "finished"
 
 
@@ -56,6 +59,11 @@ class Sequence:
     # the prefix cache's salt beyond the model's: the LoRA adapter's name and weights' digest ("" for the
     # base model), so that blocks are shared only between sequences of the same adapter
     cache_salt: str = ""
+    # a prefill runtime's request (kv_transfer_params do_remote_decode): at a normal finish its full prompt
+    # blocks stay held under a lease (kv_transfer/leases.py) instead of being freed, and kv_handoff holds
+    # what a decode runtime pulls them by
+    lease_kv: bool = False
+    kv_handoff: dict | None = None
 
     @classmethod
     def new(

@@ -17,6 +17,7 @@ from goodput_runtime.server import tokens as token_routes
 from goodput_runtime.server.auth import require_api_key
 from goodput_runtime.server.errors import APIError, from_http_exception, internal, invalid
 from goodput_runtime.server.generate import generate
+from goodput_runtime.server.kv_transfer_fields import parse_kv_transfer
 from goodput_runtime.server.prompts import (
     chat_prompt_ids,
     check_token_ids,
@@ -60,6 +61,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     prompt_ids = completion_prompt_ids(engine.tokenizer, body.prompt)
     params = sampling_params(engine, body.sampling, len(prompt_ids), "prompt")
     params = with_priority(request, body.sampling, dataclasses.replace(params, lora=adapter))
+    kv = parse_kv_transfer(body.kv_transfer_params, engine, params, body.stream)
     predicted = state.admit(engine, prompt_ids, params)
     params = await state.grammars.params(engine, body.guide, params)
     shape = CompletionShape(
@@ -71,7 +73,17 @@ async def completions(request: web.Request) -> web.StreamResponse:
         assert isinstance(decoded, str)  # one sequence decodes to one string
         echo_text = decoded
     return await generate(
-        request, engine, state.tracker, shape, prompt_ids, params, body.stream, "prompt", echo_text, headers=predicted
+        request,
+        engine,
+        state.tracker,
+        shape,
+        prompt_ids,
+        params,
+        body.stream,
+        "prompt",
+        echo_text,
+        headers=predicted,
+        kv=kv,
     )
 
 
@@ -89,6 +101,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     )
     params = sampling_params(engine, body.sampling, len(prompt_ids), "messages")
     params = with_priority(request, body.sampling, dataclasses.replace(params, lora=adapter))
+    kv = parse_kv_transfer(body.kv_transfer_params, engine, params, body.stream)
     predicted = state.admit(engine, prompt_ids, params)
     params = await state.grammars.params(engine, body.guide, params)
     shape = ChatShape(
@@ -106,6 +119,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         tools=tools,
         count_calls=state.metrics.record_tool_calls,
         headers=predicted,
+        kv=kv,
     )
 
 

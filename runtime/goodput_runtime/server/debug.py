@@ -1,5 +1,6 @@
 """``GET /debug/state``: what a leak would show — asyncio tasks, KV blocks, requests in flight, open files;
-the prefix blocks held per KV tier and the offload tier's counters.
+the prefix blocks held per KV tier and the offload tier's counters; the KV hand-off's leases and parked
+requests.
 
 Read by the soak benchmark (bench/soak.py) before and after a long run of mixed traffic.
 """
@@ -36,7 +37,23 @@ def state_of(engine: EngineClient | None, phase: str, requests_in_flight: int) -
             engine_streams=engine.num_streams,
         )
         out.update(kv_tiers(engine))
+        agent = getattr(engine, "kv_transfer", None)
+        if agent is not None:
+            out["kv_transfer"] = kv_transfer(agent)
     return out
+
+
+def kv_transfer(agent: Any) -> dict[str, Any]:
+    """The KV hand-off's state (engine/kv_transfer/): leases held and the blocks under them, requests
+    parked while their blocks arrive, and the counts since start."""
+    return {
+        "role": agent.role,
+        "leases": len(agent.leases.leases),
+        "lease_blocks": agent.leases.num_blocks,
+        "lease_expiries": agent.leases.expired,
+        "parked": len(agent.core.scheduler.parked),
+        **dataclasses.asdict(agent.stats),
+    }
 
 
 def kv_tiers(engine: EngineClient) -> dict[str, Any]:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from goodput_runtime.engine.client import EngineClient
+from goodput_runtime.engine.kv_transfer.base import KVTransferError
+from goodput_runtime.engine.kv_transfer.params import HandoffParams
 from goodput_runtime.engine.lora_manager import LoraError
 from goodput_runtime.engine.outputs import (
     EngineStoppedError,
@@ -22,6 +25,7 @@ from goodput_runtime.engine.outputs import (
 from goodput_runtime.engine.sequence import PoolingParams
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.server.errors import APIError, internal, invalid, queue_full, unavailable
+from goodput_runtime.server.kv_transfer_fields import KVTransferRequest, kv_transfer_failed
 from goodput_runtime.server.responses import Choice, Shape, usage
 from goodput_runtime.structured.tool_parsers import ToolStream, parse, parse_forced
 
@@ -116,8 +120,12 @@ async def generate(
     tools: ToolSetup | None = None,
     count_calls: Callable[[int], None] | None = None,
     headers: dict[str, str] | None = None,
+    kv: KVTransferRequest | None = None,
 ) -> web.StreamResponse:
-    outputs = admit(engine, shape.id, prompt_ids, params, prompt_param)
+    if kv is not None and kv.handoff is not None:
+        outputs = await admit_handoff(engine, shape.id, prompt_ids, params, prompt_param, kv.handoff)
+    else:
+        outputs = admit(engine, shape.id, prompt_ids, params, prompt_param, kv_role=kv.role if kv else None)
     if shape.return_token_ids:
         shape.prompt_token_ids = prompt_ids
     tracker.active.add(shape.id)
@@ -131,7 +139,10 @@ async def generate(
         finished = True
         if count_calls is not None:
             count_calls(sum(len(c.tool_calls or []) for c in choices))
-        return web.json_response(shape.response(choices, pieces.usage(last)), headers=headers)
+        body = shape.response(choices, pieces.usage(last))
+        if kv is not None and kv.role == "prefill":
+            body["kv_transfer_params"] = last.kv_transfer_params  # the hand-off a decode runtime pulls by
+        return web.json_response(body, headers=headers)
     finally:
         if not finished:
             # the client left (or we failed) before the end: free the request's KV blocks now
@@ -140,18 +151,13 @@ async def generate(
         tracker.active.discard(shape.id)
 
 
-def admit(
-    engine: EngineClient,
-    request_id: str,
-    prompt_ids: list[int],
-    params: SamplingParams,
-    prompt_param: str,
-    pooling: PoolingParams | None = None,
-) -> AsyncIterator[RequestOutput]:
+@contextlib.contextmanager
+def admission_errors(prompt_param: str) -> Iterator[None]:
+    """What adding a request may raise, as the API's errors."""
     try:
-        if pooling is not None:
-            return engine.add_request(request_id, prompt_ids, params, pooling)
-        return engine.add_request(request_id, prompt_ids, params)
+        yield
+    except KVTransferError as exc:  # a decode phase's, under --kv-failure-policy fail
+        raise kv_transfer_failed(f"The KV hand-off failed ({exc.reason}): {exc}") from None
     except QueueFullError:
         raise queue_full() from None
     except PromptTooLongError as exc:
@@ -162,6 +168,36 @@ def admit(
         raise unavailable("The server is shutting down and accepts no new requests", "shutting_down") from None
     except LoraError as exc:  # the adapter was unloaded since the request was parsed
         raise APIError(exc.status, str(exc), param="model", code=exc.code) from None
+
+
+def admit(
+    engine: EngineClient,
+    request_id: str,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    prompt_param: str,
+    pooling: PoolingParams | None = None,
+    kv_role: str | None = None,
+) -> AsyncIterator[RequestOutput]:
+    with admission_errors(prompt_param):
+        if pooling is not None:
+            return engine.add_request(request_id, prompt_ids, params, pooling)
+        if kv_role is not None:
+            return engine.add_request(request_id, prompt_ids, params, kv_role=kv_role)
+        return engine.add_request(request_id, prompt_ids, params)
+
+
+async def admit_handoff(
+    engine: EngineClient,
+    request_id: str,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    prompt_param: str,
+    handoff: HandoffParams,
+) -> AsyncIterator[RequestOutput]:
+    """admit, for a decode phase: the prompt's blocks are pulled first (engine/kv_transfer/)."""
+    with admission_errors(prompt_param):
+        return await engine.add_handoff_request(request_id, prompt_ids, params, handoff)
 
 
 async def collect(

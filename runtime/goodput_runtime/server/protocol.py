@@ -95,6 +95,7 @@ class CompletionRequest:
     include_usage: bool
     guide: Guide | None = None
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids in the answer
+    kv_transfer_params: Any = None  # a KV hand-off's phase, as sent (server/kv_transfer_fields.py checks it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +110,7 @@ class ChatRequest:
     tool_choice: str | None = None  # none, auto, required, or the name of the one function to call
     parallel_tool_calls: bool = True
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids in the answer
+    kv_transfer_params: Any = None  # a KV hand-off's phase, as sent (server/kv_transfer_fields.py checks it)
 
     @property
     def forced_tool(self) -> bool:
@@ -357,6 +359,7 @@ def parse_completion(body: dict) -> CompletionRequest:
         include_usage(body, stream),
         guide(body),
         boolean(body, "return_token_ids"),
+        body.get("kv_transfer_params"),
     )
 
 
@@ -492,6 +495,7 @@ def parse_chat(body: dict) -> ChatRequest:
         choice,
         parallel,
         boolean(body, "return_token_ids"),
+        body.get("kv_transfer_params"),
     )
 
 
