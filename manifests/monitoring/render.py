@@ -11,227 +11,15 @@ committed files match this script.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-UID = "goodput-autoscaling"
-RUNTIME = 'namespace=~"$namespace", model=~"$model"'
-OPERATOR = 'namespace=~"$namespace", name=~"$service"'
-GATEWAY = 'namespace=~"$namespace", service=~"$service"'
-RATE = "$__rate_interval"
-DS = {"type": "prometheus", "uid": "${datasource}"}
+sys.path.insert(0, str(HERE))  # the sibling modules, also when a test loads this file by its path
 
-
-def q(expr: str, legend: str) -> dict[str, Any]:
-    return {"expr": expr, "legendFormat": legend, "datasource": DS, "range": True}
-
-
-def quantiles(recorded: str, slo_gauge: str) -> list[dict[str, Any]]:
-    """p50/p90/p99 of a recorded bucket rate, which every engine's histogram feeds (prometheus-rule.yaml)."""
-    targets = [
-        q(f"histogram_quantile({p}, sum by (le) ({recorded}{{{RUNTIME}}}))", f"p{p * 100:g}") for p in (0.5, 0.9, 0.99)
-    ]
-    return [*targets, q(f"max({slo_gauge}{{{RUNTIME}}})", "SLO target")]
-
-
-def panel(
-    title: str,
-    targets: list[dict[str, Any]],
-    unit: str,
-    x: int,
-    y: int,
-    w: int = 12,
-    step: bool = False,
-    threshold: float | None = None,
-    description: str = "",
-) -> dict[str, Any]:
-    custom: dict[str, Any] = {"lineWidth": 2, "fillOpacity": 0, "showPoints": "never"}
-    if step:
-        custom["lineInterpolation"] = "stepAfter"
-    thresholds: dict[str, Any] = {"mode": "absolute", "steps": [{"color": "green", "value": None}]}
-    if threshold is not None:
-        custom["thresholdsStyle"] = {"mode": "line+area"}
-        thresholds["steps"] = [{"color": "red", "value": None}, {"color": "transparent", "value": threshold}]
-    refs = "ABCDEFGH"
-    return {
-        "type": "timeseries",
-        "title": title,
-        "description": description,
-        "datasource": DS,
-        "gridPos": {"x": x, "y": y, "w": w, "h": 8},
-        "fieldConfig": {"defaults": {"unit": unit, "custom": custom, "thresholds": thresholds}, "overrides": []},
-        "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
-        "targets": [{**t, "refId": refs[i]} for i, t in enumerate(targets)],
-    }
-
-
-def variable(name: str, query: str, label: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "label": label,
-        "type": "query",
-        "datasource": DS,
-        "query": {"query": query, "refId": name},
-        "definition": query,
-        "refresh": 2,
-        "includeAll": True,
-        "multi": True,
-        "allValue": ".*",
-        "current": {},
-        "sort": 1,
-    }
-
-
-def gateway_panels(y: int) -> list[dict[str, Any]]:
-    """The goodput-gateway's view: how it routes, what it holds for services at zero, how long clients wait."""
-    hold = "goodput_gateway_hold_duration_seconds"
-    return [
-        panel(
-            "Gateway routing decisions",
-            [
-                q(
-                    f"sum by (decision) (rate(goodput_gateway_routing_decisions_total{{{GATEWAY}}}[{RATE}]))",
-                    "{{decision}}",
-                ),
-            ],
-            "reqps",
-            0,
-            y,
-            w=8,
-            description="affinity: the prompt prefix's own replica; overflow: it was over the load bound; "
-            "retry: a replica failed before answering.",
-        ),
-        panel(
-            "Gateway held requests",
-            [
-                q(f"sum by (service) (goodput_gateway_requests_waiting{{{GATEWAY}}})", "held: {{service}}"),
-                q(
-                    f'sum by (code) (rate(goodput_gateway_requests_total{{{GATEWAY}, code=~"429|503"}}[{RATE}]))',
-                    "refused {{code}}/s",
-                ),
-            ],
-            "short",
-            8,
-            y,
-            w=8,
-            description="Requests waiting for a ready replica (a service at zero waking, or between pods).",
-        ),
-        panel(
-            "Gateway cold start (time held)",
-            [
-                q(f"histogram_quantile({p}, sum by (le) (rate({hold}_bucket{{{GATEWAY}}}[{RATE}])))", f"p{p * 100:g}")
-                for p in (0.5, 0.9)
-            ],
-            "s",
-            16,
-            y,
-            w=8,
-            description="How long held requests waited for the first ready replica.",
-        ),
-    ]
-
-
-def batch_panels(y: int) -> list[dict[str, Any]]:
-    """The batch API: lines waiting and done (every gateway together), how much batch work each service
-    is given, and the replicas' online vs batch requests (batch work yields to online)."""
-    return [
-        panel(
-            "Batch lines",
-            [
-                q("max(goodput_batch_lines_pending)", "pending"),
-                q(f"sum by (state) (rate(goodput_batch_requests_total[{RATE}]))", "{{state}}/s"),
-            ],
-            "short",
-            0,
-            y,
-            w=8,
-            description="Lines of running batches not yet done, and lines finished per second.",
-        ),
-        panel(
-            "Batch concurrency (AIMD)",
-            [
-                q('sum by (service) (goodput_batch_concurrency_limit{service=~"$service"})', "{{service}}"),
-            ],
-            "short",
-            8,
-            y,
-            w=8,
-            step=True,
-            description="Lines a service may have in flight: +1 a second while its online requests meet the SLO "
-            "and none waits, halved otherwise.",
-        ),
-        panel(
-            "Online vs batch requests",
-            [
-                q(
-                    "sum by (priority) "
-                    f'(rate(goodput_requests_by_priority_total{{{RUNTIME}, outcome="success"}}[{RATE}]))',
-                    "{{priority}} req/s",
-                ),
-                q(f"sum by (priority) (goodput_requests_waiting_by_priority{{{RUNTIME}}})", "{{priority}} waiting"),
-            ],
-            "short",
-            16,
-            y,
-            w=8,
-            description="The replicas' finished requests and queue by priority class.",
-        ),
-    ]
-
-
-def pipeline_panels(y: int) -> list[dict[str, Any]]:
-    """InferencePipelines at the gateway: outcomes, end-to-end goodput, what each step costs, what guards block."""
-    sel = 'namespace=~"$namespace", pipeline=~"$pipeline"'
-    step = "goodput_pipeline_step_duration_seconds_bucket"
-    return [
-        panel(
-            "Pipeline requests and goodput",
-            [
-                q(f"sum by (outcome) (rate(goodput_pipeline_requests_total{{{sel}}}[{RATE}]))", "{{outcome}}"),
-                q(
-                    f"sum(rate(goodput_pipeline_requests_good_total{{{sel}}}[{RATE}]))",
-                    "goodput (met the SLO end to end)",
-                ),
-            ],
-            "reqps",
-            0,
-            y,
-            w=8,
-            description="served, refused (an input guard), filtered (an output guard ended the stream), error; "
-            "goodput counts guards' time against the generate service's TTFT target.",
-        ),
-        panel(
-            "Pipeline step latency (p90)",
-            [
-                q(
-                    f"histogram_quantile(0.9, sum by (le, step, kind) (rate({step}{{{sel}}}[{RATE}])))",
-                    "{{step}} ({{kind}})",
-                ),
-                q(
-                    f"histogram_quantile(0.9, sum by (le) (rate(goodput_pipeline_time_to_first_token_seconds_bucket"
-                    f"{{{sel}}}[{RATE}])))",
-                    "end-to-end TTFT",
-                ),
-            ],
-            "s",
-            8,
-            y,
-            w=8,
-            description="Rules take microseconds; a classifier one short forward pass; generate is its TTFT.",
-        ),
-        panel(
-            "Guard blocks by rule",
-            [
-                q(f"sum by (rule) (rate(goodput_guard_blocks_total{{{sel}}}[{RATE}]))", "blocked: {{rule}}"),
-                q(f"sum by (rule) (rate(goodput_guard_redactions_total{{{sel}}}[{RATE}]))", "redacted: {{rule}}"),
-            ],
-            "reqps",
-            16,
-            y,
-            w=8,
-        ),
-    ]
+from dashboard_panels import DS, OPERATOR, RATE, RUNTIME, UID, panel, q, quantiles, variable  # noqa: E402
+from dashboard_sections import batch_panels, gateway_panels, pipeline_panels, pool_panels  # noqa: E402
 
 
 def dashboard() -> dict[str, Any]:
@@ -377,6 +165,7 @@ def dashboard() -> dict[str, Any]:
         *gateway_panels(48),
         *batch_panels(56),
         *pipeline_panels(64),
+        *pool_panels(72),
     ]
     return {
         "uid": UID,
