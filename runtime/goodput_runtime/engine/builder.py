@@ -16,7 +16,7 @@ import torch
 
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.cpu import pick_threads
-from goodput_runtime.engine import lora_manager, parallel, pipeline, prefix_digest, rendezvous
+from goodput_runtime.engine import lora_manager, lora_options, parallel, pipeline, prefix_digest, rendezvous
 from goodput_runtime.engine.batch_cap import BatchCap, StepTimeModel
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.contention import ContentionWatch
@@ -366,6 +366,8 @@ def enable_kv_offload(config: EngineConfig, runner: ModelRunner, block_manager: 
 
 
 def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> EngineCore:
+    if (refused := lora_options.refusal(config)) is not None:  # by name, before any weight is loaded
+        raise EngineConfigError(refused)
     model_dir = resolve_model_path(config.model, config.revision)
     check_architecture(model_dir)
     model_config = load_config(model_dir)
