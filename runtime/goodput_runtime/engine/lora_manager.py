@@ -35,25 +35,17 @@ from typing import Any
 
 import torch
 
+from goodput_runtime.engine import lora_sources
+from goodput_runtime.engine.lora_errors import LoraError, LoraNotFound
 from goodput_runtime.engine.prefix_digest import adapter_salt
 from goodput_runtime.layers.lora import LoraStack
 
 log = logging.getLogger(__name__)
 
+__all__ = ["LoraAdapter", "LoraError", "LoraManager", "LoraNotFound", "ModelShape", "model_shape", "read_adapter"]
+
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$")
-
-
-class LoraError(ValueError):
-    """An adapter that cannot be served; `status` is the HTTP status the API answers with."""
-
-    status = 400
-    code = "invalid_lora_adapter"
-
-
-class LoraNotFound(LoraError):
-    status = 404
-    code = "model_not_found"
 
 
 @dataclass
@@ -110,7 +102,7 @@ def read_adapter(name: str, path: str | Path, shape: ModelShape, max_rank: int) 
     from safetensors import SafetensorError
     from safetensors.torch import load as load_safetensors
 
-    root = Path(str(path).removeprefix("file://"))
+    root = lora_sources.local_dir(name, path)  # an hf:// source fetched into the disk cache first
     config_file, weights_file = root / "adapter_config.json", root / "adapter_model.safetensors"
     if not root.is_dir():
         raise LoraError(f"adapter {name!r}: {root} is not a directory")

@@ -2,14 +2,15 @@
 behind the API key like every route):
 
 - ``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path", "load_inplace"?, "pinned"?}``: the adapter
-  is read and checked on a thread (steps go on meanwhile), then served under its name; 200 with a line
-  of text. ``load_inplace`` replaces an adapter of that name (its running requests finish on the old
+  (a directory, ``file://``, or ``hf://ORG/REPO[@REVISION]`` fetched into the disk cache) is read and
+  checked on a thread (steps go on meanwhile), then served under its name; 200 with a line of text.
+  ``load_inplace`` replaces an adapter of that name (its running requests finish on the old
   weights; the prefix cache keeps the two apart); without it a taken name is a 400, as in vLLM.
 - ``POST /v1/unload_lora_adapter`` ``{"lora_name"}``: 200, or 404 for a name not loaded.
 
 Refusals are OpenAI-shaped and name their cause: a rank above --max-lora-rank, target modules the
-model lacks, weights of another base model's shapes, a corrupt or missing file (400), an unknown
-adapter (404).
+model lacks, weights of another base model's shapes, a corrupt or missing file, a repository that is no
+PEFT adapter (400), an unknown adapter or repository (404), a Hub that cannot be reached (503).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from goodput_runtime.engine import lora_sources
 from goodput_runtime.engine.lora_manager import LoraError
 from goodput_runtime.server.errors import APIError, invalid, missing, wrong_type
 from goodput_runtime.server.protocol import parse_json, reject_unknown
@@ -67,10 +69,10 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
         raise invalid(
             f"The lora adapter '{name}' has already been loaded (load_inplace replaces it)", "lora_name", "lora_exists"
         )
-    scheme = path.split("://", 1)[0] if "://" in path else None
-    if scheme not in (None, "file"):
+    if lora_sources.scheme(path) not in (None, "file", "hf"):
         raise invalid(
-            f"'lora_path' {path!r}: only a directory the server can read (a path or file://) is loaded here",
+            f"'lora_path' {path!r}: a directory the server can read (a path or file://) or an hf://ORG/REPO "
+            "source is loaded here",
             "lora_path",
             "unsupported_value",
         )
