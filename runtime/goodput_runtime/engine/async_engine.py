@@ -14,9 +14,9 @@ import re
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from goodput_runtime.config import EngineConfig
+from goodput_runtime.engine import lora_sources
 from goodput_runtime.engine.client import StepObserver
 from goodput_runtime.engine.core import EngineCore
 from goodput_runtime.engine.kv_transfer.agent import KVTransferAgent
@@ -212,12 +212,12 @@ class AsyncEngine:
         source = self.config.lora_source
         if source is None or not LORA_DIR_NAME.fullmatch(name) or ".." in name:
             return False
-        path = Path(source.removeprefix("file://")) / name
-        if not (path / "adapter_config.json").is_file():
+        path = lora_sources.under(source, name)  # hf://ORG/NAME, or the subdirectory holding an adapter
+        if path is None:
             return False
         task = self.lora_loads.get(name)
         if task is None:
-            task = self.lora_loads[name] = asyncio.ensure_future(self._load_counted(name, str(path)))
+            task = self.lora_loads[name] = asyncio.ensure_future(self._load_counted(name, path))
             task.add_done_callback(lambda _: self.lora_loads.pop(name, None))
         await asyncio.wait_for(asyncio.shield(task), LORA_LOAD_TIMEOUT_S)
         return True
