@@ -189,6 +189,8 @@ class Scheduler(SequenceUpdates):
                 if num_tokens <= 0:
                     break
             if not self.block_manager.allocate(seq, num_tokens, hits, loads):
+                if self._drop_landed(seq):
+                    continue
                 freed = self._evict_batch_for(seq, out)
                 if freed is None:
                     break
@@ -281,6 +283,15 @@ class Scheduler(SequenceUpdates):
             self.waiting.remove(seq)
             self.lora_failed.append(seq)
             return False
+
+    def _drop_landed(self, seq: Sequence) -> bool:
+        """Free the blocks other waiting sequences hold from a KV hand-off, so that `seq` (at the head
+        of the queue) is not kept waiting on them; they stay findable by prefix (published when they
+        landed) and are matched again at admission. False when none holds any."""
+        holders = [s for s in self.waiting if s is not seq and s.block_table]
+        for holder in holders:
+            self.block_manager.free_seq(holder)
+        return bool(holders)
 
     def _evict_batch_for(self, seq: Sequence, out: SchedulerOutput) -> int | None:
         """Preempt the most recently admitted batch request to make room for online `seq`; None when

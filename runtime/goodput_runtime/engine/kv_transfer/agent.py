@@ -252,6 +252,7 @@ class KVTransferAgent:
         if seq.is_finished:
             return 0
         seq.num_computed_tokens = usable * bs
+        bm.commit(seq)  # findable by prefix from now on, as if computed here
         self.stats.blocks_pulled += len(wanted)
         self.stats.blocks_reused += len(hits)
         self.stats.bytes_pulled += len(data)
