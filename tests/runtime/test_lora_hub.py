@@ -4,14 +4,18 @@ its file-resolve routes (hub_standin.py) stands in for it, reached through HF_EN
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from helpers import wait_for
 from hub_standin import HubStandIn
 from lora_adapters import make_adapter, peft_greedy
+
+from goodput_runtime.engine import async_engine
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +96,29 @@ def test_bad_hf_sources_are_refused_naming_the_cause(make_server, hub):
         error = response.json()["error"]
         assert cause in error["message"] and error["param"] == "lora_path", (source, error)
     assert "bad" not in {m["id"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]}
+
+
+def test_under_an_hf_source_an_adapter_loads_on_first_use_and_a_slow_hub_is_a_503_while_steps_go_on(
+    make_server, tiny_model_dir, adapters, hub, monkeypatch
+):
+    monkeypatch.setattr(async_engine, "LORA_LOAD_TIMEOUT_S", 2.0)  # the bound a request waits for a load
+    server = make_server(lora_source="hf://org", max_lora_rank=16)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    prompt = list(range(9, 25))
+    assert tokens(client, "qvd4", prompt) == expected(tiny_model_dir, adapters["qvd4"], prompt)
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.completions.create(model="absent", prompt="hi", max_tokens=2)
+    assert "no such repository" in missing.value.message
+
+    hub.delay = 5.0  # four requests to the Hub: the load takes 20 s, ten times the bound
+    with pytest.raises(openai.InternalServerError) as slow:
+        client.completions.create(model="mlp16", prompt="hi", max_tokens=2)
+    assert slow.value.status_code == 503 and "still loading" in slow.value.message
+    # meanwhile the step loop runs: base-model requests complete while the load is still under way
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        done = [pool.submit(tokens, client, "tiny", prompt, 4) for _ in range(2)]
+        assert all(len(job.result(timeout=60)) == 4 for job in done)
+    assert "mlp16" not in {m.id for m in client.models.list().data}, "the load finished first: the test proves nothing"
+    wait_for(lambda: "mlp16" in {m.id for m in client.models.list().data}, timeout=120)
+    assert tokens(client, "mlp16", prompt) == expected(tiny_model_dir, adapters["mlp16"], prompt)
+    assert server.metric("goodput_lora_loads_total", result="ok") == 2
