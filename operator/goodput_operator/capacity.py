@@ -233,6 +233,40 @@ class Capacity:
         return f"{weights}; {self.max_concurrent_sequences} sequences of {self.max_model_len} tokens fit in {budget}"
 
 
+@dataclass(frozen=True)
+class Pools:
+    """The plan of each role's replicas with spec.disaggregation: role -> (tensor-parallel size, plan).
+    Both roles hold the whole model; the decode pool's KV cache holds the running contexts, the prefill
+    pool's the prompts it computes and the blocks it keeps under lease until decode pulls them."""
+
+    plans: dict[str, tuple[int, Capacity]]
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether every role's replica fits; None while one is unknown."""
+        each = [plan.fits for _, plan in self.plans.values()]
+        return None if None in each else all(each)
+
+    def as_status(self) -> dict[str, Any]:
+        """status.capacity: the decode role's plan (the pods behind the service's own Service), each role's
+        under pools, and fits for both."""
+        out = self.plans["decode"][1].as_status()
+        out["pools"] = {role: {"tensor": tensor, **plan.as_status()} for role, (tensor, plan) in self.plans.items()}
+        if self.fits is not None:
+            out["fits"] = self.fits
+        return out
+
+    def describe(self, utilization: float) -> str:
+        described = {role: plan.describe(utilization) for role, (_, plan) in self.plans.items()}
+        if len(set(described.values())) == 1:
+            return f"each role: {next(iter(described.values()))}"
+        parts = []
+        for role, text in described.items():
+            gpus = self.plans[role][0]
+            parts.append(f"{role} ({gpus} GPU{'' if gpus == 1 else 's'} per replica): {text}")
+        return "; ".join(parts)
+
+
 def gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
 

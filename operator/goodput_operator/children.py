@@ -9,6 +9,7 @@ from goodput_contract.api.spec import ServiceSpec
 
 SERVICE_PORT = 80
 SERVICE_LABEL = f"{GROUP}/service"
+ROLE_LABEL = f"{GROUP}/role"  # prefill | decode, with spec.disaggregation (roles.py)
 MANAGED_BY = "goodput-operator"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 RUNTIME_UID = 1000
@@ -47,7 +48,11 @@ def labels(svc: ServiceSpec) -> dict[str, str]:
 
 
 def selector_string(svc: ServiceSpec) -> str:
-    return ",".join(f"{k}={v}" for k, v in selector_labels(svc).items())
+    """status.selector, the scale subresource's pods: the decode role's when disaggregated."""
+    chosen = selector_labels(svc)
+    if svc.disaggregation is not None:
+        chosen = {**chosen, ROLE_LABEL: "decode"}
+    return ",".join(f"{k}={v}" for k, v in chosen.items())
 
 
 def deployment_name(svc: ServiceSpec) -> str:

@@ -2,8 +2,10 @@
 
 Their serving port (the API, /health and /metrics alike) accepts connections only from the
 goodput-gateway and the operator (whose autoscaler reads each pod's /metrics), from pods of
-the service's own namespace, and from the monitoring namespace (Prometheus). Nothing else is
-admitted on any port. It binds only where the cluster's CNI plugin enforces NetworkPolicies.
+the service's own namespace, and from the monitoring namespace (Prometheus). With
+spec.disaggregation, the service's decode pods also reach its pods' kv port (the KV hand-off,
+pulled from the prefill pods). Nothing else is admitted on any port. It binds only where the
+cluster's CNI plugin enforces NetworkPolicies.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from goodput_contract.api.spec import ServiceSpec
-from goodput_operator import engines
+from goodput_operator import engines, roles
 from goodput_operator.builders import Manifest, child_metadata, deployment_name, selector_labels
 from goodput_operator.settings import Settings
 
@@ -44,6 +46,7 @@ def build_network_policy(svc: ServiceSpec, settings: Settings, owner: dict[str, 
         "spec": {
             "podSelector": {"matchLabels": selector_labels(svc)},
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": engines.engine_of(svc).port}]}],
+            "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": engines.engine_of(svc).port}]}]
+            + ([roles.kv_ingress(svc)] if svc.disaggregation is not None else []),
         },
     }

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from goodput_contract.api.spec import ServiceSpec, SpecError, parse
-from goodput_operator import builders, capacity, engines, metrics, network, observed, pods
-from goodput_operator.autoscaling import external
+from goodput_operator import builders, engines, metrics, observed, pods, reconcile_roles, roles
 from goodput_operator.conditions import (
     AVAILABLE,
     FALSE,
     MODEL_FITS,
     TRUE,
-    UNKNOWN,
     VALID,
     Condition,
     derive_ready,
@@ -25,17 +21,12 @@ from goodput_operator.conditions import (
     merge,
 )
 from goodput_operator.context import Context
+from goodput_operator.desired import desired_children, owned_by
 from goodput_operator.k8s import ApiError, now_timestamp, owner_path, resource_path
+from goodput_operator.model_fit import Fit, model_fit
 from goodput_operator.workqueue import CHANGE, SIDE, TRIGGERS
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Fit:
-    condition: Condition
-    capacity: dict[str, Any] | None = None
-    invalid: SpecError | None = None  # a fact about the model makes the spec unservable
 
 
 async def reconcile_by_name(ctx: Context, namespace: str, name: str, priority: int = SIDE) -> None:
@@ -89,17 +80,20 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
         svc = parse(name, namespace, body.get("spec") or {})
         engines.validate(svc)
         _check_shape(svc)
-        fit = await _model_fit(ctx, svc)
+        fit = await model_fit(ctx, svc)
         if fit.invalid:
             raise fit.invalid
         owner = builders.owner_reference(name, meta["uid"])
-        desired, unwanted = await _desired_children(ctx, svc, owner)
+        desired, unwanted = await desired_children(ctx, svc, owner)
     except SpecError as err:
         await _refuse(ctx, body, before, err, generation, fit.condition if fit else None)
         return "invalid"
 
+    prefill: dict[str, Any] | None = None
     try:
-        deployment = await _apply_children(ctx, body, desired, unwanted, svc, owner)
+        await reconcile_roles.settle_prefill_replicas(ctx, svc, applied=False)
+        deployment, prefill = await _apply_children(ctx, body, desired, unwanted, svc, owner)
+        await reconcile_roles.settle_prefill_replicas(ctx, svc, applied=True)
     except ChildConflict as err:
         deployment = {"kind": "Deployment"}
         available = Condition(AVAILABLE, FALSE, "ChildConflict", str(err))
@@ -124,8 +118,13 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
         "url": builders.service_url(svc),
         "placement": builders.placement(svc, deployment.get("kind") == "LeaderWorkerSet"),
         "capacity": fit.capacity,
+        "disaggregation": reconcile_roles.disaggregation_status(svc, deployment, prefill),
         "conditions": merge(old, conditions, generation, now_timestamp()),
     }
+    if fit.capacity is not None and "pools" not in fit.capacity and "pools" in (before.get("capacity") or {}):
+        status["capacity"] = {**fit.capacity, "pools": None}  # a merge patch keeps what it does not name
+    if status["disaggregation"] is None and "disaggregation" not in before:
+        del status["disaggregation"]
     await _write_status(ctx, body, before, status)
     if fit.condition.status == FALSE and _flipped(old, MODEL_FITS, FALSE):
         await ctx.event(body, "Warning", fit.condition.reason, fit.condition.message)
@@ -200,188 +199,6 @@ def _flipped(old: list[dict[str, Any]] | None, type_: str, status: str) -> bool:
     return before is None or before.get("status") != status
 
 
-async def _model_fit(ctx: Context, svc: ServiceSpec) -> Fit:
-    problem = capacity.quantization_problem(svc.model.quantization, svc.resources)
-    if problem:
-        return Fit(
-            Condition(MODEL_FITS, FALSE, "QuantizationUnsupported", problem),
-            invalid=SpecError("model.quantization", problem, reason="QuantizationUnsupported"),
-        )
-    source = svc.model.source
-    if source.scheme != "hf":
-        return Fit(Condition(MODEL_FITS, UNKNOWN, "ConfigNotFetched", "config.json is only fetched for hf:// sources"))
-
-    async def token() -> str | None:
-        ref = svc.model.token_secret
-        return await ctx.kube.secret_value(svc.namespace, ref.name, ref.key) if ref else None
-
-    result = ctx.fetcher.lookup(source.repo, svc.model.revision, token, (svc.namespace, svc.name), source.file)
-    if result is None:
-        what = (
-            f"config.json or the GGUF header of {source.repo}/{source.file}"
-            if source.file
-            else f"config.json of {source.repo}"
-        )
-        return Fit(Condition(MODEL_FITS, UNKNOWN, "FetchingConfig", f"fetching {what}"))
-    if result.config is None:
-        return Fit(Condition(MODEL_FITS, UNKNOWN, "ConfigUnavailable", result.error or ""))
-    config = result.config
-    # other engines serve architectures of their own; they say so at start-up
-    problem = capacity.architecture_problem(config) if svc.engine.kind == engines.GOODPUT else None
-    if problem:
-        return Fit(
-            Condition(MODEL_FITS, FALSE, "ArchitectureUnsupported", problem),
-            invalid=SpecError("model.source", problem, reason="ArchitectureUnsupported"),
-        )
-    problem = capacity.tensor_parallel_problem(config, svc.tensor_parallel)
-    if problem:
-        return Fit(
-            Condition(MODEL_FITS, FALSE, "TensorParallelMismatch", problem),
-            invalid=SpecError("parallelism.tensor", problem, reason="TensorParallelMismatch"),
-        )
-    problem = capacity.pipeline_problem(config, svc.pipeline_parallel)
-    if problem:
-        return Fit(
-            Condition(MODEL_FITS, FALSE, "PipelineMismatch", problem),
-            invalid=SpecError("parallelism.pipeline", problem, reason="PipelineMismatch"),
-        )
-    draft_source = svc.engine.speculative.draft_model if svc.engine.speculative else None
-    draft = None
-    if draft_source is not None and draft_source.scheme == "hf":  # the draft model counts in the plan too
-        fetched = ctx.fetcher.lookup(draft_source.repo, "main", token, (svc.namespace, svc.name), draft_source.file)
-        if fetched is None:
-            return Fit(
-                Condition(
-                    MODEL_FITS,
-                    UNKNOWN,
-                    "FetchingConfig",
-                    f"fetching config.json of the draft model {draft_source.repo}",
-                )
-            )
-        if fetched.config is None:
-            return Fit(Condition(MODEL_FITS, UNKNOWN, "ConfigUnavailable", f"draft model: {fetched.error or ''}"))
-        draft = fetched.config
-        if draft.vocab_size != config.vocab_size:
-            problem = (
-                f"has a vocabulary of {draft.vocab_size} tokens, the model {config.vocab_size}: a draft model "
-                "needs the model's tokenizer"
-            )
-            return Fit(
-                Condition(MODEL_FITS, FALSE, "DraftModelMismatch", problem),
-                invalid=SpecError("engine.speculative.draftModel", problem, reason="DraftModelMismatch"),
-            )
-    utilization = svc.engine.gpu_memory_utilization
-    plan = capacity.plan(
-        config,
-        dtype=svc.model.dtype,
-        quantization=svc.model.quantization,
-        tensor=svc.tensor_parallel,
-        max_model_len=svc.model.max_model_len,
-        device_memory_bytes=capacity.device_memory_bytes(svc.resources),
-        utilization=utilization,
-        draft=draft,
-        pipeline=svc.pipeline_parallel,
-    )
-    message = plan.describe(utilization)
-    if plan.fits is None:
-        condition = Condition(MODEL_FITS, UNKNOWN, "DeviceMemoryUnknown", message)
-    elif plan.fits:
-        condition = Condition(MODEL_FITS, TRUE, "ModelFits", message)
-    else:
-        condition = Condition(MODEL_FITS, FALSE, "ModelTooLarge", message)
-    return Fit(condition, plan.as_status())
-
-
-async def _desired_children(
-    ctx: Context, svc: ServiceSpec, owner: dict[str, Any]
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """The manifests to apply, and the paths of optional children this spec no longer wants."""
-    discovered = await ctx.discovery()
-    mode = builders.placement(svc, discovered.leader_worker_sets)["mode"]
-    desired: list[dict[str, Any]] = [
-        builders.build_deployment(svc, ctx.settings, owner),
-        builders.build_service(svc, owner),
-    ]
-    groups, unwanted_groups = _groups(ctx, svc, owner, mode, discovered.leader_worker_sets)
-    desired += groups
-    if discovered.service_monitors:
-        desired.append(builders.build_service_monitor(svc, owner))
-    elif discovered.pod_monitors:
-        desired.append(builders.build_pod_monitor(svc, owner))
-    if svc.autoscaling.mode == "keda" and not discovered.scaled_objects:
-        raise SpecError(
-            "autoscaling.mode",
-            "is keda, but the cluster serves no keda.sh/v1alpha1 ScaledObjects",
-            reason="KEDANotInstalled",
-        )
-    optional = [
-        (
-            builders.build_pdb(svc, owner, discovered.pdb_api_version),
-            resource_path(
-                discovered.pdb_api_version, "PodDisruptionBudget", svc.namespace, builders.deployment_name(svc)
-            ),
-        ),
-        (
-            external.build_hpa(svc, owner, discovered.hpa_api_version),
-            resource_path(discovered.hpa_api_version, "HorizontalPodAutoscaler", svc.namespace, svc.name),
-        ),
-        (
-            network.build_network_policy(svc, ctx.settings, owner) if svc.network_policy else None,
-            resource_path(network.API_VERSION, "NetworkPolicy", svc.namespace, builders.deployment_name(svc)),
-        ),
-    ]
-    if discovered.scaled_objects:
-        optional.append(
-            (
-                external.build_scaled_object(svc, owner),
-                resource_path("keda.sh/v1alpha1", "ScaledObject", svc.namespace, svc.name),
-            )
-        )
-    desired += [manifest for manifest, _ in optional if manifest]
-    return desired, [path for manifest, path in optional if not manifest] + unwanted_groups
-
-
-def _groups(
-    ctx: Context, svc: ServiceSpec, owner: dict[str, Any], mode: str, lws_installed: bool
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """The children of replicas spanning pods, and the paths of group children no longer wanted.
-
-    StatefulSet mode: the headless Service and one StatefulSet per replica; scaling adds or removes
-    whole StatefulSets (groups), and suspending keeps each at zero pods. LeaderWorkerSet mode: one
-    LeaderWorkerSet whose replicas are the groups.
-    """
-    pattern = re.compile(rf"{re.escape(builders.group_name(svc, 0)[:-1])}(\d+)")
-    existing = sorted(
-        int(match.group(1))
-        for obj in ctx.observed.children("StatefulSet", svc.namespace, f"{svc.name}-runtime-")
-        if (match := pattern.fullmatch(obj["metadata"]["name"])) and _owned_by(obj, owner["uid"])
-    )
-    desired: list[dict[str, Any]] = []
-    keep: set[int] = set()
-    if mode == builders.STATEFUL_SET:
-        desired.append(builders.build_ranks_service(svc, owner))
-        keep = set(existing) if svc.suspend else set(range(svc.desired_replicas))
-        for replica in sorted(keep):
-            group = builders.build_group_statefulset(svc, ctx.settings, owner, replica)
-            if svc.suspend:
-                group["spec"]["replicas"] = 0
-            desired.append(group)
-    elif mode == builders.LEADER_WORKER_SET:
-        desired.append(builders.build_leader_worker_set(svc, ctx.settings, owner))
-    unwanted = [
-        resource_path("apps/v1", "StatefulSet", svc.namespace, builders.group_name(svc, replica))
-        for replica in existing
-        if replica not in keep
-    ]
-    if mode != builders.STATEFUL_SET and existing:
-        unwanted.append(resource_path("v1", "Service", svc.namespace, builders.ranks_service_name(svc)))
-    if mode != builders.LEADER_WORKER_SET and lws_installed:
-        unwanted.append(
-            resource_path(builders.LWS_API_VERSION, "LeaderWorkerSet", svc.namespace, builders.deployment_name(svc))
-        )
-    return desired, unwanted
-
-
 async def _apply_children(
     ctx: Context,
     body: dict[str, Any],
@@ -389,10 +206,10 @@ async def _apply_children(
     unwanted: list[str],
     svc: ServiceSpec,
     owner: dict[str, Any],
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Apply every desired child; remove the ones no longer wanted; return the live Deployment, or for
     replicas spanning pods, what stands for it: a status of groups (replicas, readyReplicas) made from the
-    StatefulSets, or the live LeaderWorkerSet."""
+    StatefulSets, or the live LeaderWorkerSet; and the live prefill Deployment of a disaggregated service."""
 
     # Look before writing anything: a name held by someone else's object stops the whole pass.
     # The watches' copy when they delivered one; else the server's (absent or predating the watch).
@@ -408,20 +225,28 @@ async def _apply_children(
 
     lives = await asyncio.gather(*(look(manifest) for manifest in desired))
     for manifest, live in zip(desired, lives, strict=True):
-        if live is not None and not _owned_by(live, owner["uid"]):
+        if live is not None and not owned_by(live, owner["uid"]):
             raise ChildConflict(
                 f"{manifest['kind']} {manifest['metadata']['name']} already exists and is not owned by this "
                 "service; delete it or rename the service"
             )
 
     deployment: dict[str, Any] = {}
+    prefill: dict[str, Any] | None = None
     groups: list[dict[str, Any]] = []
     written: dict[str, list[str]] = {}  # verb -> "Kind name" of each child written, one Event per verb
+    # A child that lost its role (spec.disaggregation removed) must be applied although the manifest is a
+    # subset of it: the apply is what drops the role from its labels and selector.
+    roleless = [roles.lost_role(manifest, live) for manifest, live in zip(desired, lives, strict=True)]
     applied = await asyncio.gather(
-        *(ctx.kube.apply(manifest, live) for manifest, live in zip(desired, lives, strict=True))
+        *(
+            ctx.kube.apply(manifest, None if lost else live)
+            for manifest, live, lost in zip(desired, lives, roleless, strict=True)
+        )
     )
-    for manifest, (action, current) in zip(desired, applied, strict=True):
+    for manifest, (action, current), lost in zip(desired, applied, roleless, strict=True):
         meta = manifest["metadata"]
+        action = "updated" if lost else action
         if action != "unchanged":
             ctx.observed.remember(current)
             ctx.observed.mark_absent(
@@ -430,7 +255,9 @@ async def _apply_children(
             metrics.CHILD_WRITES.labels(kind=manifest["kind"], action=action).inc()
             verb = action.capitalize()
             written.setdefault(verb, []).append(f"{manifest['kind']} {meta['name']}")
-        if (manifest["kind"] == "Deployment" and not svc.multi_node) or manifest["kind"] == "LeaderWorkerSet":
+        if manifest["kind"] == "Deployment" and meta["name"] == roles.prefill_name(svc):
+            prefill = current
+        elif (manifest["kind"] == "Deployment" and not svc.multi_node) or manifest["kind"] == "LeaderWorkerSet":
             deployment = current
         elif manifest["kind"] == "StatefulSet":
             groups.append(current)
@@ -444,7 +271,7 @@ async def _apply_children(
         live = await ctx.kube.get(path)
         if live is None:
             ctx.observed.mark_absent(path)
-        elif _owned_by(live, owner["uid"]) and await ctx.kube.delete(path):
+        elif owned_by(live, owner["uid"]) and await ctx.kube.delete(path):
             kind, child = live["kind"], live["metadata"]["name"]
             ctx.observed.forget(kind, svc.namespace, child)
             ctx.observed.mark_absent(path)
@@ -454,7 +281,7 @@ async def _apply_children(
         await ctx.event(body, "Normal", verb, f"{verb} {', '.join(children)}")
     if svc.multi_node and deployment.get("kind") != "LeaderWorkerSet":
         deployment = {"kind": "StatefulSet", "status": _group_status(groups)}
-    return deployment
+    return deployment, prefill
 
 
 def _group_status(groups: list[dict[str, Any]]) -> dict[str, int]:
@@ -467,10 +294,6 @@ def _group_status(groups: list[dict[str, Any]]) -> dict[str, int]:
 
 class ChildConflict(Exception):
     """A child's name is taken by an object this service does not own."""
-
-
-def _owned_by(obj: dict[str, Any], uid: str) -> bool:
-    return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or ())
 
 
 def _available(deployment: dict[str, Any], desired: int, failure: pods.Failure | None = None) -> Condition:
