@@ -20,11 +20,9 @@ corrupt file) fails it too, with the engine's message as lastError; passes go on
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -32,187 +30,19 @@ import aiohttp
 from goodput_contract.api import GROUP, LORA_PLURAL, VERSION
 from goodput_contract.api.lora_adapter_spec import LoraAdapterSpec, parse_lora_adapter
 from goodput_contract.api.spec import ServiceSpec, SpecError, parse
-from goodput_operator import conditions
 from goodput_operator.conditions import FALSE, READY, TRUE, VALID, Condition
 from goodput_operator.context import Context
-from goodput_operator.engines import LORA_MOUNT, SOURCE_MOUNT, VLLM, runtime_lora_updates
-from goodput_operator.k8s import ApiError, now_timestamp, owner_path
+from goodput_operator.k8s import owner_path
+from goodput_operator.lora_adapter_plan import Replica, check_service, plan
+from goodput_operator.lora_adapter_status import Outcome, adapter_path, refused, status_body, write_status
+from goodput_operator.lora_replicas import Engine, error_message, ready_replicas
+
+# tests and hack/health_testdata.py import these from here
+__all__ = ["Outcome", "Replica", "check_service", "error_message", "plan", "refused", "register", "status_body"]
 
 logger = logging.getLogger(__name__)
 
-MODELS_TIMEOUT_SECONDS = 5.0
-LOAD_TIMEOUT_SECONDS = 120.0  # a load reads and checks the adapter's files
 REFUSED_RETRY_SECONDS = 60.0  # an adapter the replicas refused is tried again this often (else on a spec change)
-SLICE_VERSIONS = ("discovery.k8s.io/v1", "discovery.k8s.io/v1beta1")
-
-
-def adapter_path(namespace: str, name: str | None = None) -> str:
-    base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{LORA_PLURAL}"
-    return f"{base}/{name}" if name else base
-
-
-@dataclass(frozen=True)
-class Replica:
-    name: str  # the pod's name (the endpoint's targetRef), else address:port
-    url: str  # http://host:port
-
-
-def resolve_path(adapter: LoraAdapterSpec, svc: ServiceSpec) -> str:
-    """Where the service's pods read the adapter; SpecError when they cannot."""
-    source = adapter.source
-    if source.scheme == "file":
-        return source.path
-    inner = source.path if source.path != "/" else ""
-    for mounted in svc.model.lora.adapters if svc.model.lora else ():
-        if mounted.source.scheme == "pvc" and mounted.source.claim == source.claim:
-            # the claim is mounted at LORA_MOUNT/<that adapter's name>, its path relative to the claim's root
-            return f"{LORA_MOUNT}/{mounted.name}{inner}"
-    if svc.model.source.scheme == "pvc" and svc.model.source.claim == source.claim:
-        return SOURCE_MOUNT + inner
-    raise SpecError(
-        "source",
-        f"claim {source.claim!r} is not mounted in InferenceService {svc.name!r}'s pods (mount it through "
-        "its spec.model.lora.adapters or spec.model.source, or give file:///path)",
-        reason="ClaimNotMounted",
-    )
-
-
-def check_service(adapter: LoraAdapterSpec, svc: ServiceSpec) -> str:
-    """The path the pods read, after the checks that need the service; SpecError naming the field."""
-    if not runtime_lora_updates(svc):
-        raise SpecError(
-            "service",
-            f"InferenceService {svc.name!r} does not load adapters at run time: set its "
-            "spec.model.lora.runtimeUpdates to true",
-            reason="RuntimeUpdatesOff",
-        )
-    if adapter.name == svc.model.served_name:
-        raise SpecError("metadata.name", f"{adapter.name!r} is the served name of InferenceService {svc.name!r}")
-    if svc.model.lora and any(a.name == adapter.name for a in svc.model.lora.adapters):
-        raise SpecError(
-            "metadata.name", f"{adapter.name!r} is an adapter of InferenceService {svc.name!r}'s spec.model.lora"
-        )
-    if adapter.pinned and svc.engine.kind == VLLM:
-        raise SpecError("pinned", "vLLM does not pin adapters; leave pinned false for engine.kind vllm")
-    return resolve_path(adapter, svc)
-
-
-def plan(
-    adapter: LoraAdapterSpec, replicas: list[Replica], holding: set[str]
-) -> tuple[list[Replica], list[Replica], list[Replica]]:
-    """(keep, load, unload) among the replicas that answered: those holding the adapter stay while
-    `replicas` allows; the rest needed come first in name order."""
-    ordered = sorted(replicas, key=lambda r: r.name)
-    wanted = adapter.wanted(len(ordered))
-    held = [r for r in ordered if r.name in holding]
-    keep, unload = held[:wanted], held[wanted:]
-    load = [r for r in ordered if r.name not in holding][: max(0, wanted - len(keep))]
-    return keep, load, unload
-
-
-async def slice_version(ctx: Context) -> str:
-    for version in SLICE_VERSIONS:
-        if await ctx.kube.has_resource(version, "endpointslices"):
-            return version
-    raise ApiError(404, "NotFound", "the server serves no EndpointSlices")
-
-
-async def ready_replicas(ctx: Context, namespace: str, service: str) -> list[Replica]:
-    """The service's ready endpoints, on the port named http (or metrics: the same server)."""
-    listing = await ctx.kube.request(
-        "GET",
-        f"/apis/{await slice_version(ctx)}/namespaces/{namespace}/endpointslices",
-        query={"labelSelector": f"kubernetes.io/service-name={service}"},
-    )
-    replicas: dict[str, Replica] = {}
-    for piece in (listing or {}).get("items") or ():
-        ports = {p.get("name"): p.get("port") for p in piece.get("ports") or ()}
-        port = ports.get("http") or ports.get("metrics")
-        for endpoint in piece.get("endpoints") or ():
-            state = endpoint.get("conditions") or {}
-            if port is None or state.get("terminating") or state.get("ready") is False:
-                continue
-            host = endpoint["addresses"][0]
-            host = f"[{host}]" if ":" in host else host
-            name = (endpoint.get("targetRef") or {}).get("name") or f"{host}:{port}"
-            replicas[name] = Replica(name, f"http://{host}:{port}")
-    return list(replicas.values())
-
-
-class Engine:
-    """The engine's adapter API on each replica, with the service's API key."""
-
-    def __init__(self, session: aiohttp.ClientSession, api_key: str | None) -> None:
-        self.session = session
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-    async def adapters(self, replica: Replica) -> set[str]:
-        """The adapter names /v1/models lists (entries with a parent)."""
-        timeout = aiohttp.ClientTimeout(total=MODELS_TIMEOUT_SECONDS)
-        async with self.session.get(f"{replica.url}/v1/models", headers=self.headers, timeout=timeout) as response:
-            response.raise_for_status()
-            listing = await response.json(content_type=None)
-        return {m.get("id") for m in listing.get("data") or () if m.get("parent")}
-
-    async def load(self, replica: Replica, name: str, path: str, pinned: bool, inplace: bool) -> tuple[int, str]:
-        body: dict[str, Any] = {"lora_name": name, "lora_path": path}
-        if pinned:
-            body["pinned"] = True
-        if inplace:
-            body["load_inplace"] = True
-        return await self._post(replica, "/v1/load_lora_adapter", body, LOAD_TIMEOUT_SECONDS)
-
-    async def unload(self, replica: Replica, name: str) -> tuple[int, str]:
-        return await self._post(replica, "/v1/unload_lora_adapter", {"lora_name": name}, MODELS_TIMEOUT_SECONDS)
-
-    async def _post(self, replica: Replica, path: str, body: dict[str, Any], seconds: float) -> tuple[int, str]:
-        """(HTTP status, the error's message or ""); status 0 when the replica did not answer."""
-        try:
-            async with self.session.post(
-                replica.url + path, json=body, headers=self.headers, timeout=aiohttp.ClientTimeout(total=seconds)
-            ) as response:
-                text = await response.text()
-                if response.status < 400:
-                    return response.status, ""
-                return response.status, error_message(text)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-            return 0, f"{type(err).__name__}: {err}"
-
-
-def error_message(text: str) -> str:
-    """The message of an error in OpenAI's shape (or vLLM's), else the text itself."""
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return text[:500]
-    error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, dict) and error.get("message"):
-        return str(error["message"])
-    if isinstance(body, dict) and body.get("message"):
-        return str(body["message"])
-    return text[:500]
-
-
-@dataclass
-class Outcome:
-    phase: str
-    replicas: list[str]
-    wanted: int
-    error: str = ""
-    valid: Condition | None = None
-    ready: Condition | None = None
-    loaded_generation: int | None = None
-
-
-def refused(err: SpecError) -> Outcome:
-    return Outcome(
-        "Failed",
-        [],
-        0,
-        str(err),
-        Condition(VALID, FALSE, err.reason, str(err)),
-        Condition(READY, FALSE, err.reason, "the spec is not valid"),
-    )
 
 
 async def service_spec(ctx: Context, namespace: str, adapter: LoraAdapterSpec) -> ServiceSpec:
@@ -305,41 +135,6 @@ async def converge(
     return Outcome(
         "Loading", held, wanted, "; ".join(errors), valid, Condition(READY, FALSE, "Loading", message), loaded
     )
-
-
-def status_body(body: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
-    meta, status = body["metadata"], body.get("status") or {}
-    generation = int(meta.get("generation") or 0)
-    current = [c for c in (outcome.valid, outcome.ready) if c is not None]
-    new: dict[str, Any] = {
-        "observedGeneration": generation,
-        "phase": outcome.phase,
-        "replicas": outcome.replicas,
-        "replicaCount": f"{len(outcome.replicas)}/{outcome.wanted}",
-        "lastError": outcome.error or None,
-        "conditions": conditions.merge(status.get("conditions"), current, generation, now_timestamp()),
-    }
-    if outcome.loaded_generation is not None:
-        new["loadedGeneration"] = outcome.loaded_generation
-    return new
-
-
-async def write_status(ctx: Context, body: dict[str, Any], outcome: Outcome) -> None:
-    meta, status = body["metadata"], body.get("status") or {}
-    new = status_body(body, outcome)
-    if all(status.get(k) == v for k, v in new.items()):
-        return
-    answer = await ctx.kube.request(
-        "PATCH",
-        adapter_path(meta["namespace"], meta["name"]) + "/status",
-        body={"status": new},
-        content_type="application/merge-patch+json",
-    )
-    body["status"] = (answer or {}).get("status") or new
-    if status.get("phase") != outcome.phase:
-        logger.info(
-            "LoraAdapter %s/%s: %s (%s)", meta["namespace"], meta["name"], outcome.phase, outcome.error or "no error"
-        )
 
 
 _refused: dict[tuple[str, str, str], tuple[int, float]] = {}  # (namespace, name, uid) -> (generation, when refused)
