@@ -14,7 +14,6 @@ here for one role (its Service, its PodDisruptionBudget) names the role.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from typing import Any
 
@@ -22,17 +21,16 @@ from goodput_contract.api import GROUP
 from goodput_contract.api.spec import ServiceSpec
 from goodput_operator import builders, engines
 from goodput_operator.children import ROLE_LABEL, Manifest, child_metadata, deployment_name, selector_labels
+from goodput_operator.engines import KV_PORT
 from goodput_operator.settings import Settings
 
 PREFILL, DECODE = "prefill", "decode"
 ROLES = (PREFILL, DECODE)
-KV_PORT = 8001  # the runtime's --kv-transfer-port; vLLM's NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_PORT)
 KV_PORT_NAME = "kv"
 # The autoscaler's field manager: in goodput mode it alone writes the prefill Deployment's replicas
 AUTOSCALER_FIELD_MANAGER = "goodput-autoscaler"
 # On a prefill Deployment whose replicas the operator handed to the autoscaler (reconcile_roles.py)
 REPLICAS_HANDED_OVER = f"{GROUP}/replicas-manager"
-VLLM_CONNECTOR = "NixlConnector"
 
 
 def prefill_name(svc: ServiceSpec) -> str:
@@ -66,26 +64,16 @@ def reconcile_owns_prefill_replicas(svc: ServiceSpec) -> bool:
 
 
 def kv_args(svc: ServiceSpec, role: str) -> list[str]:
-    """The engine's flags for its role in the KV hand-off."""
-    if svc.engine.kind == engines.VLLM:
-        # vLLM's P/D with its NIXL connector: both roles run kv_both, and each request's
-        # kv_transfer_params say which side it is; a failed load recomputes, as our runtime does
-        config: dict[str, Any] = {"kv_connector": VLLM_CONNECTOR, "kv_role": "kv_both"}
-        if role == DECODE:
-            config["kv_load_failure_policy"] = "recompute"
-        return ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
-    return ["--kv-transfer-role", role, "--kv-transfer-port", str(KV_PORT)]
+    """The engine's flags for its role in the KV hand-off (its row in engines.ENGINES)."""
+    render = engines.engine_of(svc).kv_args
+    assert render is not None  # the contract refuses disaggregation on an engine without them
+    return render(svc, role)
 
 
 def kv_env(svc: ServiceSpec) -> list[dict[str, Any]]:
-    """POD_IP from the downward API: the address a prefill pod advertises to decode pods."""
-    env: list[dict[str, Any]] = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
-    if svc.engine.kind == engines.VLLM:
-        env += [
-            {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "$(POD_IP)"},
-            {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(KV_PORT)},
-        ]
-    return env
+    """POD_IP from the downward API (the address a prefill pod advertises to decode pods), then the engine's."""
+    pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    return [pod_ip, *engines.engine_of(svc).kv_env(svc)]
 
 
 def as_role(deployment: Manifest, svc: ServiceSpec, role: str) -> Manifest:
