@@ -88,3 +88,16 @@ def test_a_role_with_its_own_tensor_size_gets_its_gpus_and_its_plan():
     assert "prefill (2 GPUs per replica)" in pools.describe(0.9)
     too_small = capacity.Pools({"prefill": (2, plan(2)), "decode": (1, replace(plan(1), fits=False))})
     assert too_small.fits is False and too_small.as_status()["fits"] is False
+
+
+def test_the_prefill_replicas_by_autoscaling_mode():
+    def prefill(**spec):
+        deployment, _ = roles.build_prefill(parse("chat", "ns", {**SPEC, **spec}), SETTINGS, OWNER)
+        return deployment["spec"].get("replicas")
+
+    assert prefill() == 2  # prefill.minReplicas
+    assert prefill(autoscaling={"mode": "hpa", "minReplicas": 1, "maxReplicas": 3}) == 2
+    # goodput mode: left out of the operator's apply, the autoscaler's (set at creation by the reconcile)
+    assert prefill(autoscaling={"mode": "goodput", "minReplicas": 1, "maxReplicas": 3}) is None
+    assert prefill(autoscaling={"mode": "goodput", "minReplicas": 1, "maxReplicas": 3}, suspend=True) == 0
+    assert prefill(suspend=True) == 0
