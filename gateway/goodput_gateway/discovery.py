@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from goodput_contract.api.disaggregation_spec import Disaggregation
 from goodput_contract.api.spec import SpecError, parse
 from goodput_gateway.watch import Key, Table, Watch
 from goodput_operator.k8s import ApiError, Kube, owner_collection
@@ -166,17 +167,15 @@ def service_of(body: dict[str, Any]) -> Service | None:
         frozenset(a.name for a in lora.adapters) if lora else frozenset(),
         lora.max_adapters if lora else 0,
         spec.suspend,
-        split_of(getattr(spec, "disaggregation", None)),
+        split_of(spec.disaggregation),
     )
 
 
-def split_of(disaggregation: Any) -> Split | None:
+def split_of(disaggregation: Disaggregation | None) -> Split | None:
     """The gateway's view of a parsed spec.disaggregation (None: off)."""
     if disaggregation is None:
         return None
-    return Split(
-        int(getattr(disaggregation, "threshold_tokens", 512)), str(getattr(disaggregation, "transport", "tcp"))
-    )
+    return Split(disaggregation.threshold_tokens, disaggregation.transport)
 
 
 def slice_of(body: dict[str, Any]) -> tuple[Key, tuple[str, ...]] | None:
