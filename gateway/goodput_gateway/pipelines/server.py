@@ -3,9 +3,9 @@
 Input guards and templates change the request body in turn; a guard that blocks ends the
 request with a 400 in OpenAI's shape whose code is content_filter, naming the step and the
 rule (or the classifier), never the text. The generate step is an ordinary proxied request;
-its answer comes back through the output guards: a stream chunk by chunk with a hold-back
-window, a whole answer at once. The pipeline's goodput is end to end: the time to the first
-text released to the client is measured here and held against the generate service's SLO.
+its answer comes back through the output guards (relay.py): a stream chunk by chunk with a
+hold-back window, a whole answer at once. The pipeline's goodput is end to end: the time to the
+first text released to the client is held against the generate service's SLO (outcome.py).
 """
 
 from __future__ import annotations
@@ -14,20 +14,20 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from goodput_contract.api.pipeline_spec import BLOCK, GENERATE, GUARD, INPUT, OUTPUT, TEMPLATE, Step
+from goodput_contract.api.pipeline_spec import BLOCK, GENERATE, GUARD, OUTPUT, TEMPLATE, Step
 from goodput_gateway.auth import ServiceKeys
 from goodput_gateway.discovery import Registry, Service
 from goodput_gateway.errors import APIError, invalid, unavailable
 from goodput_gateway.pipelines import classifier as classify
 from goodput_gateway.pipelines.metrics import PipelineMetrics
+from goodput_gateway.pipelines.outcome import Outcome, account, record_block, refused
+from goodput_gateway.pipelines.relay import OutputGuards, relay_stream, relay_whole
 from goodput_gateway.pipelines.rules import MAX_LENGTH_RULE
-from goodput_gateway.pipelines.stream import OutputFilter, Release
 from goodput_gateway.pipelines.table import Entry, PipelineTable
 from goodput_gateway.pipelines.template import (
     CHAT,
@@ -38,33 +38,11 @@ from goodput_gateway.pipelines.template import (
     map_texts,
     texts,
 )
-from goodput_gateway.proxy import Proxy, Upstream
+from goodput_gateway.proxy import Proxy
 
 logger = logging.getLogger(__name__)
-CONTENT_FILTER = "content_filter"
 # fields whose answer would show generated text before the output guards saw it
 HIDDEN_BY_OUTPUT_GUARDS = ("logprobs", "top_logprobs", "echo")
-
-
-def refused(pipeline: str, step: str, what: str) -> APIError:
-    return APIError(
-        400,
-        f"The pipeline '{pipeline}' refused this request: {what} in step '{step}' matched",
-        "invalid_request_error",
-        None,
-        CONTENT_FILTER,
-    )
-
-
-@dataclass
-class Outcome:
-    """What one request did, for its metrics."""
-
-    outcome: str = "error"
-    first_text: float | None = None  # monotonic time the first generated text went to the client
-    tokens: int = 0
-    generate_ttft: float | None = None
-    output_seconds: dict[str, float] = field(default_factory=dict)  # output guard -> time spent filtering
 
 
 class PipelineServer:
@@ -186,7 +164,7 @@ class PipelineServer:
                 result.outcome = "served"
             return response
         finally:
-            self.account(entry, spec.generate, body, started, result)
+            account(self.metrics, self.registry, entry, spec.generate, body, started, result)
 
     async def input_guard(
         self, entry: Entry, step: Step, path: str, body: dict[str, Any], result: Outcome
@@ -209,7 +187,7 @@ class PipelineServer:
         for rule in sorted(redacted):
             self.metrics.redactions.labels(entry.namespace, entry.name, rule).inc()
         if blocked:
-            self.block(entry, step, blocked, result)
+            record_block(self.metrics, entry, step, blocked, result)
             raise refused(entry.name, step.name, f"the rule '{blocked}'")
         if step.classifier is not None:
             await self.classify(entry, step, path, body, result)
@@ -258,20 +236,8 @@ class PipelineServer:
             )
         decision, _answer = classify.decide(guard, json.loads(answer))
         if decision == BLOCK:
-            self.block(entry, step, "classifier", result)
+            record_block(self.metrics, entry, step, "classifier", result)
             raise refused(entry.name, step.name, f"the classifier '{guard.service}'")
-
-    def block(self, entry: Entry, step: Step, rule: str, result: Outcome) -> None:
-        result.outcome = "refused" if step.stage == INPUT else "filtered"
-        self.metrics.blocks.labels(entry.namespace, entry.name, rule).inc()
-        logger.info(
-            "Pipeline %s/%s: step %s blocked a %s by rule %s",
-            entry.namespace,
-            entry.name,
-            step.name,
-            "request" if step.stage == INPUT else "stream",
-            rule,
-        )
 
     async def generate(
         self,
@@ -286,7 +252,7 @@ class PipelineServer:
         svc = self.service(entry, step.service)
         payload = apply_defaults(step, {**body, "model": svc.served_name})
         sent = time.monotonic()
-        filters = [(s, OutputFilter(entry.rules[s.name], s.hold_back)) for s in outputs]
+        guards = OutputGuards(entry, outputs, self.metrics, result)
         async with self.proxy.open(
             "POST",
             request.path_qs,
@@ -302,146 +268,5 @@ class PipelineServer:
                 data = await upstream.read()
                 return web.Response(status=upstream.status, body=data, content_type=content_type.split(";")[0] or None)
             if content_type.startswith("text/event-stream"):
-                return await self.relay_stream(request, upstream, entry, filters, sent, result)
-            return await self.relay_whole(upstream, entry, filters, sent, result)
-
-    def run_filters(
-        self, entry: Entry, filters: list[tuple[Step, OutputFilter]], delta: str, result: Outcome, final: bool = False
-    ) -> Release:
-        """delta through every output guard in turn; `final`: the text ends here, release all of it."""
-        text = delta
-        for step, f in filters:
-            began = time.perf_counter()
-            release = f.feed(text)
-            if final and not release.blocked_by:
-                rest = f.finish()
-                release = Release(release.text + rest.text, rest.blocked_by, release.redacted + rest.redacted)
-            result.output_seconds[step.name] = result.output_seconds.get(step.name, 0.0) + time.perf_counter() - began
-            for rule in release.redacted:
-                self.metrics.redactions.labels(entry.namespace, entry.name, rule).inc()
-            if release.blocked_by:
-                self.block(entry, step, release.blocked_by, result)
-                return Release(release.text, release.blocked_by)
-            text = release.text
-        return Release(text)
-
-    async def relay_stream(
-        self,
-        request: web.Request,
-        upstream: Upstream,
-        entry: Entry,
-        filters: list[tuple[Step, OutputFilter]],
-        sent: float,
-        result: Outcome,
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(request)
-        model = self.table.model_id(entry)
-        buffer = b""
-
-        async def send(event: dict[str, Any]) -> None:
-            await response.write(b"data: " + json.dumps({**event, "model": model}).encode() + b"\n\n")
-
-        def with_text(chunk: dict[str, Any], text: str, finish: str | None) -> dict[str, Any]:
-            choice = dict(chunk["choices"][0])
-            if "delta" in choice:
-                choice["delta"] = {**choice["delta"], "content": text} if text else {}
-            else:
-                choice["text"] = text
-            choice["finish_reason"] = finish
-            return {**chunk, "choices": [choice]}
-
-        async def release(chunk: dict[str, Any], delta: str | None, finish: str | None) -> bool:
-            """Send what the guards release; True once the stream has ended."""
-            out = self.run_filters(entry, filters, delta or "", result, final=finish is not None)
-            if out.text:
-                result.first_text = result.first_text or time.monotonic()
-                await send(with_text(chunk, out.text, None))
-            if out.blocked_by:
-                await send({**with_text(chunk, "", CONTENT_FILTER), "usage": None})
-                await response.write(b"data: [DONE]\n\n")
-                return True
-            if finish is not None:
-                await send(with_text(chunk, "", finish))
-            return False
-
-        ended = False
-        async for piece in upstream.iter_any():
-            buffer += piece
-            while not ended and b"\n\n" in buffer:
-                event, buffer = buffer.split(b"\n\n", 1)
-                data = event.strip()
-                if not data.startswith(b"data:"):
-                    continue
-                data = data[5:].strip()
-                if data == b"[DONE]":
-                    await response.write(b"data: [DONE]\n\n")
-                    ended = True
-                    break
-                chunk = json.loads(data)
-                choices = chunk.get("choices") or []
-                if not choices:  # the usage chunk, or an error event
-                    usage = chunk.get("usage") or {}
-                    result.tokens = int(usage.get("completion_tokens") or result.tokens)
-                    await send(chunk)
-                    continue
-                choice = choices[0]
-                delta = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
-                finish = choice.get("finish_reason")
-                if delta:
-                    result.generate_ttft = result.generate_ttft or time.monotonic() - sent
-                    result.tokens += 1
-                elif finish is None:
-                    await send(chunk)  # the role chunk
-                    continue
-                ended = await release(chunk, delta or "", finish)
-            if ended:
-                break
-        await response.write_eof()
-        return response
-
-    async def relay_whole(
-        self, upstream: Upstream, entry: Entry, filters: list[tuple[Step, OutputFilter]], sent: float, result: Outcome
-    ) -> web.Response:
-        answer = json.loads(await upstream.read())
-        result.generate_ttft = time.monotonic() - sent
-        for choice in answer.get("choices") or ():
-            message = choice.get("message")
-            text = (message.get("content") if message else choice.get("text")) or ""
-            out = self.run_filters(entry, filters, text, result, final=True)
-            if message is not None:
-                message["content"] = out.text
-            else:
-                choice["text"] = out.text
-            if out.blocked_by:
-                choice["finish_reason"] = CONTENT_FILTER
-        result.tokens = int((answer.get("usage") or {}).get("completion_tokens") or 0)
-        result.first_text = time.monotonic()
-        answer["model"] = self.table.model_id(entry)
-        return web.json_response(answer)
-
-    def account(self, entry: Entry, generate: Step, body: dict[str, Any], started: float, result: Outcome) -> None:
-        labels = (entry.namespace, entry.name)
-        self.metrics.requests.labels(*labels, result.outcome).inc()
-        if result.generate_ttft is not None:
-            self.metrics.step.labels(*labels, generate.name, GENERATE).observe(result.generate_ttft)
-        for name, seconds in result.output_seconds.items():
-            self.metrics.step.labels(*labels, name, GUARD).observe(seconds)
-        if result.first_text is None or result.outcome not in ("served", "filtered"):
-            return
-        ttft = result.first_text - started
-        self.metrics.ttft.labels(*labels).observe(ttft)
-        svc = self.registry.services.get((entry.namespace, generate.service))
-        if svc is None:
-            return
-        elapsed = time.monotonic() - started
-        tokens = max(1, result.tokens)
-        if body.get("stream") is True:
-            tpot = (elapsed - ttft) / (tokens - 1) if tokens > 1 else 0.0
-            good = (svc.ttft_slo is None or ttft <= svc.ttft_slo) and (svc.tpot_slo is None or tpot <= svc.tpot_slo)
-        else:  # a whole answer: its latency against the budget of its length
-            good = elapsed <= (svc.ttft_slo or float("inf")) + (svc.tpot_slo or 0.0) * (tokens - 1)
-        if good:
-            self.metrics.good.labels(*labels).inc()
+                return await relay_stream(request, upstream, self.table.model_id(entry), guards, sent, result)
+            return await relay_whole(upstream, self.table.model_id(entry), guards, sent, result)
