@@ -26,7 +26,7 @@ from goodput_operator.autoscaling import pool_metrics
 from goodput_operator.autoscaling.gateway import GatewayView
 from goodput_operator.autoscaling.pools import DECODE, PREFILL, PoolDecision, PoolMemory, PoolReading, decide_pools
 from goodput_operator.autoscaling.sources import DirectSource, Reading, service_endpoints
-from goodput_operator.autoscaling.split import Mix, Recommendation, StepModel, recommend, slo_for
+from goodput_operator.autoscaling.split import Mix, Recommendation, StepModel, recommend, slo_class, slo_for
 from goodput_operator.autoscaling.startup import StartupClock
 from goodput_operator.autoscaling.state import Policy
 from goodput_operator.k8s import ApiError
@@ -99,17 +99,19 @@ def _observed_mix(state: PoolState, prefill: Reading, decode: Reading) -> tuple[
     return prompt_rate / d.arrival_rate, d.output_tokens_rate / d.arrival_rate
 
 
-async def _split(state: PoolState, mix: tuple[float, float] | None) -> dict[str, Any] | None:
-    """The split model's recommendation for the observed mix, recomputed only when the mix moved."""
+async def _split(state: PoolState, mix: tuple[float, float] | None, svc: ServiceSpec) -> dict[str, Any] | None:
+    """The split model's recommendation for the observed mix, recomputed only when the mix moved: on the
+    committed profile, with targets of the class the service's own SLO is shaped like (split.slo_class)."""
     if mix is None:
         return state.split
     if state.mix is not None and all(abs(a - b) <= MIX_CHANGE * b for a, b in zip(mix, state.mix, strict=True)):
         return state.split
     model = StepModel.reference()
     observed = Mix.fixed("observed", max(1, round(mix[0])), max(1, round(mix[1])))
-    slo = slo_for(model, observed)
+    klass = slo_class(svc.slo.ttft_seconds, svc.slo.tpot_seconds)
+    slo = slo_for(model, observed, klass)
     r: Recommendation = await asyncio.to_thread(recommend, model, observed, slo)
-    state.mix, state.split = mix, {**r.as_dict(), "profile": StepModel.reference_machine()}
+    state.mix, state.split = mix, {**r.as_dict(), "sloClass": klass, "profile": StepModel.reference_machine()}
     return state.split
 
 
@@ -169,7 +171,7 @@ async def scale_pools(auto: Autoscaler, body: dict[str, Any], svc: ServiceSpec, 
         except Exception as err:
             metrics.AUTOSCALER_WRITE_ERRORS.labels(target="replicas").inc()
             raise WriteFailed(f"writing {d.desired} {pool} replicas failed: {err}") from err
-    split = await _split(state, _observed_mix(state, prefill, decode))
+    split = await _split(state, _observed_mix(state, prefill, decode), svc)
     try:
         await _write_status(auto, body, readings, decisions, split)
     except Exception as err:
