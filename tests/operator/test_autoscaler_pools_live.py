@@ -1,0 +1,86 @@
+"""A disaggregated service's two pools in the goodput control loop, against a real API server and the
+operator process: status per pool, and the prefill count written through the `<name>-prefill`
+Deployment's scale subresource under the autoscaler's field manager, with an Event naming the pool.
+
+No runtime pods here (no kubelet): the pools have no ready endpoints, so the loop holds on missing
+metrics except where a count is out of its pool's bounds. The law per pool is tests/unit/test_autoscaler_pools.py.
+"""
+
+import pytest
+from harness import wait_for
+from live_pods import autoscaling_operator
+
+QWEN25_7B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "vocab_size": 152064,
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+SPEC = {
+    "model": {"source": "hf://acme/pools-7b", "servedName": "chat", "maxModelLen": 8192},
+    "resources": {"gpu": 1, "gpuMemory": "80Gi"},
+    "slo": {"ttft": "2s", "tpot": "100ms", "attainment": 0.9},
+    "autoscaling": {"mode": "goodput", "minReplicas": 1, "maxReplicas": 3},
+    "disaggregation": {"prefill": {"minReplicas": 1, "maxReplicas": 3}, "decode": {"minReplicas": 1, "maxReplicas": 3}},
+}
+
+
+@pytest.fixture(autouse=True)
+def configs(hub):
+    hub.configs["acme/pools-7b"] = QWEN25_7B
+
+
+@pytest.fixture(scope="module")
+def operator(cluster, hub, tmp_path_factory):
+    """The operator with a 1 s control period and a 3 s window."""
+    process, _ = autoscaling_operator(cluster, hub, tmp_path_factory.mktemp("operator-pools"), 1, 3)
+    yield process
+    process.stop()
+
+
+def _pools(cluster, namespace, name):
+    return ((cluster.get_service(namespace, name).get("status") or {}).get("autoscaler") or {}).get("pools") or {}
+
+
+def _prefill(cluster, namespace, name):
+    return cluster.get_or_none(cluster.apps.read_namespaced_deployment, f"{name}-prefill", namespace)
+
+
+def test_each_pool_reports_its_own_decision(cluster, operator, namespace):
+    cluster.create_service(namespace, "pools", SPEC)
+    pools = wait_for(lambda: (p := _pools(cluster, namespace, "pools")) and len(p) == 2 and p, 60, "both pools")
+    for pool in ("prefill", "decode"):
+        assert pools[pool]["desiredReplicas"] == 1
+        assert pools[pool]["term"] == "metrics_missing"  # no ready pod: never read as zero load
+    message = cluster.get_service(namespace, "pools")["status"]["autoscaler"]["message"]
+    assert "prefill pool" in message and "decode pool" in message
+
+
+def test_the_prefill_count_is_written_through_the_deployments_scale(cluster, operator, namespace):
+    cluster.create_service(namespace, "wide", SPEC)
+    wait_for(lambda: _prefill(cluster, namespace, "wide"), 60, "Deployment wide-prefill")
+    wait_for(lambda: _pools(cluster, namespace, "wide"), 60, "the autoscaler's first pass")
+    # someone scales the prefill pool past its maxReplicas: the autoscaler brings it back within bounds
+    cluster.apps.patch_namespaced_deployment_scale("wide-prefill", namespace, {"spec": {"replicas": 6}})
+    wait_for(lambda: _prefill(cluster, namespace, "wide").spec.replicas == 3, 60, "the prefill pool back at 3")
+    managers = {f.manager for f in _prefill(cluster, namespace, "wide").metadata.managed_fields or ()}
+    assert "goodput-autoscaler" in managers
+    event = wait_for(
+        lambda: next(
+            (e for e in cluster.events(namespace, "wide") if "prefill pool: 6 → 3 replicas (bounds)" in e.message),
+            None,
+        ),
+        60,
+        "an Event naming the pool and the term",
+    )
+    assert event.reason == "ScaledDown"
+    assert _pools(cluster, namespace, "wide")["prefill"]["term"] == "bounds"
+    # the decode pool was not touched: the InferenceService's own count stands
+    assert "replicas" not in cluster.get_service(namespace, "wide")["spec"]
