@@ -105,7 +105,7 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
         available = (
             Condition(AVAILABLE, FALSE, "Suspended", "spec.suspend is true: held at zero replicas until it is cleared")
             if svc.suspend
-            else _available(deployment, svc.desired_replicas, failure)
+            else reconcile_roles.with_prefill(_available(deployment, svc.desired_replicas, failure), svc, prefill)
         )
     conditions = [Condition(VALID, TRUE, "SpecValid", "the spec is valid"), fit.condition, available]
     conditions.append(derive_ready(conditions))

@@ -15,6 +15,7 @@ from typing import Any
 
 from goodput_contract.api.spec import ServiceSpec
 from goodput_operator import roles
+from goodput_operator.conditions import Condition
 from goodput_operator.context import Context
 from goodput_operator.k8s import apply_body, resource_path
 
@@ -74,3 +75,14 @@ def disaggregation_status(
     if svc.disaggregation is None:
         return None
     return {roles.PREFILL: role_status(prefill), roles.DECODE: role_status(decode)}
+
+
+def with_prefill(available: Condition, svc: ServiceSpec, prefill: dict[str, Any] | None) -> Condition:
+    """The Available condition (the decode pool's) with the prefill pool's count in its message: a service
+    whose prefill pool is down still serves, each request prefilled on its decode replica."""
+    if svc.disaggregation is None or prefill is None:
+        return available
+    counts = role_status(prefill)
+    wanted = (prefill.get("spec") or {}).get("replicas", counts["replicas"])
+    message = f"{available.message}; prefill {counts['readyReplicas']}/{wanted} replicas ready"
+    return Condition(available.type, available.status, available.reason, message)

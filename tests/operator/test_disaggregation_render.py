@@ -107,6 +107,9 @@ def test_goodput_engine_renders_both_roles(cluster, operator, namespace):
         pools = wait_for(counted, what="status.disaggregation counting each role's pods")
         assert pools["prefill"]["readyReplicas"] == pools["decode"]["readyReplicas"] == 0
     assert set(status["disaggregation"]) == {"prefill", "decode"}
+    # Available is the decode pool's (no node runs pods here); its message counts the prefill pool too
+    available = cluster.wait_condition(namespace, "pd", "Available", "False")
+    assert "prefill 0/2 replicas ready" in available["message"]
     capacity = (
         cluster.wait_condition(namespace, "pd", "ModelFits", "True")
         and (cluster.get_service(namespace, "pd")["status"]["capacity"])
@@ -212,7 +215,11 @@ def test_goodput_mode_leaves_the_prefill_replicas_to_the_autoscaler(cluster, ope
 
     prefill = wait_for(reapplied, what="the prefill Deployment applied with the new spec")
     assert prefill.spec.replicas == 3
-    cluster.wait_settled(namespace, "auto")
+    generation = cluster.get_service(namespace, "auto")["metadata"]["generation"]
+    wait_for(
+        lambda: cluster.get_service(namespace, "auto")["status"]["observedGeneration"] == generation,
+        what="the pass over the new spec to finish",
+    )
     assert _prefill(cluster, namespace, "auto").spec.replicas == 3
 
     # leaving goodput mode hands the count back to the reconcile: prefill.minReplicas again
