@@ -126,3 +126,46 @@ def test_both_pools_wake_together():
     # a pool left at zero while the other serves (say, after a restart) comes back with it
     out = both(at_zero, reading(DECODE, 2, 2.0))
     assert out[PREFILL].desired == 1 and out[PREFILL].term == "wake"
+
+
+def test_the_pools_read_their_tokens_and_the_hand_off_from_the_runtimes_exposition():
+    """The runtime's own metrics objects, scraped twice 10 s apart: token rates for each pool's demand, the
+    hand-off's mean seconds (the prefill target is net of it), each pool's share within its own target."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from goodput_operator.autoscaling.pool_loop import _pool_reading
+    from goodput_operator.autoscaling.signals import History, parse_pod_metrics
+    from goodput_operator.autoscaling.sources import Reading
+    from goodput_runtime.engine.kv_transfer.metrics import KVTransferMetrics
+    from goodput_runtime.metrics import RuntimeMetrics
+    from goodput_runtime.request_times import RequestTimes
+
+    registry = CollectorRegistry()
+    runtime = RuntimeMetrics("chat", 2.0, 0.1, registry=registry)
+    handoff = KVTransferMetrics(registry, "chat")
+    # the 2 s TTFT target net of a 1 s hand-off: 1 s, one of the runtime's buckets (elsewhere: interpolated)
+    history = History(keep_seconds=600, slo_ttft=1.0, slo_tpot=0.1)
+    history.add(0.0, {"pod": parse_pod_metrics(generate_latest(registry).decode())})
+    for ttft in (0.2, 0.4, 0.9, 1.9):  # the last misses the net 1 s target
+        runtime.record_finished(
+            RequestTimes(
+                arrival=0.0,
+                first_scheduled=0.0,
+                first_token=ttft,
+                finished=ttft + 0.05 * 9,
+                num_output_tokens=10,
+                outcome="success",
+            )
+        )
+        handoff.seconds.observe(1.0)
+    runtime.record_step(running=0, waiting=0, kv_usage=0.1, prompt_tokens=4000, generation_tokens=40, preemptions=0)
+    history.add(10.0, {"pod": parse_pod_metrics(generate_latest(registry).decode())})
+    s = history.signals(10.0, window=60, long_window=300)
+    assert s.prompt_tokens_rate == 400.0 and s.output_tokens_rate == 4.0
+    assert s.handoff_seconds == 1.0
+    assert s.ttft_within == 0.75 and s.tpot_within == 1.0
+    prefill = _pool_reading(PREFILL, 1, Reading(1, s))
+    assert prefill.token_rate == 400.0 and prefill.signals.attainment == 0.75
+    assert prefill.tokens_per_request == 400.0 / s.arrival_rate
+    decode = _pool_reading(DECODE, 1, Reading(1, s))
+    assert decode.token_rate == 4.0 and decode.signals.attainment == 1.0
