@@ -126,7 +126,14 @@ async def _prefill_children(
         resource_path(pdb_api_version, "PodDisruptionBudget", svc.namespace, name),
     ]
     if svc.disaggregation is None:
-        return [(None, path) for path in paths]
+        # the watches hold every child of ours: only what they delivered is left over (a prefill child
+        # they deliver later triggers a pass that removes it), so a service never disaggregated costs no read
+        kinds = ("Deployment", "Service", "PodDisruptionBudget")
+        return [
+            (None, path)
+            for kind, path in zip(kinds, paths, strict=True)
+            if ctx.observed.child(kind, svc.namespace, name)
+        ]
     deployment, service = roles.build_prefill(svc, ctx.settings, owner)
     if "replicas" not in deployment["spec"]:  # goodput mode: the autoscaler's, but set at the creation
         live = ctx.observed.child("Deployment", svc.namespace, name) or await ctx.kube.get(paths[0], any_version=True)

@@ -91,9 +91,9 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
 
     prefill: dict[str, Any] | None = None
     try:
-        await reconcile_roles.settle_prefill_replicas(ctx, svc, applied=False)
+        await reconcile_roles.settle_prefill_replicas(ctx, svc, owner["uid"], applied=False)
         deployment, prefill = await _apply_children(ctx, body, desired, unwanted, svc, owner)
-        await reconcile_roles.settle_prefill_replicas(ctx, svc, applied=True)
+        await reconcile_roles.settle_prefill_replicas(ctx, svc, owner["uid"], applied=True)
     except ChildConflict as err:
         deployment = {"kind": "Deployment"}
         available = Condition(AVAILABLE, FALSE, "ChildConflict", str(err))

@@ -43,7 +43,7 @@ async def _apply_as_autoscaler(ctx: Context, svc: ServiceSpec, replicas: int | N
     return current
 
 
-async def settle_prefill_replicas(ctx: Context, svc: ServiceSpec, applied: bool) -> None:
+async def settle_prefill_replicas(ctx: Context, svc: ServiceSpec, owner_uid: str, applied: bool) -> None:
     """Hand the prefill Deployment's replicas to the autoscaler in goodput mode (before the operator's
     apply, which leaves them out, and after the apply that created it), or withdraw the hand-over in
     every other mode once the operator's apply has set them (`applied`)."""
@@ -53,8 +53,8 @@ async def settle_prefill_replicas(ctx: Context, svc: ServiceSpec, applied: bool)
     live = ctx.observed.child("Deployment", svc.namespace, name)
     if live is None:
         live = await ctx.kube.get(resource_path("apps/v1", "Deployment", svc.namespace, name))
-    if live is None:
-        return
+    if live is None or not any(ref.get("uid") == owner_uid for ref in live["metadata"].get("ownerReferences") or ()):
+        return  # not there yet, or someone else's (the apply reports the conflict)
     if roles.reconcile_owns_prefill_replicas(svc):
         if applied and _handed_over(live):
             await _apply_as_autoscaler(ctx, svc, None)

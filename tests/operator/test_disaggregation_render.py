@@ -233,3 +233,32 @@ def test_goodput_mode_leaves_the_prefill_replicas_to_the_autoscaler(cluster, ope
         ),
         what="the hand-over withdrawn",
     )
+
+
+def test_a_prefill_name_held_by_another_object_is_left_alone(cluster, operator, namespace):
+    foreign = {
+        "metadata": {"name": "held-prefill", "labels": {"app": "other"}},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "other"}},
+            "template": {
+                "metadata": {"labels": {"app": "other"}},
+                "spec": {"containers": [{"name": "c", "image": "registry.test/other:1"}]},
+            },
+        },
+    }
+    cluster.apps.create_namespaced_deployment(namespace, foreign)
+    spec = _spec()
+    spec["autoscaling"] = {"mode": "goodput", "minReplicas": 1, "maxReplicas": 8}
+    cluster.create_service(namespace, "held", spec)
+    available = cluster.wait_condition(namespace, "held", "Available", "False")
+    wait_for(
+        lambda: cluster.condition(namespace, "held", "Available")["reason"] == "ChildConflict",
+        what="Available=False ChildConflict",
+    )
+    assert "held-prefill" in cluster.condition(namespace, "held", "Available")["message"], available
+    other = cluster.apps.read_namespaced_deployment("held-prefill", namespace)
+    assert other.spec.replicas == 0 and not (other.metadata.annotations or {}).get(
+        "serving.goodput.dev/replicas-manager"
+    )
+    assert other.spec.template.spec.containers[0].image == "registry.test/other:1"
