@@ -266,7 +266,7 @@ def enable(model: Any, device: torch.device) -> None:
     linears = [lin for lin in model.linears() if getattr(lin, "gemv", False)]
     dtype = linears[0].weight.dtype
     try:
-        # the products an RMS norm precedes (models.llama.DecoderLayer.forward_gemv) are tuned with it
+        # the products an RMS norm precedes (models.decoder_layer.DecoderLayer.forward_gemv) are tuned with it
         normed = [lin for lin in getattr(model, "normed_linears", list)() if FUSE and getattr(lin, "gemv", False)]
         try:
             picked = {(n, k, ""): c for (n, k), c in tune([lin.weight.shape for lin in linears], dtype, device).items()}
@@ -309,7 +309,7 @@ def enable(model: Any, device: torch.device) -> None:
 
 def warm_up(linear: nn.Linear, device: torch.device) -> None:
     """Compile the kernel's variants a marked projection can launch: the plain product and, for the
-    fused layer (models.llama.DecoderLayer.forward_gemv), with the norm before it, the residual after
+    fused layer (models.decoder_layer.DecoderLayer.forward_gemv), with the norm before it, the residual after
     it, and SiLU x up before and the residual after it."""
     k, n, dtype = linear.in_features, linear.out_features, linear.weight.dtype
     x = torch.zeros(1, k, dtype=dtype, device=device)
