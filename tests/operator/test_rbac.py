@@ -52,7 +52,7 @@ def test_verbs_the_role_lacks_are_refused(cluster, operator_kubeconfig, namespac
     for args in (
         ["get", "secrets", "-n", namespace],  # get one by name, never list
         ["create", "configmap", "x", "-n", namespace],
-        ["delete", "deployment", "chat-runtime", "-n", namespace],
+        ["delete", "secret", "hf-token", "-n", namespace],
         ["get", "pod", "chat-runtime-x", "-n", namespace],  # pods: list and watch only
         ["delete", "pod", "chat-runtime-x", "-n", namespace],
     ):
