@@ -22,6 +22,7 @@ from goodput_operator.autoscaling import pool_metrics
 from goodput_operator.autoscaling.arrival import forecast
 from goodput_operator.autoscaling.gateway import GatewayReader, GatewayView, RefusalRate, with_gateway_demand
 from goodput_operator.autoscaling.law import SCALE_CAUSES, UP, Decision, decide
+from goodput_operator.autoscaling.policy import FIELD_MANAGER, WriteFailed, policy_for
 from goodput_operator.autoscaling.pool_loop import PoolState, pool_source, scale_pools
 from goodput_operator.autoscaling.sources import (
     DirectSource,
@@ -32,34 +33,12 @@ from goodput_operator.autoscaling.sources import (
     service_endpoints,
 )
 from goodput_operator.autoscaling.startup import StartupClock
-from goodput_operator.autoscaling.state import Memory, Observation, Policy, Signals, start_memory
+from goodput_operator.autoscaling.state import Memory, Observation, Signals, start_memory
 from goodput_operator.context import Context
 from goodput_operator.k8s import ApiError, Kube, load_config, now_timestamp, owner_collection, owner_path
 
 logger = logging.getLogger(__name__)
-FIELD_MANAGER = "goodput-autoscaler"
 DECIDING_MODES = ("goodput", "hpa", "keda")
-
-
-def policy_for(svc: ServiceSpec) -> tuple[Policy, float | None]:
-    """The law's policy from the spec, and the configured starting capacity per replica (requests/s)."""
-    a = svc.autoscaling
-    policy = Policy(
-        min_replicas=a.min_replicas,
-        max_replicas=a.max_replicas,
-        attainment_target=svc.slo.attainment,
-        ttft_target=svc.slo.ttft_seconds,
-        tpot_target=svc.slo.tpot_seconds,
-        target_utilization=a.target_utilization,
-        scale_down_window=a.scale_down_window_seconds,
-        idle_period=a.idle_period_seconds,
-        batch_max_replicas=svc.batch.max_replicas,
-    )
-    return policy, a.capacity_per_replica
-
-
-class WriteFailed(Exception):
-    """The API server refused or did not answer a write of replicas or status (counted apart from reads)."""
 
 
 @dataclass

@@ -18,12 +18,14 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from goodput_contract.api.spec import ServiceSpec
 from goodput_operator import metrics
 from goodput_operator.autoscaling import pool_metrics
 from goodput_operator.autoscaling.gateway import GatewayView
+from goodput_operator.autoscaling.law import Decision
+from goodput_operator.autoscaling.policy import FIELD_MANAGER, WriteFailed, policy_for
 from goodput_operator.autoscaling.pools import DECODE, PREFILL, PoolDecision, PoolMemory, PoolReading, decide_pools
 from goodput_operator.autoscaling.sources import DirectSource, Reading, service_endpoints
 from goodput_operator.autoscaling.split import Mix, Recommendation, StepModel, recommend, slo_class, slo_for
@@ -31,9 +33,9 @@ from goodput_operator.autoscaling.startup import StartupClock
 from goodput_operator.autoscaling.state import Policy
 from goodput_operator.k8s import ApiError
 
-if TYPE_CHECKING:
-    from goodput_operator.autoscaling.loop import Autoscaler
-
+# `auto` below is the loop's Autoscaler (loop.py imports this module, so it is not named here): its kube
+# client, window, ctx, pools, pool_source, _slice_version and _write_replicas are used
+Autoscaler = Any
 logger = logging.getLogger(__name__)
 MIX_CHANGE = 0.2  # the split is recomputed when the observed mean lengths move this much
 
@@ -116,8 +118,6 @@ async def _split(state: PoolState, mix: tuple[float, float] | None, svc: Service
 
 
 async def scale_pools(auto: Autoscaler, body: dict[str, Any], svc: ServiceSpec, gateway: GatewayView | None) -> None:
-    from goodput_operator.autoscaling.loop import WriteFailed, policy_for
-
     namespace, name = svc.namespace, svc.name
     key = (namespace, name)
     state = auto.pools.setdefault(key, PoolState())
@@ -194,9 +194,6 @@ async def scale_pools(auto: Autoscaler, body: dict[str, Any], svc: ServiceSpec, 
 async def _write_pool(
     auto: Autoscaler, body: dict[str, Any], svc: ServiceSpec, pool: str, current: int, d: PoolDecision
 ) -> None:
-    from goodput_operator.autoscaling.law import Decision
-    from goodput_operator.autoscaling.loop import FIELD_MANAGER
-
     message = f"{pool} pool: {current} → {d.desired} replicas ({d.term}): {d.reason}"
     verb = "ScaledUp" if d.desired > current else "ScaledDown"
     if pool == DECODE:  # the InferenceService's scale subresource, as for any service
