@@ -169,3 +169,32 @@ def test_the_pools_read_their_tokens_and_the_hand_off_from_the_runtimes_expositi
     assert prefill.tokens_per_request == 400.0 / s.arrival_rate
     decode = _pool_reading(DECODE, 1, Reading(1, s))
     assert decode.token_rate == 4.0 and decode.signals.attainment == 1.0
+
+
+async def test_the_split_recommendation_follows_the_observed_mix_and_the_services_targets():
+    """status.autoscaler.split: the split model on the committed profile, for the mean lengths observed,
+    with targets of the class the service's own SLO is shaped like; recomputed only when the mix moves."""
+    from goodput_contract.api.spec import parse
+    from goodput_operator.autoscaling.pool_loop import PoolState, _split
+
+    def service(ttft: str, tpot: str):
+        return parse(
+            "pd",
+            "ns",
+            {
+                "model": {"source": "file:///models/tiny", "servedName": "tiny"},
+                "slo": {"ttft": ttft, "tpot": tpot},
+                "autoscaling": {"mode": "goodput", "minReplicas": 1, "maxReplicas": 4},
+                "disaggregation": {"prefill": {"maxReplicas": 4}, "decode": {"maxReplicas": 4}},
+            },
+        )
+
+    summariser, chat = service("15s", "150ms"), service("250ms", "100ms")  # DistServe's targets for each
+    state = PoolState()
+    assert await _split(state, None, summariser) is None  # nothing observed yet: nothing said
+    long = await _split(state, (8000.0, 256.0), summariser)
+    assert long["recommended"] == "disaggregated" and long["sloClass"] == "long-context"
+    assert "CPU" in long["profile"]
+    assert await _split(state, (8300.0, 250.0), summariser) is long  # within 20 %: not recomputed
+    short = await _split(PoolState(), (200.0, 200.0), chat)
+    assert short["recommended"] == "aggregated" and short["sloClass"] == "interactive"
