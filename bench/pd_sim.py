@@ -57,8 +57,14 @@ def lognormal_mix(name: str, prompt: float, output: float, seed: int = 1, sigma:
     return Mix(name, tuple((draw(prompt), draw(output)) for _ in range(SAMPLES)))
 
 
-# each built-in mix's application, for its SLO class (split.SLO_CLASSES)
-CLASSES = {"long-prompt": "long-context"}
+# each built-in mix's application, for its SLO class (split.SLO_CLASSES); a CSV's mix takes --slo-class
+CLASSES = {
+    "short-chat": "interactive",
+    "long-prompt": "long-context",
+    "production-chat": "interactive",
+    "code-completion": "interactive",
+    "reasoning": "interactive",
+}
 
 
 def mixes() -> list[Mix]:
@@ -141,6 +147,9 @@ def main(argv: list[str] | None = None) -> None:
     doc = json.loads(args.profile.read_text())
     model = StepModel.from_profile(doc)
     mix_list = mixes() + [csv_mix(path) for path in args.csv]
+    for path in args.csv:
+        if path.stem in CLASSES:
+            raise SystemExit(f"{path}: name the file other than a built-in mix ({', '.join(CLASSES)})")
     rows = run(model, mix_list, args.scale, args.ttft, args.tpot, args.slo_class)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(
