@@ -125,7 +125,8 @@ class Autoscaler:
                 if svc.disaggregation is not None and svc.autoscaling.mode == "goodput":
                     await scale_pools(self, body, svc, None if views is None else views.get(key, GatewayView()))
                     continue
-                self.pools.pop(key, None)
+                if self.pools.pop(key, None) is not None:  # no longer disaggregated: its pools' series go
+                    pool_metrics.forget(*key)
                 await self.scale(body, svc, None if views is None else views.get(key, GatewayView()))
             except WriteFailed as err:
                 logger.warning("Autoscaling %s/%s: %s", *key, err)
