@@ -19,12 +19,14 @@ attainment quantile), `goodput` finds the largest request rate per replica that 
   allow; for each prefill:decode ratio the system rate is min(p·λ_prefill, d·λ_decode), per replica
   divided by p + d.
 
-`dynamo_ratio` is the ratio NVIDIA Dynamo's SLA planner would choose from the same profiles: its
-planner (docs/architecture/sla_planner.md in ai-dynamo/dynamo, "SLA-based Planner") sets
-prefill replicas = prompt tokens per second / the prefill throughput per replica measured at the
-prompt length within the TTFT target (its profiler's single-request TTFT sweep), and decode replicas =
-output tokens per second / the decode throughput per replica at the largest batch whose ITL meets the
-target (its profiler's ITL against concurrency and context sweep); it has no queueing term.
+`dynamo_ratio` is the ratio NVIDIA Dynamo's SLA planner would choose from the same profiles. Its docs
+("SLA-based Planner", docs.nvidia.com/dynamo/latest/architecture/sla_planner.html, "Calculating Number
+of Replicas"; "Pre-Deployment Profiling", .../architecture/pre_deployment_profiling.html) set prefill
+replicas = predicted requests × ISL / the prefill throughput per replica, profiled as the TTFT of one
+request of that ISL (no in-flight batching, so no queueing), and decode replicas = predicted requests ×
+OSL / the decode throughput per replica at the largest in-flight count whose ITL meets the target at
+that context. Its live correction factors (observed TTFT and ITL over the profiled ones) start at 1,
+so this is the ratio it starts from.
 """
 
 from __future__ import annotations
