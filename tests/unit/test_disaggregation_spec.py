@@ -104,3 +104,12 @@ def test_shapes_the_hand_off_cannot_move_are_refused():
     assert _refusal(pipeline).field == "spec.parallelism.pipeline"
     nodes = {**_spec(tensor=2), "parallelism": {"tensor": 2, "nodes": 2}}
     assert _refusal(nodes).field == "spec.parallelism.nodes"
+
+
+def test_a_role_larger_than_a_node_is_refused():
+    spec = {**_spec(prefill={"tensor": 2}, transport=None), "engine": {"kind": "vllm"}}
+    spec["resources"] = {"gpu": 1, "gpusPerNode": 1}
+    err = _refusal(spec)
+    assert (err.field, err.reason) == ("spec.disaggregation.prefill.tensor", "ShapeDoesNotFit")
+    spec["resources"] = {"gpu": 1, "gpusPerNode": 2}
+    assert parse("chat", "ns", spec).disaggregation is not None

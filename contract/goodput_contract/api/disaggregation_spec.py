@@ -84,9 +84,16 @@ def _pool(raw: Any, role: str) -> Pool:
 
 
 def parse_disaggregation(
-    raw: Any, engine_kind: str, tensor: int, extra_args: tuple[str, ...], pipeline: int = 1, pods_per_replica: int = 1
+    raw: Any,
+    engine_kind: str,
+    tensor: int,
+    extra_args: tuple[str, ...],
+    pipeline: int = 1,
+    pods_per_replica: int = 1,
+    gpus_per_node: int | None = None,
 ) -> Disaggregation | None:
-    """spec.disaggregation for a service of `engine_kind` whose replicas run `tensor` GPUs; None when absent."""
+    """spec.disaggregation for a service of `engine_kind` whose replicas run `tensor` GPUs (a GPU node
+    offering `gpus_per_node`, where resources.gpusPerNode says so); None when absent."""
     if raw is None:
         return None
     if not isinstance(raw, dict):
@@ -128,6 +135,13 @@ def parse_disaggregation(
             f"the {transport} transport {can}",
             reason="TensorSizeMismatch",
         )
+    for role, size in (("prefill", p), ("decode", d)):
+        if gpus_per_node is not None and size > gpus_per_node:
+            raise SpecError(
+                f"disaggregation.{role}.tensor",
+                f"is {size}, more GPUs than resources.gpusPerNode ({gpus_per_node}): a role's replica is one pod",
+                reason="ShapeDoesNotFit",
+            )
     threshold = _count(raw, "threshold", "disaggregation", DEFAULT_THRESHOLD, 0)
     assert threshold is not None
     block = block_size(extra_args)
