@@ -4,8 +4,8 @@ Their serving port (the API, /health and /metrics alike) accepts connections onl
 goodput-gateway and the operator (whose autoscaler reads each pod's /metrics), from pods of
 the service's own namespace, and from the monitoring namespace (Prometheus). With
 spec.disaggregation, the service's decode pods also reach its pods' kv port (the KV hand-off,
-pulled from the prefill pods). Nothing else is admitted on any port. It binds only where the
-cluster's CNI plugin enforces NetworkPolicies.
+pulled from the prefill pods; with vLLM's NIXL, every port: roles.kv_ingress). Nothing else is
+admitted on any port. It binds only where the cluster's CNI plugin enforces NetworkPolicies.
 """
 
 from __future__ import annotations

@@ -133,7 +133,11 @@ def lost_role(manifest: Manifest, live: dict[str, Any] | None) -> bool:
 
 
 def kv_ingress(svc: ServiceSpec) -> dict[str, Any]:
-    """The NetworkPolicy rule that lets the service's decode pods reach its prefill pods' kv port."""
+    """The NetworkPolicy rule that lets the service's decode pods reach its prefill pods' kv port. vLLM's
+    NIXL moves the blocks over UCX, whose TCP transport listens on ports it picks: there the rule admits
+    the service's own pods (both roles) on every port; RDMA does not pass through the CNI at all."""
+    if svc.engine.kind == engines.VLLM:
+        return {"from": [{"podSelector": {"matchLabels": selector_labels(svc)}}]}
     return {
         "from": [{"podSelector": {"matchLabels": role_selector(svc, DECODE)}}],
         "ports": [{"protocol": "TCP", "port": KV_PORT}],

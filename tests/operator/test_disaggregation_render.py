@@ -150,6 +150,12 @@ def test_vllm_engine_renders_its_nixl_connector_per_role(cluster, operator, name
         assert {p.name: p.container_port for p in container.ports}["kv"] == 8001
         assert "--kv-transfer-role" not in container.args  # the goodput runtime's flag, not vLLM's
         assert deployment.spec.template.metadata.labels[ROLE] == role
+    # NIXL's UCX transfers use ports it picks: the service's own pods reach each other on every port
+    policy = wait_for(
+        lambda: cluster.raw("GET", f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/vpd-runtime"),
+        what="NetworkPolicy vpd-runtime",
+    )
+    assert {"from": [{"podSelector": {"matchLabels": {SERVICE: "vpd"}}}]} in policy["spec"]["ingress"]
     cluster.wait_condition(namespace, "vpd", "ModelFits", "True")
     pools = cluster.get_service(namespace, "vpd")["status"]["capacity"]["pools"]
     assert (pools["prefill"]["tensor"], pools["decode"]["tensor"]) == (2, 1)
