@@ -1,18 +1,75 @@
-"""Validation of OpenAI request bodies into plain dataclasses; every error names its field."""
+"""Validation of OpenAI request bodies into plain dataclasses; every error names its field.
+
+The fields' readers live by idea: fields.py (one field's type and bounds), guide_fields.py (structured
+output), tool_fields.py (tools), chat_messages.py (messages); their names used elsewhere are
+re-exported here."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from goodput_runtime.sampling import MAX_LOGPROBS, MAX_N, SamplingParams
+from goodput_runtime.server.chat_messages import ROLES, chat_messages
 from goodput_runtime.server.errors import invalid, missing, wrong_type
-from goodput_runtime.structured.grammar import GrammarError, GrammarSpec
-from goodput_runtime.structured.schema import check_schema
+from goodput_runtime.server.fields import (
+    boolean,
+    int_in,
+    int_list,
+    is_int,
+    is_number,
+    logit_bias,
+    max_tokens_field,
+    number,
+    optional_int,
+    optional_number,
+    parse_json,
+    reject_unknown,
+    reject_unsupported,
+    shown,
+    stop_strings,
+)
+from goodput_runtime.server.guide_fields import Guide, guide
+from goodput_runtime.server.tool_fields import Tool, tool_call_spec, tool_choice, tool_list
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
+__all__ = [
+    "ROLES",
+    "SEED_RANGE",
+    "ChatRequest",
+    "CompletionRequest",
+    "Guide",
+    "Sampling",
+    "Tool",
+    "boolean",
+    "chat_messages",
+    "completion_prompt",
+    "guide",
+    "header_priority",
+    "include_usage",
+    "int_in",
+    "int_list",
+    "is_int",
+    "is_number",
+    "logit_bias",
+    "max_tokens_field",
+    "model_name",
+    "number",
+    "optional_int",
+    "optional_number",
+    "parse_chat",
+    "parse_completion",
+    "parse_json",
+    "reject_unknown",
+    "reject_unsupported",
+    "sampling",
+    "shown",
+    "stop_strings",
+    "tool_call_spec",
+    "tool_choice",
+    "tool_list",
+]
+
 SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
@@ -70,23 +127,6 @@ class Sampling:
 
 
 @dataclass(frozen=True, slots=True)
-class Guide:
-    """The grammar a request's output must follow, and the field that asked for it."""
-
-    spec: GrammarSpec
-    param: str  # named by the 400 when the engine cannot compile it
-    kind: str  # json_object, json_schema, regex, choice, grammar or tool_call (the metric's label)
-
-
-@dataclass(frozen=True, slots=True)
-class Tool:
-    name: str
-    description: str | None
-    parameters: dict  # a JSON Schema for the arguments object
-    raw: dict  # as sent, for the chat template
-
-
-@dataclass(frozen=True, slots=True)
 class CompletionRequest:
     model: str
     prompt: str | list[int]
@@ -116,152 +156,6 @@ class ChatRequest:
     def forced_tool(self) -> bool:
         """The output is a call, made so by a grammar: tool_choice required or a named function."""
         return bool(self.tools) and self.tool_choice not in ("none", "auto")
-
-
-def parse_json(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise invalid(f"The request body is not valid JSON: {exc}", None, "invalid_json") from None
-    except RecursionError:  # the parser recurses once per level of nesting
-        raise invalid(
-            "The request body is not valid JSON: its arrays and objects nest too deeply", None, "invalid_json"
-        ) from None
-    if not isinstance(body, dict):
-        raise invalid("The request body must be a JSON object", None, "invalid_json")
-    return body
-
-
-def shown(value: Any, limit: int = 60) -> str:
-    """A client's value as an error message quotes it: a scalar's repr, cut short; a container's kind
-    alone (a deeply nested one has no repr within the interpreter's recursion limit)."""
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def optional_int(body: dict, name: str, minimum: int | None = None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not is_int(value):
-        raise wrong_type(name, "an integer")
-    if minimum is not None and value < minimum:
-        raise invalid(f"'{name}' must be at least {minimum}, got {value}", name)
-    return value
-
-
-def number(body: dict, name: str, default: float, low: float, high: float, low_open: bool = False) -> float:
-    value = optional_number(body, name, low, high, low_open)
-    return default if value is None else value
-
-
-def optional_number(body: dict, name: str, low: float, high: float, low_open: bool = False) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not is_number(value) or not math.isfinite(value):
-        raise wrong_type(name, "a finite number")
-    if value < low or value > high or (low_open and value == low):
-        bracket = "(" if low_open else "["
-        raise invalid(f"'{name}' must be in {bracket}{low}, {high}], got {value}", name)
-    return float(value)
-
-
-def int_in(body: dict, name: str, low: int, high: int) -> int | None:
-    value = optional_int(body, name)
-    if value is not None and not low <= value <= high:
-        raise invalid(f"'{name}' must be between {low} and {high}, got {value}", name)
-    return value
-
-
-def boolean(body: dict, name: str, default: bool = False) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise wrong_type(name, "a boolean")
-    return value
-
-
-def int_list(value: Any, name: str) -> list[int]:
-    if not isinstance(value, list) or not all(is_int(v) for v in value):
-        raise wrong_type(name, "a list of integers")
-    return value
-
-
-def stop_strings(body: dict) -> tuple[str, ...]:
-    value = body.get("stop")
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise wrong_type("stop", "a string or a list of strings")
-    return tuple(v for v in value if v)
-
-
-def reject_unknown(body: dict, known: frozenset[str]) -> None:
-    """Every field outside `known` is refused, naming it: none is accepted and ignored."""
-    for name in body:
-        if name not in known:
-            raise invalid(f"'{name}' is not supported by this server", name, "unsupported_parameter")
-
-
-def reject_unsupported(body: dict, names: dict[str, Any]) -> None:
-    """Fields we do not implement are refused unless they hold their do-nothing value."""
-    for name, harmless in names.items():
-        value = body.get(name)
-        if value is not None and value not in harmless:
-            raise invalid(f"'{name}' is not supported by this server", name, "unsupported_parameter")
-
-
-def logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
-    """{"token id": bias}; each bias clamped to [-100, 100] as OpenAI and vLLM do."""
-    value = body.get("logit_bias")
-    if value is None:
-        return ()
-    if not isinstance(value, dict):
-        raise wrong_type("logit_bias", "an object mapping token ids to numbers")
-    pairs = []
-    for key, bias in value.items():
-        try:
-            token = int(key)
-        except (TypeError, ValueError):
-            raise invalid(f"'logit_bias' keys must be token ids, got {shown(key)}", "logit_bias") from None
-        if not is_number(bias) or not math.isfinite(bias):
-            raise invalid(f"'logit_bias' values must be numbers, got {shown(bias)} for {shown(key)}", "logit_bias")
-        pairs.append((token, max(-100.0, min(100.0, float(bias)))))
-    return tuple(pairs)
-
-
-def max_tokens_field(body: dict, names: tuple[str, ...], allow_zero: bool) -> tuple[int | None, str]:
-    """The output limit under any of its names; two names with different values are refused."""
-    given = [(name, value) for name in names if (value := optional_int(body, name)) is not None]
-    if len({value for _, value in given}) > 1:
-        raise invalid(
-            f"'max_completion_tokens' and 'max_tokens' name the same limit and differ "
-            f"({body['max_completion_tokens']} and {body['max_tokens']}); send one",
-            "max_completion_tokens",
-        )
-    if not given:
-        return None, names[0]
-    name, value = given[0]
-    if value < 0 or (value == 0 and not allow_zero):
-        least = "0" if allow_zero else "1"
-        raise invalid(f"'{name}' must be at least {least}, got {value}", name)
-    return value, name
 
 
 def sampling(
@@ -363,90 +257,6 @@ def parse_completion(body: dict) -> CompletionRequest:
     )
 
 
-GUIDED_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
-
-
-def guide(body: dict) -> Guide | None:
-    """The grammar asked for by response_format or one of vLLM's guided_* fields (at most one of them)."""
-    given = [
-        name
-        for name in GUIDED_FIELDS
-        if body.get(name) is not None
-        and not (name == "response_format" and isinstance(body[name], dict) and body[name].get("type") == "text")
-    ]
-    if len(given) > 1:
-        raise invalid(f"'{given[0]}' and '{given[1]}' both constrain the output; send one", given[1])
-    if not given:
-        if body.get("response_format") is not None:
-            response_format(body["response_format"])  # checks {"type": "text"} has nothing else wrong
-        return None
-    name = given[0]
-    value = body[name]
-    if name == "response_format":
-        return response_format(value)
-    if name == "guided_json":
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                raise invalid("'guided_json' must be a JSON Schema (an object or its JSON text)", name) from None
-        return Guide(schema_spec(value, name), name, "json_schema")
-    if name == "guided_regex":
-        if not isinstance(value, str) or not value:
-            raise wrong_type(name, "a non-empty string (a regular expression)")
-        return Guide(GrammarSpec("regex", value), name, "regex")
-    if name == "guided_choice":
-        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-            raise wrong_type(name, "a non-empty list of non-empty strings")
-        return Guide(GrammarSpec("choice", json.dumps(value)), name, "choice")
-    if not isinstance(value, str) or not value.strip():
-        raise wrong_type(name, "a non-empty string (an EBNF or Lark grammar)")
-    return Guide(GrammarSpec("grammar", value), name, "grammar")
-
-
-def response_format(value: Any) -> Guide | None:
-    if not isinstance(value, dict):
-        raise wrong_type("response_format", "an object")
-    kind = value.get("type")
-    if kind not in ("text", "json_object", "json_schema"):
-        raise invalid(
-            f"'response_format.type' must be one of text, json_object, json_schema, got {shown(kind)}",
-            "response_format.type",
-        )
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return Guide(GrammarSpec("json_object"), "response_format", "json_object")
-    spec = value.get("json_schema")
-    if spec is None:
-        raise missing("response_format.json_schema")
-    if not isinstance(spec, dict):
-        raise wrong_type("response_format.json_schema", "an object")
-    name = spec.get("name")
-    if name is None:
-        raise missing("response_format.json_schema.name")
-    if not isinstance(name, str):
-        raise wrong_type("response_format.json_schema.name", "a string")
-    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
-        raise wrong_type("response_format.json_schema.strict", "a boolean")
-    if spec.get("description") is not None and not isinstance(spec["description"], str):
-        raise wrong_type("response_format.json_schema.description", "a string")
-    # strict or not, the schema is enforced: a grammar can only make outputs more conformant
-    schema = spec.get("schema")
-    if schema is None:
-        return Guide(GrammarSpec("json_object"), "response_format.json_schema", "json_schema")
-    param = "response_format.json_schema.schema"
-    return Guide(schema_spec(schema, param), param, "json_schema")
-
-
-def schema_spec(schema: Any, param: str) -> GrammarSpec:
-    try:
-        check_schema(schema)
-    except GrammarError as exc:
-        raise invalid(f"'{param}' cannot be enforced: {exc}", param, "unsupported_schema") from None
-    return GrammarSpec.json_schema(schema)
-
-
 def completion_prompt(value: Any) -> str | list[int]:
     if value is None:
         raise missing("prompt")
@@ -497,166 +307,3 @@ def parse_chat(body: dict) -> ChatRequest:
         boolean(body, "return_token_ids"),
         body.get("kv_transfer_params"),
     )
-
-
-def tool_list(value: Any) -> tuple[Tool, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise wrong_type("tools", "a list of tool objects")
-    tools: list[Tool] = []
-    for i, item in enumerate(value):
-        where = f"tools[{i}]"
-        if not isinstance(item, dict):
-            raise wrong_type(where, "an object")
-        if item.get("type") != "function":
-            raise invalid(f"'{where}.type' must be 'function', got {shown(item.get('type'))}", f"{where}.type")
-        function = item.get("function")
-        if not isinstance(function, dict):
-            raise wrong_type(f"{where}.function", "an object")
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise wrong_type(f"{where}.function.name", "a non-empty string")
-        description = function.get("description")
-        if description is not None and not isinstance(description, str):
-            raise wrong_type(f"{where}.function.description", "a string")
-        parameters = function.get("parameters")
-        if parameters is None:
-            parameters = {"type": "object", "properties": {}}
-        schema_spec(parameters, f"{where}.function.parameters")
-        if any(t.name == name for t in tools):
-            raise invalid(f"'{where}.function.name' repeats the tool name {shown(name)}", f"{where}.function.name")
-        tools.append(Tool(name, description, parameters, item))
-    return tuple(tools)
-
-
-def tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
-    if value is None:
-        return "auto" if tools else "none"
-    if not tools and value != "none":
-        raise invalid("'tool_choice' needs 'tools'", "tool_choice")
-    if isinstance(value, str):
-        if value not in ("none", "auto", "required"):
-            raise invalid(
-                f"'tool_choice' must be none, auto, required or a function object, got {shown(value)}", "tool_choice"
-            )
-        return value
-    if not isinstance(value, dict) or value.get("type") != "function" or not isinstance(value.get("function"), dict):
-        raise wrong_type("tool_choice", 'none, auto, required or {"type": "function", "function": {"name": ...}}')
-    name = value["function"].get("name")
-    if not any(t.name == name for t in tools):
-        raise invalid(
-            f"'tool_choice.function.name' names no tool in 'tools': {shown(name)}", "tool_choice.function.name"
-        )
-    return name
-
-
-def tool_call_spec(tools: tuple[Tool, ...], choice: str, parallel: bool) -> GrammarSpec:
-    """The grammar of a forced call, as vLLM forces one: a named function's output is its arguments
-    object; a required call is a JSON array of {"name", "parameters"} objects, one at least."""
-    if choice != "required":
-        return GrammarSpec.json_schema(next(t.parameters for t in tools if t.name == choice))
-    calls = [
-        {
-            "type": "object",
-            "properties": {"name": {"enum": [t.name]}, "parameters": t.parameters},
-            "required": ["name", "parameters"],
-        }
-        for t in tools
-    ]
-    schema: dict[str, Any] = {
-        "type": "array",
-        "minItems": 1,
-        "items": calls[0] if len(calls) == 1 else {"anyOf": calls},
-    }
-    if not parallel:
-        schema["maxItems"] = 1
-    return GrammarSpec.json_schema(schema)
-
-
-def chat_messages(value: Any) -> list[dict[str, Any]]:
-    if value is None:
-        raise missing("messages")
-    if not isinstance(value, list):
-        raise wrong_type("messages", "a list of message objects")
-    if not value:
-        raise invalid("'messages' must not be empty", "messages")
-    return [chat_message(m, f"messages[{i}]") for i, m in enumerate(value)]
-
-
-def chat_message(message: Any, where: str) -> dict[str, Any]:
-    if not isinstance(message, dict):
-        raise wrong_type(where, "an object")
-    role = message.get("role")
-    if role is None:
-        raise missing(f"{where}.role")
-    if role not in ROLES:
-        raise invalid(f"'{where}.role' must be one of {', '.join(ROLES)}, got {shown(role)}", f"{where}.role")
-    parsed: dict[str, Any] = {
-        "role": role,
-        "content": message_content(message.get("content"), role, f"{where}.content"),
-    }
-    if role == "assistant" and message.get("tool_calls") is not None:
-        parsed["tool_calls"] = message_tool_calls(message["tool_calls"], f"{where}.tool_calls")
-    if role == "tool":
-        call_id = message.get("tool_call_id")
-        if call_id is None:
-            raise missing(f"{where}.tool_call_id")
-        if not isinstance(call_id, str):
-            raise wrong_type(f"{where}.tool_call_id", "a string")
-        parsed["tool_call_id"] = call_id
-    if isinstance(message.get("name"), str):
-        parsed["name"] = message["name"]
-    return parsed
-
-
-def message_tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
-    """An assistant's earlier calls, their arguments as objects (as chat templates expect them)."""
-    if not isinstance(value, list):
-        raise wrong_type(where, "a list of tool calls")
-    calls = []
-    for i, call in enumerate(value):
-        at = f"{where}[{i}]"
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise wrong_type(at, "an object with function.name and function.arguments")
-        arguments = function.get("arguments", "{}")
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments or "{}")
-            except json.JSONDecodeError:
-                raise invalid(
-                    f"'{at}.function.arguments' must be a JSON object's text", f"{at}.function.arguments"
-                ) from None
-        if not isinstance(arguments, dict):
-            raise wrong_type(f"{at}.function.arguments", "a JSON object's text")
-        calls.append(
-            {
-                "id": call.get("id") if isinstance(call.get("id"), str) else f"call_{i}",
-                "type": "function",
-                "function": {"name": function["name"], "arguments": arguments},
-            }
-        )
-    return calls
-
-
-def message_content(content: Any, role: str, where: str) -> str:
-    if content is None:
-        if role == "assistant":
-            return ""
-        raise missing(where)
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for i, part in enumerate(content):
-            is_text = isinstance(part, dict) and part.get("type") == "text"
-            if not (is_text and isinstance(part.get("text"), str)):
-                raise invalid(
-                    f"'{where}[{i}]' must be a text part: only text content is supported",
-                    f"{where}[{i}]",
-                    "unsupported_value",
-                )
-            texts.append(part["text"])
-        return "".join(texts)
-    raise wrong_type(where, "a string or a list of text parts")
