@@ -84,3 +84,58 @@ def test_the_prefill_count_is_written_through_the_deployments_scale(cluster, ope
     assert _pools(cluster, namespace, "wide")["prefill"]["term"] == "bounds"
     # the decode pool was not touched: the InferenceService's own count stands
     assert "replicas" not in cluster.get_service(namespace, "wide")["spec"]
+
+
+def test_a_ttft_miss_on_real_prefill_pods_wakes_the_prefill_guard_only(
+    cluster, operator, namespace, tiny_model_dir, tmp_path
+):
+    """A real runtime process stands in for the prefill pool's pod (published in the `<name>-prefill`
+    Service's EndpointSlice, as the EndpointSlice controller would); one request at a time and a 10 ms TTFT
+    target make every queued prompt miss. The prefill guard grows the prefill pool through its Deployment's
+    scale subresource; the decode pool, with no ready pod, holds."""
+    import threading
+    import urllib.request
+
+    from autoscaling_helpers import host_address, put_endpoint
+    from live_pods import Pod
+
+    spec = {**SPEC, "slo": {"ttft": "10ms", "tpot": "1s", "attainment": 0.9}}
+    cluster.create_service(namespace, "busy", spec)
+    wait_for(lambda: _prefill(cluster, namespace, "busy"), 60, "Deployment busy-prefill")
+    flags = ("--max-num-seqs", "1", "--slo-ttft", "0.01", "--slo-tpot", "1", "--admission", "off")
+    pods = [Pod("p0", tiny_model_dir, tmp_path / "p0.log", flags)]
+    stop = threading.Event()
+    try:
+        for pod in pods:
+            wait_for(pod.poll_ready, 120, f"runtime {pod.name} ready")
+        put_endpoint(cluster, namespace, "busy-prefill", "p0", host_address(), pods[0].port, ready=True)
+
+        def send(port: int) -> None:
+            body = b'{"model": "tiny", "prompt": "' + b"tell me a long story " * 20 + b'", "max_tokens": 4}'
+            while not stop.is_set():
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+                )
+                try:
+                    urllib.request.urlopen(request, timeout=60).read()
+                except OSError:
+                    stop.wait(0.2)
+
+        workers = [threading.Thread(target=send, args=(pods[0].port,), daemon=True) for _ in range(6)]
+        for worker in workers:
+            worker.start()
+        event = wait_for(
+            lambda: next((e for e in cluster.events(namespace, "busy") if "prefill pool: 1 → 2" in e.message), None),
+            120,
+            "the prefill guard's scale-up",
+        )
+        assert "(guard)" in event.message and event.reason == "ScaledUp"
+        assert _prefill(cluster, namespace, "busy").spec.replicas >= 2
+        pools = _pools(cluster, namespace, "busy")
+        assert pools["decode"]["desiredReplicas"] == 1  # the TTFT miss is not the decode pool's to answer
+        assert pools["prefill"]["attainment"] < 0.9
+        assert not any("decode pool" in e.message for e in cluster.events(namespace, "busy"))
+    finally:
+        stop.set()
+        for pod in pods:
+            pod.stop()
