@@ -86,56 +86,66 @@ def test_the_prefill_count_is_written_through_the_deployments_scale(cluster, ope
     assert "replicas" not in cluster.get_service(namespace, "wide")["spec"]
 
 
-def test_a_ttft_miss_on_real_prefill_pods_wakes_the_prefill_guard_only(
-    cluster, operator, namespace, tiny_model_dir, tmp_path
+@pytest.mark.parametrize(
+    "pool, other, slo, flags",
+    [
+        # one request at a time and a 10 ms TTFT target: every queued prompt misses TTFT
+        ("prefill", "decode", {"ttft": "10ms", "tpot": "1s"}, ("--slo-ttft", "0.01", "--slo-tpot", "1")),
+        # a 1 ms TPOT target: every request misses TPOT, while TTFT has a minute
+        ("decode", "prefill", {"ttft": "60s", "tpot": "1ms"}, ("--slo-ttft", "60", "--slo-tpot", "0.001")),
+    ],
+)
+def test_a_miss_on_a_real_pods_own_target_wakes_its_pools_guard_only(
+    cluster, operator, namespace, tiny_model_dir, tmp_path, pool, other, slo, flags
 ):
-    """A real runtime process stands in for the prefill pool's pod (published in the `<name>-prefill`
-    Service's EndpointSlice, as the EndpointSlice controller would); one request at a time and a 10 ms TTFT
-    target make every queued prompt miss. The prefill guard grows the prefill pool through its Deployment's
-    scale subresource; the decode pool, with no ready pod, holds."""
+    """A real runtime process stands in for one pool's pod (published in that pool's Service's
+    EndpointSlice, as the EndpointSlice controller would: `<name>-prefill` for prefill, `<name>` for
+    decode), serving one request at a time so that requests queue. A miss of that pool's own target wakes
+    its guard: the prefill pool grows through its Deployment's scale subresource, the decode pool through
+    the InferenceService's; the other pool, with no ready pod, holds."""
     import threading
     import urllib.request
 
-    from autoscaling_helpers import host_address, put_endpoint
+    from autoscaling_helpers import host_address, put_endpoint, scale_replicas
     from live_pods import Pod
 
-    spec = {**SPEC, "slo": {"ttft": "10ms", "tpot": "1s", "attainment": 0.9}}
-    cluster.create_service(namespace, "busy", spec)
-    wait_for(lambda: _prefill(cluster, namespace, "busy"), 60, "Deployment busy-prefill")
-    flags = ("--max-num-seqs", "1", "--slo-ttft", "0.01", "--slo-tpot", "1", "--admission", "off")
-    pods = [Pod("p0", tiny_model_dir, tmp_path / "p0.log", flags)]
+    name = f"miss-{pool}"
+    cluster.create_service(namespace, name, {**SPEC, "slo": {**slo, "attainment": 0.9}})
+    wait_for(lambda: _prefill(cluster, namespace, name), 60, f"Deployment {name}-prefill")
+    pod = Pod("p0", tiny_model_dir, tmp_path / "p0.log", ("--max-num-seqs", "1", "--admission", "off", *flags))
     stop = threading.Event()
     try:
-        for pod in pods:
-            wait_for(pod.poll_ready, 120, f"runtime {pod.name} ready")
-        put_endpoint(cluster, namespace, "busy-prefill", "p0", host_address(), pods[0].port, ready=True)
+        wait_for(pod.poll_ready, 120, "the runtime ready")
+        service = f"{name}-prefill" if pool == "prefill" else name
+        put_endpoint(cluster, namespace, service, "p0", host_address(), pod.port, ready=True)
 
-        def send(port: int) -> None:
+        def send() -> None:
             body = b'{"model": "tiny", "prompt": "' + b"tell me a long story " * 20 + b'", "max_tokens": 4}'
             while not stop.is_set():
                 request = urllib.request.Request(
-                    f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+                    f"http://127.0.0.1:{pod.port}/v1/completions", body, {"Content-Type": "application/json"}
                 )
                 try:
                     urllib.request.urlopen(request, timeout=60).read()
                 except OSError:
                     stop.wait(0.2)
 
-        workers = [threading.Thread(target=send, args=(pods[0].port,), daemon=True) for _ in range(6)]
-        for worker in workers:
-            worker.start()
+        for _ in range(6):
+            threading.Thread(target=send, daemon=True).start()
         event = wait_for(
-            lambda: next((e for e in cluster.events(namespace, "busy") if "prefill pool: 1 → 2" in e.message), None),
+            lambda: next((e for e in cluster.events(namespace, name) if f"{pool} pool: 1 → 2" in e.message), None),
             120,
-            "the prefill guard's scale-up",
+            f"the {pool} guard's scale-up",
         )
         assert "(guard)" in event.message and event.reason == "ScaledUp"
-        assert _prefill(cluster, namespace, "busy").spec.replicas >= 2
-        pools = _pools(cluster, namespace, "busy")
-        assert pools["decode"]["desiredReplicas"] == 1  # the TTFT miss is not the decode pool's to answer
-        assert pools["prefill"]["attainment"] < 0.9
-        assert not any("decode pool" in e.message for e in cluster.events(namespace, "busy"))
+        if pool == "prefill":
+            assert _prefill(cluster, namespace, name).spec.replicas >= 2
+        else:
+            assert scale_replicas(cluster, namespace, name) >= 2
+        pools = _pools(cluster, namespace, name)
+        assert pools[pool]["attainment"] < 0.9
+        assert pools[other]["desiredReplicas"] == 1  # the miss is not the other pool's to answer
+        assert not any(f"{other} pool" in e.message for e in cluster.events(namespace, name))
     finally:
         stop.set()
-        for pod in pods:
-            pod.stop()
+        pod.stop()
