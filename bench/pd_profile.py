@@ -15,7 +15,9 @@ bench/decode_step.py does) in the runtime's own model runner, it times:
 Rounds alternate the order of the shapes; each figure is the median over every step of this
 process's CPU time with one thread (by default): the machine is shared, and under other load a step's
 wall time is mostly waiting for a core, while its CPU time is its own compute (bench/decode_step.py
-reports both for the same reason). The loopback transfer is timed in wall time. It fits, by least squares:
+reports both for the same reason). The hand-off's copy out (gather and serialise) and the loopback
+transfer are timed in wall time, the copy in in CPU time; on a busy machine the first two overstate it.
+It fits, by least squares:
 
     prefill(P)     = a + b·P + c·P²                       (seconds; c: attention's quadratic part)
     decode(B, L)   = d0 + d1·B + d2·B·L                    (d2: reading the KV cache per token attended)
