@@ -62,7 +62,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     params = sampling_params(engine, body.sampling, len(prompt_ids), "prompt")
     params = with_priority(request, body.sampling, dataclasses.replace(params, lora=adapter))
     kv = parse_kv_transfer(body.kv_transfer_params, engine, params, body.stream)
-    predicted = state.admit(engine, prompt_ids, params)
+    predicted = state.admit(engine, prompt_ids, params, kv.remote_tokens if kv is not None else 0)
     params = await state.grammars.params(engine, body.guide, params)
     shape = CompletionShape(
         body.model, body.include_usage, n=params.n, token_text=state.token_text, return_token_ids=body.return_token_ids
@@ -102,7 +102,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     params = sampling_params(engine, body.sampling, len(prompt_ids), "messages")
     params = with_priority(request, body.sampling, dataclasses.replace(params, lora=adapter))
     kv = parse_kv_transfer(body.kv_transfer_params, engine, params, body.stream)
-    predicted = state.admit(engine, prompt_ids, params)
+    predicted = state.admit(engine, prompt_ids, params, kv.remote_tokens if kv is not None else 0)
     params = await state.grammars.params(engine, body.guide, params)
     shape = ChatShape(
         body.model, body.include_usage, n=params.n, token_text=state.token_text, return_token_ids=body.return_token_ids

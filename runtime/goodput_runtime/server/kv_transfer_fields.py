@@ -27,6 +27,11 @@ class KVTransferRequest:
     role: str  # prefill: keep the prompt's blocks under a lease; decode: pull them first
     handoff: HandoffParams | None = None  # the decode phase's
 
+    @property
+    def remote_tokens(self) -> int:
+        """Prompt tokens the hand-off brings: what admission does not count as computed here."""
+        return self.handoff.num_tokens if self.handoff is not None else 0
+
 
 def kv_transfer_failed(message: str) -> APIError:
     """A decode phase whose hand-off failed under --kv-failure-policy fail."""

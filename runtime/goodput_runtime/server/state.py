@@ -70,11 +70,14 @@ class ServerState:
             raise unavailable("The model is still loading; retry shortly", "model_loading")
         return self.engine
 
-    def admit(self, engine: EngineClient, prompt_ids: list[int], params: SamplingParams) -> dict[str, str]:
+    def admit(
+        self, engine: EngineClient, prompt_ids: list[int], params: SamplingParams, remote_tokens: int = 0
+    ) -> dict[str, str]:
         """429 now for a request predicted to miss the TTFT or TPOT target (see admission.py); else
-        the headers that carry admission's predictions."""
+        the headers that carry admission's predictions. remote_tokens: prompt tokens a KV hand-off
+        brings (a decode phase), which this runtime does not compute."""
         if self.admission is not None:
-            return self.admission.check(engine, len(prompt_ids), params)
+            return self.admission.check(engine, max(1, len(prompt_ids) - remote_tokens), params)
         return {}
 
     async def resolve_model(self, model: str) -> str | None:
