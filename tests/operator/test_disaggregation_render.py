@@ -3,6 +3,7 @@ goodput and vllm engines, what cannot be honoured refused with the field named, 
 replicas left to the autoscaler in goodput mode, and status per role."""
 
 import json
+import time
 
 import pytest
 from harness import wait_for
@@ -268,3 +269,28 @@ def test_a_prefill_name_held_by_another_object_is_left_alone(cluster, operator, 
         "serving.goodput.dev/replicas-manager"
     )
     assert other.spec.template.spec.containers[0].image == "registry.test/other:1"
+
+
+def test_a_steady_disaggregated_service_is_not_written_again(cluster, operator, namespace):
+    spec = _spec("vllm")
+    spec["autoscaling"] = {"mode": "goodput", "minReplicas": 1, "maxReplicas": 8}
+    cluster.create_service(namespace, "calm", spec)
+
+    def handed_over():
+        prefill = _prefill(cluster, namespace, "calm")
+        return prefill is not None and "serving.goodput.dev/replicas-manager" in (prefill.metadata.annotations or {})
+
+    wait_for(handed_over, what="the prefill replicas handed to the autoscaler")
+    cluster.wait_condition(namespace, "calm", "ModelFits", "True")
+
+    def writes():
+        """The children's generations and the Services' versions, and the operator's write Events."""
+        deployments = [cluster.deployment(namespace, "calm"), _prefill(cluster, namespace, "calm")]
+        services = [cluster.core.read_namespaced_service(name, namespace) for name in ("calm", "calm-prefill")]
+        events = sum(e.count or 1 for e in cluster.events(namespace, "calm") if e.reason in ("Created", "Updated"))
+        return [d.metadata.generation for d in deployments] + [s.metadata.resource_version for s in services] + [events]
+
+    time.sleep(3)
+    before = writes()
+    time.sleep(25)  # the operator resyncs every 10 s here: two passes over an unchanged spec at least
+    assert writes() == before
