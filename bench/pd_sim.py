@@ -21,7 +21,7 @@ Mixes (seeded lognormal lengths around the means, σ 0.5, except the two fixed r
 - long-prompt: 8,000 in / 256 out (reference: disaggregated; summarisation, RAG);
 - production-chat: prompts ~1,000 / outputs ~250 tokens, shaped like the conversation split of Azure's
   public LLM inference trace (AzurePublicDataset, AzureLLMInferenceTrace_conv, 2023; described in
-  Splitwise, Patel et al., ISCA 2024: median prompt 1,020 tokens, outputs long-tailed);
+  Splitwise, Patel et al., ISCA 2024: prompts around 1,000 tokens, outputs long-tailed);
 - code-completion: 2,000 in / 30 out (the trace's code split: long prompts, very short outputs);
 - reasoning: 300 in / 2,000 out (short question, long generated answer);
 - and each `timestamp,prompt_tokens,output_tokens` CSV given with --csv (a header line is skipped).
