@@ -40,10 +40,12 @@ class PromptBlocks:
     digests: tuple[str, ...]  # one per full block, 32 hex characters each, in order
 
 
-def cache_key(service: tuple[str, str], path: str, body: Mapping[str, Any]) -> bytes:
+def cache_key(service: tuple[str, str], path: str, body: Mapping[str, Any], raw: bytes) -> bytes:
+    """The prompt's fields of `body`; the whole of `raw` where `body` holds none (a caller that passes the
+    bytes alone, such as a resumed stream's continuation)."""
     prompt = {name: body.get(name) for name in PROMPT_FIELDS if name in body}
-    data = json.dumps([service, path, prompt], sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.blake2b(data.encode(), digest_size=16).digest()
+    data = json.dumps([service, path, prompt], sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.blake2b(data if prompt else data + raw, digest_size=16).digest()
 
 
 def parse(answer: Any) -> PromptBlocks | None:
@@ -80,7 +82,7 @@ class PromptDigests:
         headers: Mapping[str, str],
     ) -> PromptBlocks | None:
         """The digests of the prompt `raw` (the body as it goes to `path`), from the cache or `replica`."""
-        key = cache_key(service, path, body)
+        key = cache_key(service, path, body, raw)
         found = self.cache.get(key)
         if found is not None:
             self.cache.move_to_end(key)

@@ -95,3 +95,14 @@ def test_scale_out_keeps_held_prefixes_with_their_holders_and_the_newcomer_gets_
         for k in range(1000, 1400)
     )
     assert set(fresh) == set(four) and max(fresh.values()) < 0.45 * 400
+
+
+def test_the_digest_cache_keys_on_the_prompt_or_on_the_bytes_where_the_body_is_not_given():
+    from goodput_gateway.prompt_digests import cache_key
+
+    svc, path = ("ns", "m"), "/v1/completions"
+    a = cache_key(svc, path, {"prompt": "x", "max_tokens": 3}, b"one")
+    assert a == cache_key(svc, path, {"prompt": "x", "max_tokens": 9, "stream": True}, b"two")
+    assert a != cache_key(svc, path, {"prompt": "y"}, b"one")
+    assert a != cache_key(("ns", "other"), path, {"prompt": "x"}, b"one")
+    assert cache_key(svc, path, {}, b'{"prompt": [1, 2]}') != cache_key(svc, path, {}, b'{"prompt": [1, 3]}')
