@@ -1,5 +1,10 @@
 """One request through the gateway: pick a replica, forward, stream the answer back.
 
+The pick is the service's policy (routing.py); under ``prefix``, held-aware first where the replicas
+publish what they hold (held_routing.py: the prompt's digests, asked once before the attempts). For
+a disaggregated service the chosen replica decodes, and disagg.py decides whether a prefill replica
+computes the prompt first (the first attempt only; a retry sends the plain request).
+
 A failure before the client got a byte (a refused connection, a connection reset before the
 replica's response headers or between them and the body's first byte), or a 503 from a
 replica that is loading or draining, is tried again on another replica, counted in
