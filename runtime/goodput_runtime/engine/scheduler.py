@@ -175,7 +175,8 @@ class Scheduler(SequenceUpdates):
                 continue
             first_admission = seq.times.first_scheduled is None
             # a hand-off's sequence arrives holding the blocks that landed for it (kv_transfer/agent.py)
-            skip = self._needs_every_position(seq) or bool(seq.block_table)
+            landed = bool(seq.block_table)
+            skip = self._needs_every_position(seq) or landed
             hits = [] if skip else self.block_manager.match_prefix(seq)
             loads = [] if skip else self.block_manager.match_offloaded(seq, len(hits))
             cached = (len(hits) + len(loads)) * self.block_manager.block_size or seq.num_computed_tokens
@@ -203,9 +204,10 @@ class Scheduler(SequenceUpdates):
                 seq.times.first_scheduled = time.monotonic()
                 cached = seq.num_computed_tokens  # fewer than found when an offloaded entry did not verify
                 seq.num_cached_tokens = cached
-                out.prefix_queried_tokens += seq.num_tokens
-                out.prefix_hit_tokens += cached
-                out.offload_hit_tokens += max(0, cached - len(hits) * self.block_manager.block_size)
+                if not landed:  # a hand-off's blocks were found or pulled by its own lookup (kv_transfer/)
+                    out.prefix_queried_tokens += seq.num_tokens
+                    out.prefix_hit_tokens += cached
+                    out.offload_hit_tokens += max(0, cached - len(hits) * self.block_manager.block_size)
             out.scheduled.append(self._scheduled(seq, num_tokens))
             budget -= num_tokens
             if not is_batch(seq) and online_prefill is not None:
