@@ -27,19 +27,18 @@ import asyncio
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 
 from goodput_gateway import routing
-from goodput_gateway.discovery import Service
-from goodput_gateway.held_routing import cached_tokens
+from goodput_gateway.discovery import Registry, Service
+from goodput_gateway.held_routing import HeldRouter, cached_tokens
+from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.prompt_digests import PromptBlocks
-
-if TYPE_CHECKING:
-    from goodput_gateway.proxy import Proxy
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +74,29 @@ def uncached(blocks: PromptBlocks | None, held: Mapping[str, set[str]] | None, b
     return max(0, blocks.num_tokens - cached_tokens(blocks, held))
 
 
+class Cooldown(Protocol):
+    @property
+    def cooldown(self) -> float: ...
+
+
+class Replicas(Protocol):
+    """What the two phases use of the proxy (proxy.Proxy): its replicas' loads, cooling and session."""
+
+    metrics: GatewayMetrics
+    registry: Registry
+    held: HeldRouter | None
+    outstanding: Counter[str]
+    cooling: dict[str, float]
+    session: aiohttp.ClientSession
+
+    @property
+    def settings(self) -> Cooldown: ...
+
+    def loads(self, replicas: tuple[str, ...]) -> dict[str, float]: ...
+
+
 class TwoPhase:
-    def __init__(self, proxy: Proxy, settings: DisaggSettings) -> None:
+    def __init__(self, proxy: Replicas, settings: DisaggSettings) -> None:
         self.proxy, self.settings = proxy, settings
 
     def count(self, svc: Service, path: str, started: float | None = None) -> None:
