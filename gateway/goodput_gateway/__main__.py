@@ -14,6 +14,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from goodput_contract.version import VERSION
 from goodput_gateway import batch, held_routing, prompt_digests, routing
 from goodput_gateway.app import FairSettings, Gateway, build_app
 from goodput_gateway.auth import ServiceKeys
@@ -39,6 +40,7 @@ def _env(name: str, default: str) -> str:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m goodput_gateway", description=__doc__)
+    p.add_argument("--version", action="version", version=f"goodput-gateway {VERSION}")
     p.add_argument("--host", default=_env("GATEWAY_HOST", "0.0.0.0"))
     p.add_argument("--port", type=int, default=int(_env("GATEWAY_PORT", "8000")), help="0 picks a free port")
     p.add_argument(

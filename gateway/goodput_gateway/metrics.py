@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from goodput_contract import metrics as names
+from goodput_contract.version import VERSION
 from goodput_gateway.held_routing import DECISIONS as HELD_DECISIONS
 from goodput_gateway.held_routing import LOOKUP_RESULTS
 from goodput_gateway.kv_index import KvIndex
@@ -19,6 +20,9 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        Gauge(
+            "goodput_gateway_build_info", "The gateway's version, as a label (always 1).", ["version"], registry=r
+        ).labels(VERSION).set(1)
         self.requests = Counter(
             names.GATEWAY_REQUESTS, "Requests answered, by HTTP status code", [*SERVICE, "code"], registry=r
         )
