@@ -2,9 +2,8 @@
 
 The names come from ``goodput_contract.metrics``, which the autoscaler and dashboards read too.
 
-Bucket boundaries follow vLLM's, so dashboards and the operator's metric reader treat
-``goodput_*`` and ``vllm:*`` series alike; each latency histogram also gets a boundary
-exactly at its SLO so attainment can be read straight off the buckets.
+Bucket boundaries are in ``metric_buckets``; the KV tiers' series in ``kv_tier_metrics``; the
+LoRA adapters' in ``lora_metrics``.
 """
 
 from __future__ import annotations
@@ -15,85 +14,20 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from goodput_contract import metrics as names
+from goodput_runtime.kv_tier_metrics import KvTierCollector
+from goodput_runtime.lora_metrics import LoraMetrics
+from goodput_runtime.metric_buckets import (
+    GRAMMAR_COMPILE_BUCKETS,
+    REQUEST_LATENCY_BUCKETS,
+    TPOT_BUCKETS,
+    TTFT_BUCKETS,
+    with_boundary,
+)
 from goodput_runtime.request_times import RequestTimes
 
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-TPOT_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-REQUEST_LATENCY_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
-GRAMMAR_COMPILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-PREFIX = names.PREFIX
 # 429 error codes, and the reason label each is counted under
 REJECT_REASONS = {"slo_unattainable": "ttft_slo", "tpot_unattainable": "tpot_slo", "rate_limit_exceeded": "queue_full"}
 STRUCTURED_TYPES = ("json_object", "json_schema", "regex", "choice", "grammar", "tool_call")
-
-
-def with_boundary(buckets: tuple[float, ...], *extra: float | None) -> tuple[float, ...]:
-    return tuple(sorted(set(buckets) | {e for e in extra if e is not None and e > 0}))
 
 
 def time_per_output_token(times: RequestTimes) -> float | None:
@@ -108,67 +42,6 @@ PRIORITY_CLASSES = ("online", "batch")
 
 def priority_class(priority: int) -> str:
     return "batch" if priority > 0 else "online"
-
-
-class KvTierCollector:
-    """The KV cache's tiers, read at scrape time from the block manager's event log and the offload
-    tier's counters (engine/kv_events.py, engine/kv_offload.py): nothing on the step loop."""
-
-    def __init__(self, model: str, block_manager: Any) -> None:
-        self.model = model
-        self.block_manager = block_manager
-
-    def describe(self) -> list[Any]:
-        return []  # collected only when scraped
-
-    def collect(self) -> Any:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        m = self.model
-        events = self.block_manager.events
-        if events is not None:
-            held = GaugeMetricFamily(names.KV_TIER_BLOCKS, "Prefix blocks held per KV tier.", labels=["model", "tier"])
-            for tier, count in events.counts().items():
-                held.add_metric([m, tier], count)
-            yield held
-        store = self.block_manager.offload
-        if store is None:
-            return
-        s = store.stats
-
-        def counter(name: str, doc: str, value: float) -> Any:
-            family = CounterMetricFamily(name.removesuffix("_total"), doc, labels=["model"])
-            family.add_metric([m], value)
-            return family
-
-        def gauge(name: str, doc: str, value: float) -> Any:
-            family = GaugeMetricFamily(name, doc, labels=["model"])
-            family.add_metric([m], value)
-            return family
-
-        yield counter(names.KV_OFFLOAD_HIT_TOKENS, "Prompt tokens loaded from the KV offload tier.", s.loaded_tokens)
-        moved = CounterMetricFamily(
-            names.KV_OFFLOAD_BYTES.removesuffix("_total"),
-            "Bytes written to and read back from the KV offload tier.",
-            labels=["model", "direction"],
-        )
-        moved.add_metric([m, "offload"], s.offload_bytes)
-        moved.add_metric([m, "reload"], s.reload_bytes)
-        yield moved
-        spent = CounterMetricFamily(
-            names.KV_OFFLOAD_SECONDS.removesuffix("_total"),
-            "Seconds spent writing to (on its writer thread) and reloading from the KV offload tier.",
-            labels=["model", "direction"],
-        )
-        spent.add_metric([m, "offload"], s.offload_seconds)
-        spent.add_metric([m, "reload"], s.reload_seconds)
-        yield spent
-        yield gauge(names.KV_OFFLOAD_USED_BYTES, "Bytes of the KV offload tier in use.", store.used_bytes)
-        yield gauge(names.KV_OFFLOAD_CAPACITY_BYTES, "The KV offload tier's bound in bytes.", store.capacity)
-        yield counter(names.KV_OFFLOAD_CORRUPT, "KV offload entries that failed their check (recomputed).", s.corrupt)
-        yield counter(
-            names.KV_OFFLOAD_DROPPED_SAVES, "Evicted blocks not saved: the tier's writer was behind.", s.dropped_saves
-        )
 
 
 class RuntimeMetrics:
@@ -444,101 +317,3 @@ class RuntimeMetrics:
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
-
-
-LORA_LABELS_CAP = 64  # adapters named in the per-adapter series; requests on others count as "other"
-LORA_LOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-
-class LoraMetrics:
-    """The LoRA adapters' series.
-
-    ``vllm:lora_requests_info`` is vLLM's gauge, in the format the Gateway API Inference Extension's
-    LoRA-affinity scorer reads: one series whose labels name the adapters of running and waiting
-    requests (comma-separated) and ``max_lora``, its value the time it was set. ``goodput_lora_requests_info``
-    is its twin. Only the current series is kept (the scorer reads the newest), so its labels never pile up.
-    """
-
-    def __init__(self, registry: CollectorRegistry, model: str, max_loras: int) -> None:
-        r = registry
-        self.model = model
-        self.max_loras = max_loras
-        info_labels = ["running_lora_adapters", "waiting_lora_adapters", "max_lora"]
-        self.info = Gauge(
-            names.VLLM_LORA_REQUESTS_INFO, "Running and waiting LoRA adapters (vLLM's format).", info_labels, registry=r
-        )
-        self.info_twin = Gauge(
-            names.LORA_REQUESTS_INFO, "Running and waiting LoRA adapters (vLLM's format).", info_labels, registry=r
-        )
-        self.loads = Counter(
-            names.LORA_LOADS.removesuffix("_total"), "Adapter loads by result.", ["model", "result"], registry=r
-        )
-        self.load_seconds = Histogram(
-            names.LORA_LOAD_SECONDS,
-            "Time to read and check an adapter.",
-            ["model"],
-            buckets=LORA_LOAD_BUCKETS,
-            registry=r,
-        ).labels(model)
-        self.resident = Gauge(
-            names.LORA_ADAPTERS,
-            "Adapters by tier: slot (usable by steps), cpu (in memory), registered.",
-            ["model", "tier"],
-            registry=r,
-        )
-        self.evictions = Counter(
-            names.LORA_EVICTIONS.removesuffix("_total"),
-            "Adapters dropped from a tier to make room.",
-            ["model", "tier"],
-            registry=r,
-        )
-        self.requests = Counter(
-            names.LORA_REQUESTS.removesuffix("_total"),
-            "Finished online requests per adapter, by outcome.",
-            ["model", "adapter", "outcome"],
-            registry=r,
-        )
-        self.good = Counter(
-            names.LORA_REQUESTS_GOOD.removesuffix("_total"),
-            "Requests per adapter that met both SLOs.",
-            ["model", "adapter"],
-            registry=r,
-        )
-        self.named: set[str] = set()
-        for result in ("ok", "error"):
-            self.loads.labels(model, result)
-        for tier in ("slot", "cpu"):
-            self.evictions.labels(model, tier)
-        self.last: tuple[str, str] | None = None
-        self.record_adapters([], [], (0, 0, 0))
-
-    def label(self, adapter: str) -> str:
-        if adapter in self.named or len(self.named) < LORA_LABELS_CAP:
-            self.named.add(adapter)
-            return adapter
-        return "other"
-
-    def record_adapters(self, running: list[str], waiting: list[str], tiers: tuple[int, int, int]) -> None:
-        """The adapters of running and waiting requests, and the adapters per tier (slot, cpu, registered)."""
-        key = (",".join(sorted(set(running))), ",".join(sorted(set(waiting))))
-        if key != self.last:
-            self.last = key
-            for gauge in (self.info, self.info_twin):
-                gauge.clear()
-                gauge.labels(key[0], key[1], str(self.max_loras)).set_to_current_time()
-        for tier, count in zip(("slot", "cpu", "registered"), tiers, strict=True):
-            self.resident.labels(self.model, tier).set(count)
-
-    def record_load(self, result: str, seconds: float) -> None:
-        self.loads.labels(self.model, result).inc()
-        if result == "ok":
-            self.load_seconds.observe(seconds)
-
-    def record_eviction(self, tier: str) -> None:
-        self.evictions.labels(self.model, tier).inc()
-
-    def record_finished(self, adapter: str, outcome: str, good: bool) -> None:
-        name = self.label(adapter)
-        self.requests.labels(self.model, name, outcome).inc()
-        if good:
-            self.good.labels(self.model, name).inc()

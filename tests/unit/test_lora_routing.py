@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from goodput_gateway import routing
 from goodput_gateway.discovery import Registry, service_of
 from goodput_gateway.routing import AdapterState, choose_adapter, lora_state
-from goodput_runtime.metrics import LoraMetrics
+from goodput_runtime.lora_metrics import LoraMetrics
 
 
 def exposition(running: list[str], waiting: list[str], max_lora: int = 2) -> str:
