@@ -41,7 +41,8 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from goodput_runtime.config import EngineConfig
-from goodput_runtime.engine.builder import build_core, pick_dtype
+from goodput_runtime.engine.builder import build_core
+from goodput_runtime.engine.rank_model import pick_dtype
 from goodput_runtime.engine.step import StepItem
 from goodput_runtime.layers import attention, cpu_dtype, fused, native_attention
 from goodput_runtime.sampling import SamplingParams

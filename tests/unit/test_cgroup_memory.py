@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from goodput_runtime.engine.builder import available_memory, cgroup_memory_headroom
+from goodput_runtime.engine.kv_cache_size import available_memory, cgroup_memory_headroom
 
 GiB = 1 << 30
 

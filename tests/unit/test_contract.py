@@ -24,8 +24,8 @@ from goodput_contract.api.spec import parse
 from goodput_operator import capacity
 from goodput_operator.builders import runtime_args
 from goodput_runtime.__main__ import build_parser, engine_config, parse_args
-from goodput_runtime.engine.builder import pick_device
 from goodput_runtime.engine.parallel import TensorParallelError, validate
+from goodput_runtime.engine.rank_model import pick_device
 from goodput_runtime.layers.quantization import QuantizationError, check_method
 from goodput_runtime.loader import ModelLoadError, check_architecture
 from goodput_runtime.metrics import RuntimeMetrics

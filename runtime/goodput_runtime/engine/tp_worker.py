@@ -52,7 +52,7 @@ def follow(
     on_ready: Callable[[], None] | None = None,
 ) -> None:
     """Load this rank's share, then run each step rank 0 sends until it sends None."""
-    from goodput_runtime.engine.builder import load_for_rank
+    from goodput_runtime.engine.rank_model import load_for_rank
 
     model, device = load_for_rank(config, model_dir, rank, world, init_method, local_rank)
     num_blocks = parallel.broadcast()
