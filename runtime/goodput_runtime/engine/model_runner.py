@@ -1,30 +1,32 @@
-"""The only owner of torch tensors: the model, the KV cache, and one forward pass per step."""
+"""The only owner of torch tensors: the model, the KV cache, and one forward pass per step.
+
+A step's inputs are made in step_inputs.py, its prompt logprobs, embeddings and proposals in
+step_outputs.py; whole cache blocks are copied by cache_blocks.py."""
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from goodput_runtime.engine.cache_blocks import CacheBlocks
 from goodput_runtime.engine.contention import ContentionWatch
 from goodput_runtime.engine.decode_graphs import MIN_WIDTH, DecodeGraphs
-from goodput_runtime.engine.sampler import Sampler, SampleRow, logprob_rows
+from goodput_runtime.engine.sampler import Sampler, SampleRow
 from goodput_runtime.engine.scheduler import SchedulerOutput
-from goodput_runtime.engine.spec_decode import Proposer, can_speculate
+from goodput_runtime.engine.spec_decode import Proposer
 from goodput_runtime.engine.spec_decode.rejection import SpecGroup, verify
 from goodput_runtime.engine.step import KVLayout, StepItem, StepResult, plan_step
+from goodput_runtime.engine.step_inputs import lora_batch, prepare_inputs
+from goodput_runtime.engine.step_outputs import pool, prompt_logprobs, propose
 from goodput_runtime.layers import attention, lora
-from goodput_runtime.layers.attention import DecodeGroup, KVCache, PagedBatch, PrefillChunk
+from goodput_runtime.layers.attention import KVCache, PagedBatch
 from goodput_runtime.layers.step_plan import StepPlan
 from goodput_runtime.models.llama import CausalLM
 
-log = logging.getLogger(__name__)
 
-
-class ModelRunner:
+class ModelRunner(CacheBlocks):
     def __init__(self, model: Any, num_blocks: int, block_size: int, seed: int = 0, tensor_parallel: int = 1) -> None:
         self.model = model
         self.device = next(model.parameters()).device
@@ -118,7 +120,7 @@ class ModelRunner:
             logits = self.execute(items, copy_blocks=False, pooled=pooled)
         result = StepResult([None] * len(items))
         if pooled:
-            self._pool(out, order, items, pooled, result)
+            pool(out, order, items, pooled, result, self.pool_sums)
         rows: list[SampleRow] = []
         logit_rows: list[int] = []
         targets: list[tuple[int, int]] = []  # (scheduled position, 0 for the sequence or 1 + its fork)
@@ -148,7 +150,7 @@ class ModelRunner:
                     targets.append((pos, j))
                 at += 1
         if prompt_jobs:
-            self._prompt_logprobs(logits, prompt_jobs, result)
+            prompt_logprobs(logits, prompt_jobs, result)
         if rows:
             picked = logits if logit_rows == list(range(logits.shape[0])) else logits[logit_rows]
             tokens, logprobs = self.sampler.sample(picked, rows)
@@ -164,22 +166,8 @@ class ModelRunner:
                 result.tokens[pos], result.accepted[pos] = kept[-1], kept[:-1]
                 result.verified.append((len(group.draft), len(kept) - 1))
         if out.speculative and self.proposer is not None:
-            self._propose(out, result)
+            propose(self.proposer, out, result)
         return result
-
-    def _propose(self, out: SchedulerOutput, result: StepResult) -> None:
-        """Proposals for the next step of every sequence that got a token and may speculate."""
-        wanted: list[tuple[int, tuple[tuple[str, int], list[int]]]] = []
-        for pos, token in enumerate(result.tokens):
-            seq = out.scheduled[pos].seq
-            if token is not None and not seq.is_finished and can_speculate(seq.params, seq):
-                wanted.append((pos, (seq.key, [*seq.token_ids, *result.accepted.get(pos, []), token])))
-        if not wanted:
-            return
-        assert self.proposer is not None
-        for (pos, _), draft in zip(wanted, self.proposer.propose([w for _, w in wanted]), strict=True):
-            if draft:
-                result.proposals[pos] = draft
 
     def time_decode(self, batch: int) -> None:
         self.time_step(batch, 1)
@@ -202,100 +190,6 @@ class ModelRunner:
             logits = self.execute(items)
         logits.argmax(dim=-1).tolist()  # waits for the device
 
-    def _pool(
-        self,
-        out: SchedulerOutput,
-        order: list[int],
-        items: list[StepItem],
-        pooled: dict[int, torch.Tensor],
-        result: StepResult,
-    ) -> None:
-        """Fold this step's pooled hidden states into each embedding request's; a request whose prompt
-        is complete gets its vector (normalized if asked) in result.embeddings."""
-        for i, part in pooled.items():
-            item, seq = items[i], out.scheduled[order[i]].seq
-            assert seq.pooling is not None
-            vector = part
-            if item.pool == "mean":
-                # a prompt restarts at position 0 after a preemption: whatever was summed is dropped
-                if item.start:
-                    vector = self.pool_sums.pop(seq.key) + part
-                if not item.pool_ends:
-                    self.pool_sums[seq.key] = vector
-                    continue
-                vector = vector / seq.num_prompt_tokens
-            if seq.pooling.normalize:
-                vector = torch.nn.functional.normalize(vector, p=2.0, dim=0)
-            result.embeddings[seq.key] = vector.cpu().tolist()
-
-    @staticmethod
-    def _prompt_logprobs(logits: torch.Tensor, jobs: list[tuple[int, int, list[int], int]], result: StepResult) -> None:
-        """Each prompt row's logprob of the prompt token after it, all jobs in one batch."""
-        index = [first + i for _, first, targets, _ in jobs for i in range(len(targets))]
-        chosen = torch.tensor([t for _, _, targets, _ in jobs for t in targets], device=logits.device)
-        ks = [k for _, _, targets, k in jobs for _ in targets]
-        entries = logprob_rows(logits[index], chosen, ks)
-        at = 0
-        for pos, _, targets, _ in jobs:
-            result.prompt_logprobs[pos] = entries[at : at + len(targets)]
-            at += len(targets)
-
-    def block_payload_shape(self) -> tuple[int, ...]:
-        """One block's keys then values, every layer: what the offload tier stores per block."""
-        keys = self.cache.keys[0]
-        return (2 * len(self.cache.keys), self.block_size, *keys.shape[1:])
-
-    def _by_block(self) -> list[torch.Tensor]:
-        """Every layer's keys then values, viewed as [blocks, block_size, kv_heads, head_dim]."""
-        bs = self.block_size
-        return [c.view(-1, bs, *c.shape[1:]) for c in (*self.cache.keys, *self.cache.values)]
-
-    def read_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
-        """Each block's keys and values (block_payload_shape), copied to host memory: one gather per
-        layer into one buffer; each block's part of it is contiguous."""
-        ids = torch.tensor(block_ids, device=self.device)
-        layers = self._by_block()
-        rows = torch.empty((len(block_ids), *self.block_payload_shape()), dtype=self.dtype, device=self.device)
-        for i, cache in enumerate(layers):
-            rows[:, i] = cache.index_select(0, ids)
-        rows = rows.cpu()
-        return list(rows.unbind(0))
-
-    def write_blocks(self, block_ids: list[int], payloads: list[bytearray]) -> None:
-        """Copy each payload (block_payload_shape, the cache's dtype) into its block."""
-        shape = self.block_payload_shape()
-        data = torch.stack([torch.frombuffer(p, dtype=self.dtype).view(shape) for p in payloads]).to(self.device)
-        ids = torch.tensor(block_ids, device=self.device)
-        for i, cache in enumerate(self._by_block()):
-            cache.index_copy_(0, ids, data[:, i])
-
-    @torch.inference_mode()
-    def transfer_blocks(self, saves: list[tuple[int, int]], loads: list[tuple[int, bytearray]]) -> None:
-        """Before a step: copy evicted blocks out to the offload tier (its writer thread writes them),
-        then copy loaded ones in. Saves first: a block saved here may be loaded into or written now."""
-        if saves and self.offload is not None:
-            started = time.perf_counter()
-            for (_, digest), rows in zip(saves, self.read_blocks([b for b, _ in saves]), strict=True):
-                self.offload.save_async(digest, rows)
-            self.offload.observe_save_copy(time.perf_counter() - started)
-        if loads:
-            started = time.perf_counter()
-            self.write_blocks([b for b, _ in loads], [p for _, p in loads])
-            if self.offload is not None:
-                self.offload.observe_copy(time.perf_counter() - started)
-
-    def _copy_blocks(self, items: list[StepItem]) -> None:
-        """Make the step's copy-on-write block copies, in every layer's keys and values."""
-        pairs = [pair for item in items for pair in item.block_copies]
-        if not pairs:
-            return
-        bs = self.block_size
-        offsets = torch.arange(bs, device=self.device)
-        source = (torch.tensor([s for s, _ in pairs], device=self.device)[:, None] * bs + offsets).reshape(-1)
-        target = (torch.tensor([d for _, d in pairs], device=self.device)[:, None] * bs + offsets).reshape(-1)
-        for cache in (*self.cache.keys, *self.cache.values):
-            cache.index_copy_(0, target, cache.index_select(0, source))
-
     @torch.inference_mode()
     def execute(
         self,
@@ -310,14 +204,18 @@ class ModelRunner:
         pooling, its last row for last-token pooling once its prompt is complete."""
         if copy_blocks:
             self._copy_blocks(items)
-        input_ids, positions, batch, sample_rows = self._prepare(items)
+        if self._one_decode_group is None:
+            self._one_decode_group = attention.kernel_attends_decodes(self.cache)
+        input_ids, positions, batch, sample_rows = prepare_inputs(
+            items, self.cache, self.block_size, self.device, self._one_decode_group
+        )
         if self.plan is not None:
             threads = self.plan.threads_for(len(input_ids))
             if self.watch is not None:
                 threads = self.watch.begin(threads)
             if threads != torch.get_num_threads():
                 torch.set_num_threads(threads)
-        adapters = self._lora_batch(items, sample_rows)
+        adapters = lora_batch(items, sample_rows, self.device)
         if adapters is not None:
             lora.ACTIVE.append(adapters)
         try:
@@ -327,16 +225,6 @@ class ModelRunner:
                 lora.ACTIVE.pop()
             if self.watch is not None:
                 self.watch.end()
-
-    def _lora_batch(self, items: list[StepItem], sample_rows: list[int]) -> lora.LoraBatch | None:
-        """The step's rows on LoRA adapters by slot (layers/lora.py); None when every row is the base model's."""
-        if not any(item.lora_slot for item in items):
-            return None
-        spans = [
-            (item.lora_slot, last - len(item.token_ids) + 1, len(item.token_ids))
-            for item, last in zip(items, sample_rows, strict=True)
-        ]
-        return lora.LoraBatch.of(spans, self.device)
 
     def _forward(
         self,
@@ -390,53 +278,3 @@ class ModelRunner:
             shape,
         )
         return graphs.run(shape, len(items)).float()
-
-    def _context_blocks(self, tables: list[list[int]], width: int) -> torch.Tensor:
-        """[B, blocks] the blocks holding the first `width` positions of each block table (padded with 0)."""
-        blocks = -(-width // self.block_size)
-        return torch.tensor([t[:blocks] + [0] * (blocks - len(t[:blocks])) for t in tables], device=self.device)
-
-    def _context_slots(self, tables: list[list[int]], width: int) -> torch.Tensor:
-        """[B * width] cache slots of the first `width` positions of each block table."""
-        bs = self.block_size
-        slots = self._context_blocks(tables, width)[:, :, None] * bs + torch.arange(bs, device=self.device)
-        return slots.view(len(tables), -1)[:, :width].reshape(-1)
-
-    def _prepare(self, items: list[StepItem]):
-        bs = self.block_size
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        sample_rows: list[int] = []
-        decodes: list[StepItem] = []
-        prefills: list[PrefillChunk] = []
-        for item in items:
-            start, n, table = item.start, len(item.token_ids), item.block_table
-            row = len(ids)
-            ids.extend(item.token_ids)
-            positions.extend(range(start, start + n))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
-            sample_rows.append(row + n - 1)
-            if n == 1:
-                decodes.append(item)
-            else:
-                chunk_slots = self._context_slots([table], start + n) if start else None
-                prefills.append(PrefillChunk(slice(row, row + n), start, chunk_slots))
-        batch = PagedBatch(self.cache, torch.tensor(slots, device=self.device), prefills=prefills)
-        if self._one_decode_group is None:
-            self._one_decode_group = attention.kernel_attends_decodes(self.cache)
-        first = 0
-        while first < len(decodes):
-            width = decodes[first].context_len
-            last = first
-            while last < len(decodes) and (self._one_decode_group or decodes[last].context_len * 4 >= width * 3):
-                last += 1
-            group = decodes[first:last]
-            lens = [item.context_len for item in group]
-            # the widest row's blocks (plan_step orders decodes longest first: the first row's)
-            context = self._context_blocks([item.block_table for item in group], max(lens))
-            batch.decodes.append(
-                DecodeGroup(slice(first, last), context, torch.tensor(lens, device=self.device), self.block_size)
-            )
-            first = last
-        return (torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device), batch, sample_rows)
