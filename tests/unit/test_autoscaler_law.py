@@ -6,16 +6,9 @@ from dataclasses import replace
 import pytest
 
 from goodput_operator.autoscaling.arrival import forecast
-from goodput_operator.autoscaling.law import (
-    DOWN,
-    HOLD,
-    SCALE_CAUSES,
-    UP,
-    capacity_term,
-    decide,
-    learn_capacity,
-    planned_load,
-)
+from goodput_operator.autoscaling.capacity_learning import learn_capacity
+from goodput_operator.autoscaling.law import DOWN, HOLD, SCALE_CAUSES, UP, decide
+from goodput_operator.autoscaling.staffing import capacity_term, planned_load
 from goodput_operator.autoscaling.state import Memory, Observation, Policy, Signals, start_memory
 
 POLICY = Policy(

@@ -2,7 +2,8 @@
 
 Pure: no clock, no API, no I/O. The loop (loop.py) and the simulator
 (bench/autoscale_sim.py) call the same `decide`, with the Policy, Observation and Memory of state.py;
-the arrival rate it plans for is arrival.py's. See docs/autoscaling.md for the model.
+the arrival rate it plans for is arrival.py's, the replicas for a rate staffing.py's, μ
+capacity_learning.py's, the words of its reasons reasons.py's. See docs/autoscaling.md for the model.
 
     desired  = clamp(max(capacity term, forecast term, SLO guard), min, max)
     capacity = fewest N with N × planned(N) ≥ smoothed arrival rate (+ queue / window while requests queue)
@@ -24,6 +25,9 @@ import math
 from dataclasses import dataclass, replace
 
 from goodput_operator.autoscaling.arrival import BURSTY_SLOWDOWN, beyond_noise, noise, rate_ahead, smooth
+from goodput_operator.autoscaling.capacity_learning import learn_capacity
+from goodput_operator.autoscaling.reasons import dispersion_text, rate_text, slo_miss_text
+from goodput_operator.autoscaling.staffing import TOLERANCE, planned_load, replicas_for
 from goodput_operator.autoscaling.state import Memory, Observation, Policy, Signals
 
 UP, DOWN, HOLD = "up", "down", "hold"
@@ -33,16 +37,6 @@ SCALE_CAUSES = {
     UP: ("slo_guard", "capacity", "forecast", "bounds", "wake", "batch"),
     DOWN: ("scale_down", "idle", "bounds", "batch"),
 }
-MARGIN = 0.01  # the capacity estimate aims attainment this far above the target
-LEARNING_RATE = 0.3  # a load met above the plan moves the plan this share of the way towards it
-EVIDENCE_Z = 1.5  # the estimate moves when attainment differs from the aim by this many standard deviations
-EXPLORE_Z = 1.0  # before any miss has been seen, weaker evidence raises the estimate, by the largest step
-STEP_GAIN = 8.0  # a verdict moves the estimate by exp(STEP_GAIN × (attainment − aim)) ...
-STEP_LIMITS = (0.94, 0.98, 1.02, 1.2)  # ... down between the first two factors, up between the last two: small
-# steps, since a verdict on minutes of requests is still often wrong and each wrong one costs until undone
-PLANNED_BAND = (0.7, 1.1)  # a period is evidence when the load ran at this share of the planned load
-REFERENCE_REPLICAS = 4  # the replica count at which the headroom is exactly 1 − target utilisation
-TOLERANCE = 0.05  # up when the load exceeds the plan by this share; down when N−1 stay this far under it
 
 
 @dataclass(frozen=True)
@@ -55,97 +49,6 @@ class Decision:
     memory: Memory
 
 
-def learn_capacity(memory: Memory, s: Signals, ready: int, policy: Policy, dt: float) -> Memory:
-    """Capacity per replica, learnt from live SLO attainment: no hint needed.
-
-    Unset, the first load served within the SLO with nothing queued is taken as the planned
-    load at that count (the replicas ran at it within the SLO, so it is safe).
-    From then on the estimate is a hypothesis under test: each period without a queue in which the
-    replicas ran near the planned load (PLANNED_BAND) adds its finished requests, good and all,
-    to the evidence. Once attainment over that evidence lies EVIDENCE_Z binomial standard
-    deviations above target + MARGIN the estimate rises a step, once as far below it falls a
-    step (exp(STEP_GAIN × gap), within STEP_LIMITS) and the estimate there becomes a ceiling
-    it probes no higher than (relaxing 2 % each time it is met at its edge); either way the
-    evidence starts afresh. Evidence pools minutes of requests, so noise a minute's window
-    would show does not move the estimate. Until a first miss, weaker evidence (EXPLORE_Z)
-    raises it by the largest step. Independently, a window met above the plan with nothing
-    queued (and the long window meeting the aim too) is a lower bound: the plan moves
-    LEARNING_RATE of the way towards it.
-    """
-    if ready <= 0 or s.attainment is None or s.arrival_rate <= 0:
-        return memory
-    mu, util, peak = memory.capacity_per_replica, policy.target_utilization, memory.peakedness
-    bursty = peak > 1.0 and memory.level is not None
-    # on over-dispersed arrivals a minute's rate swings with the bursts: the load is the smoothed rate's
-    rate = memory.level if bursty and memory.level is not None else s.arrival_rate
-    load = rate / ready
-    if mu is None:
-        # only off a rate counted over a whole window: the first periods' counts are few, and one burst in
-        # them would start the estimate at a multiple of the truth
-        spans_window = memory.level is not None and memory.level_age >= policy.window_seconds
-        if spans_window and s.attainment >= policy.attainment_target and s.waiting == 0:
-            return replace(
-                memory, capacity_per_replica=load / planned_load(1.0, ready, util, peak), good=0.0, total=0.0
-            )
-        return memory
-    share = planned_load(1.0, ready, util, peak)  # planned load over capacity at this count
-    planned = mu * share
-    goal = min(policy.attainment_target + MARGIN, 0.999)
-    long_ok = s.attainment_long is None or s.attainment_long >= goal
-    if load > PLANNED_BAND[1] * planned and s.attainment >= goal and long_ok and s.waiting == 0:
-        # served within the SLO above the plan, nothing queued: a lower bound, move towards it
-        bound = load if memory.ceiling is None else min(load, memory.ceiling * share)
-        if bound > planned:
-            return replace(memory, capacity_per_replica=(planned + LEARNING_RATE * (bound - planned)) / share)
-    # evidence: the count the plan keeps (one fewer would not do), run at no more than the plan allows
-    fewer = ready - 1
-    kept = fewer == 0 or rate > fewer * mu * planned_load(1.0, fewer, util, peak) * (1 - TOLERANCE)
-    # a queue at the count the plan keeps is a shortage on Poisson arrivals, not evidence; on bursty ones it
-    # is what the headroom is there to absorb, and misses with it are the plan's
-    if (s.waiting and not bursty) or not kept or not PLANNED_BAND[0] * planned <= load <= PLANNED_BAND[1] * planned:
-        return memory
-    finished = s.finished if s.finished is not None else (s.finished_long or 0.0) / 5
-    weight = finished * min(1.0, dt / policy.window_seconds)
-    good, total = memory.good + weight * s.attainment, memory.total + weight
-    # bursts miss together: over-dispersed arrivals make the misses over-dispersed too, by their peakedness
-    z = (good - goal * total) / math.sqrt(max(total, 1e-9) * goal * (1 - goal) * peak)
-    step = math.exp(STEP_GAIN * (good / max(total, 1e-9) - goal))
-    exploring = memory.ceiling is None  # no miss seen yet: probe upwards boldly until the first one
-    if s.waiting == 0 and (z >= EVIDENCE_Z or (exploring and z >= EXPLORE_Z)):
-        raised = mu * (STEP_LIMITS[3] if exploring else min(STEP_LIMITS[3], max(STEP_LIMITS[2], step)))
-        ceiling: float | None = memory.ceiling
-        if memory.ceiling is not None and raised > memory.ceiling:
-            raised = max(mu, memory.ceiling * 0.97)
-            ceiling = memory.ceiling * 1.02  # a ceiling met at its edge relaxes slowly
-        return replace(memory, capacity_per_replica=raised, good=0.0, total=0.0, ceiling=ceiling)
-    if z <= -EVIDENCE_Z:
-        ceiling = mu if memory.ceiling is None else min(memory.ceiling, mu)
-        lowered = mu * min(STEP_LIMITS[1], max(STEP_LIMITS[0], step))
-        return replace(memory, capacity_per_replica=lowered, good=0.0, total=0.0, ceiling=ceiling)
-    return replace(memory, good=good, total=total)
-
-
-def planned_load(mu: float, replicas: int, utilization: float, peakedness: float = 1.0) -> float:
-    """The load to plan for per replica at `replicas` replicas: capacity less a headroom for bursts. The
-    headroom is 1 − utilisation at REFERENCE_REPLICAS and shrinks as 1/√replicas beyond (square-root
-    staffing: pooled replicas behind least-loaded routing smooth each other's bursts). On arrivals more
-    dispersed than Poisson it grows with the square root of their peakedness z (the variance of their
-    counts over the mean): N replicas carry a = N × planned, and N − a = β √(z N), the peakedness-adjusted
-    square-root rule; z = 1 is Poisson, and the law as it was."""
-    headroom = (1 - utilization) * math.sqrt(max(1.0, peakedness) * REFERENCE_REPLICAS / max(1, replicas))
-    return mu * max(0.05, 1 - headroom)
-
-
-def capacity_term(arrival_rate: float, mu: float | None, utilization: float, peakedness: float = 1.0) -> int:
-    """The fewest replicas whose planned load covers the arrival rate."""
-    if mu is None or mu <= 0 or arrival_rate <= 0:
-        return 0
-    n = max(1, math.ceil(arrival_rate / mu - 1e-9))
-    while n * planned_load(mu, n, utilization, peakedness) < arrival_rate - 1e-9 and n < 10_000:
-        n += 1
-    return n
-
-
 def _floor(policy: Policy) -> int:
     """minReplicas 0 only with an idle period; otherwise at least one replica serves."""
     return policy.min_replicas if policy.min_replicas > 0 or policy.idle_period else 1
@@ -153,16 +56,6 @@ def _floor(policy: Policy) -> int:
 
 def _clamp(n: int, policy: Policy) -> int:
     return max(_floor(policy), min(policy.max_replicas, n))
-
-
-def slo_miss_text(policy: Policy, s: Signals) -> str:
-    parts = [f"attainment {s.attainment:.2f} < {policy.attainment_target:.2f} target"]
-    if s.ttft_p90 is not None and policy.ttft_target is not None and s.ttft_p90 > policy.ttft_target:
-        parts.append(f"p90 TTFT {s.ttft_p90:.2f} s > {policy.ttft_target:.2f} s target")
-    if s.tpot_p90 is not None and policy.tpot_target is not None and s.tpot_p90 > policy.tpot_target:
-        parts.append(f"p90 TPOT {s.tpot_p90 * 1000:.0f} ms > {policy.tpot_target * 1000:.0f} ms target")
-    parts.append(f"{s.waiting} requests queued")
-    return ", ".join(parts)
 
 
 def decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
@@ -256,8 +149,8 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
         )
     if s.waiting and planned:
         surge += s.waiting / policy.window_seconds  # drained within one window
-    need_now = _count(surge, mu, current, util, z)
-    need = max(need_now, _count(ahead, mu, current, util, z))
+    need_now = replicas_for(surge, mu, current, util, z)
+    need = max(need_now, replicas_for(ahead, mu, current, util, z))
     missing_slo = s.attainment is not None and s.attainment < policy.attainment_target and s.waiting > 0
     guard = 0
     if missing_slo:
@@ -282,7 +175,7 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
             reason = (
                 f"arrival {level:.2f} req/s rising {memory.trend * 60:.2f} req/s per minute: "
                 f"{ahead:.2f} req/s in {horizon:.0f} s needs {need} replicas at "
-                f"{planned_load(mu or 0.0, need, util, z):.2f} req/s each{_dispersion_text(s, z)}"
+                f"{planned_load(mu or 0.0, need, util, z):.2f} req/s each{dispersion_text(s, z)}"
             )
         else:
             cause = "capacity"
@@ -290,7 +183,7 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
             reason = (
                 f"arrival {surge:.2f} req/s{queued} needs {need} replicas at "
                 f"{planned_load(mu or 0.0, need, util, z):.2f} req/s each (of {mu:.2f} learnt capacity)"
-                f"{_dispersion_text(s, z)}"
+                f"{dispersion_text(s, z)}"
             )
         return Decision(desired, UP, cause, reason, replace(memory, high_since=obs.now, changed_at=obs.now))
 
@@ -312,11 +205,11 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
                 DOWN,
                 "scale_down",
                 f"{current - keep} of {starting} replicas still starting no longer needed: "
-                f"{_rate_text(memory, ahead, horizon)}{_dispersion_text(s, z)}",
+                f"{rate_text(memory, ahead, horizon)}{dispersion_text(s, z)}",
                 replace(memory, changed_at=obs.now),
             )
     fewer = current - 1
-    rate = _rate_text(memory, ahead, horizon)
+    rate = rate_text(memory, ahead, horizon)
     if current == 1:  # one replica: only idleness (its own, or the gateway's) takes it to zero
         return _scale_down(policy, obs, s, memory, 0.0, rate)
     if mu is None and idle:  # nothing to learn a capacity from, and nothing to serve (a batch just done)
@@ -326,38 +219,10 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
             current,
             HOLD,
             "steady",
-            f"{current} replicas fit {rate}{_dispersion_text(s, z)}",
+            f"{current} replicas fit {rate}{dispersion_text(s, z)}",
             replace(memory, high_since=obs.now),
         )
     return _scale_down(policy, obs, s, memory, planned_load(mu, fewer, util, z))
-
-
-def _count(rate: float, mu: float | None, current: int, utilization: float, peakedness: float = 1.0) -> int:
-    """Replicas for `rate` at the planned load each; the current count stands within TOLERANCE of it."""
-    if mu is None or mu <= 0 or rate <= 0:
-        return 0
-    planned = planned_load(mu, current, utilization, peakedness)
-    if current * planned < rate <= current * planned * (1 + TOLERANCE):
-        return current
-    return capacity_term(rate, mu, utilization, peakedness)
-
-
-def _dispersion_text(s: Signals, peakedness: float) -> str:
-    """The arrivals' burstiness, where the law's headroom grew for it: the measured index of dispersion,
-    and the factor on the headroom (√ of the peakedness it used)."""
-    if peakedness <= 1.0 or s.dispersion is None:
-        return ""
-    return (
-        f"; arrivals over-dispersed: index of dispersion {s.dispersion:.1f} per period, "
-        f"headroom ×{math.sqrt(peakedness):.2f}"
-    )
-
-
-def _rate_text(memory: Memory, ahead: float, horizon: float) -> str:
-    """The smoothed rate and its trend, as a steady decision reports them (and the forecast, where it counts)."""
-    level = memory.level or 0.0
-    text = f"arrival {level:.2f} req/s, trend {memory.trend * 60:+.2f} req/s per minute"
-    return text + (f" ({ahead:.2f} req/s expected in {horizon:.0f} s)" if ahead > level else "")
 
 
 def _scale_down(
@@ -404,7 +269,7 @@ def _scale_down(
         reason = (
             f"arrival {level:.2f} req/s: {fewer} would run at {load:.0%} of the planned "
             f"{planned:.2f} req/s each; {current} not needed for {held:.0f} s"
-            f"{_dispersion_text(s, memory.peakedness)}"
+            f"{dispersion_text(s, memory.peakedness)}"
         )
     # the window has passed: further steps may follow period by period while N−1 stays under the plan
     return Decision(current - 1, DOWN, "scale_down", reason, replace(memory, changed_at=now))
