@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from bench.autoscale_model import BURST_TRACES, Curve, traces
+from bench.autoscale_run import trace_run
 
 LAW, HPA = "goodput-no-hint", "concurrency-hpa"
 YARDSTICKS = ("clairvoyant", "reactive-bound")
@@ -34,8 +35,6 @@ def grid(
     (or those `names`), start-up time and seed: per trace and start-up, attainment (worst seed, mean; and
     the mean over requests that arrived after the first ten minutes, `settled`) and replica-seconds as a
     ratio to the HPA's (mean, worst seed); the same for each yardstick."""
-    from bench.autoscale_sim import trace_run  # the simulator imports this module for its --grid
-
     curve = curve or Curve.load()
     base = curve.capacity_point(target)[0]
     rows = []

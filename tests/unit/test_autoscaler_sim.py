@@ -22,7 +22,8 @@ from bench.autoscale_model import (
     traces,
     write_trace,
 )
-from bench.autoscale_sim import POISSON_LAW, POLICIES, YARDSTICKS, load_replay, replay_rate, run, simulate, trace_run
+from bench.autoscale_replay import load_replay, replay_rate
+from bench.autoscale_run import POISSON_LAW, POLICIES, YARDSTICKS, run, simulate, trace_run
 from bench.autoscale_surface import static_attainment
 from goodput_operator.autoscaling.dispersion import DISPERSION_PERIODS, index_of_dispersion
 
