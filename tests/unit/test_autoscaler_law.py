@@ -1,29 +1,13 @@
 """The goodput scaling law, table-driven: what a user of the service would see it do."""
 
-import itertools
 from dataclasses import replace
 
 import pytest
+from law_signals import KNOWN, POLICY, met, missed
 
 from goodput_operator.autoscaling.arrival import forecast
-from goodput_operator.autoscaling.capacity_learning import learn_capacity
 from goodput_operator.autoscaling.law import DOWN, HOLD, SCALE_CAUSES, UP, decide
-from goodput_operator.autoscaling.staffing import capacity_term, planned_load
-from goodput_operator.autoscaling.state import Memory, Observation, Policy, Signals, start_memory
-
-POLICY = Policy(
-    min_replicas=1, max_replicas=10, attainment_target=0.95, ttft_target=0.5, tpot_target=0.05, scale_down_window=300
-)
-KNOWN = Memory(capacity_per_replica=4.0)  # requests per second per replica
-
-
-def met(rate: float, **kw) -> Signals:
-    return Signals(arrival_rate=rate, attainment=0.99, **kw)
-
-
-def missed(rate: float, waiting: int = 12, **kw) -> Signals:
-    return Signals(arrival_rate=rate, attainment=0.80, waiting=waiting, ttft_p90=0.71, **kw)
-
+from goodput_operator.autoscaling.state import Memory, Observation, Policy, Signals
 
 CASES = [
     # id, current, ready, signals, memory, desired, direction, cause
@@ -115,20 +99,6 @@ def test_a_need_inside_the_window_restarts_it():
     assert (quiet.desired, quiet.cause) == (4, "stabilizing")
 
 
-def in_band(attainment: float, waiting: int = 0, ready: int = 4) -> Signals:
-    """A minute at exactly the load planned for `ready` replicas of capacity 4, 60 requests finished."""
-    return Signals(ready * planned_load(4.0, ready, 0.8), attainment=attainment, waiting=waiting, finished=60)
-
-
-def test_a_lasting_miss_at_the_planned_load_lowers_the_capacity_and_a_queued_one_does_not():
-    memory = Memory(capacity_per_replica=4.0, seen_at=940.0)
-    queued = decide(POLICY, Observation(1000.0, 4, 4, in_band(0.90, waiting=5)), memory)
-    assert queued.memory.capacity_per_replica == 4.0  # a queue is the shortage's, not capacity's
-    missed_ = decide(POLICY, Observation(1000.0, 4, 4, in_band(0.90)), memory)
-    assert missed_.memory.capacity_per_replica == pytest.approx(3.76)  # one step down, at most 6 %
-    assert missed_.memory.ceiling == 4.0  # and it will probe no higher than the refuted estimate
-
-
 def test_no_scale_down_while_slo_missed():
     memory = Memory(capacity_per_replica=4.0, high_since=0.0)
     decision = decide(POLICY, Observation(1000.0, 4, 4, Signals(1.0, attainment=0.9)), memory)
@@ -169,82 +139,6 @@ def test_the_gateways_last_request_time_is_the_idle_signal():
     assert (first.desired, first.cause) == (0, "idle")  # a restarted autoscaler need not wait a whole period
     recent = decide(zero, Observation(5000.0, 1, 1, idle, last_request_age=30.0), first.memory)
     assert recent.desired == 1  # the pods were quiet, but the gateway saw a request 30 s ago
-
-
-WITH_CEILING = Memory(capacity_per_replica=4.0, ceiling=4.5)
-SPANNED = Memory(level=10.0, level_age=60.0)  # readings over a whole window behind the rate
-
-
-@pytest.mark.parametrize(
-    ("memory", "signals", "ready", "expected"),
-    [
-        # unset: the first load met with nothing queued, over a whole window, is the planned load at that count (safe)
-        (SPANNED, met(10.0), 2, 5.0 / planned_load(1.0, 2, 0.8)),
-        (Memory(level=10.0, level_age=15.0), met(10.0), 2, None),  # a rate counted over 15 s: too few requests
-        (Memory(), met(10.0), 2, None),  # the first reading of all
-        (SPANNED, missed(10.0), 2, None),  # a miss alone says only "less than this"
-        # met at 5 per replica, far above the 2.87 planned, long window too: move 30 % of the way up to it
-        (KNOWN, met(10.0), 2, (2.869 + 0.3 * (5.0 - 2.869)) / planned_load(1.0, 2, 0.8)),
-        (KNOWN, met(10.0, attainment_long=0.9), 2, 4.0),  # ... but not while the long window misses
-        (KNOWN, in_band(0.99, ready=2), 2, 4.8),  # evidence above the aim, no miss seen yet: up 20 %
-        (WITH_CEILING, in_band(0.99, ready=2), 2, 4.0),  # after a miss: needs stronger evidence than 60 requests
-        (KNOWN, in_band(0.90, ready=2), 2, 3.76),  # a lasting miss at the plan: down a step (6 %)
-        (KNOWN, in_band(0.90, waiting=3, ready=2), 2, 4.0),  # with a queue: the shortage's
-        (KNOWN, Signals(2.0, attainment=0.5, finished=60), 2, 4.0),  # far under the plan: the requests', not load
-        (KNOWN, Signals(10.0, attainment=None), 2, 4.0),
-    ],
-)
-def test_capacity_is_learnt_from_live_attainment(memory, signals, ready, expected):
-    learnt = learn_capacity(memory, signals, ready, POLICY, dt=60.0).capacity_per_replica
-    assert learnt == pytest.approx(expected, rel=1e-3) if expected is not None else learnt is None
-
-
-def test_a_configured_capacity_is_probed_above_in_small_steps():
-    """capacityPerReplica is a measurement: evidence above the aim raises it by the ceiling's small steps, not
-    the 20 % an estimate with no miss behind it takes."""
-    unhinted = learn_capacity(Memory(capacity_per_replica=4.0), in_band(0.99, ready=2), 2, POLICY, dt=60.0)
-    assert unhinted.capacity_per_replica == pytest.approx(4.8)  # an estimate no miss has refuted: +20 %
-    memory, seen = start_memory(4.0), [4.0]
-    for _ in range(12):  # twelve verdicts of 60 requests met at 0.99
-        memory = learn_capacity(memory, in_band(0.99, ready=2), 2, POLICY, dt=60.0)
-        seen.append(memory.capacity_per_replica)
-    assert seen[1] == 4.0  # the first verdict relaxes the ceiling only
-    assert seen[-1] > 4.0  # it does rise, ...
-    assert all(b <= a * 1.025 for a, b in itertools.pairwise(seen))  # ... a few per cent at a time
-    assert start_memory(None) == Memory()  # no hint: learnt from scratch
-
-
-def test_an_estimate_that_starts_unknown_settles_where_the_replicas_meet_the_slo():
-    """No hint: a toy service whose replicas each meet the SLO up to 2.7 req/s and fail above 3."""
-    memory, current, now = Memory(), 8, 0.0
-    counts = []
-    for _ in range(480):
-        rate = 12.0
-        load = rate / current
-        attainment = 0.99 if load <= 2.7 else 0.93 if load <= 3.0 else 0.7
-        signals = Signals(
-            rate, attainment=attainment, attainment_long=attainment, finished=rate * 60, waiting=0 if load <= 3.0 else 5
-        )
-        decision = decide(POLICY, Observation(now, current, current, signals), memory)
-        memory, current, now = decision.memory, decision.desired, now + 15.0
-        counts.append(current)
-    last = counts[-240:]  # the last hour
-    assert set(last) <= {4, 5}, last  # 5 run at 2.4 req/s each; 4, at 3.0, are probed now and then
-    assert last.count(5) >= 0.8 * len(last), last
-
-
-@pytest.mark.parametrize(
-    ("rate", "mu", "expected"),
-    [(0.0, 4.0, 0), (2.4, 4.0, 1), (2.5, 4.0, 2), (9.2, 4.0, 3), (9.3, 4.0, 4), (10, None, 0)],
-)
-def test_capacity_term(rate, mu, expected):
-    assert capacity_term(rate, mu, 0.8) == expected
-
-
-def test_the_planned_share_grows_with_the_count():
-    """Square-root staffing: the headroom is 1 − utilisation at 4 replicas and shrinks as 1/√N."""
-    shares = [planned_load(1.0, n, 0.8) for n in (1, 2, 4, 9, 16)]
-    assert shares == pytest.approx([0.6, 1 - 0.2 * 2**0.5, 0.8, 1 - 0.2 * 2 / 3, 0.9])
 
 
 def test_a_significant_trend_scales_ahead_by_the_start_up_time():
@@ -341,77 +235,3 @@ def test_batch_replicas_stay_within_max_replicas():
     decision = decide(capped, Observation(10.0, 1, 1, met(1.0), batch_pending=9), KNOWN)
     assert (decision.desired, decision.cause) == (3, "batch")
     assert decide(capped, Observation(10.0, 3, 3, met(1.0), batch_pending=9), KNOWN).desired == 3
-
-
-def bursty(rate: float, dispersion: float = 4.6, peakedness: float = 4.0, **kw) -> Signals:
-    """A minute met within the SLO on arrivals whose counts per period swing `dispersion` times Poisson's."""
-    return Signals(arrival_rate=rate, attainment=0.99, dispersion=dispersion, peakedness=peakedness, **kw)
-
-
-def test_on_poisson_arrivals_the_headroom_is_the_square_root_rule_as_before():
-    """Peakedness 1 (Poisson, or dispersion not yet measured) is the law as it was: 0.6, 0.72, 0.8 and 0.9 of
-    capacity at 1, 2, 4 and 16 replicas."""
-    for n, share in ((1, 0.6), (2, 0.7172), (4, 0.8), (16, 0.9)):
-        assert planned_load(1.0, n, 0.8) == pytest.approx(share, abs=1e-4)
-        assert planned_load(1.0, n, 0.8, 1.0) == planned_load(1.0, n, 0.8)
-    poisson = decide(POLICY, Observation(1000.0, 3, 3, met(9.0)), KNOWN)
-    measured = decide(POLICY, Observation(1000.0, 3, 3, bursty(9.0, dispersion=1.1, peakedness=1.0)), KNOWN)
-    assert (poisson.desired, poisson.cause) == (measured.desired, measured.cause) == (3, "steady")
-    assert "dispersion" not in measured.reason
-
-
-def test_over_dispersed_arrivals_get_headroom_by_the_square_root_of_their_peakedness():
-    """c = R/μ + β√(z·R/μ): at peakedness 4 the headroom per replica doubles, so the same rate needs more
-    replicas, and the decision says why: the measured index and the factor on the headroom."""
-    assert 1 - planned_load(1.0, 4, 0.8, 4.0) == pytest.approx(2 * (1 - planned_load(1.0, 4, 0.8)))
-    assert capacity_term(9.0, 4.0, 0.8, 4.0) > capacity_term(9.0, 4.0, 0.8)
-    decision = decide(POLICY, Observation(1000.0, 3, 3, bursty(9.0)), KNOWN)
-    assert (decision.desired, decision.direction, decision.cause) == (4, UP, "capacity")
-    assert "index of dispersion 4.6 per period, headroom ×2.00" in decision.reason
-    assert decision.memory.peakedness == 4.0
-
-
-def test_a_burst_no_change_of_rate_on_bursty_traffic():
-    """A window at 1.7 times the level is a change on Poisson arrivals (taken at once) but inside the spread of
-    arrivals four times as dispersed, whose bursts are over before a replica asked for them serves."""
-    settled = Memory(capacity_per_replica=4.0, level=6.0, level_age=600.0, seen_at=985.0)
-    poisson = decide(POLICY, Observation(1000.0, 3, 3, met(10.0)), settled)
-    assert poisson.memory.level == 10.0
-    burst = decide(POLICY, Observation(1000.0, 3, 3, bursty(10.0)), settled)
-    assert 6.0 < burst.memory.level < 6.1  # smoothed, four times slower than on Poisson arrivals
-
-
-def test_on_bursty_traffic_pods_still_starting_that_are_no_longer_needed_go_at_once():
-    """A burst asked for pods that would serve after it is over: once the need has fallen back they are
-    cancelled at once rather than kept for the stabilisation window. On Poisson arrivals they stay."""
-    memory = Memory(capacity_per_replica=4.0, level=4.0, level_age=600.0, seen_at=985.0, high_since=990.0)
-    cancelled = decide(POLICY, Observation(1000.0, 5, 2, bursty(4.0)), memory)
-    assert (cancelled.desired, cancelled.direction, cancelled.cause) == (3, DOWN, "scale_down")
-    assert "2 of 3 replicas still starting no longer needed" in cancelled.reason
-    kept = decide(POLICY, Observation(1000.0, 5, 2, met(4.0)), memory)
-    assert kept.desired == 5
-
-
-def test_on_bursty_traffic_a_step_down_waits_longer():
-    """The level settles z times slower on bursty arrivals, and a step down waits as much longer (at most
-    four windows): a lull between bursts is not a fall of the rate."""
-    memory = Memory(capacity_per_replica=4.0, high_since=1000.0, level=1.0, level_age=600.0, seen_at=1295.0)
-    poisson = decide(POLICY, Observation(1300.0, 4, 4, met(1.0)), memory)
-    assert (poisson.desired, poisson.cause) == (3, "scale_down")
-    waiting = decide(POLICY, Observation(1300.0, 4, 4, bursty(1.0, peakedness=2.0)), memory)
-    assert (waiting.desired, waiting.cause) == (4, "stabilizing") and "of 600 s" in waiting.reason
-    after = decide(POLICY, Observation(1600.0, 4, 4, bursty(1.0, peakedness=2.0)), memory)
-    assert (after.desired, after.cause) == (3, "scale_down")
-
-
-def test_on_bursty_traffic_a_queued_miss_at_the_plan_is_evidence():
-    """On Poisson arrivals a queue at the planned count is a shortage and teaches nothing; on bursty ones the
-    headroom is there to absorb the bursts' queues, so a lasting miss with one lowers the capacity, judged
-    against the binomial spread times the peakedness (bursts miss together)."""
-    level = 4 * planned_load(4.0, 4, 0.8, 2.0)
-    memory = Memory(capacity_per_replica=4.0, seen_at=940.0, level=level, level_age=600.0)
-    signals = Signals(level, attainment=0.80, waiting=5, finished=120, dispersion=2.5, peakedness=2.0)
-    lowered = decide(POLICY, Observation(1000.0, 4, 4, signals), memory)
-    assert lowered.memory.capacity_per_replica == pytest.approx(3.76)
-    poisson = decide(POLICY, Observation(1000.0, 4, 4, replace(signals, peakedness=1.0)), memory)
-    assert poisson.memory.capacity_per_replica == 4.0
