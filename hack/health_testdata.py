@@ -23,7 +23,18 @@ import yaml
 from goodput_contract.api.pipeline_spec import parse_pipeline
 from goodput_contract.api.spec import SpecError, parse
 from goodput_operator import lora_adapters, pods
-from goodput_operator.conditions import FALSE, MODEL_FITS, READY, TRUE, UNKNOWN, VALID, Condition, derive_ready, merge
+from goodput_operator.conditions import (
+    FALSE,
+    MODEL_FITS,
+    READY,
+    TRUE,
+    UNKNOWN,
+    VALID,
+    Condition,
+    derive_kstatus,
+    derive_ready,
+    merge,
+)
 from goodput_operator.lora_adapters import Outcome, status_body
 from goodput_operator.model_cache_agent import Progress, summary
 from goodput_operator.pipelines import pipeline_conditions
@@ -60,6 +71,8 @@ def served(spec: dict[str, Any], deployment: dict[str, Any], runtime_pods: list[
     conditions = [Condition(VALID, TRUE, "SpecValid", "the spec is valid"), FITS, available]
     conditions.append(derive_ready(conditions))
     dstatus = deployment.get("status") or {}
+    desired = 0 if svc.suspend else svc.desired_replicas
+    conditions += derive_kstatus(conditions, dstatus.get("replicas", 0), dstatus.get("readyReplicas", 0), desired)
     return {
         "observedGeneration": 1,
         "replicas": dstatus.get("replicas", 0),
@@ -75,6 +88,7 @@ def refused(spec: dict[str, Any]) -> dict[str, Any]:
     except SpecError as err:
         conditions = [Condition(VALID, FALSE, err.reason, str(err))]
         conditions.append(derive_ready(conditions))
+        conditions += derive_kstatus(conditions, 0, 0, 0)
         return {"observedGeneration": 1, "conditions": merge(None, conditions, 1, NOW)}
     raise AssertionError(f"the spec {spec} is valid")
 

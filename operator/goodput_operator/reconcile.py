@@ -16,6 +16,7 @@ from goodput_operator.conditions import (
     TRUE,
     VALID,
     Condition,
+    derive_kstatus,
     derive_ready,
     find,
     merge,
@@ -110,6 +111,8 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
     conditions = [Condition(VALID, TRUE, "SpecValid", "the spec is valid"), fit.condition, available]
     conditions.append(derive_ready(conditions))
     dstatus = deployment.get("status") or {}
+    wanted = 0 if svc.suspend else svc.desired_replicas
+    conditions += derive_kstatus(conditions, dstatus.get("replicas", 0), dstatus.get("readyReplicas", 0), wanted)
     status = {
         "observedGeneration": generation,
         "replicas": dstatus.get("replicas", 0),
@@ -168,6 +171,7 @@ async def _refuse(
     if fits is not None:
         conditions.append(fits)
     conditions.append(derive_ready(conditions))
+    conditions += derive_kstatus(conditions, 0, 0, 0)
     old = before.get("conditions")
     status = {"observedGeneration": generation, "conditions": merge(old, conditions, generation, now_timestamp())}
     valid = find(old, VALID)

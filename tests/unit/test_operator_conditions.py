@@ -44,3 +44,23 @@ def test_conditions_are_listed_ready_first_and_found_by_type():
     assert [c["type"] for c in merged] == [READY, VALID, AVAILABLE]
     assert find(merged, VALID)["reason"] == "Y"
     assert find(merged, MODEL_FITS) is None
+
+
+def test_kstatus_conditions_follow_the_service_toward_its_spec():
+    from goodput_operator.conditions import RECONCILING, STALLED, derive_kstatus
+
+    valid = Condition(VALID, TRUE, "SpecValid")
+
+    def read(available: Condition, replicas: int, ready: int, desired: int) -> tuple[str, str]:
+        by_type = {c.type: c for c in derive_kstatus([valid, available], replicas, ready, desired)}
+        return by_type[RECONCILING].status, by_type[STALLED].status
+
+    serving = Condition(AVAILABLE, TRUE, "MinimumReplicasAvailable")
+    assert read(serving, 2, 2, 2) == ("False", "False")  # where the spec asks
+    assert read(serving, 3, 2, 3) == ("True", "False")  # scaling up: one pod not ready yet
+    assert read(serving, 3, 3, 2) == ("True", "False")  # scaling down: a pod still draining
+    assert read(Condition(AVAILABLE, FALSE, "RuntimeFailing"), 1, 0, 1) == ("False", "True")
+    assert read(Condition(AVAILABLE, FALSE, "ReplicasNotReady"), 1, 0, 1) == ("True", "False")
+    assert read(Condition(AVAILABLE, FALSE, "ScaledToZero"), 0, 0, 0) == ("False", "False")
+    invalid = derive_kstatus([Condition(VALID, FALSE, "InvalidSpec", "spec.x: bad")], 0, 0, 0)
+    assert [(c.type, c.status, c.reason) for c in invalid][1] == (STALLED, "True", "InvalidSpec")

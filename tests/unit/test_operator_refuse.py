@@ -24,7 +24,8 @@ def test_fp8_on_cpu_writes_model_fits_false_beside_valid_false():
     assert asyncio.run(_reconcile(ctx, body)) == "invalid"
     (status,) = ctx.kube.statuses
     conditions = status["conditions"]
-    assert [c["type"] for c in conditions] == ["Ready", "Valid", "ModelFits"]
+    assert [c["type"] for c in conditions] == ["Ready", "Valid", "ModelFits", "Reconciling", "Stalled"]
+    assert find(conditions, "Stalled")["status"] == "True" and find(conditions, "Reconciling")["status"] == "False"
     assert find(conditions, "Valid")["reason"] == find(conditions, "ModelFits")["reason"] == "QuantizationUnsupported"
     assert find(conditions, "ModelFits")["status"] == "False"
     # one Event: the fit problem is the invalidity
@@ -40,4 +41,4 @@ def test_a_spec_that_does_not_parse_has_no_model_fits():
     body = _body({"model": {"source": "hf://org/model"}, "autoscaling": {"minReplicas": 3, "maxReplicas": 2}})
     assert asyncio.run(_reconcile(ctx, body)) == "invalid"
     (status,) = ctx.kube.statuses
-    assert [c["type"] for c in status["conditions"]] == ["Ready", "Valid"]
+    assert [c["type"] for c in status["conditions"]] == ["Ready", "Valid", "Reconciling", "Stalled"]
