@@ -10,7 +10,7 @@ import json
 
 from goodput_contract import flags
 from goodput_contract.api.spec import LoraAdapter, ModelSource, ServiceSpec
-from goodput_operator.engine_buckets import (
+from goodput_contract.latency_buckets import (
     SGLANG_TPOT_BUCKETS,
     SGLANG_TTFT_BUCKETS,
     VLLM_TPOT_BUCKETS,

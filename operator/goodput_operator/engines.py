@@ -18,6 +18,13 @@ from dataclasses import dataclass
 
 from goodput_contract import api_keys
 from goodput_contract.api.spec import ServiceSpec, SpecError
+from goodput_contract.latency_buckets import (
+    SGLANG_TPOT_BUCKETS,
+    SGLANG_TTFT_BUCKETS,
+    VLLM_TPOT_BUCKETS,
+    VLLM_TTFT_BUCKETS,
+    with_boundary,
+)
 from goodput_operator.engine_args import (
     GOODPUT,
     KV_PORT,
@@ -43,13 +50,6 @@ from goodput_operator.engine_args import (
     vllm_args,
     vllm_kv_args,
     vllm_kv_env,
-)
-from goodput_operator.engine_buckets import (
-    SGLANG_TPOT_BUCKETS,
-    SGLANG_TTFT_BUCKETS,
-    VLLM_TPOT_BUCKETS,
-    VLLM_TTFT_BUCKETS,
-    with_boundary,
 )
 from goodput_operator.settings import Settings
 

@@ -1,4 +1,9 @@
-"""Latency histogram buckets of vLLM and SGLang, with each SLO target added as a boundary."""
+"""Latency histogram buckets of the engines, with each SLO target added as a boundary.
+
+The goodput runtime uses vLLM's boundaries for its TTFT and TPOT series, so dashboards and the
+operator's metric reader treat ``goodput_*`` and ``vllm:*`` series alike. The runtime, which labels
+its own series, and the operator, which passes the boundaries to vLLM and SGLang, read them here.
+"""
 
 from __future__ import annotations
 
@@ -96,6 +101,6 @@ SGLANG_TPOT_BUCKETS = (
 )
 
 
-def with_boundary(buckets: tuple[float, ...], *extra: float | None) -> list[float]:
+def with_boundary(buckets: tuple[float, ...], *extra: float | None) -> tuple[float, ...]:
     """The buckets with each SLO value added as a boundary."""
-    return sorted(set(buckets) | {e for e in extra if e is not None and e > 0})
+    return tuple(sorted(set(buckets) | {e for e in extra if e is not None and e > 0}))
