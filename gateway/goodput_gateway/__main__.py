@@ -144,7 +144,14 @@ def parser() -> argparse.ArgumentParser:
         "--database",
         default=_env("GATEWAY_DATABASE", ""),
         help="the batch API's store: sqlite:///PATH (one gateway, or several sharing the file on one "
-        "node) or postgresql://... (any number of gateways); unset: the batch API is off",
+        "node) or postgresql://... (any number of gateways); unset: the batch API is off, or relayed "
+        "(--batch-url)",
+    )
+    p.add_argument(
+        "--batch-url",
+        default=_env("GATEWAY_BATCH_URL", ""),
+        help="without --database: relay the batch API (/v1/files, /v1/batches) to the gateway at this URL, "
+        "the one that owns the store (e.g. http://goodput-gateway-batch)",
     )
     p.add_argument(
         "--batch-file-dir",
@@ -271,6 +278,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     )
     batch_settings = batch.BatchSettings(
         database=args.database,
+        forward_url=args.batch_url,
         file_dir=Path(args.batch_file_dir) if args.batch_file_dir else None,
         dispatch=batch.DispatchSettings(
             lease_seconds=args.batch_lease_seconds,
@@ -339,7 +347,12 @@ def parse_static(values: list[str]) -> dict[str, tuple[str, ...]]:
 
 
 def main() -> None:
-    args = parser().parse_args()
+    p = parser()
+    args = p.parse_args()
+    if args.database and args.batch_url:
+        p.error(
+            "--database and --batch-url: give one (this gateway owns the batch store, or relays to the one that does)"
+        )
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     async def run() -> None:

@@ -250,3 +250,39 @@ def test_two_gateways_share_a_postgresql_store_and_never_run_a_line_twice(env):
         for g in env.gateways:
             g.stop()
         server.stop()
+
+
+def test_serving_gateways_relay_the_batch_api_to_the_one_that_owns_the_store(env):
+    """The chart's default: the serving gateways open no store and pass /v1/files and /v1/batches to
+    the batch-owning gateway; a client of either sees one Batch API, and chat goes on when it is gone."""
+    owner = env.gateway(f"sqlite:///{env.workdir}/relay.db", "relay-owner")
+    serving = env.started.gateway(
+        env.workdir / "no-kubeconfig",
+        env.workdir / "relay-serving.log",
+        "--static-model",
+        f"tiny={env.replica_url}",
+        "--batch-url",
+        owner.url,
+        "--shutdown-delay",
+        "0",
+    )
+    env.gateways.append(serving)
+    client = env.client(serving)
+    f, batch = run_batch(client, lines(6, prefix="r"), metadata={"via": "relay"})
+    assert client.files.retrieve(f.id).bytes == len(lines(6, prefix="r"))
+    done = wait_done(client, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 6 and done.metadata == {"via": "relay"}
+    assert sorted(o["custom_id"] for o in output_lines(client, done.output_file_id)) == [f"r-{i}" for i in range(6)]
+    # the owner ran the lines; the serving gateway only relayed them
+    assert owner.metric("goodput_batch_requests_total", state="completed") == 6
+    assert env.client(owner).batches.retrieve(batch.id).status == "completed"
+    with pytest.raises(openai.NotFoundError):  # the owner's own errors come back as they were
+        client.batches.retrieve("batch_nothing")
+    owner.stop()
+    with pytest.raises(openai.APIStatusError) as gone:
+        client.batches.list()
+    assert gone.value.status_code == 503 and gone.value.code == "batch_api_unavailable"
+    answer = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0
+    )
+    assert answer.choices[0].message.content is not None

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from goodput_gateway.batch.api import BatchAPI, add_routes
 from goodput_gateway.batch.db import Database
 from goodput_gateway.batch.dispatcher import BatchMetrics, Dispatcher, DispatchSettings
+from goodput_gateway.batch.forward import Forward
 from goodput_gateway.batch.store import Store
 from goodput_gateway.discovery import Registry
 from goodput_gateway.errors import APIError
@@ -30,7 +31,8 @@ ROUTES = ("/v1/files", "/v1/files/{tail:.*}", "/v1/batches", "/v1/batches/{tail:
 
 @dataclass(frozen=True)
 class BatchSettings:
-    database: str = ""  # empty: the batch API is off
+    database: str = ""  # empty: the batch API is off, or relayed (forward_url)
+    forward_url: str = ""  # without a database: relay the batch API to the gateway at this URL
     file_dir: Path | None = None  # where file bytes go; None: in the database
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
 
@@ -38,7 +40,8 @@ class BatchSettings:
 async def _off(request: web.Request) -> web.Response:
     raise APIError(
         404,
-        "The batch API is off at this gateway: start it with --database (sqlite:///PATH or postgresql://...)",
+        "The batch API is off at this gateway: start it with --database (sqlite:///PATH or postgresql://...) "
+        "or --batch-url (the gateway that owns the store)",
         code="batch_api_disabled",
     )
 
@@ -48,6 +51,12 @@ def install(
 ) -> None:
     """The Files and Batches routes, and the dispatcher running for the application's lifetime: it sends
     lines to the registry's replicas through the gateway's proxy, and counts them in `metrics`."""
+    if settings.forward_url and not settings.database:
+        forward = Forward(settings.forward_url)
+        for path in ROUTES:
+            app.router.add_route("*", path, forward.handle)
+        app.cleanup_ctx.append(forward.running)
+        return
     if not settings.database:
         for path in ROUTES:
             app.router.add_route("*", path, _off)
