@@ -24,7 +24,7 @@ async def desired_children(
         if svc.disaggregation is not None
         else [builders.build_deployment(svc, ctx.settings, owner), builders.build_service(svc, owner)]
     )
-    replica_groups, unwanted_groups = groups(ctx, svc, owner, mode, discovered.leader_worker_sets)
+    replica_groups, unwanted_groups = await groups(ctx, svc, owner, mode, discovered.leader_worker_sets)
     desired += replica_groups
     if discovered.service_monitors:
         desired.append(builders.build_service_monitor(svc, owner))
@@ -69,28 +69,39 @@ async def desired_children(
     return desired, [path for manifest, path in optional if not manifest] + unwanted_groups
 
 
-def groups(
+async def groups(
     ctx: Context, svc: ServiceSpec, owner: dict[str, Any], mode: str, lws_installed: bool
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The children of replicas spanning pods, and the paths of group children no longer wanted.
 
-    StatefulSet mode: the headless Service and one StatefulSet per replica; scaling adds or removes
-    whole StatefulSets (groups), and suspending keeps each at zero pods. LeaderWorkerSet mode: one
-    LeaderWorkerSet whose replicas are the groups.
+    StatefulSet mode: the headless Service, and per replica a leader Service and a StatefulSet; scaling
+    adds or removes whole groups, and suspending keeps each at zero pods. A group's StatefulSet is
+    written once its leader Service has a ClusterIP (the address its pods meet at): the pass that
+    creates the Service leaves it out, and the Service's watch event brings the next pass.
+    LeaderWorkerSet mode: one LeaderWorkerSet whose replicas are the groups.
     """
     pattern = re.compile(rf"{re.escape(builders.group_name(svc, 0)[:-1])}(\d+)")
-    existing = sorted(
-        int(match.group(1))
-        for obj in ctx.observed.children("StatefulSet", svc.namespace, f"{svc.name}-runtime-")
-        if (match := pattern.fullmatch(obj["metadata"]["name"])) and owned_by(obj, owner["uid"])
-    )
+
+    def replicas_of(kind: str) -> set[int]:
+        return {
+            int(match.group(1))
+            for obj in ctx.observed.children(kind, svc.namespace, f"{svc.name}-runtime-")
+            if (match := pattern.fullmatch(obj["metadata"]["name"])) and owned_by(obj, owner["uid"])
+        }
+
+    existing = sorted(replicas_of("StatefulSet"))
+    leaders = replicas_of("Service")
     desired: list[dict[str, Any]] = []
     keep: set[int] = set()
     if mode == builders.STATEFUL_SET:
         desired.append(builders.build_ranks_service(svc, owner))
         keep = set(existing) if svc.suspend else set(range(svc.desired_replicas))
         for replica in sorted(keep):
-            group = builders.build_group_statefulset(svc, ctx.settings, owner, replica)
+            desired.append(builders.build_leader_service(svc, owner, replica))
+            leader_ip = await _leader_ip(ctx, svc, replica)
+            if leader_ip is None:
+                continue
+            group = builders.build_group_statefulset(svc, ctx.settings, owner, replica, leader_ip)
             if svc.suspend:
                 group["spec"]["replicas"] = 0
             desired.append(group)
@@ -100,14 +111,29 @@ def groups(
         resource_path("apps/v1", "StatefulSet", svc.namespace, builders.group_name(svc, replica))
         for replica in existing
         if replica not in keep
+    ] + [
+        resource_path("v1", "Service", svc.namespace, builders.leader_service_name(svc, replica))
+        for replica in sorted(leaders)
+        if replica not in keep
     ]
-    if mode != builders.STATEFUL_SET and existing:
+    if mode != builders.STATEFUL_SET and (existing or leaders):
         unwanted.append(resource_path("v1", "Service", svc.namespace, builders.ranks_service_name(svc)))
     if mode != builders.LEADER_WORKER_SET and lws_installed:
         unwanted.append(
             resource_path(builders.LWS_API_VERSION, "LeaderWorkerSet", svc.namespace, builders.deployment_name(svc))
         )
     return desired, unwanted
+
+
+async def _leader_ip(ctx: Context, svc: ServiceSpec, replica: int) -> str | None:
+    """The ClusterIP of the group's leader Service: the watches' copy, else the server's; None before it exists."""
+    name = builders.leader_service_name(svc, replica)
+    live = ctx.observed.child("Service", svc.namespace, name)
+    path = resource_path("v1", "Service", svc.namespace, name)
+    if live is None and not ctx.observed.known_absent(path):
+        live = await ctx.kube.get(path)
+    ip = ((live or {}).get("spec") or {}).get("clusterIP")
+    return ip if ip and ip != "None" else None
 
 
 def owned_by(obj: dict[str, Any], uid: str) -> bool:

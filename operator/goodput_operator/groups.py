@@ -30,6 +30,11 @@ def ranks_service_name(svc: ServiceSpec) -> str:
     return f"{svc.name}-ranks"
 
 
+def leader_service_name(svc: ServiceSpec, replica: int) -> str:
+    """The ClusterIP Service that reaches replica `replica`'s leader pod (named as its StatefulSet)."""
+    return group_name(svc, replica)
+
+
 def placement(svc: ServiceSpec, lws_installed: bool) -> dict[str, Any]:
     """status.placement: how one replica maps to pods."""
     mode = POD if not svc.multi_node else LEADER_WORKER_SET if lws_installed else STATEFUL_SET
@@ -75,11 +80,41 @@ def build_ranks_service(svc: ServiceSpec, owner: dict[str, Any]) -> Manifest:
     }
 
 
-def build_group_statefulset(svc: ServiceSpec, settings: Settings, owner: dict[str, Any], replica: int) -> Manifest:
+def build_leader_service(svc: ServiceSpec, owner: dict[str, Any], replica: int) -> Manifest:
+    """A ClusterIP Service selecting replica `replica`'s leader pod (<group>-0), not-ready included: the
+    group's pods meet at its ClusterIP. A ClusterIP is fixed for the Service's life and needs no cluster
+    DNS, nor a DNS answer for a pod that does not exist yet (which resolvers cache as absent)."""
+    name = leader_service_name(svc, replica)
+    meta = child_metadata(svc, name, owner)
+    meta["labels"] = {**meta["labels"], f"{GROUP}/replica": str(replica)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "type": "ClusterIP",
+            "publishNotReadyAddresses": True,
+            "selector": {**selector_labels(svc), "statefulset.kubernetes.io/pod-name": f"{group_name(svc, replica)}-0"},
+            "ports": [
+                {"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT, "protocol": "TCP"},
+                {
+                    "name": "heartbeat",
+                    "port": RENDEZVOUS_PORT + 1,
+                    "targetPort": RENDEZVOUS_PORT + 1,
+                    "protocol": "TCP",
+                },
+            ],
+        },
+    }
+
+
+def build_group_statefulset(
+    svc: ServiceSpec, settings: Settings, owner: dict[str, Any], replica: int, leader_ip: str
+) -> Manifest:
     """Replica `replica` as a StatefulSet of pods_per_replica pods started together: pod i is node rank i
-    (its ordinal label), pod 0 the leader that serves HTTP."""
+    (its ordinal label), pod 0 the leader that serves HTTP; all meet at `leader_ip`, the ClusterIP of
+    the group's leader Service (build_leader_service)."""
     name = group_name(svc, replica)
-    leader = f"{name}-0.{ranks_service_name(svc)}.{svc.namespace}.svc"
     meta = child_metadata(svc, name, owner)
     meta["labels"] = {**meta["labels"], f"{GROUP}/replica": str(replica)}
     pod_meta = template_meta(svc)
@@ -96,7 +131,7 @@ def build_group_statefulset(svc: ServiceSpec, settings: Settings, owner: dict[st
             "selector": {"matchLabels": {**selector_labels(svc), f"{GROUP}/replica": str(replica)}},
             "template": {
                 "metadata": pod_meta,
-                "spec": _group_pod_spec(svc, settings, _group_env(svc, leader)),
+                "spec": _group_pod_spec(svc, settings, _group_env(svc, leader_ip)),
             },
         },
     }

@@ -73,7 +73,11 @@ def test_a_replica_larger_than_a_node_is_a_statefulset_group_and_scales_by_whole
     container = group.spec.template.spec.containers[0]
     env = env_of(container)
     assert env["GOODPUT_NNODES"] == "2"
-    assert env["GOODPUT_LEADER_ADDRESS"] == f"big-runtime-1-0.big-ranks.{namespace}.svc:29500"
+    # the pods meet at the ClusterIP of the group's leader Service, which selects pod -0, ready or not
+    leader = cluster.wait_kube_service(namespace, "big-runtime-1")
+    assert leader.spec.selector["statefulset.kubernetes.io/pod-name"] == "big-runtime-1-0"
+    assert leader.spec.publish_not_ready_addresses is True
+    assert env["GOODPUT_LEADER_ADDRESS"] == f"{leader.spec.cluster_ip}:29500"
     assert env["GOODPUT_POD_NAME"] == "metadata.name"  # the ordinal ending it is the node rank
     args = container.args
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
@@ -105,6 +109,11 @@ def test_a_replica_larger_than_a_node_is_a_statefulset_group_and_scales_by_whole
 
     cluster.patch_service(namespace, "big", {"spec": {"replicas": 1}})
     wait_for(lambda: groups(cluster, namespace, "big") == ["big-runtime-0"], 60, "one group left")
+    wait_for(
+        lambda: cluster.get_or_none(cluster.core.read_namespaced_service, "big-runtime-1", namespace) is None,
+        60,
+        "the removed group's leader Service gone",
+    )
     cluster.patch_service(namespace, "big", {"spec": {"replicas": 3}})
     wait_for(
         lambda: groups(cluster, namespace, "big") == ["big-runtime-0", "big-runtime-1", "big-runtime-2"], 60, "three"
@@ -114,6 +123,7 @@ def test_a_replica_larger_than_a_node_is_a_statefulset_group_and_scales_by_whole
     assert wait_for(lambda: cluster.deployment(namespace, "big").spec.replicas == 3, 60, "one-pod replicas")
     wait_for(lambda: cluster.get_service(namespace, "big")["status"]["placement"]["mode"] == "Pod", 30, "mode Pod")
     assert cluster.get_or_none(cluster.core.read_namespaced_service, "big-ranks", namespace) is None
+    assert cluster.get_or_none(cluster.core.read_namespaced_service, "big-runtime-0", namespace) is None
     assert "Traceback" not in operator.log()
 
 

@@ -169,14 +169,18 @@ def test_pipeline_stages_share_out_the_weights_and_the_kv_cache():
 def test_a_group_statefulset_tells_each_pod_the_group():
     svc = parse("big", "ns", BIG)
     owner = builders.owner_reference("big", "uid-1")
-    group = builders.build_group_statefulset(svc, Settings(), owner, 1)
+    group = builders.build_group_statefulset(svc, Settings(), owner, 1, "10.0.0.17")
     assert group["metadata"]["name"] == "big-runtime-1"
     spec = group["spec"]
     assert (spec["replicas"], spec["serviceName"], spec["podManagementPolicy"]) == (2, "big-ranks", "Parallel")
     container = spec["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["GOODPUT_NNODES"] == "2"
-    assert env["GOODPUT_LEADER_ADDRESS"] == "big-runtime-1-0.big-ranks.ns.svc:29500"
+    assert env["GOODPUT_LEADER_ADDRESS"] == "10.0.0.17:29500"  # the leader Service's ClusterIP: no DNS needed
+    leader = builders.build_leader_service(svc, owner, 1)
+    assert leader["metadata"]["name"] == "big-runtime-1" and leader["spec"]["publishNotReadyAddresses"] is True
+    assert leader["spec"]["selector"]["statefulset.kubernetes.io/pod-name"] == "big-runtime-1-0"
+    assert [p["port"] for p in leader["spec"]["ports"]] == [29500, 29501]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert container["args"][-2:] == ["--pipeline-parallel-size", "2"]
     assert builders.build_pdb(parse("big", "ns", {**BIG, "replicas": 3}), owner) is None
