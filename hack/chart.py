@@ -26,7 +26,15 @@ MANIFESTS = ROOT / "manifests"
 NAMESPACE = "goodput-system"
 RELEASE = "goodput"
 # The templates whose default rendering is manifests/<same name>; monitoring.yaml renders nothing by default.
-RENDERED = ("namespace.yaml", "service_account.yaml", "rbac.yaml", "operator.yaml", "gateway-rbac.yaml", "gateway.yaml")
+RENDERED = (
+    "namespace.yaml",
+    "service_account.yaml",
+    "rbac.yaml",
+    "operator.yaml",
+    "gateway-rbac.yaml",
+    "gateway.yaml",
+    "gateway-batch.yaml",
+)
 MONITORING = ("gateway-servicemonitor.yaml", "prometheus-rule.yaml", "dashboard-configmap.yaml")
 
 

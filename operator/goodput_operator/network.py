@@ -1,11 +1,12 @@
 """The NetworkPolicy of a service's runtime pods (spec.networkPolicy, on by default).
 
 Their serving port (the API, /health and /metrics alike) accepts connections only from the
-goodput-gateway and the operator (whose autoscaler reads each pod's /metrics), from pods of
-the service's own namespace, and from the monitoring namespace (Prometheus). With
-spec.disaggregation, the service's decode pods also reach its pods' kv port (the KV hand-off,
-pulled from the prefill pods; with vLLM's NIXL, every port: roles.kv_ingress). Nothing else is
-admitted on any port. It binds only where the cluster's CNI plugin enforces NetworkPolicies.
+gateways (goodput-gateway, and goodput-gateway-batch running the Batch API's lines) and the
+operator (whose autoscaler reads each pod's /metrics), from pods of the service's own namespace,
+and from the monitoring namespace (Prometheus). With spec.disaggregation, the service's decode
+pods also reach its pods' kv port (the KV hand-off, pulled from the prefill pods; with vLLM's
+NIXL, every port: roles.kv_ingress). Nothing else is admitted on any port. It binds only where
+the cluster's CNI plugin enforces NetworkPolicies.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from goodput_operator.settings import Settings
 
 API_VERSION = "networking.k8s.io/v1"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by the API server (1.21+)
-SYSTEM_COMPONENTS = ("goodput-gateway", "goodput-operator")  # their pods' app.kubernetes.io/name
+# their pods' app.kubernetes.io/name; goodput-gateway-batch runs the Batch API's lines
+SYSTEM_COMPONENTS = ("goodput-gateway", "goodput-gateway-batch", "goodput-operator")
 
 
 def namespace_selector(namespace: str) -> dict[str, Any]:

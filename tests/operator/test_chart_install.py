@@ -120,7 +120,7 @@ def test_helm_installs_upgrades_and_uninstalls_the_chart(cluster, release_namesp
     "values",
     [
         {
-            "gateway": {"replicas": 1},
+            "gateway": {"replicas": 3},
             "batch": {"store": "sqlite", "sqlite": {"size": "1Gi", "storageClassName": "local"}},
         },
         {
@@ -169,4 +169,6 @@ def test_the_api_server_accepts_what_the_values_render(cluster, release_namespac
                 doc["apiVersion"] = "policy/v1beta1"
     result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input_text=yaml.safe_dump_all(docs))
     assert "deployment.apps/goodput-gateway created (server dry run)" in result.stdout, result.stdout
+    owner = "deployment.apps/goodput-gateway-batch created (server dry run)"
+    assert (owner in result.stdout) == (values["batch"]["store"] == "sqlite"), result.stdout
     assert not cluster.apps.list_namespaced_deployment(ns).items

@@ -46,6 +46,10 @@ def test_kustomization_passes_a_server_side_dry_run(cluster):
         "serviceaccount/goodput-gateway",
         "poddisruptionbudget.policy/goodput-gateway",
         "clusterrole.rbac.authorization.k8s.io/goodput-gateway",
+        # the Batch API on by default: its gateway, Service and SQLite store's claim
+        "deployment.apps/goodput-gateway-batch",
+        "service/goodput-gateway-batch",
+        "persistentvolumeclaim/goodput-gateway-batch",
     ):
         assert name in result.stdout, result.stdout
 

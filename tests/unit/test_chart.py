@@ -192,42 +192,86 @@ def test_the_gateway_reads_every_setting_the_chart_gives_it(chart, monkeypatch):
     assert args.max_held_requests == 7 and args.hold_seconds == 12.5 and args.attempts == 2
 
 
-def test_defaults_leave_the_batch_api_tenants_and_monitoring_off(chart):
+def test_defaults_turn_the_batch_api_on_and_leave_tenants_and_monitoring_off(chart, monkeypatch):
+    from goodput_gateway.__main__ import parser
+
     objects = render(chart)
+    serving = find(objects, "Deployment", "goodput-gateway")
+    assert serving["spec"]["replicas"] == 2 and serving["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert "volumes" not in serving["spec"]["template"]["spec"]
     gw_env = env(container(objects, "goodput-gateway"))
     assert "GATEWAY_DATABASE" not in gw_env and "GATEWAY_TENANTS_SECRET" not in gw_env
+    assert gw_env["GATEWAY_BATCH_URL"] == f"http://goodput-gateway-batch.{NS}.svc:80"
     assert gw_env["GATEWAY_MAX_IN_FLIGHT_PER_REPLICA"] == "0"
-    assert not [o for o in objects if o["kind"] in ("PersistentVolumeClaim", "ServiceMonitor", "PrometheusRule")]
-
-
-def test_sqlite_store_is_one_gateway_on_its_own_volume(chart):
-    objects = render(chart, {"gateway": {"replicas": 1}, "batch": {"store": "sqlite", "sqlite": {"size": "2Gi"}}})
-    gateway = find(objects, "Deployment", "goodput-gateway")
-    assert gateway["spec"]["strategy"] == {"type": "Recreate"}
-    pod = gateway["spec"]["template"]["spec"]
-    assert pod["volumes"] == [{"name": "batch", "persistentVolumeClaim": {"claimName": "goodput-gateway-batch"}}]
-    assert (
-        env(container(objects, "goodput-gateway"))["GATEWAY_DATABASE"] == "sqlite:////var/lib/goodput-gateway/batch.db"
-    )
+    owner = find(objects, "Deployment", "goodput-gateway-batch")
+    assert owner["spec"]["replicas"] == 1 and owner["spec"]["strategy"] == {"type": "Recreate"}
+    owner_env = env(container(objects, "goodput-gateway-batch"))
+    assert owner_env["GATEWAY_DATABASE"] == "sqlite:////var/lib/goodput-gateway/batch.db"
+    assert "GATEWAY_BATCH_URL" not in owner_env
+    assert {k: v for k, v in owner_env.items() if k != "GATEWAY_DATABASE"} == {
+        k: v for k, v in gw_env.items() if k != "GATEWAY_BATCH_URL"
+    }
+    assert owner["spec"]["template"]["spec"]["volumes"] == [
+        {"name": "batch", "persistentVolumeClaim": {"claimName": "goodput-gateway-batch"}}
+    ]
+    # the serving gateways reach the owner at the URL they are given, through its Service
+    owner_service = find(objects, "Service", "goodput-gateway-batch")
+    assert owner_service["spec"]["selector"] == owner["spec"]["template"]["metadata"]["labels"]
+    assert owner_service["spec"]["ports"][0]["port"] == 80
+    assert find(objects, "Service", "goodput-gateway")["spec"]["selector"] != owner_service["spec"]["selector"]
     pvc = find(objects, "PersistentVolumeClaim", "goodput-gateway-batch")
-    assert pvc["spec"]["resources"]["requests"]["storage"] == "2Gi"
     assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    claimed = render(
-        chart, {"gateway": {"replicas": 1}, "batch": {"store": "sqlite", "sqlite": {"existingClaim": "mine"}}}
-    )
+    assert "storageClassName" not in pvc["spec"]  # the cluster's default StorageClass
+    assert not [o for o in objects if o["kind"] in ("ServiceMonitor", "PrometheusRule")]
+    for name, value in gw_env.items():
+        monkeypatch.setenv(name, value)
+    assert parser().parse_args([]).batch_url == f"http://goodput-gateway-batch.{NS}.svc:80"
+    monkeypatch.delenv("GATEWAY_BATCH_URL")
+    monkeypatch.setenv("GATEWAY_DATABASE", owner_env["GATEWAY_DATABASE"])
+    assert parser().parse_args([]).database == owner_env["GATEWAY_DATABASE"]
+
+
+def test_sqlite_store_is_one_batch_gateway_on_its_own_volume_beside_the_serving_ones(chart):
+    values = {
+        "gateway": {"replicas": 4, "nodeSelector": {"pool": "edge"}},
+        "batch": {"sqlite": {"size": "2Gi", "storageClassName": "fast"}},
+    }
+    objects = render(chart, values)
+    assert find(objects, "Deployment", "goodput-gateway")["spec"]["replicas"] == 4
+    owner = find(objects, "Deployment", "goodput-gateway-batch")
+    assert owner["spec"]["replicas"] == 1
+    assert owner["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "edge"}
+    pvc = find(objects, "PersistentVolumeClaim", "goodput-gateway-batch")
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "2Gi" and pvc["spec"]["storageClassName"] == "fast"
+    claimed = render(chart, {"batch": {"sqlite": {"existingClaim": "mine"}}})
     assert not [o for o in claimed if o["kind"] == "PersistentVolumeClaim"]
-    assert find(claimed, "Deployment", "goodput-gateway")["spec"]["template"]["spec"]["volumes"][0][
+    assert find(claimed, "Deployment", "goodput-gateway-batch")["spec"]["template"]["spec"]["volumes"][0][
         "persistentVolumeClaim"
     ] == {"claimName": "mine"}
+
+
+@pytest.mark.parametrize("store", ["none", "postgresql"])
+def test_without_sqlite_there_is_no_batch_gateway_and_no_volume(chart, store):
+    values: dict[str, Any] = {"batch": {"store": store}}
+    if store == "postgresql":
+        values["batch"]["postgresql"] = {"secretName": "batch-db"}
+    objects = render(chart, values)
+    assert not [o for o in objects if o["metadata"]["name"] == "goodput-gateway-batch"]
+    gw_env = env(container(objects, "goodput-gateway"))
+    assert "GATEWAY_BATCH_URL" not in gw_env
+    assert ("GATEWAY_DATABASE" in gw_env) == (store == "postgresql")
 
 
 @pytest.mark.parametrize(
     ("values", "named"),
     [
-        ({"batch": {"store": "sqlite"}}, "gateway.replicas"),  # two replicas cannot share the RWO volume
         ({"batch": {"store": "postgresql"}}, "batch.postgresql.secretName"),
         # settings of a store not chosen would be ignored: refused instead
-        ({"batch": {"postgresql": {"secretName": "db"}}}, "batch.postgresql.secretName: set, but batch.store is none"),
+        (
+            {"batch": {"postgresql": {"secretName": "db"}}},
+            "batch.postgresql.secretName: set, but batch.store is sqlite",
+        ),
+        ({"batch": {"store": "none", "sqlite": {"storageClassName": "fast"}}}, "batch.sqlite"),
         (
             {"batch": {"store": "postgresql", "postgresql": {"secretName": "db"}, "sqlite": {"existingClaim": "x"}}},
             "batch.sqlite",
@@ -292,9 +336,6 @@ def test_every_object_lands_in_the_release_namespace(chart):
 def test_notes_tell_where_it_went_and_whether_batch_is_on(chart):
     notes = chart.render({}, name="goodput", namespace="models-sys")["goodput/templates/NOTES.txt"]
     assert "port-forward svc/goodput-gateway 8000:80" in notes and "-n models-sys" in notes
-    assert "The Batch API is off" in notes
-    sqlite = {"gateway": {"replicas": 1}, "batch": {"store": "sqlite"}}
-    assert (
-        "The Batch API is on, its store sqlite"
-        in chart.render(sqlite, name="g", namespace="n")["goodput/templates/NOTES.txt"]
-    )
+    assert "The Batch API is on, its store sqlite" in notes
+    off = {"batch": {"store": "none"}}
+    assert "The Batch API is off" in chart.render(off, name="g", namespace="n")["goodput/templates/NOTES.txt"]

@@ -2,7 +2,8 @@
 it turned away, its last request, and the Batch API lines still to run for it.
 
 The gateway pods are the ready endpoints of the `goodput-gateway` Service in the operator's
-namespace (or the URLs in GATEWAY_URL). Held and refused requests are summed over them and the last
+namespace, and of `goodput-gateway-batch` where one gateway owns the Batch API's store (or the URLs
+in GATEWAY_URL). Held and refused requests are summed over them and the last
 request time is the latest any of them saw; pending batch lines come from the store the gateways
 share, so each reports the same count and the largest is taken. A gateway whose /metrics cannot be read is left
 out; with none readable the reading is None, and nothing wakes or idles on it.
@@ -35,6 +36,8 @@ from goodput_operator.k8s import Kube
 
 logger = logging.getLogger(__name__)
 GATEWAY_SERVICE = "goodput-gateway"
+# the gateway that owns the Batch API's SQLite store (the chart's default): its pending lines
+BATCH_GATEWAY_SERVICE = "goodput-gateway-batch"
 
 Key = tuple[str, str]
 
@@ -134,7 +137,11 @@ class GatewayReader:
             return tuple(u.rstrip("/") + "/metrics" for u in self.urls)
         if self._slice_version is None:
             self._slice_version = await endpoint_slice_version(self.kube)
-        return (await service_endpoints(self.kube, self._slice_version, self.namespace, GATEWAY_SERVICE)).ready
+        found = [
+            await service_endpoints(self.kube, self._slice_version, self.namespace, name)
+            for name in (GATEWAY_SERVICE, BATCH_GATEWAY_SERVICE)
+        ]
+        return tuple(url for endpoints in found for url in endpoints.ready)
 
     async def _scrape(self, url: str) -> dict[Key, GatewayView]:
         if self._session is None:
