@@ -12,6 +12,7 @@ from typing import Any
 
 from goodput_operator.hub import ConfigFetcher
 from goodput_operator.k8s import ApiError, Kube, build_event
+from goodput_operator.node_caches import NodeCaches
 from goodput_operator.observed import Observed
 from goodput_operator.settings import Settings
 from goodput_operator.workqueue import RECONCILE_SLOTS, SideQueue, Slots
@@ -52,6 +53,8 @@ class Context:
     pipeline_calls: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
     # (namespace, service) -> (Ready, why not) as the pipelines last saw it, from the service watch
     service_states: dict[tuple[str, str], tuple[bool, str]] = field(default_factory=dict)
+    # the ModelCaches services name in spec.model.nodeCache, from their watch
+    node_caches: NodeCaches = field(default_factory=NodeCaches)
     _discovered: Discovered | None = None
     _discovered_at: float = 0.0
 

@@ -15,7 +15,7 @@ import kopf
 import prometheus_client
 
 from goodput_contract.api import GROUP, PIPELINE_KIND, PLURAL, VERSION
-from goodput_operator import controller, lora_adapters, metrics, pipelines
+from goodput_operator import controller, lora_adapters, metrics, node_caches, pipelines
 from goodput_operator.autoscaling.loop import Autoscaler
 from goodput_operator.builders import MANAGED_BY
 from goodput_operator.context import Context
@@ -141,3 +141,4 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
 
     pipelines.register(registry)
     lora_adapters.register(registry, settings)
+    node_caches.register(registry)

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from goodput_contract.api.spec import ServiceSpec, SpecError, parse
-from goodput_operator import builders, engines, metrics, observed, pods, reconcile_roles, roles
+from goodput_operator import builders, engines, metrics, node_caches, observed, pods, reconcile_roles, roles
 from goodput_operator.conditions import (
     AVAILABLE,
     FALSE,
@@ -81,6 +81,7 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
         svc = parse(name, namespace, body.get("spec") or {})
         engines.validate(svc)
         _check_shape(svc)
+        await node_caches.check(ctx, svc)
         fit = await model_fit(ctx, svc)
         if fit.invalid:
             raise fit.invalid

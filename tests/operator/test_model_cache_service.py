@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import kubernetes
 import pytest
+from harness import ROOT
 
+from goodput_contract.api import GROUP, MODEL_CACHE_PLURAL, VERSION
 from goodput_contract.api.model_cache_spec import STORAGE_CLASS, VOLUME_LABEL, cache_key
 
 SPEC = {
@@ -26,6 +28,12 @@ def server_minor(cluster) -> int:
 def test_the_pods_read_the_nodes_copy_through_a_claim_on_the_caches_volumes(cluster, operator, namespace):
     if server_minor(cluster) < 21:
         pytest.skip("generic ephemeral volumes need Kubernetes 1.21; this API server is older")
+    # the ModelCache it names must exist and hold its repository (test_node_cache_check.py)
+    cluster.kubectl("apply", "-f", str(ROOT / "crds" / f"{GROUP}_{MODEL_CACHE_PLURAL}.yaml"))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{MODEL_CACHE_PLURAL}.{GROUP}")
+    cache = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelCache", "metadata": {"name": "tiny-chat"}}
+    cache["spec"] = {"source": SPEC["model"]["source"]}
+    cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, MODEL_CACHE_PLURAL, cache)
     cluster.create_service(namespace, "chat", SPEC)
     deployment = cluster.wait_deployment(namespace, "chat")
     pod = deployment.spec.template.spec
