@@ -48,6 +48,8 @@ def kv_transfer(agent: Any) -> dict[str, Any]:
     parked while their blocks arrive, and the counts since start."""
     return {
         "role": agent.role,
+        "host": agent.host,  # where its transport listens (a gateway names it in peer pulls)
+        "port": agent.port if agent.serves else None,
         "leases": len(agent.leases.leases),
         "lease_blocks": agent.leases.num_blocks,
         "lease_expiries": agent.leases.expired,

@@ -11,6 +11,10 @@ step thread) and counts them computed; the partly filled last block and the prom
 computed here as usual. The prefill side's lease is then released in the background. The whole
 hand-off is bounded by ``--kv-transfer-timeout``; any failure raises KVTransferError, and the caller
 frees the reserved blocks and recomputes or fails the request (``--kv-failure-policy``).
+
+A peer pull (a hand-off naming no lease, params.py) takes the same path: the blocks are asked for by
+digest and served from the holder's prefix cache (``serve_prefix``), looked up and read in one call on
+its step thread, so no step can reuse a block between the two; there is no lease to release.
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ class TransferStats:
     reads_served: int = 0
     bytes_served: int = 0
     releases_served: int = 0
+    peer_pulls: int = 0  # of `pulls`: peer pulls (blocks found by digest in a holder's prefix cache)
+    peer_failures: int = 0  # of `failures`: peer pulls, each then served by recomputing (or a 503 under fail)
+    prefix_reads_served: int = 0  # peer pulls served from this runtime's prefix cache
 
 
 class KVTransferAgent:
@@ -180,8 +187,34 @@ class KVTransferAgent:
         self.stats.reads_served += 1
         self.stats.bytes_served += len(data)
         if self.metrics is not None:
-            self.metrics.transfer("prefill", "success", len(data))
+            self.metrics.transfer("prefill", "success", len(data), len(block_ids))
         return data
+
+    async def serve_prefix(self, digests: list[str], layout: str) -> memoryview:
+        if layout != self.layout_digest:
+            raise KVTransferError("layout_mismatch", f"layout {layout} is not this runtime's {self.layout_digest}")
+        try:
+            hashes = [int.from_bytes(bytes.fromhex(d), "little") for d in digests]
+        except ValueError:
+            raise KVTransferError("protocol", "a peer pull's digests must be hex") from None
+        data = await asyncio.get_running_loop().run_in_executor(self.executor, self._read_held, hashes)
+        self.stats.prefix_reads_served += 1
+        self.stats.bytes_served += len(data)
+        if self.metrics is not None:
+            self.metrics.transfer("holder", "success", len(data), len(hashes))
+        return data
+
+    def _read_held(self, hashes: list[int]) -> memoryview:
+        """On the step thread: the device blocks cached under `hashes`, read before any step can reuse them."""
+        bm = self.core.block_manager
+        loading = {block_id for block_id, _ in bm.pending_loads}  # cached, their bytes not copied in yet
+        ids = []
+        for i, h in enumerate(hashes):
+            block_id = bm.cached.get(h)
+            if block_id is None or block_id in loading or bm.blocks[block_id].hash != h:
+                raise KVTransferError("not_held", f"block {i} of the peer pull is not held here")
+            ids.append(block_id)
+        return worker.read_blocks(self.core.runner, ids)
 
     def serve_release(self, request_id: str) -> bool:
         released = self.leases.release(request_id)
@@ -194,6 +227,7 @@ class KVTransferAgent:
         """Land the blocks `params` describes that seq lacks, within --kv-transfer-timeout; seq then
         counts them computed. KVTransferError on any failure (seq may hold reserved blocks then)."""
         started = time.monotonic()
+        role = "peer" if params.by_prefix else "decode"
         try:
             moved = await asyncio.wait_for(self._handoff(seq, params), self.timeout)
         except asyncio.TimeoutError:
@@ -204,22 +238,25 @@ class KVTransferAgent:
             error = exc
         else:
             self.stats.pulls += 1
+            self.stats.peer_pulls += params.by_prefix
             if self.metrics is not None:
-                self.metrics.transfer("decode", "success", moved)
+                self.metrics.transfer(role, "success", moved, moved // self.block_bytes)
                 self.metrics.seconds.observe(time.monotonic() - started)
-            self._release_later(params)
+            if not params.by_prefix:
+                self._release_later(params)
             return
         self.stats.failures += 1
+        self.stats.peer_failures += params.by_prefix
         if self.metrics is not None:
-            self.metrics.transfer("decode", "failure")
+            self.metrics.transfer(role, "failure")
             self.metrics.failure(error.reason)
-        if error.reason != "unreachable":
+        if error.reason != "unreachable" and not params.by_prefix:
             self._release_later(params)
         log.warning("KV hand-off for %s failed (%s): %s", seq.request_id, error.reason, error)
         raise error
 
     async def _handoff(self, seq: Sequence, params: HandoffParams) -> int:
-        if params.layout_digest != self.layout_digest:
+        if params.layout_digest != self.layout_digest and not (params.by_prefix and not params.layout_digest):
             raise KVTransferError(
                 "layout_mismatch",
                 f"the prefill side's layout {params.layout_digest} is not this runtime's {self.layout_digest}",
@@ -227,7 +264,7 @@ class KVTransferAgent:
         bm = self.core.block_manager
         bs = bm.block_size
         # the prompt's last token is always computed here (its logits give the first token)
-        usable = min(len(params.remote_block_ids), (seq.num_prompt_tokens - 1) // bs, params.num_tokens // bs)
+        usable = min(len(params.block_digests), (seq.num_prompt_tokens - 1) // bs, params.num_tokens // bs)
         parent = bm.root(seq)
         for i in range(usable):
             parent = block_hash(parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))
@@ -237,14 +274,17 @@ class KVTransferAgent:
         fresh = bm.reserve(seq, hits, usable - len(hits))
         if fresh is None:
             raise KVTransferError("no_blocks", f"no {usable - len(hits)} free KV blocks to land the hand-off in")
-        wanted = params.remote_block_ids[len(hits) : usable]
+        wanted = usable - len(hits)
         data = bytearray()
+        if wanted and params.by_prefix:  # asked for by digest from the holder's prefix cache
+            data = await self.transport.pull_prefix(
+                params, params.block_digests[len(hits) : usable], self.layout_digest
+            )
+        elif wanted:
+            data = await self.transport.pull(params, params.remote_block_ids[len(hits) : usable], self.layout_digest)
         if wanted:
-            data = await self.transport.pull(params, wanted, self.layout_digest)
-            if len(data) != len(wanted) * self.block_bytes:
-                raise KVTransferError(
-                    "protocol", f"{len(data)} bytes came for {len(wanted)} blocks of {self.block_bytes}"
-                )
+            if len(data) != wanted * self.block_bytes:
+                raise KVTransferError("protocol", f"{len(data)} bytes came for {wanted} blocks of {self.block_bytes}")
             if seq.is_finished:
                 return 0  # aborted meanwhile: its blocks are already free
             loop = asyncio.get_running_loop()
@@ -253,7 +293,7 @@ class KVTransferAgent:
             return 0
         seq.num_computed_tokens = usable * bs
         bm.commit(seq)  # findable by prefix from now on, as if computed here
-        self.stats.blocks_pulled += len(wanted)
+        self.stats.blocks_pulled += wanted
         self.stats.blocks_reused += len(hits)
         self.stats.bytes_pulled += len(data)
         return len(data)

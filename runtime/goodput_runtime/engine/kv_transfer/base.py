@@ -23,6 +23,7 @@ REASONS = (
     "lease_gone",  # the prefill side holds no such lease (released, expired, or restarted)
     "digest_mismatch",  # the blocks are not this prompt's prefix
     "no_blocks",  # no free blocks here to land them in
+    "not_held",  # a peer pull: the holder no longer holds a block asked for (evicted meanwhile)
     "protocol",  # a malformed answer
 )
 
@@ -48,6 +49,11 @@ class BlockSource(Protocol):
         """End the lease; False when none was held."""
         ...
 
+    async def serve_prefix(self, digests: list[str], layout_digest: str) -> memoryview:
+        """A peer pull: the bytes of the blocks this runtime's prefix cache holds under `digests` (hex),
+        concatenated in the order asked; KVTransferError ``not_held`` when one is not held."""
+        ...
+
 
 class Transport(abc.ABC):
     name = ""
@@ -66,3 +72,7 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def release(self, params: HandoffParams) -> bool:
         """End the lease on the prefill side; False when it was not held any more."""
+
+    @abc.abstractmethod
+    async def pull_prefix(self, params: HandoffParams, digests: list[str], layout: str) -> bytearray:
+        """A peer pull: the blocks the remote runtime holds under `digests`, concatenated; KVTransferError."""

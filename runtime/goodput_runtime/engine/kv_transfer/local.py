@@ -44,6 +44,15 @@ class LocalTransport(Transport):
         finally:
             future.cancel()
 
+    async def pull_prefix(self, params: HandoffParams, digests: list[str], layout: str) -> bytearray:
+        source, loop = self._source(params)
+        future = asyncio.run_coroutine_threadsafe(source.serve_prefix(digests, layout), loop)
+        try:
+            data: memoryview = await asyncio.wrap_future(future)
+            return bytearray(data)
+        finally:
+            future.cancel()
+
     async def release(self, params: HandoffParams) -> bool:
         source, loop = self._source(params)
 

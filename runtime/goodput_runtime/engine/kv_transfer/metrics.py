@@ -1,8 +1,10 @@
 """The hand-off's metrics, in the runtime's registry (label ``model`` like every runtime metric).
 
 - ``goodput_kv_transfers_total{role,outcome}``: hand-offs; role ``decode`` counts pulls made (outcome
-  ``success`` or ``failure``), role ``prefill`` pulls served;
-- ``goodput_kv_transfer_bytes_total{role}``: block bytes received (decode) and sent (prefill);
+  ``success`` or ``failure``), role ``prefill`` pulls served; role ``peer`` peer pulls made (a failure
+  is a fallback to recomputing), role ``holder`` peer pulls served from the prefix cache;
+- ``goodput_kv_transfer_bytes_total{role}``: block bytes received (decode, peer) and sent (prefill, holder);
+- ``goodput_kv_transfer_blocks_total{role}``: the same in blocks;
 - ``goodput_kv_transfer_seconds``: a decode side's hand-off, from its start to its blocks landing;
 - ``goodput_kv_transfer_failures_total{reason}``: failed hand-offs by reason (base.REASONS);
 - ``goodput_kv_lease_blocks``: blocks a prefill side holds under lease;
@@ -28,6 +30,12 @@ class KVTransferMetrics:
             ["model", "role"],
             registry=registry,
         )
+        self.blocks = Counter(
+            "goodput_kv_transfer_blocks",
+            "KV blocks moved by hand-offs and peer pulls, by role.",
+            ["model", "role"],
+            registry=registry,
+        )
         self.seconds = Histogram(
             "goodput_kv_transfer_seconds",
             "A decode side's KV hand-off, from its start to its blocks landing in the cache.",
@@ -48,10 +56,12 @@ class KVTransferMetrics:
             registry=registry,
         ).labels(model)
 
-    def transfer(self, role: str, outcome: str, num_bytes: int = 0) -> None:
+    def transfer(self, role: str, outcome: str, num_bytes: int = 0, num_blocks: int = 0) -> None:
         self.transfers.labels(self.model, role, outcome).inc()
         if num_bytes:
             self.bytes.labels(self.model, role).inc(num_bytes)
+        if num_blocks:
+            self.blocks.labels(self.model, role).inc(num_blocks)
 
     def failure(self, reason: str) -> None:
         self.failures.labels(self.model, reason).inc()

@@ -1,8 +1,10 @@
 """The TCP transport: asyncio streams, one small framed protocol, whole blocks.
 
-A request frame is ``GPKV``, a version byte, an op byte (1 pull, 2 release), a 4-byte length and that
-many bytes of JSON: ``{"request_id", "block_ids", "layout_digest"}`` for a pull, ``{"request_id"}`` for a
-release. An answer frame is ``GPKV``, a status byte (0 ok, 1 refused), a 4-byte length and JSON
+A request frame is ``GPKV``, a version byte, an op byte (1 pull, 2 release, 3 pull by prefix), a
+4-byte length and that many bytes of JSON: ``{"request_id", "block_ids", "layout_digest"}`` for a pull,
+``{"request_id"}`` for a release, ``{"digests", "layout_digest"}`` for a peer pull (blocks found by
+digest in the serving runtime's prefix cache, under no lease).
+An answer frame is ``GPKV``, a status byte (0 ok, 1 refused), a 4-byte length and JSON
 (``{"layout_digest", "block_bytes", "num_blocks"}``, or ``{"reason", "message"}`` when refused), then,
 for a pull, an 8-byte length and the blocks' bytes, concatenated in the order asked. Lengths are
 big-endian. A connection carries any number of requests, one at a time; the pulling side opens one per
@@ -26,7 +28,7 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"GPKV"
 VERSION = 1
-PULL, RELEASE = 1, 2
+PULL, RELEASE, PULL_PREFIX = 1, 2, 3
 REQUEST = struct.Struct(">4sBBI")
 ANSWER = struct.Struct(">4sBI")
 PAYLOAD = struct.Struct(">Q")
@@ -96,17 +98,22 @@ class TcpTransport(Transport):
         if op == RELEASE:
             writer.write(answer(0, {"released": self.source.serve_release(request_id)}))
             return
-        if op != PULL:
+        if op not in (PULL, PULL_PREFIX):
             writer.write(answer(1, {"reason": "protocol", "message": f"unknown op {op}"}))
             return
-        block_ids = [int(b) for b in header.get("block_ids", [])]
+        layout = str(header.get("layout_digest", ""))
         try:
-            data = await self.source.serve_read(request_id, block_ids, str(header.get("layout_digest", "")))
+            if op == PULL:
+                count = len(block_ids := [int(b) for b in header.get("block_ids", [])])
+                data = await self.source.serve_read(request_id, block_ids, layout)
+            else:
+                count = len(digests := [str(d) for d in header.get("digests", [])])
+                data = await self.source.serve_prefix(digests, layout)
         except KVTransferError as exc:
             writer.write(answer(1, {"reason": exc.reason, "message": str(exc)}))
             return
         meta = {"layout_digest": self.source.layout_digest, "block_bytes": self.source.block_bytes}
-        writer.write(answer(0, {**meta, "num_blocks": len(block_ids)}) + PAYLOAD.pack(len(data)))
+        writer.write(answer(0, {**meta, "num_blocks": count}) + PAYLOAD.pack(len(data)))
         for start in range(0, len(data), CHUNK):
             writer.write(data[start : start + CHUNK])
             await writer.drain()
@@ -131,7 +138,7 @@ class TcpTransport(Transport):
             if status != 0:
                 raise KVTransferError(str(meta.get("reason")), f"the prefill side refused: {meta.get('message')}")
             payload = bytearray()
-            if op == PULL:
+            if op in (PULL, PULL_PREFIX):
                 (size,) = PAYLOAD.unpack(await reader.readexactly(PAYLOAD.size))
                 payload = bytearray(size)
                 view, got = memoryview(payload), 0
@@ -154,6 +161,14 @@ class TcpTransport(Transport):
             raise KVTransferError("layout_mismatch", "the prefill side's blocks are of another layout")
         if meta.get("num_blocks") != len(block_ids) or len(payload) != len(block_ids) * int(meta["block_bytes"]):
             raise KVTransferError("protocol", "the prefill side sent a different number of bytes than asked")
+        return payload
+
+    async def pull_prefix(self, params: HandoffParams, digests: list[str], layout: str) -> bytearray:
+        meta, payload = await self._request(params, PULL_PREFIX, {"digests": digests, "layout_digest": layout})
+        if meta.get("layout_digest") != layout:
+            raise KVTransferError("layout_mismatch", "the holder's blocks are of another layout")
+        if meta.get("num_blocks") != len(digests) or len(payload) != len(digests) * int(meta["block_bytes"]):
+            raise KVTransferError("protocol", "the holder sent a different number of bytes than asked")
         return payload
 
     async def release(self, params: HandoffParams) -> bool:
