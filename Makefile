@@ -74,7 +74,8 @@ postgresql:
 
 # The main job on a cluster: a local cluster (kind, or this machine as a one-node cluster when
 # root on Debian/Ubuntu), both images built from the Dockerfiles, the operator installed, a small
-# model served and asked a question. MODEL=hf://org/name serves that model instead; INSTALL=helm
+# model served and asked a question, then a small batch run through the gateway's Batch API with the
+# openai SDK. MODEL=hf://org/name serves that model instead; INSTALL=helm
 # installs with the Helm chart (charts/goodput) instead of `kubectl apply -k manifests/`.
 demo:
 	INSTALL="$${INSTALL:-kustomize}" hack/demo.sh

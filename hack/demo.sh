@@ -2,7 +2,8 @@
 # `make demo`: from nothing to an answer from an InferenceService, on a local cluster.
 #
 #   hack/demo.sh          bring up a cluster, build and load both images, install Goodput,
-#                         serve a model, ask it something through the gateway, show `kubectl get gsvc`
+#                         serve a model, ask it something through the gateway, run a small batch
+#                         through the gateway's Batch API (openai SDK), show `kubectl get gsvc`
 #   hack/demo.sh down     tear the demo cluster down again
 #
 # The cluster: kind when `docker` and `kind` are on the PATH (the images are built with
@@ -17,6 +18,11 @@
 # MODEL=hf://Qwen/Qwen2.5-0.5B-Instruct (any supported hf:// id, or hf://org/name/file.gguf)
 # serves that instead, where the cluster can reach the Hugging Face Hub. Either way the runtime
 # runs on CPU here.
+#
+# The Batch API is on in the default install: its SQLite store sits on the claim
+# goodput-gateway-batch. kind's default StorageClass provisions it; on the one-node cluster, which
+# provisions no volumes, hack/batch-volume.sh makes a hostPath PersistentVolume for it under
+# .cache/demo/batch-store. The batch step installs the openai package with pip when it is missing.
 #
 # INSTALL=helm installs Goodput with its Helm chart (charts/goodput) instead of `kubectl apply -k
 # manifests/`: the same objects (docs/install.md).
@@ -42,6 +48,8 @@ RUNTIME_IMAGE=ghcr.io/goodput-dev/goodput-runtime:0.1.0
 OPERATOR_IMAGE=ghcr.io/goodput-dev/goodput-operator:0.1.0
 KUBECTL=(kubectl)
 PORT_FORWARD_PID=""
+GATEWAY_PORT=""          # the local end of the gateway's port-forward, set by ask
+BATCH_TIMEOUT="${DEMO_BATCH_TIMEOUT:-300}"
 
 START=$SECONDS
 STEP_NO=0
@@ -146,6 +154,13 @@ install_operator() {
   esac
   k -n goodput-system rollout status deployment/goodput-operator --timeout=300s
   k -n goodput-system rollout status deployment/goodput-gateway --timeout=300s
+  # the Batch API's gateway, which owns the SQLite store on its claim
+  k -n goodput-system rollout status deployment/goodput-gateway-batch --timeout=300s
+}
+
+batch_volume() {
+  # a hostPath PersistentVolume for the batch store's claim where no StorageClass provisions one
+  "$ROOT/hack/batch-volume.sh" "$DEMO/batch-store" goodput-system
 }
 
 fetch_model() {
@@ -262,7 +277,8 @@ wait_ready() {
 ask() {
   local port url served
   served="$(cat "$DEMO/served-name")"
-  port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  GATEWAY_PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  port="$GATEWAY_PORT"
   # one endpoint for every model: the gateway picks the service by "model" and a replica by prefix
   k -n goodput-system port-forward service/goodput-gateway "$port:80" >"$LOGS/port-forward.log" 2>&1 &
   PORT_FORWARD_PID=$!
@@ -278,6 +294,15 @@ ask() {
   local status=${PIPESTATUS[0]}
   echo
   return "$status"
+}
+
+submit_batch() {
+  # the same gateway's Batch API, through the official SDK: upload a JSONL file, create a batch, wait
+  # for it (at most DEMO_BATCH_TIMEOUT seconds), read its output file
+  python3 -c 'import openai' 2>/dev/null || python3 -m pip install --quiet openai
+  python3 "$ROOT/hack/demo_batch.py" --base-url "http://127.0.0.1:$GATEWAY_PORT/v1" \
+    --model "$(cat "$DEMO/served-name")" --timeout "$BATCH_TIMEOUT" | tee "$DEMO/batch.txt"
+  return "${PIPESTATUS[0]}"
 }
 
 down() {
@@ -310,6 +335,7 @@ main() {
       # shellcheck disable=SC1091
       source "$DEMO/cluster.env"
       step "build both images with buildah and import them (hack/images.sh all)" node_images
+      step "a volume for the Batch API's store (hack/batch-volume.sh)" batch_volume
       ;;
     *)
       say "make demo needs either docker + kind (https://kind.sigs.k8s.io), or root on Debian/Ubuntu"
@@ -334,6 +360,11 @@ main() {
   say "Q: $QUESTION"
   say "Answer:"
   python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("  " + repr(r["choices"][0]["message"]["content"])); print("  usage:", r["usage"])' "$DEMO/answer.json"
+  say ""
+  step "run a batch through the gateway's Batch API (openai SDK: files.create, batches.create)" submit_batch
+  say ""
+  say "Batch (three questions, answered offline at batch priority):"
+  sed 's/^/  /' "$DEMO/batch.txt"
   say ""
   say "\$ kubectl get gsvc"
   k get gsvc

@@ -10,13 +10,15 @@ from __future__ import annotations
 import io
 import json
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import openai
 import pytest
-from gateway_helpers import GatewayProcess, Started, metric, post_json, wait_ready
+from gateway_helpers import ROOT, GatewayProcess, Started, metric, post_json, wait_ready
 from harness import wait_for
 from postgres_server import PostgresServer
 
@@ -286,3 +288,59 @@ def test_serving_gateways_relay_the_batch_api_to_the_one_that_owns_the_store(env
         model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0
     )
     assert answer.choices[0].message.content is not None
+
+
+def test_the_demos_batch_step_prints_each_answer(env):
+    """hack/demo_batch.py, what `make demo` runs after its question, through a serving gateway that relays
+    the Batch API to the store's owner (the default install)."""
+    owner = env.gateway(f"sqlite:///{env.workdir}/demo.db", "demo-owner")
+    serving = env.started.gateway(
+        env.workdir / "no-kubeconfig",
+        env.workdir / "demo-serving.log",
+        "--static-model",
+        f"tiny={env.replica_url}",
+        "--batch-url",
+        owner.url,
+        "--shutdown-delay",
+        "0",
+    )
+    env.gateways.append(serving)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "hack" / "demo_batch.py"),
+            "--base-url",
+            serving.url + "/v1",
+            "--model",
+            "tiny",
+            "--timeout",
+            "120",
+            "--max-tokens",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "files.create    -> file-" in run.stdout and "batches.create  -> batch_" in run.stdout
+    assert "completed (3/3 done)" in run.stdout
+    for i, question in enumerate(("What is the capital of Italy?", "Name a primary colour.", "What is 2 + 2?"), 1):
+        assert f"q{i}: {question}\n    '" in run.stdout, run.stdout
+    # a model nobody serves: the batch fails and the step says so
+    refused = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "hack" / "demo_batch.py"),
+            "--base-url",
+            serving.url + "/v1",
+            "--model",
+            "nobody",
+            "--timeout",
+            "60",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 1 and "the batch ended failed" in refused.stderr, refused.stdout + refused.stderr
