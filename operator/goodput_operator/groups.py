@@ -157,3 +157,10 @@ def build_leader_worker_set(svc: ServiceSpec, settings: Settings, owner: dict[st
             },
         },
     }
+
+
+def group_ingress(svc: ServiceSpec) -> dict[str, Any]:
+    """The NetworkPolicy rule that lets a group's pods reach each other: the leader's store (29500) and
+    heartbeat (29501), then gloo's or NCCL's connections between ranks, on ports they pick. It admits
+    the service's own pods on every port; the serving port's rule stays as it is for everyone else."""
+    return {"from": [{"podSelector": {"matchLabels": selector_labels(svc)}}]}

@@ -5,7 +5,9 @@ gateways (goodput-gateway, and goodput-gateway-batch running the Batch API's lin
 operator (whose autoscaler reads each pod's /metrics), from pods of the service's own namespace,
 and from the monitoring namespace (Prometheus). With spec.disaggregation, the service's decode
 pods also reach its pods' kv port (the KV hand-off, pulled from the prefill pods; with vLLM's
-NIXL, every port: roles.kv_ingress). Nothing else is admitted on any port. It binds only where
+NIXL, every port: roles.kv_ingress). The pods of a replica spanning pods reach each other on
+every port (the ranks' rendezvous and collectives: groups.group_ingress). Nothing else is
+admitted on any port. It binds only where
 the cluster's CNI plugin enforces NetworkPolicies.
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from goodput_contract.api.spec import ServiceSpec
-from goodput_operator import engines, roles
+from goodput_operator import engines, groups, roles
 from goodput_operator.builders import Manifest, child_metadata, deployment_name, selector_labels
 from goodput_operator.settings import Settings
 
@@ -49,6 +51,7 @@ def build_network_policy(svc: ServiceSpec, settings: Settings, owner: dict[str, 
             "podSelector": {"matchLabels": selector_labels(svc)},
             "policyTypes": ["Ingress"],
             "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": engines.engine_of(svc).port}]}]
-            + ([roles.kv_ingress(svc)] if svc.disaggregation is not None else []),
+            + ([roles.kv_ingress(svc)] if svc.disaggregation is not None else [])
+            + ([groups.group_ingress(svc)] if svc.multi_node else []),
         },
     }

@@ -186,3 +186,16 @@ def test_a_group_statefulset_tells_each_pod_the_group():
     assert builders.build_pdb(parse("big", "ns", {**BIG, "replicas": 3}), owner) is None
     lws = builders.build_leader_worker_set(svc, Settings(), owner)
     assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+
+
+def test_the_network_policy_lets_a_groups_pods_reach_each_other_and_no_one_else_past_the_serving_port():
+    from goodput_operator.network import build_network_policy
+
+    owner = builders.owner_reference("big", "uid-1")
+    rules = build_network_policy(parse("big", "ns", BIG), Settings(), owner)["spec"]["ingress"]
+    # the serving port for the gateways, the operator, the namespace and monitoring; every port for the
+    # service's own pods (the leader's store and heartbeat, then gloo's or NCCL's connections between ranks)
+    assert [r.get("ports") for r in rules] == [[{"protocol": "TCP", "port": 8000}], None]
+    assert rules[1]["from"] == [{"podSelector": {"matchLabels": builders.selector_labels(parse("big", "ns", BIG))}}]
+    one_pod = {**BIG, "parallelism": {"tensor": 8}, "resources": {"gpu": 8}}
+    assert len(build_network_policy(parse("small", "ns", one_pod), Settings(), owner)["spec"]["ingress"]) == 1
