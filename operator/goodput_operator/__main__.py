@@ -64,6 +64,13 @@ def parse_args(argv: list[str] | None, defaults: Settings) -> argparse.Namespace
         default=defaults.autoscaler_window_seconds,
         help="window for rates and attainment, the long one 5x (env AUTOSCALER_WINDOW_SECONDS)",
     )
+    parser.add_argument(
+        "--autoscaler-dispersion",
+        choices=("on", "off"),
+        default="on" if defaults.autoscaler_dispersion else "off",
+        help="size the headroom with the arrivals' measured index of dispersion; off: plan as for Poisson "
+        "arrivals, the dispersion still measured and shown (env AUTOSCALER_DISPERSION)",
+    )
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     return parser.parse_args(argv)
 
@@ -83,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         resync_seconds=args.resync_seconds,
         autoscaler_period_seconds=args.autoscaler_period_seconds,
         autoscaler_window_seconds=args.autoscaler_window_seconds,
+        autoscaler_dispersion=args.autoscaler_dispersion == "on",
     )
     kopf.configure(verbose=args.verbose, log_prefix=True)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)

@@ -32,6 +32,7 @@ class Settings:
     hub_timeout_seconds: float = 10.0
     autoscaler_period_seconds: float = 15.0  # the goodput control loop's period
     autoscaler_window_seconds: float = 60.0  # short window for rates and attainment; the long one is 5×
+    autoscaler_dispersion: bool = True  # plan headroom with the arrivals' measured dispersion (False: as for Poisson)
     prometheus_url: str | None = None  # None: the autoscaler scrapes the pods itself
     gateway_namespace: str = "goodput-system"  # where the goodput-gateway Service's pods are found
     gateway_urls: tuple[str, ...] = ()  # or these gateway URLs instead
@@ -56,8 +57,15 @@ class Settings:
             hub_timeout_seconds=float(env.get("HUB_TIMEOUT_SECONDS", "10")),
             autoscaler_period_seconds=float(env.get("AUTOSCALER_PERIOD_SECONDS", "15")),
             autoscaler_window_seconds=float(env.get("AUTOSCALER_WINDOW_SECONDS", "60")),
+            autoscaler_dispersion=_on_off("AUTOSCALER_DISPERSION", env.get("AUTOSCALER_DISPERSION") or "on"),
             prometheus_url=(env.get("PROMETHEUS_URL") or "").rstrip("/") or None,
             gateway_namespace=env.get("GATEWAY_NAMESPACE") or env.get("POD_NAMESPACE") or "goodput-system",
             gateway_urls=tuple(u for u in (env.get("GATEWAY_URL") or "").split(",") if u),
             monitoring_namespace=env.get("MONITORING_NAMESPACE") or "monitoring",
         )
+
+
+def _on_off(name: str, value: str) -> bool:
+    if value not in ("on", "off"):
+        raise ValueError(f"{name} must be on or off, got {value!r}")
+    return value == "on"

@@ -1,6 +1,8 @@
 """The replicas the law plans for a rate (autoscaling/staffing.py, square-root staffing), and its headroom and
 pace on arrivals more dispersed than Poisson."""
 
+from dataclasses import replace
+
 import pytest
 from law_signals import KNOWN, POLICY, met
 
@@ -82,3 +84,11 @@ def test_on_bursty_traffic_a_step_down_waits_longer():
     assert (waiting.desired, waiting.cause) == (4, "stabilizing") and "of 600 s" in waiting.reason
     after = decide(POLICY, Observation(1600.0, 4, 4, bursty(1.0, peakedness=2.0)), memory)
     assert (after.desired, after.cause) == (3, "scale_down")
+
+
+def test_with_dispersion_ignored_the_law_plans_as_for_poisson():
+    """`--autoscaler-dispersion off` (Policy.dispersion False, the simulator's goodput-poisson): the same bursty
+    signals leave the count where Poisson arrivals would, and the reason names no dispersion."""
+    ignored = decide(replace(POLICY, dispersion=False), Observation(1000.0, 3, 3, bursty(9.0)), KNOWN)
+    assert (ignored.desired, ignored.cause) == (3, "steady")
+    assert ignored.memory.peakedness == 1.0 and "dispersion" not in ignored.reason

@@ -122,7 +122,7 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
 
     dt = obs.now - memory.seen_at if memory.seen_at is not None else 0.0
     starting = max(0, current - obs.ready)
-    memory = replace(memory, peakedness=max(1.0, s.peakedness))
+    memory = replace(memory, peakedness=max(1.0, s.peakedness) if policy.dispersion else 1.0)
     if starting:
         memory = replace(memory, changed_at=obs.now)
     memory = learn_capacity(memory, s, obs.ready, policy, dt)
@@ -165,7 +165,11 @@ def _decide(policy: Policy, obs: Observation, memory: Memory) -> Decision:
                 HOLD,
                 "bounds",
                 f"at maxReplicas {policy.max_replicas}; "
-                + (slo_miss_text(policy, s) if missing_slo else f"arrival {s.arrival_rate:.2f} req/s"),
+                + (
+                    slo_miss_text(policy, s)
+                    if missing_slo
+                    else f"arrival {s.arrival_rate:.2f} req/s needs {wanted}{dispersion_text(s, z)}"
+                ),
                 replace(memory, high_since=obs.now),
             )
         if guard >= need:

@@ -55,6 +55,7 @@ class Autoscaler:
     _slice_version: str | None = None
     pools: dict[tuple[str, str], PoolState] = field(default_factory=dict)  # disaggregated services (pool_loop.py)
     pool_source: DirectSource | None = None
+    dispersion: bool = True  # the law plans with the measured peakedness (--autoscaler-dispersion)
 
     @classmethod
     def from_context(cls, ctx: Context) -> Autoscaler:
@@ -75,6 +76,7 @@ class Autoscaler:
             s.autoscaler_period_seconds,
             s.autoscaler_window_seconds,
             gateway=GatewayReader(kube, s.gateway_namespace, s.gateway_urls),
+            dispersion=s.autoscaler_dispersion,
         )
 
     def __post_init__(self) -> None:
@@ -150,7 +152,7 @@ class Autoscaler:
         namespace, name = svc.namespace, svc.name
         key = (namespace, name)
         policy, configured = policy_for(svc)
-        policy = replace(policy, window_seconds=self.window)
+        policy = replace(policy, window_seconds=self.window, dispersion=self.dispersion)
         memory = self.memories.get(key) or start_memory(configured)
         if self._slice_version is None:
             self._slice_version = await endpoint_slice_version(self.kube)

@@ -122,7 +122,7 @@ async def scale_pools(auto: Autoscaler, body: dict[str, Any], svc: ServiceSpec, 
     key = (namespace, name)
     state = auto.pools.setdefault(key, PoolState())
     base, _ = policy_for(svc)
-    policies = pool_policies(replace(base, window_seconds=auto.window), svc)
+    policies = pool_policies(replace(base, window_seconds=auto.window, dispersion=auto.dispersion), svc)
     if auto._slice_version is None:
         from goodput_operator.autoscaling.sources import endpoint_slice_version
 

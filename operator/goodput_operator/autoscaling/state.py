@@ -24,6 +24,8 @@ class Policy:
     startup_seconds: float = 60.0  # pod created → ready: how far ahead the forecast looks
     window_seconds: float = 60.0  # the short metrics window
     batch_max_replicas: int = 0  # spec.batch.maxReplicas: replicas kept while batch lines are pending
+    dispersion: bool = True  # plan with the arrivals' measured peakedness (False: as for Poisson; the operator's
+    # --autoscaler-dispersion off, the simulator's goodput-poisson)
 
 
 @dataclass(frozen=True)
