@@ -136,6 +136,7 @@ def test_the_installed_operator_and_gateway_are_restricted() -> None:
     assert {
         "manifests/operator.yaml: Deployment goodput-operator",
         "manifests/gateway.yaml: Deployment goodput-gateway",
+        "manifests/gateway-batch.yaml: Deployment goodput-gateway-batch",
     } <= set(found)
     for name, pod in found.items():
         assert violations(pod) == [], name
