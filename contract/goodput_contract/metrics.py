@@ -40,6 +40,8 @@ KV_OFFLOAD_CAPACITY_BYTES = PREFIX + "kv_offload_capacity_bytes"
 KV_OFFLOAD_CORRUPT = PREFIX + "kv_offload_corrupt_total"
 KV_OFFLOAD_DROPPED_SAVES = PREFIX + "kv_offload_dropped_saves_total"
 REQUESTS_REJECTED = PREFIX + "requests_rejected_total"  # label reason: ttft_slo | tpot_slo | queue_full
+# online requests carrying their own TTFT or TPOT target (headers), by admission's decision: admitted | refused
+REQUESTS_OWN_SLO = PREFIX + "requests_own_slo_total"
 # the same requests split by priority class (label priority: online | batch), so batch work
 # never hides or inflates the online SLO signals
 REQUESTS_BY_PRIORITY = PREFIX + "requests_by_priority_total"  # labels priority, outcome

@@ -28,6 +28,7 @@ from goodput_gateway.errors import APIError, invalid, model_not_found, too_many,
 from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.pipelines import PipelineServer
 from goodput_gateway.proxy import Proxy, Upstream, parse_body, rewrite_model, served_model
+from goodput_gateway.slo import own_slo_headers
 from goodput_gateway.tenants import ANONYMOUS, FairGate, Lease, Meter, NoTurn, Tenant, Tenants, slo_targets
 
 logger = logging.getLogger(__name__)
@@ -116,6 +117,7 @@ class Gateway:
         svc = self.service_for(model)
         upstream_auth = await self.keys.upstream_authorization(svc, request.headers.get("Authorization"))
         targets = slo_targets(request.headers, tenant, svc.ttft_slo, svc.tpot_slo)
+        own_slo = own_slo_headers(request.headers, tenant)  # the runtime's admission judges it by them
         lease = self.tenants.admit(tenant, len(routing.prompt_text(body)) // 4) if tenant is not None else None
         meter = None
         if lease is not None or targets != (None, None):
@@ -135,6 +137,7 @@ class Gateway:
                     body,
                     upstream_auth,
                     meter.feed if meter is not None else None,
+                    own_slo,
                 )
             status = response.status
             return response
@@ -214,6 +217,7 @@ class Gateway:
         for name in ("X-Goodput-Priority", "X-Request-Id"):
             if name in request.headers:
                 headers[name] = request.headers[name]
+        headers.update(own_slo_headers(request.headers, tenant))  # the runtime's admission judges it by them
         raw = json.dumps({**body, "model": served_model(self.registry, svc, model)}).encode()
         if path != "/v1/chat/completions":  # a helper call (a prompt's token count), not a request
             async with self.proxy.open("POST", path, headers, svc, model, raw, body) as upstream:

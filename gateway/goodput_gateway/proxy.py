@@ -154,16 +154,23 @@ class Proxy:
         body: dict[str, Any],
         authorization: str | None = None,
         observe: Callable[[bytes], None] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> web.StreamResponse:
+        """`extra_headers` replace the client's of the same names (a request's own SLO targets)."""
         labels = (svc.namespace, svc.name)
         resumable = request.method == "POST" and resume.resumable(request.path, body)
         if resumable:
             raw = resume.with_token_ids(raw)
+        client_headers: Mapping[str, str] = request.headers
+        if extra_headers:
+            merged = CIMultiDict(request.headers)
+            merged.update(extra_headers)
+            client_headers = merged
         async with self.open(
-            request.method, request.path_qs, request.headers, svc, model, raw, body, authorization
+            request.method, request.path_qs, client_headers, svc, model, raw, body, authorization
         ) as upstream:
             if resumable and upstream.status == 200:
-                upstream = self.resumable(upstream, request.path, body, raw, svc, model, request.headers, authorization)
+                upstream = self.resumable(upstream, request.path, body, raw, svc, model, client_headers, authorization)
             return await self.stream(request, upstream, observe, labels)
 
     def resumable(
@@ -245,6 +252,8 @@ class Proxy:
                 sent = raw
                 if self.disagg is not None and not tried and svc.disaggregation is not None:
                     sent = await self.disagg.prepare(svc, url, path, raw, body, headers, blocks)
+                if self.held is not None and lookup and not tried and sent is raw:  # held_routing.py
+                    sent = await self.held.with_pull(key, url, path, raw, body, blocks, ready, headers)
                 response = await self.session.request(method, url + path_qs, data=sent, headers=headers)
             except RETRYABLE as err:
                 self.outstanding[url] -= 1

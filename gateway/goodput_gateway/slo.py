@@ -110,6 +110,22 @@ def header_ms(headers: Mapping[str, str], names: tuple[str, ...]) -> float | Non
     return None
 
 
+def own_slo_headers(headers: Mapping[str, str], tenant: Tenant | None) -> dict[str, str]:
+    """The request's own targets (its headers', else its tenant's) as the runtime's admission reads them:
+    `x-goodput-slo-ttft-ms` and `x-goodput-slo-tpot-ms`. The service's targets are the runtime's flags."""
+    ttft = header_ms(headers, TTFT_HEADERS)
+    tpot = header_ms(headers, TPOT_HEADERS)
+    if ttft is None and tenant is not None:
+        ttft = tenant.slo_ttft
+    if tpot is None and tenant is not None:
+        tpot = tenant.slo_tpot
+    out = {}
+    for name, seconds in ((TTFT_HEADERS[0], ttft), (TPOT_HEADERS[0], tpot)):
+        if seconds is not None:
+            out[name] = f"{seconds * 1000:g}"
+    return out
+
+
 def slo_targets(
     headers: Mapping[str, str], tenant: Tenant | None, ttft: float | None, tpot: float | None
 ) -> tuple[float | None, float | None]:

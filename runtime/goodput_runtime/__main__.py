@@ -49,10 +49,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def admission_settings(args: argparse.Namespace) -> AdmissionSettings | None:
-    """SLO-aware admission: on by default wherever a TTFT or TPOT target is set."""
+    """SLO-aware admission: on by default; without --slo-ttft or --slo-tpot it judges only the requests
+    that carry their own targets (server/request_slo.py)."""
     from goodput_runtime.server.admission import AdmissionSettings
 
-    if args.admission == "off" or (args.slo_ttft is None and args.slo_tpot is None):
+    if args.admission == "off":
         return None
     return AdmissionSettings(args.slo_ttft, args.admission_margin, args.slo_tpot)
 

@@ -64,8 +64,16 @@ def build_parser() -> ReasonedArgumentParser:
         "--pipeline-parallel-size",
         type=positive_int,
         default=1,
-        help="stages the decoder's layers are split into, each of --tensor-parallel-size ranks; a step passes "
-        "through the stages in turn",
+        help="stages the decoder's layers are split into, each of --tensor-parallel-size ranks; a step's batch "
+        "flows through them as micro-batches",
+    )
+    model.add_argument(
+        "--pipeline-microbatches",
+        type=positive_int,
+        default=None,
+        help="micro-batches a step's batch is split into, so stage s runs one while stage s+1 runs the one before "
+        "(default: one per stage; a step with fewer sequences makes fewer); above 1 needs --pipeline-parallel-size "
+        "above 1",
     )
     model.add_argument(
         "--node-rank",
@@ -307,7 +315,8 @@ def build_parser() -> ReasonedArgumentParser:
         help="refuse with 429 and Retry-After, at once, a request whose predicted time to first "
         "token (from the measured prefill and decode rates, the queue ahead and the free KV "
         "cache) exceeds --slo-ttft, or that would take the running decodes' time per output token "
-        "past --slo-tpot; auto: on when either is set",
+        "past --slo-tpot (a request's own targets, from its x-goodput-slo-ttft-ms and x-goodput-slo-tpot-ms "
+        "headers, before these); auto: on, for the requests carrying their own targets where neither is set",
     )
     serving.add_argument(
         "--admission-margin",

@@ -114,6 +114,12 @@ class RuntimeMetrics:
             ["model", "reason"],
             registry=r,
         )
+        self.own_slo = Counter(
+            counter_name(names.REQUESTS_OWN_SLO),
+            "Online requests carrying their own TTFT or TPOT target, by admission's decision.",
+            ["model", "decision"],
+            registry=r,
+        )
         self.prompt_tokens = counter(names.PROMPT_TOKENS, "Prompt tokens processed (prefill).")
         self.generation_tokens = counter(names.GENERATION_TOKENS, "Tokens generated.")
         self.preemptions = counter(names.PREEMPTIONS, "Requests preempted for lack of KV cache blocks.")
@@ -189,6 +195,8 @@ class RuntimeMetrics:
                 self.by_priority.labels(model, cls, outcome)
         for reason in REJECT_REASONS.values():
             self.rejected.labels(model, reason)
+        for decision in ("admitted", "refused"):
+            self.own_slo.labels(model, decision)
         for speculated in ("true", "false"):
             self.spec_steps.labels(model, speculated)
         self.spec_accepted_per_pos.labels(model, "0")
@@ -206,6 +214,10 @@ class RuntimeMetrics:
     def record_rejected(self, code: str | None) -> None:
         """A request answered 429: counted by why (the error's code names it)."""
         self.rejected.labels(self.model, REJECT_REASONS.get(code or "", "other")).inc()
+
+    def record_own_slo(self, admitted: bool) -> None:
+        """Admission's decision on an online request carrying its own SLO targets."""
+        self.own_slo.labels(self.model, "admitted" if admitted else "refused").inc()
 
     def cpu_contention_changed(self, contended: bool) -> None:
         self.cpu_contended.set(1 if contended else 0)
@@ -234,8 +246,11 @@ class RuntimeMetrics:
             return False
         ttft = None if times.first_token is None else times.first_token - times.arrival
         tpot = time_per_output_token(times)
-        ttft_met = ttft is not None and (self.slo_ttft is None or ttft <= self.slo_ttft)
-        tpot_met = tpot is None or self.slo_tpot is None or tpot <= self.slo_tpot
+        # a request's own targets (server/request_slo.py) before the server's
+        slo_ttft = self.slo_ttft if times.slo_ttft is None else times.slo_ttft
+        slo_tpot = self.slo_tpot if times.slo_tpot is None else times.slo_tpot
+        ttft_met = ttft is not None and (slo_ttft is None or ttft <= slo_ttft)
+        tpot_met = tpot is None or slo_tpot is None or tpot <= slo_tpot
         if online:
             self.e2e.observe(times.finished - times.arrival)
             if ttft is not None:

@@ -19,3 +19,5 @@ class RequestTimes:
     outcome: str = "success"  # success | abort | error
     priority: int = 0  # the request's; above 0 is batch work (metrics split by it)
     lora: str | None = None  # the LoRA adapter it named (metrics count requests per adapter)
+    slo_ttft: float | None = None  # its own targets, seconds, its goodput is judged by; None: the server's
+    slo_tpot: float | None = None

@@ -37,6 +37,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob and the k likeliest
     priority: int = 0  # vLLM's convention: lower is served first; above 0 is batch work
     lora: str | None = None  # the LoRA adapter the request names as its model; None: the base model
+    slo_ttft: float | None = None  # the request's own targets, seconds (server/request_slo.py); None: the server's
+    slo_tpot: float | None = None
     # a compiled grammar (structured/grammar.py) the output must follow; each choice gets its own matcher
     grammar: Any = field(default=None, compare=False)
 

@@ -157,11 +157,16 @@ def test_per_request_slos_judge_goodput_before_the_tenants_defaults(env):
     before = judged("good"), judged("missed"), good()
     assert post_raw(gateway, "sk-other", stream) == 200  # the tenant's default targets: a minute each
     assert (judged("good"), judged("missed"), good()) == (before[0] + 1, before[1], before[2] + 1)
-    # the request's own target wins over its tenant's: a microsecond TTFT is missed
-    assert post_raw(gateway, "sk-other", stream, {"x-goodput-slo-ttft-ms": "0.001"}) == 200
+    # the request's own target wins over its tenant's: a microsecond TPOT is missed (admitted: nothing else
+    # runs, so no running decode is slowed past it)
+    assert post_raw(gateway, "sk-other", stream, {"x-goodput-slo-tpot-ms": "0.001"}) == 200
     assert (judged("missed"), good()) == (before[1] + 1, before[2] + 1)
     # llm-d's header is read too, for a tenant with no targets of its own (and a service with none)
-    assert post_raw(gateway, "sk-team-1", stream, {"x-llm-d-slo-ttft-ms": "0.001"}) == 200
+    assert post_raw(gateway, "sk-team-1", stream, {"x-llm-d-slo-tpot-ms": "0.001"}) == 200
+    assert judged("missed") == before[1] + 2
+    # a microsecond TTFT reaches the runtime, whose admission refuses it at once (not judged: never served)
+    status, headers, body = post(gateway, "sk-other", stream, headers={"x-goodput-slo-ttft-ms": "0.001"})
+    assert status == 429 and body["error"]["code"] == "slo_unattainable" and int(headers["Retry-After"]) >= 1
     assert judged("missed") == before[1] + 2
     unjudged = judged("good") + judged("missed")
     assert post_raw(gateway, "sk-team-1", stream) == 200  # no target anywhere: not judged

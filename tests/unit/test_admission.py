@@ -154,8 +154,9 @@ def test_steps_teach_the_prefill_rate_decode_step_time_and_output_length():
     assert r.prefill_token_seconds == pytest.approx((0.05 - 0.01) / 40)
 
 
-def test_admission_is_on_by_default_only_where_a_target_is_set():
-    assert admission_settings(parse_args(["--model", "m"])) is None
+def test_admission_is_on_by_default_for_the_server_targets_or_the_requests_own():
+    # no server target: on, for the requests that carry their own (server/request_slo.py)
+    assert admission_settings(parse_args(["--model", "m"])) == AdmissionSettings(None, 0.1)
     assert admission_settings(parse_args(["--model", "m", "--slo-ttft", "2"])) == AdmissionSettings(2.0, 0.1)
     assert admission_settings(parse_args(["--model", "m", "--slo-tpot", "0.1"])) == AdmissionSettings(None, 0.1, 0.1)
     assert admission_settings(parse_args(["--model", "m", "--slo-ttft", "2", "--admission", "off"])) is None

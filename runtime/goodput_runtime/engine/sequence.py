@@ -76,7 +76,12 @@ class Sequence:
         index: int = 0,
     ) -> Sequence:
         times = times or RequestTimes(
-            arrival=arrival, num_prompt_tokens=len(prompt), priority=params.priority, lora=params.lora
+            arrival=arrival,
+            num_prompt_tokens=len(prompt),
+            priority=params.priority,
+            lora=params.lora,
+            slo_ttft=params.slo_ttft,
+            slo_tpot=params.slo_tpot,
         )
         return cls(request_id, list(prompt), len(prompt), params, times, index=index)
 

@@ -28,6 +28,13 @@ over the last ``PREFILL_WINDOW_S`` seconds), a decode's time per output token is
 waiting plus its own choices, exceeds the TPOT target less the margin: past capacity the
 requests already running keep their TPOT instead of every request missing it.
 
+**A request's own targets.** A request may carry its own TTFT and TPOT targets (request_slo.py); it
+is judged by them instead of ``--slo-ttft`` and ``--slo-tpot``: a tighter TTFT is refused sooner, a looser
+one admitted past where the server's would refuse. The TPOT protected is the tightest of the newcomer's
+and the online requests' running (each its own, else the server's): a loose newcomer does not slow a
+tight request past its target. Where the engine keeps no step-time model (no ``--slo-tpot``), admission
+fits its own from the steps it observes.
+
 Until the engine has timed a decode step every request is admitted.
 """
 
@@ -138,10 +145,13 @@ class Prediction:
     kv: float
 
 
-def predict_tpot(scheduler: Scheduler, share: PrefillShare, n: int) -> float | None:
+def predict_tpot(
+    scheduler: Scheduler, share: PrefillShare, n: int, fallback: StepTimeModel | None = None
+) -> float | None:
     """The running decodes' time per output token once a request of `n` choices has joined the
-    online ones running and waiting; None until decode steps of the step-time model are timed."""
-    model = step_model(scheduler)
+    online ones running and waiting; None until decode steps of the step-time model (the engine's,
+    else `fallback`) are timed."""
+    model = step_model(scheduler) or fallback
     if model is None or not model.measured:
         return None
     online = sum(1 for s in scheduler.running if s.params.priority <= 0)
@@ -150,6 +160,14 @@ def predict_tpot(scheduler: Scheduler, share: PrefillShare, n: int) -> float | N
     online += sum(1 + len(s.forks) for s in scheduler.waiting if s.params.priority <= 0)
     decodes = min(online + n, scheduler.max_num_seqs)
     return model.decode_seconds(decodes) / (1.0 - share.share())
+
+
+def running_tpot_target(scheduler: Scheduler, default: float | None) -> float | None:
+    """The tightest TPOT target among the online requests running: each its own, else `default`."""
+    targets = [
+        default if s.params.slo_tpot is None else s.params.slo_tpot for s in scheduler.running if s.params.priority <= 0
+    ]
+    return min((t for t in targets if t is not None), default=None)
 
 
 def step_model(scheduler: Scheduler) -> StepTimeModel | None:
@@ -246,6 +264,7 @@ class Admission:
         self.settings = settings
         self.rates = StepRates()
         self.prefill_share = PrefillShare()
+        self.own_model = StepTimeModel()  # fitted here where the engine keeps no step-time model
         self._refused_since_log = 0
         self._last_log = 0.0
 
@@ -255,14 +274,17 @@ class Admission:
 
     def _observe(self, engine: EngineClient, scheduled: list[ScheduledSeq], seconds: float) -> None:
         observe_step(self.rates, scheduled, seconds)
-        model = step_model(engine.scheduler) if self.settings.tpot_target is not None else None
-        if model is None or not model.measured:
-            return
         decodes = sum(
             1
             for item in scheduled
             if item.num_tokens - len(item.draft) == 1 and item.seq.num_computed_tokens > item.seq.num_prompt_tokens
         )
+        model = step_model(engine.scheduler)
+        if model is None:
+            model = self.own_model
+            model.observe(decodes, sum(i.num_tokens for i in scheduled) - decodes, seconds)
+        if not model.measured:
+            return
         if len(scheduled) > decodes:  # some prompt work this step
             self.prefill_share.observe(max(seconds - model.decode_seconds(decodes), 0.0))
 
@@ -272,27 +294,34 @@ class Admission:
         benchmark can hold them against what it measures."""
         if params.priority > 0:
             return {}  # batch work has no TTFT target: it waits behind online requests, paced by the gateway
+        keep = 1.0 - self.settings.margin
+        ttft_target = self.settings.ttft_target if params.slo_ttft is None else params.slo_ttft
+        tpot_target = self.settings.tpot_target if params.slo_tpot is None else params.slo_tpot
+        running = running_tpot_target(engine.scheduler, self.settings.tpot_target)
+        if running is not None and (tpot_target is None or running < tpot_target):
+            tpot_target = running
         headers = {}
-        tpot = predict_tpot(engine.scheduler, self.prefill_share, params.n)
+        tpot = predict_tpot(engine.scheduler, self.prefill_share, params.n, self.own_model)
         if tpot is not None:
-            if tpot > self.settings.tpot_limit:
-                self._refuse_tpot(tpot)
+            if tpot_target is not None and tpot > tpot_target * keep:
+                self._refuse_tpot(tpot, tpot_target)
             headers[PREDICTED_TPOT] = f"{tpot:.4f}"
-        if self.settings.ttft_target is None:
+        if ttft_target is None:
             return headers
         prediction = predict(engine.scheduler, self.rates, num_prompt_tokens, params.n, params.priority)
         if prediction is None:
             return headers
-        if prediction.ttft <= self.settings.limit:
+        limit = ttft_target * keep
+        if prediction.ttft <= limit:
             headers[PREDICTED_TTFT] = f"{prediction.ttft:.4f}"
             return headers
-        self._log_refusal(prediction)
-        over = prediction.ttft - self.settings.limit
+        self._log_refusal(prediction, ttft_target)
+        over = prediction.ttft - limit
         retry_after = max(1, math.ceil(min(over, 60.0)))
         raise APIError(
             429,
             f"The server is overloaded: this request's predicted time to first token "
-            f"({prediction.ttft:.2f}s) exceeds the {self.settings.ttft_target:g}s target; retry later",
+            f"({prediction.ttft:.2f}s) exceeds the {ttft_target:g}s target; retry later",
             "rate_limit_error",
             code="slo_unattainable",
             headers={"Retry-After": str(retry_after)},
@@ -308,7 +337,7 @@ class Admission:
         count, self._refused_since_log, self._last_log = self._refused_since_log, 0, now
         return count
 
-    def _refuse_tpot(self, tpot: float) -> None:
+    def _refuse_tpot(self, tpot: float, target: float) -> None:
         count = self._refused()
         if count is not None:
             log.warning(
@@ -316,27 +345,27 @@ class Admission:
                 "against the %g ms TPOT target (prompt work %.0f%% of the time)",
                 count,
                 tpot * 1e3,
-                (self.settings.tpot_target or 0.0) * 1e3,
+                target * 1e3,
                 100 * self.prefill_share.share(),
             )
         raise APIError(
             429,
             f"The server is overloaded: another request now would take the running requests' time per "
-            f"output token to {tpot * 1e3:.0f} ms, past the {(self.settings.tpot_target or 0.0) * 1e3:g} ms target; "
+            f"output token to {tpot * 1e3:.0f} ms, past the {target * 1e3:g} ms target; "
             "retry later",
             "rate_limit_error",
             code="tpot_unattainable",
             headers={"Retry-After": "1"},
         )
 
-    def _log_refusal(self, prediction: Prediction) -> None:
+    def _log_refusal(self, prediction: Prediction, target: float) -> None:
         count = self._refused()
         if count is not None:
             log.warning(
                 "Overloaded: refused %d requests predicted to miss the %gs TTFT target (latest %.2fs: "
                 "prefill %.2fs, seat %.2fs, KV %.2fs)",
                 count,
-                self.settings.ttft_target,
+                target,
                 prediction.ttft,
                 prediction.prefill,
                 prediction.seat,

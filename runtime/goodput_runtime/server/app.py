@@ -25,6 +25,7 @@ from goodput_runtime.server.prompts import (
     token_budget,
 )
 from goodput_runtime.server.protocol import Sampling, header_priority, parse_chat, parse_completion, parse_json
+from goodput_runtime.server.request_slo import request_slo, with_slo
 from goodput_runtime.server.responses import ChatShape, CompletionShape
 from goodput_runtime.server.state import STATE, ServerState
 
@@ -159,7 +160,9 @@ def sampling_params(
 
 
 def with_priority(request: web.Request, sampling: Sampling, params: SamplingParams) -> SamplingParams:
-    """The body's `priority`, else the gateway's header (batch lines carry it)."""
+    """The body's `priority`, else the gateway's header (batch lines carry it); and the request's own SLO
+    targets from its headers (request_slo.py), which admission and its goodput are judged by."""
+    params = with_slo(params, request_slo(request.headers))
     if sampling.priority is not None:
         return params
     return dataclasses.replace(params, priority=header_priority(request.headers.get("X-Goodput-Priority")))

@@ -75,10 +75,20 @@ class ServerState:
     ) -> dict[str, str]:
         """429 now for a request predicted to miss the TTFT or TPOT target (see admission.py); else
         the headers that carry admission's predictions. remote_tokens: prompt tokens a KV hand-off
-        brings (a decode phase), which this runtime does not compute."""
-        if self.admission is not None:
-            return self.admission.check(engine, max(1, len(prompt_ids) - remote_tokens), params)
-        return {}
+        brings (a decode phase), which this runtime does not compute. A request carrying its own
+        targets (params.slo_ttft, params.slo_tpot) is judged by them, and counted by the decision."""
+        if self.admission is None:
+            return {}
+        own = (params.slo_ttft is not None or params.slo_tpot is not None) and params.priority <= 0
+        try:
+            headers = self.admission.check(engine, max(1, len(prompt_ids) - remote_tokens), params)
+        except APIError as err:
+            if own and err.status == 429:
+                self.metrics.record_own_slo(admitted=False)
+            raise
+        if own:
+            self.metrics.record_own_slo(admitted=True)
+        return headers
 
     async def resolve_model(self, model: str) -> str | None:
         """check_model, once an adapter of that name is loaded from --lora-source if it is there (the
