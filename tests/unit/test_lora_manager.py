@@ -89,14 +89,23 @@ def test_an_unloaded_adapter_is_gone_unless_a_slot_still_holds_it():
         m.acquire(a.key, set())
 
 
+SPANS = [(0, 0, 1), (2, 1, 1), (1, 2, 1), (1, 3, 5), (0, 8, 3), (1, 11, 2)]
+SCATTERED = [(1, 0, 1), (2, 1, 1), (1, 2, 1), (2, 3, 1), (1, 4, 1), (0, 5, 3), (1, 8, 2)]
+
+
 @pytest.mark.parametrize("path", lora.DECODE_PATHS)
-def test_every_decode_path_adds_each_rows_own_adapter(path, monkeypatch):
+@pytest.mark.parametrize("spans", [SPANS, SCATTERED], ids=["runs", "scattered"])
+def test_every_decode_path_adds_each_rows_own_adapter(path, spans, monkeypatch):
     monkeypatch.setattr(lora, "DECODE_PATH", path)
-    spans = [(0, 0, 1), (2, 1, 1), (1, 2, 1), (1, 3, 5), (0, 8, 3), (1, 11, 2)]
     batch = LoraBatch.of(spans, torch.device("cpu"))
-    if path != "grouped":
+    if path != "grouped" and spans is SPANS:
         assert batch.decode_rows.tolist() == [1, 2] and batch.decode_slots.tolist() == [2, 1]
-        assert batch.groups[0][0] == 1 and batch.groups[0][1].tolist() == [3, 4, 5, 6, 7, 11, 12]
+        assert batch.groups == [(1, slice(3, 8)), (1, slice(11, 13))]
+    if path == "grouped" and spans is SPANS:  # adjacent rows of one adapter are one run: a product pair each
+        assert batch.groups == [(2, slice(1, 2)), (1, slice(2, 8)), (1, slice(11, 13))]
+    if path == "grouped" and spans is SCATTERED:  # slot 1 in four runs: gathered into one product
+        (slot, rows), *rest = batch.groups
+        assert slot == 1 and rows.tolist() == [0, 2, 4, 8, 9] and rest == [(2, slice(1, 2)), (2, slice(3, 4))]
     stack = LoraStack(3, 4, [3, 2], 2, torch.float32, torch.device("cpu"))
     weights = {slot: (torch.randn(2, 4), torch.randn(2, 2)) for slot in (1, 2)}
     for slot, (a, b) in weights.items():

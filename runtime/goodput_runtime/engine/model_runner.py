@@ -18,7 +18,7 @@ from goodput_runtime.engine.scheduler import SchedulerOutput
 from goodput_runtime.engine.spec_decode import Proposer
 from goodput_runtime.engine.spec_decode.rejection import SpecGroup, verify
 from goodput_runtime.engine.step import KVLayout, StepItem, StepResult, plan_step
-from goodput_runtime.engine.step_inputs import lora_batch, prepare_inputs
+from goodput_runtime.engine.step_inputs import lora_batch, lora_order, prepare_inputs
 from goodput_runtime.engine.step_outputs import pool, prompt_logprobs, propose
 from goodput_runtime.layers import attention, lora
 from goodput_runtime.layers.attention import KVCache, PagedBatch
@@ -206,8 +206,12 @@ class ModelRunner(CacheBlocks):
             self._copy_blocks(items)
         if self._one_decode_group is None:
             self._one_decode_group = attention.kernel_attends_decodes(self.cache)
+        # rows of one adapter together (each adapter's product once per run of rows), the items as given
+        # for the rest: sample_rows by the items' own order, so the logits keep it
+        order = lora_order(items, self._one_decode_group) if logits else None
+        run = items if order is None else [items[i] for i in order]
         input_ids, positions, batch, sample_rows = prepare_inputs(
-            items, self.cache, self.block_size, self.device, self._one_decode_group
+            run, self.cache, self.block_size, self.device, self._one_decode_group
         )
         if self.plan is not None:
             threads = self.plan.threads_for(len(input_ids))
@@ -215,7 +219,9 @@ class ModelRunner(CacheBlocks):
                 threads = self.watch.begin(threads)
             if threads != torch.get_num_threads():
                 torch.set_num_threads(threads)
-        adapters = lora_batch(items, sample_rows, self.device)
+        adapters = lora_batch(run, sample_rows, self.device)
+        if order is not None:
+            sample_rows = [sample_rows[j] for j in sorted(range(len(order)), key=order.__getitem__)]
         if adapters is not None:
             lora.ACTIVE.append(adapters)
         try:

@@ -23,6 +23,21 @@ def context_slots(tables: list[list[int]], width: int, block_size: int, device: 
     return slots.view(len(tables), -1)[:, :width].reshape(-1)
 
 
+def decode_spans(lens: list[int], one_group: bool) -> list[tuple[int, int]]:
+    """(first, last) of each padded decode group over decodes of context lengths `lens`, longest first:
+    each group holds the decodes from its first on whose context is at least 3/4 of that first one's
+    (every decode at once with `one_group`)."""
+    spans = []
+    first = 0
+    while first < len(lens):
+        width, last = lens[first], first
+        while last < len(lens) and (one_group or lens[last] * 4 >= width * 3):
+            last += 1
+        spans.append((first, last))
+        first = last
+    return spans
+
+
 def prepare_inputs(
     items: list[StepItem], cache: KVCache, block_size: int, device: torch.device, one_decode_group: bool
 ) -> tuple[torch.Tensor, torch.Tensor, PagedBatch, list[int]]:
@@ -48,19 +63,32 @@ def prepare_inputs(
             chunk_slots = context_slots([table], start + n, bs, device) if start else None
             prefills.append(PrefillChunk(slice(row, row + n), start, chunk_slots))
     batch = PagedBatch(cache, torch.tensor(slots, device=device), prefills=prefills)
-    first = 0
-    while first < len(decodes):
-        width = decodes[first].context_len
-        last = first
-        while last < len(decodes) and (one_decode_group or decodes[last].context_len * 4 >= width * 3):
-            last += 1
+    for first, last in decode_spans([item.context_len for item in decodes], one_decode_group):
         group = decodes[first:last]
         lens = [item.context_len for item in group]
         # the widest row's blocks (plan_step orders decodes longest first: the first row's)
         context = context_blocks([item.block_table for item in group], max(lens), bs, device)
         batch.decodes.append(DecodeGroup(slice(first, last), context, torch.tensor(lens, device=device), bs))
-        first = last
     return (torch.tensor(ids, device=device), torch.tensor(positions, device=device), batch, sample_rows)
+
+
+def lora_order(items: list[StepItem], one_decode_group: bool) -> list[int] | None:
+    """The order to run a step's items in so that the rows of each adapter lie together: the decodes
+    first, each padded decode group (decode_spans) kept as it is but its rows ordered by adapter, the
+    slot of its longest row first (so the groups stay the same); then the prompt chunks, by adapter.
+    None when the step has no adapter rows or is already so ordered. A stable sort: the rows of one
+    adapter keep their order."""
+    if not any(item.lora_slot for item in items):
+        return None
+    decodes = [i for i, item in enumerate(items) if len(item.token_ids) == 1]
+    if decodes != list(range(len(decodes))):
+        return None  # not decodes first (prepare_inputs' own layout): left as it is
+    order: list[int] = []
+    for first, last in decode_spans([items[i].context_len for i in decodes], one_decode_group):
+        lead = items[first].lora_slot
+        order += sorted(range(first, last), key=lambda i: (items[i].lora_slot != lead, items[i].lora_slot))
+    order += sorted(range(len(decodes), len(items)), key=lambda i: items[i].lora_slot)
+    return None if order == list(range(len(items))) else order
 
 
 def lora_batch(items: list[StepItem], sample_rows: list[int], device: torch.device) -> lora.LoraBatch | None:

@@ -24,6 +24,11 @@ pass in ``ACTIVE``): the rows of sequences on adapters, by slot. Base rows cost 
     (about 5 MB copied a layer at 16 rows: the slowest, +42-96 % at batch 16).
 - Prefill spans run grouped: each adapter's rows (one slice per sequence) multiplied by its own A
   and B, then added to their rows.
+
+Grouped rows run one pair of products per run of adjacent rows of an adapter, on slices (no copy),
+the second product added in place (``addmm_``). The model runner orders a step's rows by adapter
+(step_inputs.lora_order), so an adapter's rows are one run, or one per padded decode group; an
+adapter whose rows still lie in more than ``MAX_RUNS`` runs is gathered into one product.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ class LoraBatch:
 
     decode_rows: torch.Tensor | None = None  # [n] rows of single-token sequences on adapters
     decode_slots: torch.Tensor | None = None  # [n] their slots
-    groups: list[tuple[int, slice | torch.Tensor]] = field(default_factory=list)  # (slot, rows), one per slot
+    groups: list[tuple[int, slice | torch.Tensor]] = field(default_factory=list)  # (slot, rows): runs or gathered
     dense: bool = False  # decode rows run over the slots lo..hi at once (the one-hot mask)
     lo: int = 0  # the lowest and highest slot of the decode rows
     hi: int = 0
@@ -89,14 +94,23 @@ class LoraBatch:
             batch.lo, batch.hi = min(slots), max(slots)
             batch.every_row = rows == list(range(sum(count for _, _, count in spans)))
         for slot, parts in by_slot.items():
-            if len(parts) == 1:
-                first, count = parts[0]
-                batch.groups.append((slot, slice(first, first + count)))
-            else:
-                index = [r for first, count in parts for r in range(first, first + count)]
+            runs: list[list[int]] = []  # [first, count] of each run of adjacent rows
+            for first, count in parts:
+                if runs and runs[-1][0] + runs[-1][1] == first:
+                    runs[-1][1] += count
+                else:
+                    runs.append([first, count])
+            if len(runs) <= MAX_RUNS:  # a product pair per run, on slices of the rows
+                batch.groups += [(slot, slice(first, first + count)) for first, count in runs]
+            else:  # scattered rows: one product pair over the rows gathered
+                index = [r for first, count in runs for r in range(first, first + count)]
                 batch.groups.append((slot, torch.tensor(index, device=device)))
         return batch
 
+
+# an adapter's rows in more runs than this are gathered into one product (the model runner orders a
+# step's rows by adapter, so that each adapter's rows are one run, or one per padded decode group)
+MAX_RUNS = 2
 
 # the step the forward pass runs (set by the model runner around it); empty: no adapter in the step
 ACTIVE: list[LoraBatch] = []
@@ -121,6 +135,9 @@ class LoraStack:
         self.slots, self.width = slots, width
         self.a = torch.zeros(in_features, slots, width, dtype=dtype, device=device)
         self.b = torch.zeros(slots, width, sum(out_sizes), dtype=dtype, device=device)
+        # each slot's A [in, W] and B [W, out], views made once (indexing costs as much as a small product)
+        self.a_of = [self.a[:, slot] for slot in range(slots)]
+        self.b_of = [self.b[slot] for slot in range(slots)]
 
     @property
     def nbytes(self) -> int:
@@ -180,9 +197,9 @@ class LoraStack:
                 y.index_add_(0, rows, delta)
         for slot, rows_of in batch.groups:
             if isinstance(rows_of, slice):
-                y[rows_of] += (x[rows_of] @ self.a[:, slot]) @ self.b[slot]
+                y[rows_of].addmm_(x[rows_of] @ self.a_of[slot], self.b_of[slot])
             else:
-                y.index_add_(0, rows_of, (x.index_select(0, rows_of) @ self.a[:, slot]) @ self.b[slot])
+                y.index_add_(0, rows_of, (x.index_select(0, rows_of) @ self.a_of[slot]) @ self.b_of[slot])
 
 
 def apply_(y: torch.Tensor, x: torch.Tensor, stack: LoraStack | None) -> torch.Tensor:
