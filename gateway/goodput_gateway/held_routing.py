@@ -16,7 +16,9 @@ bound holds a leading block, or no replica's index is synced (stale, or a fleet 
 events), the ring decides, exactly as before.
 
 A replica that joins holds nothing, so it takes no prefix another replica holds: it gets the ring's
-share of prefixes nobody holds, and overflow once the others pass the load bound. Scale-out moves
+share of prefixes nobody holds, and overflow once the others pass the load bound. Where the chosen
+replica holds less of the prompt than another (overflow, a new replica), peer_pull.py may have it pull
+the prefix from the holder instead of computing it. Scale-out moves
 no cached prefix away from its holder, and the new replica warms at the rate new prefixes and
 overflow arrive, not in a herd.
 """
@@ -141,6 +143,26 @@ class HeldRouter:
 
     def __init__(self, index: KvIndex, digests: PromptDigests, offload_weight: float = OFFLOAD_WEIGHT) -> None:
         self.index, self.digests, self.offload_weight = index, digests, offload_weight
+        self.pulls: Any = None  # a peer_pull.PeerPulls where peer pulls are on
+
+    async def with_pull(
+        self,
+        service: tuple[str, str],
+        chosen: str,
+        path: str,
+        raw: bytes,
+        body: Mapping[str, Any],
+        blocks: PromptBlocks | None,
+        ready: Sequence[str],
+        headers: Mapping[str, str] | None = None,
+    ) -> bytes:
+        """What the chosen replica is sent: `raw`, or with a peer pull from a replica that holds more of the
+        prompt (peer_pull.py)."""
+        if self.pulls is None:
+            return raw
+        held = self.index.held
+        sent: bytes = await self.pulls.body(service, chosen, path, raw, body, blocks, ready, held, headers)
+        return sent
 
     def applies(self, policy: str, adapter: str | None, method: str, path: str) -> bool:
         """Generation requests on a ``prefix`` service's base model (LoRA requests route by adapter)."""
