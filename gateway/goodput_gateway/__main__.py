@@ -15,7 +15,7 @@ import aiohttp
 from aiohttp import web
 
 from goodput_contract.version import VERSION
-from goodput_gateway import batch, held_routing, prompt_digests, routing
+from goodput_gateway import batch, held_routing, peer_pull, prompt_digests, routing
 from goodput_gateway.app import FairSettings, Gateway, build_app
 from goodput_gateway.auth import ServiceKeys
 from goodput_gateway.disagg import DisaggSettings, TwoPhase
@@ -25,6 +25,7 @@ from goodput_gateway.holding import Holds
 from goodput_gateway.kv_index import KvIndex
 from goodput_gateway.loads import LoadScraper
 from goodput_gateway.metrics import GatewayMetrics
+from goodput_gateway.peer_pull import PeerPulls
 from goodput_gateway.pipelines import PipelineMetrics, PipelineServer, PipelineTable, start_watch
 from goodput_gateway.prompt_digests import PromptDigests
 from goodput_gateway.proxy import Proxy, ProxySettings
@@ -97,6 +98,19 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         default=float(_env("GATEWAY_HELD_OFFLOAD_WEIGHT", str(held_routing.OFFLOAD_WEIGHT))),
         help="what a prompt block in a replica's offload tier is worth against one in its device KV cache",
+    )
+    p.add_argument(
+        "--peer-pulls",
+        choices=("on", "off"),
+        default=_env("GATEWAY_PEER_PULLS", "on"),
+        help="held routing: where the chosen replica holds less of a prompt than another, have it pull the "
+        "prefix from that one (replicas of --kv-transfer-role both only; docs/kv-cache.md)",
+    )
+    p.add_argument(
+        "--peer-pull-min-blocks",
+        type=int,
+        default=int(_env("GATEWAY_PEER_PULL_MIN_BLOCKS", str(peer_pull.MIN_BLOCKS))),
+        help="the fewest blocks a holder must hold beyond the chosen replica for a peer pull",
     )
     p.add_argument(
         "--digest-timeout",
@@ -263,6 +277,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     held = None
     if args.held_routing == "on":
         held = HeldRouter(index, PromptDigests(session, args.digest_timeout), args.held_offload_weight)
+        if args.peer_pulls == "on":
+            held.pulls = PeerPulls(session, metrics.registry, args.peer_pull_min_blocks)
     proxy = Proxy(registry, holds, scraper, session, metrics, settings, held)
     proxy.disagg = TwoPhase(proxy, DisaggSettings())
     keys = ServiceKeys(kube, args.api_key_ttl)
