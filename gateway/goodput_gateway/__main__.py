@@ -23,6 +23,7 @@ from goodput_gateway.discovery import Registry, Split, start_watches
 from goodput_gateway.held_routing import HeldRouter
 from goodput_gateway.holding import Holds
 from goodput_gateway.kv_index import KvIndex
+from goodput_gateway.kv_index_keys import ReplicaKeys
 from goodput_gateway.loads import LoadScraper
 from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.peer_pull import PeerPulls
@@ -257,13 +258,15 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         return {u for k in keys for u in registry.ready(k)}
 
     scraper = LoadScraper(session, replicas, args.scrape_seconds)
-    index = KvIndex(session)
+    keys = ServiceKeys(kube, args.api_key_ttl)
+    replica_keys = ReplicaKeys(keys)  # each replica's subscription carries its service's runtime key
+    index = KvIndex(session, authorization=replica_keys)
 
     def learn_adapters() -> None:  # each service serves the adapters any of its ready replicas lists
         for key in list(registry.services):
             registry.learn_adapters(key, [c for u in registry.ready(key) for c in scraper.cards.get(u, ())])
         if args.held_routing == "on":
-            index.sync({u for k in registry.services for u in registry.ready(k)})
+            index.sync(replica_keys.learn(registry))
             metrics.kv_index_seen(index)
 
     scraper.scraped_all = learn_adapters
@@ -281,7 +284,6 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
             held.pulls = PeerPulls(session, metrics.registry, args.peer_pull_min_blocks)
     proxy = Proxy(registry, holds, scraper, session, metrics, settings, held)
     proxy.disagg = TwoPhase(proxy, DisaggSettings())
-    keys = ServiceKeys(kube, args.api_key_ttl)
     pipeline_server = PipelineServer(pipelines, registry, proxy, PipelineMetrics(metrics.registry), keys)
     gateway = Gateway(
         registry,

@@ -8,6 +8,10 @@ nothing (no event, no heartbeat) for ``stale_after`` seconds is stale. ``held`` 
 for it, so a router falls back to its other signals, and the connection is dropped and made again.
 Replicas that leave discovery are unsubscribed and forgotten at once.
 
+A replica whose runtime asks for an API key (its service's ``auth.apiKeySecretRef``) is subscribed to
+with its service's own key, as proxied requests are: ``authorization`` gives the Authorization header
+for a replica's URL, asked again at each subscription, so a rotated key is used from the next one.
+
 Blocks are the runtime's prefix digests as 32 hex characters. This module keeps the index and nothing
 else: computing a prompt's digests and routing by them are not part of it.
 """
@@ -19,7 +23,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -29,6 +33,8 @@ logger = logging.getLogger(__name__)
 TIERS = ("device", "offload")
 HEARTBEAT_S = 2.0
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # waits between subscription attempts, the last repeated
+# a replica's base URL -> the Authorization header its runtime asks for (None: none)
+Authorization = Callable[[str], Awaitable[str | None]]
 
 
 @dataclass
@@ -48,11 +54,13 @@ class KvIndex:
         heartbeat: float = HEARTBEAT_S,
         stale_after: float | None = None,
         headers: Mapping[str, str] | None = None,
+        authorization: Authorization | None = None,
     ) -> None:
         self.session = session
         self.heartbeat = heartbeat
         self.stale_after = stale_after if stale_after is not None else 3 * heartbeat
         self.headers = dict(headers or {})
+        self.authorization = authorization
         self.replicas: dict[str, ReplicaBlocks] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.resyncs = 0  # subscriptions made again after a gap, a restart, silence or an error
@@ -120,8 +128,11 @@ class KvIndex:
     async def _subscribe(self, url: str) -> None:
         """Read one subscription until it breaks, falls silent or loses events."""
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=self.stale_after)
+        headers = dict(self.headers)
+        if self.authorization is not None and (key := await self.authorization(url)) is not None:
+            headers["Authorization"] = key
         async with self.session.get(
-            f"{url}/kv/events", params={"heartbeat": str(self.heartbeat)}, headers=self.headers, timeout=timeout
+            f"{url}/kv/events", params={"heartbeat": str(self.heartbeat)}, headers=headers, timeout=timeout
         ) as response:
             if response.status != 200:
                 raise aiohttp.ClientResponseError(
