@@ -18,6 +18,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the sibling modules, also when a test loads this file by its path
 
+from dashboard_kv import kv_panels  # noqa: E402
 from dashboard_panels import DS, OPERATOR, RATE, RUNTIME, UID, panel, q, quantiles, variable  # noqa: E402
 from dashboard_sections import batch_panels, gateway_panels, pipeline_panels, pool_panels  # noqa: E402
 
@@ -166,6 +167,7 @@ def dashboard() -> dict[str, Any]:
         *batch_panels(56),
         *pipeline_panels(64),
         *pool_panels(72),
+        *kv_panels(96),
     ]
     return {
         "uid": UID,

@@ -1,0 +1,100 @@
+"""The dashboard's KV row: the gateway's held-aware routing and its KV index, and each runtime's KV tiers
+(docs/kv-cache.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dashboard_panels import GATEWAY, RATE, RUNTIME, panel, q
+
+
+def kv_panels(y: int) -> list[dict[str, Any]]:
+    """Routing by what is held (the gateway's decisions, lookups and index), then the runtimes' tiers: hits by
+    tier, blocks held, the offload tier's traffic, occupancy and failures."""
+    moved = f"sum by (direction) (rate(goodput_kv_offload_bytes_total{{{RUNTIME}}}[{RATE}]))"
+    spent = f"sum by (direction) (rate(goodput_kv_offload_seconds_total{{{RUNTIME}}}[{RATE}]))"
+    used, bound = (f"sum(goodput_kv_offload_{s}_bytes{{{RUNTIME}}})" for s in ("used", "capacity"))
+    return [
+        panel(
+            "Held routing: decisions and lookups",
+            [
+                q(
+                    f'sum by (decision) (rate(goodput_gateway_routing_decisions_total{{{GATEWAY}, decision=~"held_.*"}}'
+                    f"[{RATE}]))",
+                    "{{decision}}",
+                ),
+                q(
+                    f"sum by (result) (rate(goodput_gateway_held_lookups_total{{{GATEWAY}}}[{RATE}]))",
+                    "lookup: {{result}}",
+                ),
+            ],
+            "reqps",
+            0,
+            y,
+            w=8,
+            description="held_device / held_offload: the replica holding the longest run of the prompt's blocks "
+            "won, its run starting on the device or in the offload tier. Lookups: hit, miss (the ring chose), "
+            "stale (no replica's index synced), no_digests (the prompt's digests could not be had).",
+        ),
+        panel(
+            "Gateway KV index: blocks",
+            [q("max by (tier) (goodput_gateway_kv_index_blocks)", "{{tier}}")],
+            "short",
+            8,
+            y,
+            w=8,
+            description="Prefix blocks the gateway's index holds over every synced replica, by tier (the largest "
+            "over gateway pods: each holds its own index of the same replicas).",
+        ),
+        panel(
+            "Gateway KV index: staleness",
+            [q("max(goodput_gateway_kv_index_staleness_seconds)", "least recently heard replica")],
+            "s",
+            16,
+            y,
+            w=8,
+            description="Seconds since the least recently heard replica's cache events; past three heartbeats "
+            "(6 s) a replica's entries are ignored and its subscription made again.",
+        ),
+        panel(
+            "Prefix cache hits by tier",
+            [
+                q(f"sum(rate(goodput_prefix_cache_hits_total{{{RUNTIME}}}[{RATE}]))", "every tier (tokens/s)"),
+                q(f"sum(rate(goodput_kv_offload_hit_tokens_total{{{RUNTIME}}}[{RATE}]))", "offload tier (tokens/s)"),
+                q(f"sum by (tier) (goodput_kv_tier_blocks{{{RUNTIME}}})", "blocks held: {{tier}}"),
+            ],
+            "short",
+            0,
+            y + 8,
+            w=8,
+            description="Prompt tokens served from cache instead of prefilled, and those loaded from the offload "
+            "tier; the prefix blocks the runtimes hold per tier.",
+        ),
+        panel(
+            "Offload tier: bytes moved",
+            [
+                q(moved, "{{direction}} (bytes/s)"),
+                q(f"{moved} / {spent}", "{{direction}} throughput (bytes per busy second)"),
+            ],
+            "Bps",
+            8,
+            y + 8,
+            w=8,
+            description="Bytes written to the tier (offload, on its writer thread) and read back (reload: read, "
+            "checked and copied into the KV cache), and the rate each runs at while busy.",
+        ),
+        panel(
+            "Offload tier: occupancy and failures",
+            [
+                q(f"{used} / {bound}", "used / bound"),
+                q(f"sum(rate(goodput_kv_offload_corrupt_total{{{RUNTIME}}}[{RATE}]))", "failed checks/s"),
+                q(f"sum(rate(goodput_kv_offload_dropped_saves_total{{{RUNTIME}}}[{RATE}]))", "dropped saves/s"),
+            ],
+            "short",
+            16,
+            y + 8,
+            w=8,
+            description="The share of the tiers' bound in use; entries that failed their check (recomputed, never "
+            "served) and evicted blocks not saved because the writer was behind.",
+        ),
+    ]
