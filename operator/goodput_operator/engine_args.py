@@ -46,23 +46,27 @@ def model_path(svc: ServiceSpec, source: ModelSource | None = None) -> str:
     return source.path
 
 
-def lora_path(adapter: LoraAdapter) -> str:
-    """Where the engine reads an adapter of spec.model.lora: under its claim's mount, or its file:// path."""
+def lora_path(adapter: LoraAdapter, hub_uri: bool = True) -> str:
+    """Where the engine reads an adapter of spec.model.lora: under its claim's mount, its file:// path, or
+    on the Hub: hf://org/repo[@revision] (Goodput's runtime), org/repo (vLLM, `hub_uri` False)."""
     source = adapter.source
+    if source.scheme == "hf":
+        return adapter.uri if hub_uri else source.repo
     if source.scheme == "pvc":
         return f"{LORA_MOUNT}/{adapter.name}" + (source.path if source.path != "/" else "")
     return source.path
 
 
-def lora_args(svc: ServiceSpec) -> list[str]:
+def lora_args(svc: ServiceSpec, hub_uri: bool = True) -> list[str]:
     """spec.model.lora as the flags Goodput's runtime and vLLM share (--enable-lora, --lora-modules
-    NAME=PATH..., --max-loras, --max-lora-rank, --max-cpu-loras); none without it."""
+    NAME=PATH..., --max-loras, --max-lora-rank, --max-cpu-loras); none without it. An hf:// adapter's
+    PATH is its hf:// source, or (`hub_uri` False, vLLM) its repository id, which vLLM fetches."""
     lora = svc.model.lora
     if lora is None:
         return []
     args = [flags.ENABLE_LORA]
     if lora.adapters:
-        args += [flags.LORA_MODULES, *(f"{a.name}={lora_path(a)}" for a in lora.adapters)]
+        args += [flags.LORA_MODULES, *(f"{a.name}={lora_path(a, hub_uri)}" for a in lora.adapters)]
     args += [flags.MAX_LORAS, str(lora.max_adapters), flags.MAX_LORA_RANK, str(lora.max_rank)]
     if lora.max_cpu_adapters is not None:
         args += [flags.MAX_CPU_LORAS, str(lora.max_cpu_adapters)]
@@ -181,7 +185,7 @@ def vllm_args(svc: ServiceSpec) -> list[str]:
         if tpot is not None:  # the family of both inter_token_latency and request_time_per_output_token
             buckets["inter_token_latency"] = with_boundary(VLLM_TPOT_BUCKETS, tpot)
         args += ["--custom-histogram-buckets", json.dumps(buckets, separators=(",", ":"))]
-    args += lora_args(svc)  # vLLM's flags of the same names
+    args += lora_args(svc, hub_uri=False)  # vLLM's flags of the same names
     return args + list(e.extra_args)
 
 

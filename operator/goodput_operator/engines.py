@@ -242,6 +242,12 @@ REFUSALS = (
         "is served by engine.kind goodput and vllm; for {engine} pass --lora-paths and its flags in engine.extraArgs",
     ),
     Refusal(
+        "model.lora.adapters",
+        (VLLM,),
+        lambda svc: svc.model.lora is not None and any(a.revision for a in svc.model.lora.adapters),
+        "names an hf:// adapter at a revision (@...); {engine} fetches an adapter's default branch only",
+    ),
+    Refusal(
         "engine.speculative",
         (SGLANG,),
         lambda svc: svc.engine.speculative is not None,

@@ -6,6 +6,7 @@ from typing import Any
 
 from goodput_contract import flags
 from goodput_contract.api.model_cache_spec import STORAGE_CLASS, VOLUME_LABEL, cache_key
+from goodput_contract.api.model_spec import lora_token
 from goodput_contract.api.spec import ServiceSpec
 from goodput_operator import engines
 from goodput_operator.children import (
@@ -53,8 +54,9 @@ def _env(svc: ServiceSpec, settings: Settings) -> list[dict[str, Any]]:
     if settings.hf_endpoint != DEFAULT_HF_ENDPOINT:
         # pods download from the same Hub mirror the operator reads config.json from
         env.append({"name": "HF_ENDPOINT", "value": settings.hf_endpoint})
-    if svc.model.token_secret:
-        ref = {"name": svc.model.token_secret.name, "key": svc.model.token_secret.key}
+    # the Hub token of the model, else of spec.model.lora's hf:// adapters (the contract allows one)
+    if token := svc.model.token_secret or lora_token(svc.model.lora):
+        ref = {"name": token.name, "key": token.key}
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
     env += engines.engine_of(svc).env(svc)
     variable = engines.engine_of(svc).api_key_env

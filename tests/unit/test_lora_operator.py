@@ -73,7 +73,37 @@ def test_each_pvc_adapter_is_mounted_read_only_under_its_name():
             "spec.model.lora.adapters[1].name",
             "another adapter",
         ),
-        ({"adapters": [{"name": "a", "source": "hf://org/adapter"}]}, "spec.model.lora.adapters[0].source", "pvc://"),
+        (
+            {"adapters": [{"name": "a", "source": "hf://adapter"}]},
+            "spec.model.lora.adapters[0].source",
+            "hf://org/repo",
+        ),
+        (
+            {"adapters": [{"name": "a", "source": "hf://org/a/b.gguf"}]},
+            "spec.model.lora.adapters[0].source",
+            "@revision",
+        ),
+        ({"adapters": [{"name": "a", "source": "s3://b/a"}]}, "spec.model.lora.adapters[0].source", "pvc://"),
+        (
+            {"adapters": [{"name": "a", "source": "file:///a", "tokenSecretRef": {"name": "hf"}}]},
+            "spec.model.lora.adapters[0].tokenSecretRef",
+            "only an hf:// source",
+        ),
+        (
+            {"adapters": [{"name": "a", "source": "hf://org/a", "tokenSecretRef": {"name": "Bad_Name"}}]},
+            "spec.model.lora.adapters[0].tokenSecretRef.name",
+            "DNS subdomain",
+        ),
+        (
+            {
+                "adapters": [
+                    {"name": "a", "source": "hf://org/a", "tokenSecretRef": {"name": "hf"}},
+                    {"name": "b", "source": "hf://org/b", "tokenSecretRef": {"name": "hf", "key": "other"}},
+                ]
+            },
+            "spec.model.lora.adapters[1].tokenSecretRef",
+            "one token",
+        ),
         ({"maxAdapters": 0}, "spec.model.lora.maxAdapters", "at least 1"),
         ({"maxAdapters": 4, "maxCpuAdapters": 2}, "spec.model.lora.maxCpuAdapters", "below maxAdapters"),
     ],
@@ -94,3 +124,54 @@ def test_the_crd_describes_the_field():
     lora = model["properties"]["lora"]["properties"]
     assert set(lora) == {"adapters", "maxAdapters", "maxRank", "maxCpuAdapters", "runtimeUpdates"}
     assert lora["adapters"]["items"]["required"] == ["name", "source"]
+
+
+HUB = {
+    "adapters": [
+        {"name": "support", "source": "hf://acme/support-lora@v2", "tokenSecretRef": {"name": "hub", "key": "hf"}},
+        {"name": "sql", "source": "hf://acme/sql-lora"},
+        {"name": "local", "source": "file:///opt/adapters/local"},
+    ],
+}
+
+
+def env_of(svc_spec: dict) -> dict:
+    pod = build_deployment(parse("svc", "ns", svc_spec), Settings(), {"uid": "u"})["spec"]["template"]["spec"]
+    return {e["name"]: e for e in pod["containers"][0]["env"]}
+
+
+def test_hub_adapters_reach_the_runtime_with_their_revision_and_the_token_by_reference():
+    svc_spec = spec(HUB)
+    config = engine_config(build_parser().parse_args(runtime_args(parse("svc", "ns", svc_spec))))
+    assert config.lora_modules == (
+        ("support", "hf://acme/support-lora@v2"),
+        ("sql", "hf://acme/sql-lora"),
+        ("local", "/opt/adapters/local"),
+    )
+    token = env_of(svc_spec)["HF_TOKEN"]  # from the Secret at container start, never in the pod spec
+    assert token == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hub", "key": "hf"}}}
+    # the model's own token, where it names the same Secret key, is the one the pod gets
+    same = spec(HUB)
+    same["model"]["tokenSecretRef"] = {"name": "hub", "key": "hf"}
+    assert env_of(same)["HF_TOKEN"] == token
+    # no token anywhere: none in the pod
+    public = spec({"adapters": [{"name": "sql", "source": "hf://acme/sql-lora"}]})
+    assert "HF_TOKEN" not in env_of(public)
+
+
+def test_a_hub_adapter_token_other_than_the_models_is_refused_naming_it():
+    svc_spec = spec(HUB)
+    svc_spec["model"]["tokenSecretRef"] = {"name": "model-token"}
+    with pytest.raises(SpecError) as caught:
+        parse("svc", "ns", svc_spec)
+    assert caught.value.field == "spec.model.lora.adapters[0].tokenSecretRef"
+    assert "model.tokenSecretRef" in str(caught.value)
+
+
+def test_vllm_gets_hub_adapters_as_repository_ids_and_refuses_a_revision_by_field():
+    public = {"adapters": [{"name": "sql", "source": "hf://acme/sql-lora"}]}
+    args = runtime_args(parse("svc", "ns", spec(public, kind="vllm", gpu=1)))
+    assert args[args.index("--lora-modules") + 1] == "sql=acme/sql-lora"
+    refusals = engines.refusals(parse("svc", "ns", spec(HUB, kind="vllm", gpu=1)))
+    assert refusals[0][0] == "model.lora.adapters" and "revision" in refusals[0][1]
+    assert engines.refusals(parse("svc", "ns", spec(public, kind="vllm", gpu=1))) == []
