@@ -13,12 +13,13 @@ is taken down, one it found running is left running. Nothing is mocked; needs ro
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers import tier
-from node import OPERATOR_NAMESPACE, ROOT, Node, copy_model, node_unsupported, wait_for
+from node import OPERATOR_NAMESPACE, ROOT, Node, copy_model, node_unsupported, run, wait_for
 
 NAMESPACE = "goodput-e2e"
 MODELS_PV = "goodput-e2e-models"
@@ -50,7 +51,13 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
 
 @pytest.fixture(scope="module")
 def installed(node: Node) -> Node:
-    """Goodput installed the way the README says: `kubectl apply -k manifests/`."""
+    """Goodput installed the way the README says: `kubectl apply -k manifests/`, with a hostPath volume for
+    the Batch API's store (this cluster provisions none), kept in the cluster's folder as long as it runs."""
+    run(
+        [str(ROOT / "hack" / "batch-volume.sh"), str(node.dir / "batch-store"), OPERATOR_NAMESPACE],
+        timeout=120,
+        env={**node.env, "KUBECTL": shutil.which("kubectl") or "kubectl"},
+    )
     node.apply_kustomization(ROOT / "manifests")
     if node.borrowed:  # the operator may run an image older than the one just built under the same tag
         node.kubectl("rollout", "restart", "deployment/goodput-operator", "-n", OPERATOR_NAMESPACE)
