@@ -79,6 +79,10 @@ class RuntimeMetrics:
         self.queue_time = histogram(names.QUEUE_TIME, "Time from arrival to first scheduling.", REQUEST_LATENCY_BUCKETS)
         self.running = gauge(names.REQUESTS_RUNNING, "Requests in the running batch.")
         self.waiting = gauge(names.REQUESTS_WAITING, "Online requests waiting to be scheduled.")
+        # the waiting gauge's two parts: the scheduler's online queue (record_step), and requests for a
+        # LoRA adapter waiting for its load on first use (record_lora_wait), which no step sees
+        self.queued_online = 0
+        self.lora_load_waiting = 0
         self.kv_usage = gauge(names.KV_CACHE_USAGE, "Share of KV cache blocks in use (0-1).")
         self.requests = Counter(
             counter_name(names.REQUESTS), "Finished online requests by outcome.", ["model", "outcome"], registry=r
@@ -270,6 +274,16 @@ class RuntimeMetrics:
             return True
         return False
 
+    def _set_waiting(self) -> None:
+        online = self.queued_online + self.lora_load_waiting  # the queue the autoscaler reads
+        self.waiting.set(online)
+        self.waiting_by_priority.labels(self.model, "online").set(online)
+
+    def record_lora_wait(self, delta: int) -> None:
+        """A request began (+1) or ended (-1) waiting for its adapter's load: queued demand at once."""
+        self.lora_load_waiting += delta
+        self._set_waiting()
+
     def record_step(
         self,
         running: int,
@@ -281,8 +295,8 @@ class RuntimeMetrics:
         waiting_batch: int = 0,
     ) -> None:
         self.running.set(running)
-        self.waiting.set(waiting - waiting_batch)  # online requests: the queue the autoscaler reads
-        self.waiting_by_priority.labels(self.model, "online").set(waiting - waiting_batch)
+        self.queued_online = waiting - waiting_batch
+        self._set_waiting()
         self.waiting_by_priority.labels(self.model, "batch").set(waiting_batch)
         self.kv_usage.set(kv_usage)
         if prompt_tokens:

@@ -219,7 +219,14 @@ class AsyncEngine:
         if task is None:
             task = self.lora_loads[name] = asyncio.ensure_future(self._load_counted(name, path))
             task.add_done_callback(lambda _: self.lora_loads.pop(name, None))
-        await asyncio.wait_for(asyncio.shield(task), LORA_LOAD_TIMEOUT_S)
+        metrics = self.core.metrics  # a request waiting for the load is queued demand (the autoscaler's)
+        if metrics is not None:
+            metrics.record_lora_wait(1)
+        try:
+            await asyncio.wait_for(asyncio.shield(task), LORA_LOAD_TIMEOUT_S)
+        finally:
+            if metrics is not None:
+                metrics.record_lora_wait(-1)
         return True
 
     async def _load_counted(self, name: str, path: str) -> LoraAdapter:
