@@ -35,6 +35,9 @@ MAX_LORAS = "--max-loras"  # spec.model.lora.maxAdapters
 MAX_LORA_RANK = "--max-lora-rank"  # spec.model.lora.maxRank
 MAX_CPU_LORAS = "--max-cpu-loras"  # spec.model.lora.maxCpuAdapters
 ALLOW_RUNTIME_LORA_UPDATING = "--allow-runtime-lora-updating"  # spec.model.lora.runtimeUpdates (goodput)
+# the KV offload tier (spec.engine.kvOffload): its bound in bytes, and the directory of the volume it lives in
+KV_OFFLOAD_BYTES = "--kv-offload-bytes"
+KV_OFFLOAD_DIR = "--kv-offload-dir"
 # set by the operator, not from a CR field
 HOST = "--host"
 PORT = "--port"

@@ -17,6 +17,7 @@ from goodput_contract.latency_buckets import (
     VLLM_TTFT_BUCKETS,
     with_boundary,
 )
+from goodput_operator.kv_offload_pod import offload_args
 
 GOODPUT, VLLM, SGLANG = "goodput", "vllm", "sglang"
 RUNTIME_PORT = 8000  # every engine listens here, serving the API, its health check and /metrics
@@ -121,6 +122,7 @@ def goodput_args(svc: ServiceSpec) -> list[str]:
     args += lora_args(svc)
     if runtime_lora_updates(svc):
         args.append(flags.ALLOW_RUNTIME_LORA_UPDATING)
+    args += offload_args(svc)  # spec.engine.kvOffload (kv_offload_pod.py)
     args += [flags.SHUTDOWN_DELAY, str(SHUTDOWN_DELAY_SECONDS)]
     return args + list(e.extra_args)
 

@@ -248,10 +248,24 @@ REFUSALS = (
         "names an hf:// adapter at a revision (@...); {engine} fetches an adapter's default branch only",
     ),
     Refusal(
+        "model.lora",
+        (GOODPUT,),
+        lambda svc: svc.model.lora is not None and svc.disaggregation is not None,
+        "with spec.disaggregation: the KV hand-off does not carry a request's adapter yet; "
+        "serve adapters from a service without it",
+    ),
+    Refusal(
         "engine.speculative",
         (SGLANG,),
         lambda svc: svc.engine.speculative is not None,
         "is Goodput's runtime's; for {engine} pass --speculative-algorithm and its flags in engine.extraArgs",
+    ),
+    Refusal(
+        "engine.kvOffload",
+        (VLLM, SGLANG),
+        lambda svc: svc.engine.kv_offload is not None,
+        "is Goodput's runtime's KV offload tier; for {engine} pass its own offloading flags in engine.extraArgs "
+        "(and size the pod for them with resources.memory)",
     ),
 )
 

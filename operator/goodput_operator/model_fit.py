@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from goodput_contract.api.spec import ServiceSpec, SpecError
-from goodput_operator import capacity, engines, roles
+from goodput_operator import capacity, engines, kv_offload_pod, roles
 from goodput_operator.conditions import FALSE, MODEL_FITS, TRUE, UNKNOWN, Condition
 from goodput_operator.context import Context
 
@@ -111,10 +111,18 @@ async def model_fit(ctx: Context, svc: ServiceSpec) -> Fit:
             pipeline=svc.pipeline_parallel,
         )
 
+    try:  # spec.engine.kvOffload's tier in the plan: its bytes and the tokens they hold
+        offload = kv_offload_pod.plan_status(svc, capacity.kv_bytes_per_token(config, svc.model.dtype))
+    except SpecError as err:
+        return Fit(Condition(MODEL_FITS, FALSE, "OffloadTooSmall", str(err)), invalid=err)
     if not tensors:
-        return _fit_condition(plan(svc.tensor_parallel), utilization)
-    pools = capacity.Pools({role: (tensor, plan(tensor)) for role, tensor in tensors.items()})
-    return _fit_condition(pools, utilization)
+        fit = _fit_condition(plan(svc.tensor_parallel), utilization)
+    else:
+        pools = capacity.Pools({role: (tensor, plan(tensor)) for role, tensor in tensors.items()})
+        fit = _fit_condition(pools, utilization)
+    if fit.capacity is not None:
+        fit.capacity.update(offload)
+    return fit
 
 
 def _fit_condition(plan: capacity.Capacity | capacity.Pools, utilization: float) -> Fit:

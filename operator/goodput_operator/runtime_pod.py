@@ -23,6 +23,7 @@ from goodput_operator.engines import (
     SHUTDOWN_DELAY_SECONDS,
     SOURCE_MOUNT,
 )
+from goodput_operator.kv_offload_pod import add_resources, add_volume
 from goodput_operator.settings import DEFAULT_HF_ENDPOINT, Settings
 
 
@@ -106,6 +107,7 @@ def _volumes(svc: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any
     if svc.ranks > 1 or engines.engine_of(svc).shared_memory:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    add_volume(svc, volumes, mounts)  # spec.engine.kvOffload's tier
     volumes += [dict(v) for v in svc.template.volumes]
     mounts += [dict(m) for m in svc.template.volume_mounts]
     return volumes, mounts
@@ -122,6 +124,7 @@ def _resources(svc: ServiceSpec) -> dict[str, Any]:
     if r.gpu:  # a replica's GPUs shared out over its pods
         per_pod = str(r.gpu // svc.pods_per_replica)
         requests[r.gpu_resource_name] = limits[r.gpu_resource_name] = per_pod
+    add_resources(svc, requests, limits)  # spec.engine.kvOffload's memory or disk
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from goodput_contract.api import names
 from goodput_contract.api.disaggregation_spec import Disaggregation, Pool, parse_disaggregation
 from goodput_contract.api.errors import SpecError
+from goodput_contract.api.kv_offload_spec import KvOffload, parse_kv_offload
 from goodput_contract.api.model_spec import Lora, LoraAdapter, Model, ModelSource, TokenSecretRef, _model, parse_source
 from goodput_contract.api.quantity import parse_quantity
 from goodput_contract.api.scaling_spec import Autoscaling, Batch, Slo, _autoscaling, _batch, _slo, parse_duration
@@ -24,6 +25,7 @@ __all__ = [
     "Autoscaling",
     "Batch",
     "Disaggregation",
+    "KvOffload",
     "Lora",
     "LoraAdapter",
     "Model",
@@ -64,6 +66,7 @@ class Engine:
     max_queue: int | None = None
     extra_args: tuple[str, ...] = ()
     speculative: Speculative | None = None
+    kv_offload: KvOffload | None = None  # engine.kvOffload: the second KV tier (kv_offload_spec.py)
 
 
 @dataclass(frozen=True)
@@ -310,6 +313,11 @@ def parse(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         suspend=bool(spec.get("suspend", False)),
     )
     engine = parsed.engine
+    if (spec.get("engine") or {}).get("kvOffload") is not None:
+        offload = parse_kv_offload(
+            spec["engine"]["kvOffload"], resources.gpu, tensor * pipeline, engine.prefix_caching
+        )
+        parsed = replace(parsed, engine=(engine := replace(engine, kv_offload=offload)))
     if spec.get("disaggregation") is not None:
         parsed = replace(
             parsed,

@@ -15,8 +15,10 @@ RESTRICTED_VOLUME_TYPES = frozenset(
 )
 API_KEY_VARIABLES = frozenset({"GOODPUT_API_KEY", "VLLM_API_KEY"})  # what spec.auth sets; never a literal
 # The runtime pod's own volumes and mount paths (builders.py), which template.volumes must not reuse
-RESERVED_VOLUMES = frozenset({"model-cache", "tmp", "model-source", "dshm", "model-node-cache"})
-RESERVED_MOUNT_PATHS = frozenset({"/var/cache/goodput", "/tmp", "/mnt/models", "/dev/shm", "/mnt/node-cache"})
+RESERVED_VOLUMES = frozenset({"model-cache", "tmp", "model-source", "dshm", "model-node-cache", "kv-offload"})
+RESERVED_MOUNT_PATHS = frozenset(
+    {"/var/cache/goodput", "/tmp", "/mnt/models", "/dev/shm", "/mnt/node-cache", "/var/cache/goodput-kv-offload"}
+)
 
 
 @dataclass(frozen=True)
