@@ -42,6 +42,8 @@ def engine_config(model_dir: Path, adapter: Path, **kw) -> EngineConfig:
         ({"tensor_parallel_size": 2}, "--lora-modules with --tensor-parallel-size 2"),
         ({"pipeline_parallel_size": 2}, "--lora-modules with --pipeline-parallel-size 2"),
         ({"model_impl": "transformers"}, "--lora-modules with --model-impl transformers"),
+        ({"kv_transfer_role": "prefill"}, "--lora-modules with --kv-transfer-role prefill"),
+        ({"kv_transfer_role": "decode"}, "--lora-modules with --kv-transfer-role decode"),
         ({"lora_modules": (), "lora_source": "s3://bucket/adapters"}, "--lora-source s3://bucket/adapters"),
         ({"lora_modules": (), "lora_source": "hf://org/repo"}, "expected hf://ORG"),
     ],

@@ -175,3 +175,11 @@ def test_vllm_gets_hub_adapters_as_repository_ids_and_refuses_a_revision_by_fiel
     refusals = engines.refusals(parse("svc", "ns", spec(HUB, kind="vllm", gpu=1)))
     assert refusals[0][0] == "model.lora.adapters" and "revision" in refusals[0][1]
     assert engines.refusals(parse("svc", "ns", spec(public, kind="vllm", gpu=1))) == []
+
+
+def test_adapters_with_the_kv_hand_off_are_refused_naming_the_field():
+    split = {**spec(), "disaggregation": {"prefill": {"minReplicas": 1}, "decode": {"minReplicas": 1}}}
+    with pytest.raises(SpecError) as caught:
+        engines.validate(parse("svc", "ns", split))
+    assert caught.value.field == "spec.model.lora" and "spec.disaggregation" in str(caught.value)
+    engines.validate(parse("svc", "ns", spec()))  # without the hand-off: served

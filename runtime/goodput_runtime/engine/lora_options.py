@@ -5,8 +5,9 @@ adapter), ``n`` > 1, logprobs, structured output, quantized weights (the adapter
 the quantized projection's output), prefix caching (salted per adapter), and on a GPU eager decode steps
 (the decode CUDA graphs are left off; engine/builder.py). Refused, naming the option: ``--compile`` (the
 compiled layers would bake in the base model's products), tensor and pipeline parallelism (the adapters'
-stacks are not sharded nor cut into stages), ``--model-impl transformers`` (the adapters live on the
-runtime's own modules) and a ``--lora-source`` that is neither a directory nor ``hf://ORG``.
+stacks are not sharded nor cut into stages), the KV hand-off (``--kv-transfer-role``: a hand-off does not
+carry the request's adapter), ``--model-impl transformers`` (the adapters live on the runtime's own
+modules) and a ``--lora-source`` that is neither a directory nor ``hf://ORG``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ def refusal(config: Any) -> str | None:
     ):
         if size > 1:
             return f"{flag} with {option} {size}: LoRA adapters are served on one rank only (size 1) yet"
+    if config.kv_transfer_role != "none":
+        return (
+            f"{flag} with --kv-transfer-role {config.kv_transfer_role}: the KV hand-off does not carry a "
+            "request's adapter yet; serve adapters from an undivided pool"
+        )
     if config.model_impl == "transformers":
         return f"{flag} with --model-impl transformers: LoRA adapters run on the runtime's own modules (auto)"
     source = config.lora_source
