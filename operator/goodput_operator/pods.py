@@ -37,13 +37,37 @@ class Failure:
 
 
 def failure(pods: Iterable[dict[str, Any]]) -> Failure | None:
-    found = [f for pod in pods if (f := _pod_failure(pod)) is not None]
+    pods = list(pods)
+    serving_groups = _serving_groups(pods)
+    found = [f for pod in pods if (f := _pod_failure(pod, _in_serving_group(pod, serving_groups))) is not None]
     if not found:
         return None
     return min(found, key=lambda f: (SEVERITY.index(f.reason), f.message))
 
 
-def _pod_failure(pod: dict[str, Any]) -> Failure | None:
+def _serving_groups(pods: list[dict[str, Any]]) -> set[str]:
+    """The groups of a replica spanning pods whose leader is Ready, named as their workers' names begin: a
+    StatefulSet's <name>-runtime-<i> (leader <group>-0), a LeaderWorkerSet's leader's own name (workers
+    <leader>-1, ...). A leader turns ready only once every worker of its group has joined and loaded."""
+    groups = set()
+    for pod in pods:
+        name = (pod.get("metadata") or {}).get("name", "")
+        conditions = {c.get("type"): c.get("status") for c in (pod.get("status") or {}).get("conditions") or ()}
+        if conditions.get("Ready") == "True":
+            groups.add(name)
+            if name.endswith("-0"):
+                groups.add(name[:-2])
+    return groups
+
+
+def _in_serving_group(pod: dict[str, Any], serving_groups: set[str]) -> bool:
+    """A worker pod (-1, -2, ...) of a group whose leader is Ready. A worker is never Ready itself (its
+    readiness probe keeps it out of the Service's endpoints), so readiness cannot tell it recovered."""
+    group, _, ordinal = (pod.get("metadata") or {}).get("name", "").rpartition("-")
+    return ordinal.isdigit() and ordinal != "0" and group in serving_groups
+
+
+def _pod_failure(pod: dict[str, Any], serving_worker: bool = False) -> Failure | None:
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
         return None  # going away, or evicted: not what the service runs now
@@ -51,7 +75,7 @@ def _pod_failure(pod: dict[str, Any]) -> Failure | None:
     conditions = {c.get("type"): c for c in status.get("conditions") or ()}
     found = []
     for container in [*(status.get("initContainerStatuses") or ()), *(status.get("containerStatuses") or ())]:
-        f = _container_failure(name, container, conditions.get("ContainersReady") or {})
+        f = _container_failure(name, container, conditions.get("ContainersReady") or {}, serving_worker)
         if f is not None:
             found.append(f)
     scheduled = conditions.get("PodScheduled") or {}
@@ -61,7 +85,9 @@ def _pod_failure(pod: dict[str, Any]) -> Failure | None:
     return min(found, key=lambda f: SEVERITY.index(f.reason)) if found else None
 
 
-def _container_failure(pod: str, container: dict[str, Any], containers_ready: dict[str, Any]) -> Failure | None:
+def _container_failure(
+    pod: str, container: dict[str, Any], containers_ready: dict[str, Any], serving_worker: bool = False
+) -> Failure | None:
     name = container.get("name", "?")
     state = container.get("state") or {}
     waiting = state.get("waiting") or {}
@@ -81,9 +107,16 @@ def _container_failure(pod: str, container: dict[str, Any], containers_ready: di
     if reason == "CrashLoopBackOff" and last:
         return _exited(pod, name, last, container.get("restartCount", 0))
     running = state.get("running")
-    if running is not None and last and last.get("exitCode", 0) != 0 and not container.get("ready"):
+    if (
+        running is not None
+        and last
+        and last.get("exitCode", 0) != 0
+        and not container.get("ready")
+        and not serving_worker
+    ):
         # Restarted after a crash and not ready since: still the crash loop, between two exits.
-        # Ready once since this start (ContainersReady turned False after it) is a different story.
+        # Ready once since this start (ContainersReady turned False after it) is a different story. A
+        # worker of a group is never ready: it recovered once its group's leader is ready again.
         since = containers_ready.get("lastTransitionTime") or ""
         started = running.get("startedAt") or ""
         if not (since and started and since > started):

@@ -196,3 +196,33 @@ def test_after_an_operator_restart_the_condition_stands_in_for_the_memory():
     restarted = FakeContext()
     asyncio.run(_report(restarted, _body(available_message=three.message), other))
     assert [e[2] for e in restarted.events] == [other.message]
+
+
+def test_a_groups_worker_restarted_after_a_crash_recovers_when_its_leader_is_ready_again():
+    """A worker pod of a replica spanning pods is never ready (only its group's leader takes requests): its
+    crash is over once the leader is ready again, which it turns only when every worker has joined."""
+    worker = {
+        **crash_looping(restarts=1, message="the leader closed its connection"),
+        "state": {"running": {"startedAt": "2026-01-01T00:01:00Z"}},
+    }
+    leader_ready = [{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}]
+    leader_not_ready = [{"type": "Ready", "status": "False"}, {"type": "ContainersReady", "status": "False"}]
+    serving = {"name": "runtime", "ready": True, "restartCount": 0, "state": {"running": {}}}
+    starting = {**serving, "ready": False}
+    for leader, workers in (("big-runtime-0-0", ["big-runtime-0-1"]), ("big-runtime-0", ["big-runtime-0-1"])):
+        group_down = [pod(leader, "Running", [starting], leader_not_ready)]
+        group_up = [pod(leader, "Running", [serving], leader_ready)]
+        workers_pods = [pod(w, "Running", [worker]) for w in workers]
+        f = failure(group_down + workers_pods)
+        assert f is not None and f.message.startswith(f"pod {workers[0]}: runtime exited 1 (1 restart)")
+        assert failure(group_up + workers_pods) is None  # StatefulSet and LeaderWorkerSet names alike
+    # another group's ready leader says nothing of this worker
+    assert failure(
+        [pod("big-runtime-1-0", "Running", [serving], leader_ready), pod("big-runtime-0-1", "Running", [worker])]
+    )
+    # a worker in a crash loop is failing whatever its leader says
+    looping = [
+        pod("big-runtime-0-0", "Running", [serving], leader_ready),
+        pod("big-runtime-0-1", "Running", [crash_looping()]),
+    ]
+    assert failure(looping) is not None
