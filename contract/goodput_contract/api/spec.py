@@ -314,9 +314,7 @@ def parse(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
     )
     engine = parsed.engine
     if (spec.get("engine") or {}).get("kvOffload") is not None:
-        offload = parse_kv_offload(
-            spec["engine"]["kvOffload"], resources.gpu, tensor * pipeline, engine.prefix_caching
-        )
+        offload = parse_kv_offload(spec["engine"]["kvOffload"], resources.gpu, tensor * pipeline, engine.prefix_caching)
         parsed = replace(parsed, engine=(engine := replace(engine, kv_offload=offload)))
     if spec.get("disaggregation") is not None:
         parsed = replace(
