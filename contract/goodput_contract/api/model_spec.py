@@ -140,8 +140,10 @@ def _token_ref(raw: Any, where: str = "model.tokenSecretRef") -> TokenSecretRef:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"]:
         raise SpecError(where, f"{raw!r} is not a Secret key reference {{name, key}}")
     key = raw.get("key") or "token"
-    if not isinstance(key, str) or (problem := names.secret_key(key)):
-        raise SpecError(f"{where}.key", problem if isinstance(key, str) else f"{key!r} is not a key name")
+    if not isinstance(key, str):
+        raise SpecError(f"{where}.key", f"{key!r} is not a key name")
+    if problem := names.secret_key(key):
+        raise SpecError(f"{where}.key", problem)
     if problem := names.dns_subdomain(raw["name"]):
         raise SpecError(f"{where}.name", problem, reason="InvalidName")
     return TokenSecretRef(raw["name"], key)
