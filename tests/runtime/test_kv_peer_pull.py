@@ -19,8 +19,8 @@ import signal
 import aiohttp
 from kv_handoff import metric, post, texts, wait_idle
 
-BOTH = ("--step-tuning", "off", "--cpu-contention", "off", "--kv-transfer-role", "both")
-BOTH = (*BOTH, "--kv-transfer-host", "127.0.0.1", "--kv-transfer-port", "0", "--kv-transfer-timeout", "20")
+SAME = ("--step-tuning", "off", "--cpu-contention", "off", "--kv-transfer-host", "127.0.0.1")
+BOTH = (*SAME, "--kv-transfer-role", "both", "--kv-transfer-port", "0", "--kv-transfer-timeout", "20")
 PROMPT = "a prefix held on one replica is pulled by another instead of being computed again " * 5
 
 
