@@ -22,6 +22,8 @@ def resolve_path(adapter: LoraAdapterSpec, svc: ServiceSpec) -> str:
     source = adapter.source
     if source.scheme == "file":
         return source.path
+    if source.scheme == "hf":  # fetched by the engine with the pod's HF_TOKEN: vLLM takes the repository id
+        return adapter.hub_uri if svc.engine.kind != VLLM else source.repo
     inner = source.path if source.path != "/" else ""
     for mounted in svc.model.lora.adapters if svc.model.lora else ():
         if mounted.source.scheme == "pvc" and mounted.source.claim == source.claim:
@@ -54,6 +56,8 @@ def check_service(adapter: LoraAdapterSpec, svc: ServiceSpec) -> str:
         )
     if adapter.pinned and svc.engine.kind == VLLM:
         raise SpecError("pinned", "vLLM does not pin adapters; leave pinned false for engine.kind vllm")
+    if adapter.revision and svc.engine.kind == VLLM:
+        raise SpecError("source", "vLLM fetches an adapter's default branch only; leave out @revision for vllm")
     return resolve_path(adapter, svc)
 
 

@@ -183,9 +183,9 @@ def test_refusals_name_the_field(cluster, lora_operator, namespace):
     obj = wait_phase(cluster, namespace, "unmounted", "Failed")
     assert obj["status"]["lastError"].startswith("spec.source: claim 'other' is not mounted")
 
-    # a source the runtime does not fetch: refused by the API server itself, naming the field
+    # a source no engine reads (a Hub repository needs its organisation): refused by the API server itself
     with pytest.raises(ApiException) as refused:
-        create_adapter(cluster, namespace, "hub", {"service": "fixed", "source": "hf://acme/sql-lora"})
+        create_adapter(cluster, namespace, "hub", {"service": "fixed", "source": "hf://sql-lora"})
     assert refused.value.status == 422 and "spec.source" in refused.value.body
 
 

@@ -58,3 +58,26 @@ def test_a_second_token_is_refused_naming_the_adapter_field(cluster, operator, n
     valid = wait_for(refused, 60, "Valid False")
     assert "spec.model.lora.adapters[0].tokenSecretRef" in valid["message"], valid
     assert "model.tokenSecretRef" in valid["message"] and cluster.deployment(namespace, "two-tokens") is None
+
+
+def test_a_lora_adapter_of_the_kind_takes_a_hub_source(cluster, operator, namespace):
+    from goodput_contract.api import GROUP, LORA_PLURAL, VERSION
+
+    service = spec([SUPPORT])
+    service["model"]["lora"]["runtimeUpdates"] = True
+    cluster.create_service(namespace, "chat", service)
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "LoraAdapter",
+        "metadata": {"name": "sql"},
+        "spec": {"service": "chat", "source": "hf://acme/sql-lora@v3"},
+    }
+    cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, LORA_PLURAL, body)
+
+    def pending() -> dict[str, Any] | None:  # valid, waiting for a ready replica to load it on
+        obj = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, LORA_PLURAL, "sql")
+        conditions = {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or ()}
+        valid = conditions.get("Valid", {}).get("status") == "True"
+        return obj if valid and (obj.get("status") or {}).get("phase") == "Pending" else None
+
+    wait_for(pending, 60, "the LoraAdapter Pending and Valid")

@@ -39,7 +39,8 @@ def test_the_spec_is_read_with_its_defaults():
 @pytest.mark.parametrize(
     ("spec", "field"),
     [
-        ({"service": "chat", "source": "hf://acme/sql"}, "spec.source: "),
+        ({"service": "chat", "source": "hf://sql"}, "spec.source: "),
+        ({"service": "chat", "source": "hf://acme/sql@"}, "spec.source: "),
         ({"service": "chat", "source": "s3://bucket/sql"}, "spec.source: "),
         ({"service": "chat", "source": "file:///a", "replicas": 0}, "spec.replicas: "),
         ({"service": "chat", "source": "file:///a", "replicas": "some"}, "spec.replicas: "),
@@ -114,3 +115,22 @@ def test_the_status_counts_replicas_and_clears_the_error():
     status = status_body(body, Outcome("Ready", ["a", "b"], 2, loaded_generation=3))
     assert status["replicaCount"] == "2/2" and status["lastError"] is None and status["loadedGeneration"] == 3
     assert status["observedGeneration"] == 3 and status["phase"] == "Ready"
+
+
+def test_an_hf_adapter_goes_to_the_runtime_as_is_and_to_vllm_as_a_repository_id():
+    adapter = parse_lora_adapter("sql", {"service": "chat", "source": "hf://acme/sql-lora@v2"})
+    assert check_service(adapter, service({"runtimeUpdates": True})) == "hf://acme/sql-lora@v2"
+    plain = parse_lora_adapter("sql", {"service": "chat", "source": "hf://acme/sql-lora"})
+    on_vllm = parse(
+        "chat",
+        "ns",
+        {
+            "model": {"source": "hf://org/m", "servedName": "chat", "lora": {"runtimeUpdates": True}},
+            "engine": {"kind": "vllm"},
+            "resources": {"gpu": 1},
+        },
+    )
+    assert check_service(plain, on_vllm) == "acme/sql-lora"
+    with pytest.raises(SpecError) as caught:
+        check_service(adapter, on_vllm)
+    assert caught.value.field == "spec.source" and "revision" in str(caught.value)

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from goodput_contract.api.model_spec import _HF_ADAPTER
 from goodput_contract.api.spec import ModelSource, SpecError, parse_source
 
 ALL = "all"
@@ -22,9 +23,15 @@ PHASES = ("Pending", "Loading", "Ready", "Failed")
 class LoraAdapterSpec:
     name: str  # the adapter's name: metadata.name
     service: str  # the InferenceService in the same namespace
-    source: ModelSource  # file:///path (in the pod) or pvc://claim/path (a claim the service's pods mount)
+    source: ModelSource  # file:///path (in the pod), pvc://claim/path (a claim the service's pods mount), hf://
     replicas: int | None = None  # None: every ready replica
     pinned: bool = False
+    revision: str | None = None  # hf: hf://org/repo@revision; None: the default branch
+
+    @property
+    def hub_uri(self) -> str:
+        """hf://org/repo[@revision] for an hf:// adapter (the engine fetches it, with the pod's HF_TOKEN)."""
+        return f"hf://{self.source.repo}" + (f"@{self.revision}" if self.revision else "")
 
     def wanted(self, ready: int) -> int:
         """How many of `ready` replicas should hold the adapter."""
@@ -40,15 +47,17 @@ def parse_lora_adapter(name: str, spec: dict[str, Any]) -> LoraAdapterSpec:
     uri = spec.get("source")
     if not isinstance(uri, str):
         raise SpecError("source", "is required")
-    try:
-        source = parse_source(uri)
-    except SpecError:
-        raise SpecError("source", f"{uri!r} is not file:///path or pvc://claim/path") from None
-    if source.scheme == "hf":
-        raise SpecError(
-            "source",
-            f"{uri!r}: the runtime reads adapters from the pod's filesystem; give file:///path or pvc://claim/path",
-        )
+    revision = None
+    if uri.startswith("hf://"):
+        match = _HF_ADAPTER.match(uri)
+        if match is None or ".." in uri:
+            raise SpecError("source", f"{uri!r} is not hf://org/repo or hf://org/repo@revision")
+        source, revision = ModelSource("hf", repo=match["repo"]), match["revision"]
+    else:
+        try:
+            source = parse_source(uri)
+        except SpecError:
+            raise SpecError("source", f"{uri!r} is not file:///path, pvc://claim/path or hf://org/repo") from None
     raw_replicas = spec.get("replicas", ALL)
     replicas: int | None
     if raw_replicas == ALL:
@@ -62,4 +71,4 @@ def parse_lora_adapter(name: str, spec: dict[str, Any]) -> LoraAdapterSpec:
     pinned = spec.get("pinned", False)
     if not isinstance(pinned, bool):
         raise SpecError("pinned", f"{pinned!r} is not true or false")
-    return LoraAdapterSpec(name, service, source, replicas, pinned)
+    return LoraAdapterSpec(name, service, source, replicas, pinned, revision)
