@@ -1,16 +1,18 @@
 """A replica spanning pods on the real node, on CPU with gloo, through the gateway.
 
-Two services run the tiny random-weight model: `single`, one pod per replica, and `spread`, with
+Three services run the tiny random-weight model: `single`, one pod per replica, and `spread`, with
 `parallelism: {tensor: 2, nodes: 2}`: each of its two replicas is a group of two pods (a
 StatefulSet `spread-runtime-<i>`, pod -0 the leader that serves HTTP, pod -1 a worker holding the
-other tensor-parallel rank), meeting at the ClusterIP of the group's leader Service. The node is
+other tensor-parallel rank), meeting at the ClusterIP of the group's leader Service; and `staged`,
+with `parallelism: {pipeline: 2, nodes: 2}`: one replica of two pods, one pipeline stage each
+(one decoder layer of the tiny model's two), passing activations between them. The node is
 one machine, so both pods of a group run on it: the operator places a group's pods with no
 anti-affinity (one pod per node comes from each pod asking for a node's GPUs), which is what
 lets a one-node cluster run a group at all.
 
 What a user would see is asserted:
 
-- greedy answers through the gateway are the same from `spread` as from `single`;
+- greedy answers through the gateway are the same from `spread` and from `staged` as from `single`;
 - only the leaders are ready endpoints (a worker never takes requests), and `status.placement`
   names the StatefulSet mode;
 - the worker pod of one group deleted under a steady load: its leader exits (the group restarts
@@ -31,7 +33,7 @@ from node import OPERATOR_NAMESPACE, Node, cluster_ip, condition, wait_for
 
 pytestmark = pytest.mark.slow
 
-SINGLE, SPREAD = "single", "spread"
+SINGLE, SPREAD, STAGED = "single", "spread", "staged"
 NAMESPACE = "goodput-e2e"  # the tier's own (conftest.NAMESPACE)
 READY_SECONDS = 300
 PROMPTS = ("The river ran past the mill", "count to five", "hello")
@@ -45,7 +47,7 @@ def service_spec(name: str, **extra: Any) -> dict[str, Any]:
         "spec": {
             "model": {"source": "pvc://models/tiny", "servedName": name, "maxModelLen": 256, "dtype": "float32"},
             "engine": {"maxNumSeqs": 8, "maxBatchedTokens": 256},
-            "resources": {"gpu": 0, "cpu": "250m", "memory": "1Gi"},
+            "resources": {"gpu": 0, "cpu": "100m", "memory": "1Gi"},  # 7 pods on a 2-core node
             "autoscaling": {"mode": "none"},
             **extra,
         },
@@ -95,23 +97,27 @@ def spread(installed: Node, models: dict[str, Any]) -> Any:
         [
             service_spec(SINGLE, replicas=1),
             service_spec(SPREAD, replicas=2, parallelism={"tensor": 2, "nodes": 2}),
+            service_spec(STAGED, replicas=1, parallelism={"pipeline": 2, "nodes": 2}),
         ]
     )
     try:
         wait_for(
-            lambda: service_ready(node, SINGLE, 1) and service_ready(node, SPREAD, 2),
+            lambda: (
+                service_ready(node, SINGLE, 1) and service_ready(node, SPREAD, 2) and service_ready(node, STAGED, 1)
+            ),
             READY_SECONDS,
-            "one Ready replica of single and two Ready groups of spread",
+            "one Ready replica of single, two Ready groups of spread and one of staged",
             explain=node.describe,
         )
-        print(f"both services Ready {time.monotonic() - started:.0f} s after they were applied")
+        print(f"the three services Ready {time.monotonic() - started:.0f} s after they were applied")
         host = cluster_ip(node, "goodput-gateway", OPERATOR_NAMESPACE)
         client = openai.OpenAI(base_url=f"http://{host}/v1", api_key="none", max_retries=0, timeout=120)
         wait_for(lambda: bool(answer(client, SPREAD, "warm up")), 120, "a first answer from spread")
         wait_for(lambda: bool(answer(client, SINGLE, "warm up")), 120, "a first answer from single")
+        wait_for(lambda: bool(answer(client, STAGED, "warm up")), 120, "a first answer from staged")
         yield node, client, f"http://{host}/v1"
     finally:
-        node.kubectl("delete", "inferenceservice", SINGLE, SPREAD, "--wait=false", check=False)
+        node.kubectl("delete", "inferenceservice", SINGLE, SPREAD, STAGED, "--wait=false", check=False)
 
 
 def test_a_replica_of_two_pods_answers_as_one_pod_does(spread: Any) -> None:
@@ -130,6 +136,18 @@ def test_a_replica_of_two_pods_answers_as_one_pod_does(spread: Any) -> None:
     for prompt in PROMPTS:
         one_pod, two_pods = answer(client, SINGLE, prompt), answer(client, SPREAD, prompt)
         assert two_pods == one_pod and one_pod, (prompt, one_pod, two_pods)
+
+
+def test_a_replica_of_two_pipeline_stages_answers_as_one_pod_does(spread: Any) -> None:
+    node, client, _ = spread
+    status = node.get("inferenceservice", STAGED)["status"]
+    assert status["placement"] == {"mode": "StatefulSet", "podsPerReplica": 2, "ranksPerPod": 1}
+    pods = {p["metadata"]["name"]: p for p in pods_of(node, STAGED)}
+    assert sorted(pods) == ["staged-runtime-0-0", "staged-runtime-0-1"]  # stage 0 with the leader, stage 1
+    assert [name for name, pod in sorted(pods.items()) if ready(pod)] == ["staged-runtime-0-0"]
+    for prompt in PROMPTS:
+        one_pod, two_stages = answer(client, SINGLE, prompt), answer(client, STAGED, prompt)
+        assert two_stages == one_pod and one_pod, (prompt, one_pod, two_stages)
 
 
 def test_the_worker_pod_deleted_restarts_its_group_and_loses_no_request(spread: Any) -> None:
@@ -185,4 +203,13 @@ def test_the_worker_pod_deleted_restarts_its_group_and_loses_no_request(spread: 
     ]
     assert failing, [(e.get("reason"), e.get("message")) for e in events if e["involvedObject"].get("name") == SPREAD]
     assert "exited 1" in failing[-1]["message"], failing[-1]["message"]
-    assert told and leader in told[-1], told
+    said = [m for m in told if f"pod {leader}: runtime exited 1" in m]
+    assert said, told
+    print(f"Available said: {said[-1]}\nWarning Event RuntimeFailing: {failing[-1]['message']}")
+    # once the group serves again the story is over: a worker is never ready, yet its old crash is not told on
+    wait_for(
+        lambda: condition(node.get("inferenceservice", SPREAD), "Available").get("message") == "2/2 replicas ready",
+        60,
+        "Available to say no more of the crash once the group serves",
+        explain=lambda: str(condition(node.get("inferenceservice", SPREAD), "Available")),
+    )
