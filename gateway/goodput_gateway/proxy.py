@@ -71,6 +71,14 @@ LOST = {
 LOST_EVENT = f"data: {json.dumps({'error': LOST})}\n\n".encode()
 
 
+def lost_event(unresumable: str | None) -> bytes:
+    """The error event ending a stream lost mid-way; naming the field that kept it from being resumed."""
+    if unresumable is None:
+        return LOST_EVENT
+    message = f"{LOST['message']} (a stream with '{unresumable}' is not resumed on another replica)"
+    return f"data: {json.dumps({'error': {**LOST, 'message': message}})}\n\n".encode()
+
+
 @dataclass(frozen=True)
 class ProxySettings:
     epsilon: float = routing.EPSILON
@@ -171,6 +179,8 @@ class Proxy:
         ) as upstream:
             if resumable and upstream.status == 200:
                 upstream = self.resumable(upstream, request.path, body, raw, svc, model, client_headers, authorization)
+            elif request.path in resume.PATHS and body.get("stream") is True:
+                upstream.unresumable = resume.why_not(body)
             return await self.stream(request, upstream, observe, labels)
 
     def resumable(
@@ -196,6 +206,7 @@ class Proxy:
 
         served = json.loads(raw).get("model", model)
         state = resume.Resumption(path, body, served, reopen, FIRST_BYTE_LOST, resumed)
+        state.ids_shown = resume.ids_shown(upstream.headers)
         return Resumed(upstream, state)
 
     @contextlib.asynccontextmanager
@@ -339,7 +350,7 @@ class Proxy:
                 if labels is not None:
                     self.metrics.streams_lost.labels(*labels).inc()
                 logger.info("A replica went away mid-stream: %r", err)
-                await response.write(LOST_EVENT)
+                await response.write(lost_event(upstream.unresumable))
             finally:
                 await chunks.aclose()  # a resumed stream's replica, if any, let go
             await response.write_eof()

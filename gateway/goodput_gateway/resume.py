@@ -13,8 +13,14 @@ Greedy requests continue token for token as an unbroken run would. A seeded samp
 from the same tokens, deterministically for a given break point, but not with the tokens the unbroken run
 would have drawn (the rest is sampled from the seed afresh). Streams that carry state the runtime cannot
 take up from token ids are not resumed and end with the `upstream_lost` error event as before: `n` > 1,
-stop strings (text held back while it may begin one), tools, structured output, logprobs, presence and
-frequency penalties, and fields the gateway does not know.
+tools, structured output, logprobs, presence and frequency penalties, and fields the gateway does not know.
+
+Stop strings are resumed where the replica reports each token's id only once its text has been sent (its
+response says `x-goodput-token-ids: shown`): text held back while it may begin a stop string belongs to
+tokens the gateway has not been told of, so the next replica generates them again and sends their text.
+The stop strings go with the rest, and none can straddle the break: one beginning in the text sent ends
+within the text the first replica had, which it searched. A replica that does not say so (an older
+runtime) leaves such a stream unresumed, as before.
 """
 
 from __future__ import annotations
@@ -44,12 +50,12 @@ SAMPLING = (
     "repetition_penalty",
     "priority",
     "user",
+    "stop",  # resumed only from a replica that reports ids once their text is sent (IDS_SHOWN)
 )
 # fields allowed only at the value that makes them do nothing
 HARMLESS: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
     "best_of": (None, 1),
-    "stop": (None, "", []),
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
     "tools": (None, []),
@@ -61,6 +67,7 @@ HARMLESS: dict[str, tuple[Any, ...]] = {
     "echo": (None, False, True),  # the prompt went with the first chunk; the rest carries none
     "suffix": (None, ""),
 }
+HOLDS_NOTHING: tuple[Any, ...] = (None, "", [])
 OTHER = frozenset(
     {
         "model",
@@ -74,22 +81,33 @@ OTHER = frozenset(
     }
 )
 MAX_RESUMES = 2
+IDS_SHOWN = ("x-goodput-token-ids", "shown")  # the runtime's header: each token's id comes with its text
+
+
+def ids_shown(headers: Mapping[str, str]) -> bool:
+    return headers.get(IDS_SHOWN[0]) == IDS_SHOWN[1]
 
 
 def resumable(path: str, body: Mapping[str, Any]) -> bool:
     """Whether a request's stream can be taken up on another replica from its token ids."""
     if path not in PATHS or body.get("stream") is not True:
         return False
+    return why_not(body) is None
+
+
+def why_not(body: Mapping[str, Any]) -> str | None:
+    """The field that keeps a stream from being taken up elsewhere (the lost stream's error names it); None
+    where none does."""
     if not isinstance(body.get("return_token_ids", False), bool):  # the runtime refuses it, by name
-        return False
+        return "return_token_ids"
     for name, value in body.items():
         if name == "return_token_ids":
             continue
         if name in SAMPLING or name in OTHER:
             continue
         if name not in HARMLESS or value not in HARMLESS[name]:
-            return False
-    return True
+            return name
+    return None
 
 
 def with_token_ids(raw: bytes) -> bytes:
@@ -137,6 +155,9 @@ class Resumption:
         self.finished = False  # the choice's finish_reason was sent
         self.usage_sent = False
         self.done = False  # [DONE] was sent
+        # the replica reports a token's id only once its text is sent (IDS_SHOWN): every id is shown
+        self.ids_shown = False
+        self.stops = body.get("stop") not in HOLDS_NOTHING  # text may be held back for a stop string
 
     async def run(self, first: AsyncIterator[bytes], replica: str) -> AsyncGenerator[bytes, None]:
         """The client's stream: the first replica's events, then, after a loss, another's translated.
@@ -150,7 +171,7 @@ class Resumption:
         dead = {replica}
         for _ in range(MAX_RESUMES):
             lost_at = time.monotonic()
-            if self.prompt is None:
+            if self.prompt is None or (self.stops and not self.ids_shown):
                 raise loss
             self.repeated = len(self.produced) - self.shown
             del self.produced[self.shown :]
@@ -163,6 +184,7 @@ class Resumption:
                 async with self.reopen(json.dumps(self.rest()).encode(), dead) as upstream:
                     if upstream.status != 200:
                         raise loss
+                    self.ids_shown = ids_shown(upstream.headers)
                     if self.on_resume is not None:
                         self.on_resume(time.monotonic() - lost_at)
                     try:
@@ -290,7 +312,7 @@ class Resumption:
     def took(self, ids: list[int], text: str, finish_reason: str | None) -> None:
         """A choice's chunk: tokens produced, and whether their text came with them."""
         self.produced.extend(ids)
-        if text or finish_reason is not None:
+        if text or finish_reason is not None or self.ids_shown:
             self.shown = len(self.produced)
         if finish_reason is not None:
             self.finished = True

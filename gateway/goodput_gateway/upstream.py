@@ -23,6 +23,7 @@ class Upstream:
     response: aiohttp.ClientResponse
     first: bytes
     replica: str = ""  # its base URL
+    unresumable: str | None = None  # a stream's field that keeps it from being resumed (resume.why_not)
 
     @property
     def status(self) -> int:

@@ -321,9 +321,10 @@ class EngineCore:
             seq.finish_reason = "stop"  # the flushed text completed a stop string
         choice.done = seq.is_finished
         finished = all(c.done for c in request.choices)
+        text = choice.detokenizer.delta(seq.is_finished)
         output = RequestOutput(
             request_id=seq.request_id,
-            text=choice.detokenizer.delta(seq.is_finished),
+            text=text,
             token_ids=new_tokens,
             finished=finished,
             finish_reason=seq.finish_reason,
@@ -335,6 +336,7 @@ class EngineCore:
             prompt_logprobs=prompt_logprobs,
             embedding=request.embedding,
             kv_transfer_params=seq.kv_handoff if finished else None,
+            num_shown_tokens=seq.num_output_tokens if seq.is_finished else choice.detokenizer.shown_tokens,
         )
         if finished:
             times = seq.times  # shared by every choice

@@ -55,6 +55,9 @@ class RequestOutput:
     # a prefill runtime's request (kv_transfer_params do_remote_decode): on its finished output, the
     # hand-off a decode runtime pulls its prompt's blocks by (kv_transfer/params.py)
     kv_transfer_params: dict | None = None
+    # this choice's output tokens whose whole text has been handed out (in this output's text or before):
+    # a stream reports a token's id once its text is sent (server/generate.py); None: every one so far
+    num_shown_tokens: int | None = None
 
 
 __all__ = [

@@ -32,6 +32,9 @@ from goodput_runtime.structured.tool_parsers import ToolStream, parse, parse_for
 log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# on a stream with return_token_ids: each token's id comes with its text (TokenIds), so a stream can be
+# continued elsewhere from the ids sent, stop strings and all (the gateway's resume reads it)
+TOKEN_IDS_HEADER = ("x-goodput-token-ids", "shown")
 
 
 class Tracker:
@@ -250,6 +253,8 @@ async def stream_events(
     choices interleave, each carrying its choice's index. With tools, a choice's text goes through
     its ToolStream: content until a call begins, then tool_calls deltas."""
     response = web.StreamResponse(headers={**SSE_HEADERS, **(headers or {})})
+    if shape.return_token_ids:
+        response.headers[TOKEN_IDS_HEADER[0]] = TOKEN_IDS_HEADER[1]
     await response.prepare(request)
     finished = False
     streams: dict[int, ToolStream] = {}
@@ -264,7 +269,7 @@ async def stream_events(
                 opened = True
             text, entries = pieces.take(out)
             reason = out.finish_reason
-            ids.produced(out.token_ids)
+            ids.produced(out)
             if tools is not None:
                 calls = streams.setdefault(out.index, tools.stream())
                 deltas = calls.feed(text) + (calls.finish() if reason is not None else [])
@@ -313,20 +318,31 @@ async def stream_events(
 
 
 class TokenIds:
-    """vLLM's return_token_ids on a stream: the prompt's ids on its first chunk, and each choice's new
-    token ids on the first chunk after they were produced (an empty list on the others). A token whose
-    text is held back (a stop string's possible start, a character's first bytes) has its id sent at once:
-    the ids say what the model produced, the text what the client may see."""
+    """vLLM's return_token_ids on a stream: the prompt's ids on its first chunk, and each choice's token ids
+    on the chunk that carries their text (an empty list on the others). A token whose text is held back (a
+    stop string's possible start, a character's first bytes) has its id held with it: the ids sent are
+    always the tokens of the text sent, so the stream can be taken up elsewhere from them (the gateway's
+    resume), and every id has come by the choice's last chunk."""
 
     def __init__(self, shape: Shape) -> None:
         self.on_shape = shape.return_token_ids
         self.prompt = shape.prompt_token_ids
         self.pending: list[int] = []
+        self.held: dict[int, list[int]] = {}  # per choice: ids produced whose text has not been sent
+        self.sent: dict[int, int] = {}  # per choice: ids sent
         self.first = True
 
-    def produced(self, token_ids: list[int]) -> None:
-        if self.on_shape:
-            self.pending = self.pending + list(token_ids)
+    def produced(self, out: RequestOutput) -> None:
+        if not self.on_shape:
+            return
+        held = self.held.setdefault(out.index, [])
+        held.extend(out.token_ids)
+        sent = self.sent.get(out.index, 0)
+        shown = sent + len(held) if out.num_shown_tokens is None else out.num_shown_tokens
+        ready = held[: max(0, shown - sent)]
+        del held[: len(ready)]
+        self.sent[out.index] = sent + len(ready)
+        self.pending = self.pending + ready
 
     def on(self, chunk: dict) -> dict:
         if not self.on_shape:
