@@ -171,13 +171,18 @@ def run(setup: str, fleets: dict[str, list[str]], log_dir: Path, args: argparse.
     fleet = fleets["plain" if setup == "ring" else "tiers"]
     first, later = fleet[:2], (fleet if setup == "held_pulls" else fleet[:2])
     flags = (*GATEWAY[setup], "--scrape-seconds", "0.5", "--log-level", "warning")
+    flags += ("--shutdown-delay", "0", "--shutdown-grace", "2")  # a phase's requests are all answered
     out: dict = {"setup": setup, "round": r}
-    with gateway_process(f"{SERVED}=" + ",".join(first), log_dir, setup, *flags, ready_seconds=180) as (url, _):
+    with gateway_process(
+        f"{SERVED}=" + ",".join(first), log_dir, setup, *flags, ready_seconds=180, stop_seconds=60
+    ) as (url, _):
         out["before"] = asyncio.run(phase(url, first, prompts, args, seed=100 * r + 1, warm=True))
         if later == first:
             out["after"] = asyncio.run(phase(url, first, prompts, args, seed=100 * r + 2, warm=False))
     if later != first:  # one more replica joins: a gateway over all three, the new one holding nothing
-        with gateway_process(f"{SERVED}=" + ",".join(later), log_dir, setup + "-3", *flags, ready_seconds=180) as (
+        with gateway_process(
+            f"{SERVED}=" + ",".join(later), log_dir, setup + "-3", *flags, ready_seconds=180, stop_seconds=60
+        ) as (
             url,
             _,
         ):
