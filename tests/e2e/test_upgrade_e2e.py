@@ -9,6 +9,11 @@ that version in the node's containerd) and applied: the operator, the serving ga
 batch gateway roll to it. Then the same again back to the installed version (the downgrade, which
 also leaves the cluster as the other tests expect it).
 
+The second test hands the install to Helm (the kustomize objects deleted, the CRDs, the namespace,
+the services and the batch store's claim kept), installs the chart with Helm's own library, asks
+both services through the release's gateway, and runs `helm upgrade` to the new version under the
+same load; it puts the kustomize install back at the end.
+
 Asserted, each way: zero failed requests (any status but 200, a stream without its `[DONE]`, a
 reset connection); the services and their runtime Deployments never re-created (same uids); the
 runtime pods neither replaced nor restarted (their template did not change); the services Ready
@@ -18,19 +23,20 @@ again at their current generation; the gateways and the operator on the new imag
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import json
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import helm_python as helm
 import pytest
 import yaml
-from node import OPERATOR_IMAGE, OPERATOR_NAMESPACE, ROOT, Node, cluster_ip, condition, run, wait_for
+from node import OPERATOR_IMAGE, OPERATOR_NAMESPACE, ROOT, Node, chat, cluster_ip, condition, run, wait_for
 
 SERVICES = ("up-a", "up-b")
 CLIENTS = 4
@@ -48,7 +54,9 @@ def service(name: str) -> dict[str, Any]:
             "model": {"source": "pvc://models/tiny", "servedName": name, "maxModelLen": 256, "dtype": "float32"},
             "engine": {"maxNumSeqs": 8, "maxBatchedTokens": 256},
             "resources": {"gpu": 0, "cpu": "500m", "memory": "1Gi"},
-            "slo": {"ttft": "2s", "tpot": "200ms"},
+            # loose targets: the runtime's admission refuses (429) what would miss them, and this test
+            # counts every refusal; the machine's other load must not read as a failed upgrade
+            "slo": {"ttft": "60s", "tpot": "10s"},
         },
     }
 
@@ -174,7 +182,7 @@ def converged(node: Node) -> bool:
     return True
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def next_version(installed: Node) -> Iterator[str]:
     """The operator's image under a new version's tag, in the node's containerd."""
     image = f"{OPERATOR_IMAGE.rsplit(':', 1)[0]}:{NEXT_TAG}"
@@ -184,36 +192,101 @@ def next_version(installed: Node) -> Iterator[str]:
     run([*ctr, "rm", image], timeout=60)
 
 
-def upgrade_under_load(node: Node, host: str, tag: str, image: str) -> tuple[int, list[str], float]:
+@pytest.fixture(scope="module")
+def services(installed: Node, models: Any) -> Iterator[str]:
+    """Both services Ready; yields the gateway's ClusterIP."""
+    node = installed
+    wait_rollouts(node)
+    node.apply([service(name) for name in SERVICES])
+    wait_for(lambda: converged(node), 600, "both services Ready", explain=node.describe)
+    yield cluster_ip(node, "goodput-gateway", OPERATOR_NAMESPACE)
+    node.kubectl("delete", "inferenceservice", *SERVICES, "--wait=true", timeout=180)
+
+
+def wait_rollouts(node: Node) -> None:
+    for name in ROLLOUTS:
+        node.kubectl("rollout", "status", f"deployment/{name}", "-n", OPERATOR_NAMESPACE, "--timeout=300s", timeout=320)
+
+
+def upgrade_under_load(node: Node, host: str, upgrade: Callable[[], object], image: str, before: Any) -> None:
+    """`upgrade` while the clients run; then zero failures, the services untouched and Ready."""
     with Load.running(host) as load:
         wait_for(lambda: load.ok >= 8, 120, "traffic to flow before the upgrade", explain=lambda: str(load.failures))
         started = time.monotonic()
-        apply_version(node, tag)
+        upgrade()
+        wait_rollouts(node)
         wait_for(lambda: only_new_pods(node, image), 180, f"only {image} pods, all Ready", explain=node.describe)
         time.sleep(SETTLE_SECONDS)
         took = time.monotonic() - started
-    return load.ok, load.failures, took
+    ok, failures = load.ok, load.failures
+    print(f"to {image}: {ok} requests answered, {len(failures)} failed, in {took:.0f} s")
+    assert failures == [], f"{len(failures)} of {ok + len(failures)} requests failed:\n" + "\n".join(failures[:20])
+    assert ok >= 20, f"only {ok} requests in {took:.0f} s: too little load to judge the rollout"
+    wait_for(lambda: converged(node), 120, "both services Ready at their generation", explain=node.describe)
+    assert runtime_state(node) == before  # nothing re-created, replaced or restarted
 
 
 def test_an_upgrade_and_a_downgrade_under_steady_load_fail_no_request(
-    installed: Node, models: Any, next_version: str
+    installed: Node, services: str, next_version: str
 ) -> None:
     node = installed
-    for name in ROLLOUTS:
-        node.kubectl("rollout", "status", f"deployment/{name}", "-n", OPERATOR_NAMESPACE, "--timeout=300s", timeout=320)
-    node.apply([service(name) for name in SERVICES])
-    wait_for(lambda: converged(node), 600, "both services Ready", explain=node.describe)
-    host = cluster_ip(node, "goodput-gateway", OPERATOR_NAMESPACE)
     before = runtime_state(node)
-
     for tag, image in ((NEXT_TAG, next_version), (OPERATOR_IMAGE.rsplit(":", 1)[1], OPERATOR_IMAGE)):
-        ok, failures, took = upgrade_under_load(node, host, tag, image)
-        print(f"to {image}: {ok} requests answered, {len(failures)} failed, in {took:.0f} s")
-        assert failures == [], f"{len(failures)} of {ok + len(failures)} requests failed:\n" + "\n".join(failures[:20])
-        assert ok >= 20, f"only {ok} requests in {took:.0f} s: too little load to judge the rollout"
-        wait_for(lambda: converged(node), 120, "both services Ready at their generation", explain=node.describe)
-        assert runtime_state(node) == before  # nothing re-created, replaced or restarted
-    node.kubectl("delete", "inferenceservice", *SERVICES, "--wait=true", timeout=180)
+        upgrade_under_load(node, services, functools.partial(apply_version, node, tag), image, before)
+
+
+def kustomized_without(node: Node, kinds: tuple[str, ...]) -> str:
+    kubectl = shutil.which("kubectl") or "kubectl"
+    docs = yaml.safe_load_all(node.kubectl("kustomize", str(ROOT / "manifests"), kubectl=kubectl).stdout)
+    text = yaml.safe_dump_all([d for d in docs if d and d["kind"] not in kinds])
+    if "policy/v1" not in node.kubectl("api-versions", kubectl=kubectl).stdout.split():
+        text = text.replace("apiVersion: policy/v1\n", "apiVersion: policy/v1beta1\n")  # before 1.21
+    return text
+
+
+def test_helm_installs_serves_and_upgrades_with_no_failed_request(
+    installed: Node, services: str, next_version: str
+) -> None:
+    """The kustomize install handed to Helm: its objects deleted (the CRDs, the namespace, the services and
+    the batch store's claim kept; the claim adopted by Helm's labels), `helm install` of the chart, the
+    services answering through its gateway, then `helm upgrade` to the new version under load. Afterwards
+    the release is uninstalled and `kubectl apply -k manifests/` puts the kustomize install back."""
+    node = installed
+    before = runtime_state(node)
+    kubectl = shutil.which("kubectl") or "kubectl"
+    kept = ("CustomResourceDefinition", "Namespace", "PersistentVolumeClaim")
+    node.kubectl("delete", "-f", "-", "--wait=true", input_text=kustomized_without(node, kept), timeout=300)
+    claim = ["-n", OPERATOR_NAMESPACE, "pvc/goodput-gateway-batch", "--overwrite"]
+    node.kubectl("label", *claim, "app.kubernetes.io/managed-by=Helm", kubectl=kubectl)
+    node.kubectl(
+        "annotate", *claim, "meta.helm.sh/release-name=goodput", f"meta.helm.sh/release-namespace={OPERATOR_NAMESPACE}"
+    )
+    chart = ROOT / "charts" / "goodput"
+    values: dict[str, Any] = {"namespace": {"create": False}}  # the namespace is not Helm's to adopt
+    try:
+        with helm.Config(kubeconfig_path=str(node.kubeconfig), namespace=OPERATOR_NAMESPACE) as cfg:
+            cfg.install(chart, "goodput", values, namespace=OPERATOR_NAMESPACE, timeout=300)
+            wait_rollouts(node)
+            wait_for(
+                lambda: only_new_pods(node, OPERATOR_IMAGE), 180, "the release's pods Ready", explain=node.describe
+            )
+            host = cluster_ip(node, "goodput-gateway", OPERATOR_NAMESPACE)  # the Service is the release's now
+            for name in SERVICES:  # the Helm install serves what was there
+                wait_for(
+                    lambda name=name: chat(host, name, "hello"),
+                    60,
+                    f"{name} to answer through the release's gateway",
+                    ignore=(OSError, RuntimeError),
+                )
+            upgrade = {**values, "images": {"operator": {"tag": NEXT_TAG}}}
+            upgrade_under_load(
+                node, host, lambda: cfg.upgrade(chart, "goodput", upgrade, timeout=300), next_version, before
+            )
+            assert [r["revision"] for r in cfg.history("goodput")] == [1, 2]
+            cfg.uninstall("goodput", timeout=300)
+    finally:
+        node.apply_kustomization(ROOT / "manifests")
+        wait_rollouts(node)
 
 
 def test_the_chart_renders_the_installed_objects_but_the_new_image() -> None:
