@@ -145,6 +145,8 @@ class PeerPulls:
         """What `chosen` is sent: `raw`, or `raw` with a peer pull where one pays (see the module's doc)."""
         if blocks is None or path not in PATHS or FIELD in body or body.get("prompt_logprobs") is not None:
             return raw
+        if len(self.endpoints) > 2 * len(replicas) + 64:  # replicas come and go: keep the cache bounded
+            self.forget(set(replicas))
         found = plan(chosen, replicas, blocks.digests, held_of, self.min_blocks)
         if found is None:
             return raw
