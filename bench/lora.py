@@ -19,8 +19,9 @@ each row's A and B gathered, one batched product) or ``grouped`` (one product pe
 always run grouped. Variants take turns step by step (one step of each, then the next), their order
 rotating each round, and the ranks' engines alternate round by round; reported per rank and shape: the
 median wall ms per step over all rounds, tokens/s, and the cost against base within the same run, and
-the target (four adapters mixed at batch 16 within +25 % of base) per rank. The machine may be shared:
-only ratios within a run count. JSON to bench/results/lora.json.
+the target (four adapters mixed at batch 16 within +25 % of base) per rank; and the ATen operations
+each variant's step dispatches (grouped), a count no other load on the machine moves. The machine may be
+shared: only ratios within a run count. JSON to bench/results/lora.json.
 """
 
 from __future__ import annotations
@@ -82,6 +83,22 @@ def digest_vs_hash(tokens: int = 2048, block: int = 16, repeats: int = 200) -> d
             best = min(best, (time.perf_counter() - started) / repeats)
         out[name] = best * 1e6
     return out
+
+
+def aten_ops(runner: Any, step: list[Any]) -> int:
+    """ATen operations the forward pass of `step` dispatches: on a CPU a small step's cost follows their count."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        runner.execute(step)
+    return Count.n
 
 
 TARGET = 0.25  # four adapters mixed at batch 16 cost at most this share of the base model's step time
@@ -217,6 +234,13 @@ def main(argv: list[str] | None = None) -> int:
                         core.runner.execute(step)
                         times.setdefault((rank, shape, kind, path), []).append(time.perf_counter() - started)
     lora.DECODE_PATH = "grouped"
+    ops = {  # per rank and shape, the grouped path's operations per step of each variant (no timing noise)
+        f"{rank} {shape}": {
+            kind: aten_ops(core.runner, with_slots(items, kind, slot_of)) for kind in ("base", "one", "mixed4")
+        }
+        for rank, (core, slot_of, _) in engines.items()
+        for shape, items in shapes.items()
+    }
 
     rows: list[dict[str, Any]] = []
     for (rank, shape, kind, path), values in times.items():
@@ -249,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "rows": rows,
         "target": {"mixed4_decode_x16_cost_at_most": TARGET, "measured": headline},
+        "aten_ops_per_step": ops,
         "load_ms": {rank: loads for rank, (_, _, loads) in engines.items()},
         "slot_mib": {rank: round(core.lora.slot_bytes / 2**20, 1) for rank, (core, _, _) in engines.items()},
         "prefix_digest_us_per_2048_tokens": {k: round(v, 1) for k, v in digest.items()},
@@ -271,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             f"target: rank {h['rank']}, four adapters mixed at batch 16: {100 * h['cost_vs_base']:+.1f} % "
             f"against the base model (at most +{100 * TARGET:.0f} %): {verdict}"
         )
+    print("ATen operations per step (grouped): " + "; ".join(f"{k}: {v}" for k, v in ops.items()))
     print(f"\nload (ms): {result['load_ms']}; slots (MiB): {result['slot_mib']}")
     print(f"prefix digest per 2,048-token prompt (µs): {result['prefix_digest_us_per_2048_tokens']}")
     print(f"wrote {out}")
