@@ -14,8 +14,8 @@ from typing import Any
 import kopf
 import prometheus_client
 
-from goodput_contract.api import GROUP, PIPELINE_KIND, PLURAL, VERSION
-from goodput_operator import controller, lora_adapters, metrics, node_caches, pipelines
+from goodput_contract.api import GROUP, MODEL_CACHE_PLURAL, PIPELINE_KIND, PLURAL, VERSION
+from goodput_operator import controller, lora_adapters, metrics, pipelines
 from goodput_operator.autoscaling.loop import Autoscaler
 from goodput_operator.builders import MANAGED_BY
 from goodput_operator.context import Context
@@ -141,4 +141,10 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
 
     pipelines.register(registry)
     lora_adapters.register(registry, settings)
-    node_caches.register(registry)
+
+    # ModelCaches: their specs kept (node_caches.py), and the services that named a changed one passed again
+    @kopf.on.event(GROUP, VERSION, MODEL_CACHE_PLURAL, id="model-cache-watch", registry=registry)
+    async def model_cache_watched(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        ctx = getattr(memo, "ctx", None)
+        if ctx is not None:
+            controller.reconcile_soon(ctx, ctx.node_caches.event(event.get("type"), dict(event["object"])))

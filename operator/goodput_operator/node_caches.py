@@ -8,7 +8,8 @@ spec.model.nodeCache.
 
 The ModelCaches are watched: each one's spec is kept here, and a ModelCache created, changed or
 deleted brings a pass of every service that named it (a refused service turns valid once its
-ModelCache appears). Before the watch has delivered a ModelCache (at start, or where the watch does
+ModelCache appears; handlers.py hands the watch's events here).
+Before the watch has delivered a ModelCache (at start, or where the watch does
 not run) it is read from the server.
 """
 
@@ -16,14 +17,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import kopf
-
 from goodput_contract.api import GROUP, MODEL_CACHE_PLURAL, VERSION
 from goodput_contract.api.model_cache_spec import parse_model_cache
 from goodput_contract.api.spec import ServiceSpec, SpecError
 
 if TYPE_CHECKING:
-    from goodput_operator.context import Context
+    from goodput_operator.k8s import Kube
 
 FIELD = "model.nodeCache"
 NOT_FOUND, INVALID, MISMATCH = "NodeCacheNotFound", "NodeCacheInvalid", "NodeCacheMismatch"
@@ -64,11 +63,10 @@ class NodeCaches:
                 services.discard(service)
 
 
-async def check(ctx: Context, svc: ServiceSpec) -> None:
+async def check(caches: NodeCaches, kube: Kube, svc: ServiceSpec) -> None:
     """Raise SpecError naming spec.model.nodeCache when its ModelCache is absent, invalid, or holds
     another repository, or another revision than one the service names."""
     name = svc.model.node_cache
-    caches = ctx.node_caches
     if name is None:
         if caches.readers:
             caches.forget(svc.namespace, svc.name)
@@ -78,7 +76,7 @@ async def check(ctx: Context, svc: ServiceSpec) -> None:
     if key in caches.specs:
         spec = caches.specs[key]
     else:
-        live = await ctx.kube.get(cache_path(svc.namespace, name))
+        live = await kube.get(cache_path(svc.namespace, name))
         spec = None if live is None else dict(live.get("spec") or {})
     if spec is None:
         raise SpecError(
@@ -105,18 +103,3 @@ async def check(ctx: Context, svc: ServiceSpec) -> None:
             f"{svc.model.revision!r}: the pods serve the ModelCache's files",
             reason=MISMATCH,
         )
-
-
-def register(registry: kopf.OperatorRegistry) -> None:
-    """Watch ModelCaches: keep their specs and pass again the services that named one that changed."""
-
-    @kopf.on.event(GROUP, VERSION, MODEL_CACHE_PLURAL, id="model-cache-watch", registry=registry)
-    async def model_cache_watched(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        ctx = getattr(memo, "ctx", None)
-        if ctx is None:
-            return
-        services = ctx.node_caches.event(event.get("type"), dict(event["object"]))
-        if services:
-            from goodput_operator import controller
-
-            controller.reconcile_soon(ctx, services)

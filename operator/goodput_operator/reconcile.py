@@ -81,7 +81,7 @@ async def _reconcile(ctx: Context, body: dict[str, Any]) -> str:
         svc = parse(name, namespace, body.get("spec") or {})
         engines.validate(svc)
         _check_shape(svc)
-        await node_caches.check(ctx, svc)
+        await node_caches.check(ctx.node_caches, ctx.kube, svc)
         fit = await model_fit(ctx, svc)
         if fit.invalid:
             raise fit.invalid
