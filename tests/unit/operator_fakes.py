@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from goodput_operator.node_caches import NodeCaches
+
 
 class FakeKube:
     def __init__(self) -> None:
@@ -19,6 +21,7 @@ class FakeContext:
         self.kube = FakeKube()
         self.events: list[tuple[str, str, str]] = []  # (type, reason, message)
         self.reported_failures: dict[tuple[str, str], tuple[str, ...]] = {}
+        self.node_caches = NodeCaches()
 
     async def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.append((type_, reason, message))
