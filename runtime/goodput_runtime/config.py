@@ -25,6 +25,7 @@ class EngineConfig:
     seed: int = 0
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1  # stages the decoder's layers are split into (engine/pipeline.py)
+    pipeline_microbatches: int | None = None  # a step's micro-batches through the stages; None: one per stage
     node_rank: int | None = None  # this pod's index in a replica spanning pods; None: from the environment
     nnodes: int | None = None  # pods of the replica; None: from the environment, else 1
     leader_address: str | None = None  # host:port of pod 0's torch.distributed store

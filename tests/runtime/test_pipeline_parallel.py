@@ -1,9 +1,11 @@
 """Pipeline and tensor parallelism across processes on CPU (gloo), the way pods run them.
 
 A deeper random Llama (5 layers, so two stages split it 3 + 2) gives one process's greedy tokens
-under TP 2, PP 2 and TP 2 × PP 2; two runtime processes started as a replica's two pods (each
+under TP 2, PP 2 and TP 2 × PP 2, with the step split into micro-batches (one per stage by default,
+one, or more than a step has sequences); two runtime processes started as a replica's two pods (each
 told its node rank, the node count and the leader's address) serve the same answers; and a
-worker pod killed mid-step takes the whole group down with a non-zero exit, never a hang.
+worker pod killed mid-step takes the whole group down with a non-zero exit, never a hang. The
+per-stage trace of each micro-batch's forward shows the stages working at once.
 """
 
 from __future__ import annotations
@@ -20,8 +22,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from goodput_runtime.__main__ import parse_args
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.builder import build_core
+from goodput_runtime.engine.config_error import EngineConfigError
+from goodput_runtime.engine.pipeline_schedule import TRACE_ENV, bubble, decode_only, read_trace, split
+from goodput_runtime.engine.step import StepItem
 from goodput_runtime.sampling import SamplingParams
 from tests.conftest import MODEL_CACHE
 from tests.runtime.test_tensor_parallel import run_staggered, workload
@@ -54,7 +60,7 @@ def deep_model_dir(tiny_model_dir: Path) -> Path:
     return out
 
 
-def config(model_dir: Path, tensor: int, pipeline: int) -> EngineConfig:
+def config(model_dir: Path, tensor: int, pipeline: int, microbatches: int | None = None) -> EngineConfig:
     return EngineConfig(
         model=str(model_dir),
         device="cpu",
@@ -66,6 +72,7 @@ def config(model_dir: Path, tensor: int, pipeline: int) -> EngineConfig:
         max_num_seqs=8,
         tensor_parallel_size=tensor,
         pipeline_parallel_size=pipeline,
+        pipeline_microbatches=microbatches,
         num_threads=1,
     )
 
@@ -75,16 +82,189 @@ def single_process_tokens(deep_model_dir: Path) -> list[list[int]]:
     return run_staggered(build_core(config(deep_model_dir, 1, 1)), workload())
 
 
-@pytest.mark.parametrize(("tensor", "pipeline"), [(2, 1), (1, 2), (2, 2)], ids=["tp2", "pp2", "tp2xpp2"])
-def test_split_models_give_the_single_process_greedy_tokens(deep_model_dir, single_process_tokens, tensor, pipeline):
-    core = build_core(config(deep_model_dir, tensor, pipeline))
+@pytest.mark.parametrize(
+    ("tensor", "pipeline", "microbatches"),
+    [(2, 1, None), (1, 2, None), (1, 2, 1), (1, 2, 4), (2, 2, None)],
+    ids=["tp2", "pp2", "pp2-one-microbatch", "pp2-4-microbatches", "tp2xpp2"],
+)
+def test_split_models_give_the_single_process_greedy_tokens(
+    deep_model_dir, single_process_tokens, tensor, pipeline, microbatches
+):
+    """PP 2 by default splits each step in two micro-batches; 4 is more than most of this workload's
+    steps have sequences (two new requests every other step, prompt chunks of 24 tokens at most)."""
+    core = build_core(config(deep_model_dir, tensor, pipeline, microbatches))
     try:
         assert core.runner.layout.num_layers == (3 if pipeline == 2 else LAYERS)  # rank 0 caches its stage alone
         assert core.runner.layout.kv_heads == 2 // tensor
+        if pipeline > 1:
+            assert core.runner.pipeline.microbatches == (microbatches or pipeline)
         produced = run_staggered(core, workload())
     finally:
         core.close()
     assert produced == single_process_tokens
+
+
+def items(*lengths: int, prompt_logprobs: bool = False) -> list[StepItem]:
+    """Decodes (length 1) and prompt chunks of these lengths, in plan_step's order."""
+    out = []
+    for i, n in enumerate(lengths):
+        start = 20 - i if n == 1 else 3
+        count = n - 1 if prompt_logprobs and n > 1 else 0
+        out.append(StepItem(list(range(n)), start, list(range(12)), True, prompt_first=0, prompt_count=count))
+    return out
+
+
+def kept(step: list[StepItem]) -> list[int]:
+    rows, row = [], 0
+    for item in step:
+        row += len(item.token_ids)
+        rows.extend(item.kept_rows(row - 1))
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("lengths", "microbatches", "sizes"),
+    [
+        ((1,) * 16, 2, [8, 8]),  # steady decode at batch 16
+        ((1,) * 16, 4, [4, 4, 4, 4]),
+        ((1,) * 5, 2, [2, 3]),
+        ((1,), 4, [1]),  # fewer sequences than micro-batches: fewer micro-batches
+        ((1, 1, 1), 4, [1, 1, 1]),
+        ((24,), 2, [12, 12]),  # one prompt chunk, cut in two
+        ((1,) * 4 + (20,), 2, [12, 12]),  # decodes, and a prompt chunk cut where the shares meet
+        ((3,), 2, [3]),  # too short to cut: each part keeps at least two tokens
+        ((1,) * 3, 1, [3]),
+    ],
+)
+def test_a_step_splits_into_balanced_micro_batches_in_order(lengths, microbatches, sizes):
+    step = items(*lengths, prompt_logprobs=True)
+    batches = split(step, microbatches)
+    assert [sum(len(item.token_ids) for _, item in batch) for batch in batches] == sizes
+    flat = [item for batch in batches for _, item in batch]
+    assert [index for batch in batches for index, _ in batch] == sorted(
+        index for batch in batches for index, _ in batch
+    )
+    assert [t for item in flat for t in item.token_ids] == [t for item in step for t in item.token_ids]
+    assert kept(flat) == kept(step)  # the LM head's rows come back in the whole step's order
+    for index, item in (pair for batch in batches for pair in batch):
+        whole = step[index]
+        assert item.samples == (whole.samples and item.context_len == whole.context_len)  # the last part samples
+
+
+def test_an_embedding_prompt_is_never_cut():
+    step = [StepItem(list(range(30)), 0, list(range(12)), False, pool="mean")]
+    assert len(split(step, 4)) == 1
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_a_bad_micro_batch_count_is_refused_by_name(value, capsys):
+    with pytest.raises(SystemExit) as refused:
+        parse_args(["--model", "m", "--pipeline-parallel-size", "2", "--pipeline-microbatches", value])
+    assert refused.value.code == 2
+    assert "--pipeline-microbatches" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "microbatches", "says"),
+    [(2, 0, "--pipeline-microbatches 0"), (1, 2, "--pipeline-microbatches 2 needs --pipeline-parallel-size")],
+)
+def test_the_engine_refuses_micro_batches_it_cannot_run(deep_model_dir, pipeline, microbatches, says):
+    """Before any rank starts: a count below one, or micro-batches without stages to pass them between."""
+    with pytest.raises(EngineConfigError, match=says):
+        build_core(config(deep_model_dir, 1, pipeline, microbatches))
+
+
+def traced_run(model_dir: Path, trace: Path, monkeypatch, microbatches: int | None, cases) -> list[list[int]]:
+    """The workload's greedy tokens under PP 2, every rank tracing its steps to `trace`."""
+    monkeypatch.setenv(TRACE_ENV, str(trace))  # the follower ranks inherit it
+    core = build_core(config(model_dir, 1, 2, microbatches))
+    try:
+        return run_staggered(core, cases)
+    finally:
+        core.close()
+        monkeypatch.delenv(TRACE_ENV)
+
+
+def test_prompt_logprobs_and_embeddings_survive_cut_prompts(deep_model_dir):
+    """Three micro-batches over steps mixing embedding prompts (never cut: their rows are pooled whole),
+    a prompt asking for its logprobs (cut, its rows shared between the parts) and decodes: the same
+    tokens, logprobs and vectors as one process."""
+    from goodput_runtime.engine.sequence import PoolingParams
+
+    def outputs(pipeline: int, microbatches: int | None) -> dict[str, list]:
+        core = build_core(config(deep_model_dir, 1, pipeline, microbatches))
+        out: dict[str, list] = {}
+        try:
+            core.add("mean", list(range(5, 35)), SamplingParams(max_tokens=1), PoolingParams("mean", normalize=False))
+            generate = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, prompt_logprobs=2, logprobs=1)
+            core.add("logprobs", list(range(40, 60)), generate)
+            core.add("last", list(range(7, 30)), SamplingParams(max_tokens=1), PoolingParams("last", normalize=False))
+            core.add("short", [70, 71, 72], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+            while core.has_unfinished():
+                for o in core.step():
+                    out.setdefault(o.request_id, []).append(o)
+        finally:
+            core.close()
+        return out
+
+    one, split_up = outputs(1, None), outputs(2, 3)
+    for name in ("mean", "last"):
+        assert one[name][-1].embedding == pytest.approx(split_up[name][-1].embedding, abs=1e-4)
+    for name in ("logprobs", "short"):
+        assert [t for o in one[name] for t in o.token_ids] == [t for o in split_up[name] for t in o.token_ids]
+    prompt = [next(o.prompt_logprobs for o in out["logprobs"] if o.prompt_logprobs) for out in (one, split_up)]
+    assert len(prompt[0]) == len(prompt[1]) == 20
+    for a, b in zip(prompt[0][1:], prompt[1][1:], strict=True):
+        assert (a.token_id, [t for t, _ in a.top]) == (b.token_id, [t for t, _ in b.top])
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+
+
+def test_a_batch_smaller_than_the_micro_batch_count(deep_model_dir, tmp_path, monkeypatch):
+    """One sequence, 4 micro-batches asked for: its decode steps run as one micro-batch, its prompt is
+    cut into parts of the prompt, and the tokens are one process's."""
+    cases = [([(j * 7) % 900 + 5 for j in range(20)], 12)]
+    expected = run_staggered(build_core(config(deep_model_dir, 1, 1)), cases)
+    assert traced_run(deep_model_dir, tmp_path, monkeypatch, 4, cases) == expected
+    steps = read_trace(tmp_path)
+    prompt, *decodes = (steps[k] for k in sorted(steps))
+    assert {r["microbatches"] for r in prompt} == {4}  # 20 prompt tokens in four parts of five
+    assert sorted(r["tokens"] for r in prompt if r["rank"] == 0 and r["what"] == "forward") == [5, 5, 5, 5]
+    assert len(decodes) == 11 and all(r["microbatches"] == 1 for step in decodes for r in step)
+
+
+def test_stages_work_on_different_micro_batches_at_once(deep_model_dir, tmp_path, monkeypatch):
+    """The trace of each stage's forward per micro-batch, on the machine's monotonic clock: in steady
+    decode stage 0 starts micro-batch 1 before stage 1 is done with micro-batch 0 (it does not wait for
+    the step to come back), and the two run at the same time; with one micro-batch they never do.
+
+    The ranks are processes the OS schedules: on a machine whose cores are busy with other work one may
+    be descheduled just as the other runs (this one measured 60-90% of steps going on, 55-80% at the
+    same time, at a load of 25-40 on two cores), so the bounds below are well under what it shows."""
+    cases = [([(i * 53 + j * 11) % 900 + 5 for j in range(6)], 32) for i in range(8)]
+    expected = run_staggered(build_core(config(deep_model_dir, 1, 1)), cases)
+    assert traced_run(deep_model_dir, tmp_path / "two", monkeypatch, 2, cases) == expected
+    assert traced_run(deep_model_dir, tmp_path / "one", monkeypatch, 1, cases) == expected
+
+    def forwards(step: list[dict]) -> dict[tuple[int, int], dict]:
+        return {(r["stage"], r["mb"]): r for r in step if r["what"] == "forward"}
+
+    steady = [s for s in read_trace(tmp_path / "two").values() if decode_only(s) and s[0]["microbatches"] == 2]
+    assert len(steady) >= 25
+    went_on = together = 0
+    for step in steady:
+        f = forwards(step)
+        assert f[0, 1]["start"] >= f[0, 0]["end"] and f[1, 0]["start"] >= f[0, 0]["end"]  # causality, one clock
+        went_on += f[0, 1]["start"] < f[1, 0]["end"]
+        together += max(f[0, 1]["start"], f[1, 0]["start"]) < min(f[0, 1]["end"], f[1, 0]["end"])
+    assert went_on >= 0.4 * len(steady), (went_on, len(steady))
+    assert together >= 0.25 * len(steady), (together, len(steady))
+
+    one = [s for s in read_trace(tmp_path / "one").values() if decode_only(s)]
+    for step in one:
+        f = forwards(step)
+        assert set(f) == {(0, 0), (1, 0)} and f[1, 0]["start"] >= f[0, 0]["end"]  # the stages in turn
+    two_bubble, one_bubble = bubble(steady)["bubble"], bubble(one)["bubble"]
+    print(f"bubble: {one_bubble:.0%} with one micro-batch, {two_bubble:.0%} with two")
 
 
 def free_port() -> int:
@@ -223,7 +403,9 @@ def zombie(pid: int) -> bool:
 
 def test_the_real_model_split_gives_one_process_greedy_tokens(smollm2_dir):
     """SmolLM2-135M (30 layers, 9 heads, 3 KV heads: tensor parallelism splits it 3 ways, not 2) as
-    TP 3 × PP 2, six ranks: 15 + 15 layers, 3 ranks per stage, give one process's greedy chat answers."""
+    TP 3 × PP 2, six ranks: 15 + 15 layers, 3 ranks per stage, two micro-batches (the default), and as
+    PP 2 with three micro-batches (the two prompts cut in three, the two decodes in two), give one
+    process's greedy chat answers."""
     tensor, pipeline = 3, 2
     from transformers import AutoTokenizer
 
@@ -236,7 +418,7 @@ def test_the_real_model_split_gives_one_process_greedy_tokens(smollm2_dir):
         for q in ("What is the capital of France?", "Give me three tips for writing clear code.")
     ]
 
-    def answers(tensor: int, pipeline: int) -> list[list[int]]:
+    def answers(tensor: int, pipeline: int, microbatches: int | None = None) -> list[list[int]]:
         cfg = EngineConfig(
             model=str(smollm2_dir),
             device="cpu",
@@ -245,6 +427,7 @@ def test_the_real_model_split_gives_one_process_greedy_tokens(smollm2_dir):
             max_model_len=512,
             tensor_parallel_size=tensor,
             pipeline_parallel_size=pipeline,
+            pipeline_microbatches=microbatches,
             num_threads=1,
         )
         core = build_core(cfg)
@@ -262,3 +445,4 @@ def test_the_real_model_split_gives_one_process_greedy_tokens(smollm2_dir):
     expected = answers(1, 1)
     assert all(len(a) > 3 for a in expected)
     assert answers(tensor, pipeline) == expected
+    assert answers(1, pipeline, 3) == expected

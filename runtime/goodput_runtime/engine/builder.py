@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from goodput_runtime.config import EngineConfig
-from goodput_runtime.engine import lora_manager, lora_options, parallel, prefix_digest, rendezvous
+from goodput_runtime.engine import lora_manager, lora_options, parallel, pipeline, prefix_digest, rendezvous
 from goodput_runtime.engine.batch_cap import BatchCap, StepTimeModel
 from goodput_runtime.engine.block_manager import BlockManager
 from goodput_runtime.engine.config_error import EngineConfigError
@@ -107,6 +107,8 @@ def enable_kv_offload(config: EngineConfig, runner: ModelRunner, block_manager: 
 
 def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> EngineCore:
     if (refused := lora_options.refusal(config)) is not None:  # by name, before any weight is loaded
+        raise EngineConfigError(refused)
+    if refused := pipeline.microbatch_problem(config.pipeline_microbatches, config.pipeline_parallel_size):
         raise EngineConfigError(refused)
     model_dir = resolve_model_path(config.model, config.revision)
     check_architecture(model_dir)

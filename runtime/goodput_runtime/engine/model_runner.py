@@ -59,6 +59,8 @@ class ModelRunner(CacheBlocks):
         # with a plan: steps move to one thread while other processes take the cores (engine/contention.py)
         self.watch: ContentionWatch | None = None
         self.offload: Any = None  # the KV offload tier (engine/kv_offload.py): evicted blocks are saved to it
+        # under pipeline parallelism: runs each step as micro-batches through the stages (engine/pipeline_schedule.py)
+        self.pipeline = getattr(model, "pipeline_schedule", None)
         if isinstance(model, CausalLM) and self.device.type == "cpu" and tensor_parallel == 1:
             self.set_plan(StepPlan.default(torch.get_num_threads()))
 
@@ -206,6 +208,8 @@ class ModelRunner(CacheBlocks):
             self._copy_blocks(items)
         if self._one_decode_group is None:
             self._one_decode_group = attention.kernel_attends_decodes(self.cache)
+        if self.pipeline is not None:
+            return self.pipeline.execute(items, self.cache, self.block_size, self._one_decode_group, logits, pooled)
         # rows of one adapter together (each adapter's product once per run of rows), the items as given
         # for the rest: sample_rows by the items' own order, so the logits keep it
         order = lora_order(items, self._one_decode_group) if logits else None

@@ -4,29 +4,27 @@ Ranks are laid out stage-major: global rank r is tensor rank ``r % tensor`` of s
 ``r // tensor``, so a stage's tensor-parallel ranks are neighbours (one node, where the fast
 links are) and stages cross nodes. Stage s keeps layers ``stage_layers(...)`` only, with its
 KV cache for them alone. Every rank receives each step's plan from rank 0 (a broadcast over
-the whole group), then:
+the whole group), then runs its part of the micro-batched schedule (engine/pipeline_schedule.py):
 
-- stage 0 embeds the step's tokens and runs its layers;
-- each later stage receives the previous stage's hidden states (``[1, tokens, hidden]``, one
-  point-to-point send between ranks of the same tensor rank) and runs its layers;
-- the last stage applies the final norm and sends the hidden states back to rank 0, which
-  applies the LM head and samples.
+- the step's batch is split into micro-batches (``--pipeline-microbatches``, default one per stage);
+- stage 0 embeds each micro-batch's tokens and runs its layers, sending each on as it is done;
+- each later stage receives a micro-batch's hidden states (``[1, tokens, hidden]``, one
+  point-to-point send between ranks of the same tensor rank), runs its layers and sends them on,
+  while the stage before it already runs the next micro-batch;
+- the last stage applies the final norm and sends each micro-batch's hidden states back to rank 0,
+  which applies the LM head to each as it arrives, then samples the step.
 
-The schedule is the simplest one: a step passes through the stages one after another, so in
-steady decode one stage works at a time and each stage idles ``(P - 1) / P`` of a step (the
-bubble). Splitting steps into micro-batches in flight at once would shrink it; the runtime does
-not do that yet. Pipeline parallelism is here to fit a model larger than one node's memory, not
-to make a step faster.
+So in steady decode more than one stage works at a time; each stage still idles
+``(P - 1) / (M + P - 1)`` of a step (the fill and drain of P stages and M micro-batches).
+Pipeline parallelism is here to fit a model larger than one node's memory; micro-batches make it
+cost less, not a step faster than one node would run it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import MethodType
 from typing import Any
 
-import torch
-import torch.distributed as dist
 from torch import nn
 
 
@@ -73,8 +71,8 @@ def stage_layers(num_layers: int, pipeline: int, stage: int) -> range:
 
 def cut_model(model: Any, topology: Topology) -> None:
     """Keep this rank's stage of `model` (a transformers causal LM), in place: its layers alone
-    (renumbered from 0, so its KV cache holds them alone), the final norm on the last stage only,
-    and a forward that receives and sends the hidden states between stages."""
+    (renumbered from 0, so its KV cache holds them alone) and the final norm on the last stage only.
+    The schedule (engine/pipeline_schedule.py) feeds it and passes its hidden states on."""
     if topology.pipeline == 1:
         return
     inner = model.model
@@ -86,30 +84,22 @@ def cut_model(model: Any, topology: Topology) -> None:
     inner.config.num_hidden_layers = len(kept)  # what the model's forward loops over
     if not topology.last:
         inner.norm = nn.Identity()
-    inner.forward = MethodType(_staged(type(inner).forward, topology), inner)
 
 
-def _staged(forward, topology: Topology):
-    previous = topology.rank - topology.tensor
-    following = topology.rank + topology.tensor
-    last_stage_head = (topology.pipeline - 1) * topology.tensor  # tensor rank 0 of the last stage
+def microbatch_problem(microbatches: int | None, pipeline: int) -> str | None:
+    """Why ``--pipeline-microbatches`` cannot be used with this many stages, or None."""
+    if microbatches is None:
+        return None
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        return f"--pipeline-microbatches {microbatches!r}: expected an integer of at least 1"
+    if microbatches > 1 and pipeline == 1:
+        return (
+            f"--pipeline-microbatches {microbatches} needs --pipeline-parallel-size above 1: "
+            "micro-batches split a step between pipeline stages"
+        )
+    return None
 
-    def staged_forward(self, input_ids=None, position_ids=None, inputs_embeds=None, **kwargs):
-        tokens = position_ids.shape[-1]
-        if not topology.first:
-            embed = self.embed_tokens.weight
-            inputs_embeds = torch.empty(1, tokens, embed.shape[1], dtype=embed.dtype, device=embed.device)
-            dist.recv(inputs_embeds, previous)
-            input_ids = None
-        out = forward(self, input_ids=input_ids, position_ids=position_ids, inputs_embeds=inputs_embeds, **kwargs)
-        hidden = out.last_hidden_state.contiguous()
-        if not topology.last:
-            dist.send(hidden, following)
-        if topology.rank == last_stage_head:
-            dist.send(hidden, 0)
-        elif topology.rank == 0:
-            dist.recv(hidden, last_stage_head)  # the final hidden states, after the last stage's norm
-            out.last_hidden_state = hidden
-        return out
 
-    return staged_forward
+def microbatches(configured: int | None, pipeline: int) -> int:
+    """Micro-batches a step is split into: as configured, else one per stage."""
+    return configured if configured is not None else pipeline

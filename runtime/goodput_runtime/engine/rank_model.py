@@ -14,6 +14,7 @@ from goodput_runtime.config import EngineConfig
 from goodput_runtime.cpu import pick_threads
 from goodput_runtime.engine import parallel, pipeline
 from goodput_runtime.engine.config_error import EngineConfigError
+from goodput_runtime.engine.pipeline_schedule import MicroBatchSchedule
 from goodput_runtime.layers import attention
 from goodput_runtime.layers.cpu_dtype import cpu_dtype
 from goodput_runtime.layers.quantization import quantize_model
@@ -81,4 +82,7 @@ def load_for_rank(
             parallel.shard_model(model, topology.tensor_rank, topology.tensor, group)
         model = model.to(device)
     quantize_model(model, config.quantization, device, config.quantize_lm_head)
+    if config.pipeline_parallel_size > 1:  # the runner runs each step through it (engine/pipeline_schedule.py)
+        count = pipeline.microbatches(config.pipeline_microbatches, config.pipeline_parallel_size)
+        model.pipeline_schedule = MicroBatchSchedule(model, topology, count)
     return model, device

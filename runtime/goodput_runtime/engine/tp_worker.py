@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from goodput_runtime.config import EngineConfig
-from goodput_runtime.engine import parallel, rendezvous
+from goodput_runtime.engine import parallel, pipeline, rendezvous
+from goodput_runtime.engine.config_error import EngineConfigError
 from goodput_runtime.engine.model_runner import ModelRunner
 
 log = logging.getLogger("goodput_runtime.tp_worker")
@@ -73,6 +74,8 @@ def serve_node(config: EngineConfig, group: rendezvous.Group, host: str, port: i
     """A worker pod: /health on host:port, its ranks joined to the leader's, until the leader stops."""
     from goodput_runtime.loader import resolve_model_path
 
+    if refused := pipeline.microbatch_problem(config.pipeline_microbatches, config.pipeline_parallel_size):
+        raise EngineConfigError(refused)
     health = rendezvous.HealthServer(host, port)
     world = config.tensor_parallel_size * config.pipeline_parallel_size
     per_node = group.ranks_per_node(world)
