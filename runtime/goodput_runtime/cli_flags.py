@@ -70,15 +70,11 @@ def build_parser() -> ReasonedArgumentParser:
     model.add_argument(
         "--pipeline-microbatches",
         type=positive_int,
-        default=None,
-        help="micro-batches a step's batch is split into, so stage s runs one while stage s+1 runs the one before "
-        "(default: one per stage; a step with fewer sequences makes fewer); above 1 needs --pipeline-parallel-size "
-        "above 1",
+        help="micro-batches a step flows through the stages as (default: one per stage; needs stages)",
     )
     model.add_argument(
         "--node-rank",
         type=non_negative_int,
-        default=None,
         help="this pod's index in a replica spanning pods: 0 serves HTTP, the others serve /health and run their "
         "ranks (default: $GOODPUT_NODE_RANK, $LWS_WORKER_INDEX, the ordinal ending $GOODPUT_POD_NAME, else 0)",
     )
