@@ -326,7 +326,8 @@ def test_the_demos_batch_step_prints_each_answer(env):
     assert "files.create    -> file-" in run.stdout and "batches.create  -> batch_" in run.stdout
     assert "completed (3/3 done)" in run.stdout
     for i, question in enumerate(("What is the capital of Italy?", "Name a primary colour.", "What is 2 + 2?"), 1):
-        assert f"q{i}: {question}\n    '" in run.stdout, run.stdout
+        # each answer printed as a Python literal, in whichever quotes its text allows
+        assert f"q{i}: {question}\n    '" in run.stdout or f'q{i}: {question}\n    "' in run.stdout, run.stdout
     # a model nobody serves: the batch fails and the step says so
     refused = subprocess.run(
         [
