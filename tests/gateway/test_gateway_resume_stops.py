@@ -67,7 +67,9 @@ def resumed(gateway) -> float:
 
 
 def test_the_ids_a_stream_reports_are_the_tokens_of_the_text_sent(env, tiny_model_dir):
-    """Straight to a replica: at every chunk, the ids reported so far decode to the text sent so far."""
+    """Straight to a replica: at every chunk but the last text, the ids reported so far decode to the text
+    sent so far. The last text ends where the stop string begins, inside a token it may be, and its chunk
+    carries the ids of the stop string's tokens too (as vLLM's does)."""
     _, pods, client = env
     whole = client.completions.create(model="tiny", prompt=PROMPT, **GREEDY, extra_body={"ignore_eos": True})
     whole = whole.choices[0].text
@@ -80,7 +82,7 @@ def test_the_ids_a_stream_reports_are_the_tokens_of_the_text_sent(env, tiny_mode
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
-    prompt, ids, text, checked = [], [], "", 0
+    prompt, ids, text, seen, reason = [], [], "", [], None
     with urllib.request.urlopen(request, timeout=60) as answer:
         assert answer.headers["x-goodput-token-ids"] == "shown"
         for line in answer:
@@ -91,11 +93,16 @@ def test_the_ids_a_stream_reports_are_the_tokens_of_the_text_sent(env, tiny_mode
             for choice in chunk["choices"]:
                 ids += choice["token_ids"]
                 text += choice["text"]
+                reason = choice["finish_reason"] or reason
                 if choice["finish_reason"] is None:
-                    head = tokenizer.decode(prompt, skip_special_tokens=True)
-                    assert tokenizer.decode(prompt + ids, skip_special_tokens=True)[len(head) :] == text
-                    checked += 1
-    assert text == whole[: whole.find(stop)] and checked > 10
+                    seen.append((len(ids), len(text)))
+    assert reason == "stop" and text == whole[: whole.find(stop)]
+    head = tokenizer.decode(prompt, skip_special_tokens=True)
+    for num_ids, num_chars in seen[:-1]:
+        assert tokenizer.decode(prompt + ids[:num_ids], skip_special_tokens=True)[len(head) :] == text[:num_chars]
+    assert len(seen) > 10
+    # the last chunks: every output token's id has come, the stop string's included
+    assert tokenizer.decode(prompt + ids, skip_special_tokens=True)[len(head) :].startswith(text)
 
 
 def test_a_chat_stream_with_a_stop_string_goes_on_with_the_same_text(env):
