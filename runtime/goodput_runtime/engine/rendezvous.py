@@ -171,12 +171,14 @@ class GroupWatch:
             try:
                 conn, _ = self.server.accept()
                 conn.settimeout(HEARTBEAT_TIMEOUT)
-                rank = int(conn.recv(16).decode().strip() or -1)
+                # its rank's line; heartbeat bytes may already follow it when the leader comes late
+                rank = int(conn.recv(16).split(b"\n")[0].decode().strip() or -1)
             except (TimeoutError, ValueError, OSError):
                 continue
             joined[rank] = conn
             log.info("Pod %d of %d joined the group", rank, self.group.nnodes)
-        for rank, conn in joined.items():
+            # watched from the moment it joins: a pod that joined first must not take the wait for the
+            # last one as a silent leader
             threading.Thread(
                 target=_heartbeat, args=(conn, f"pod {rank}", self.on_lost), name=f"watch-{rank}", daemon=True
             ).start()
