@@ -7,7 +7,9 @@ from the project's Dockerfiles with hack/images.sh and imports them into the nod
 containerd, installs Goodput with `kubectl apply -k manifests/`, and puts locally made
 models on a hostPath PersistentVolume. Everything the tests make lives in the namespace
 `goodput-e2e` and one PersistentVolume, both removed at the end; a node the session brought up
-is taken down, one it found running is left running. Nothing is mocked; needs root on Debian/Ubuntu.
+is taken down after the last e2e module, one it found running is left running. The modules share the
+node: each works in the namespace and removes it when it ends. Nothing is mocked; needs root on
+Debian/Ubuntu.
 """
 
 from __future__ import annotations
@@ -30,23 +32,51 @@ OPERATOR_READY_SECONDS = 180
 pytest_collection_modifyitems = tier(__file__, "e2e")
 
 
+_SHARED: dict[str, Node] = {}  # the node the session's e2e modules share, while one of them still runs
+
+
+def later_module_needs_node(request: pytest.FixtureRequest) -> bool:
+    """Whether a module after this one (in the session's run order) uses the node."""
+    items = request.session.items
+    here = request.node.path
+    last = max((i for i, item in enumerate(items) if item.path == here), default=len(items))
+    return any("node" in getattr(item, "fixturenames", ()) for item in items[last + 1 :])
+
+
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    """The node, brought up (and the images loaded) by the first e2e module and shared by the later ones:
+    each module works in the namespace NAMESPACE, removed with the models volume when it ends, as a
+    borrowed node's modules do. After the last module a node the session brought up goes down."""
     reason = node_unsupported()
     if reason:
         pytest.skip(f"{reason}; use kind elsewhere (make demo)")
-    # a short path: containerd's socket lives under it (108-byte limit for unix sockets)
-    workdir = tmp_path_factory.mktemp("node")
-    node = Node.running(workdir) or Node.up(workdir)
+    node = _SHARED.get("node")
+    if node is None:
+        # a short path: containerd's socket lives under it (108-byte limit for unix sockets)
+        workdir = tmp_path_factory.mktemp("node")
+        node = Node.running(workdir) or Node.up(workdir)
+        try:
+            node.load_images()
+        except BaseException:
+            if not node.borrowed:
+                node.down()
+            raise
+        _SHARED["node"] = node
+    last = True
     try:
         node.use_namespace(NAMESPACE)
-        node.load_images()
         yield node
+        last = not later_module_needs_node(request)
     finally:
-        if node.borrowed:
+        if not last:
             node.remove(NAMESPACE, f"persistentvolume/{MODELS_PV}")
         else:
-            node.down()
+            _SHARED.pop("node", None)
+            if node.borrowed:
+                node.remove(NAMESPACE, f"persistentvolume/{MODELS_PV}")
+            else:
+                node.down()
 
 
 @pytest.fixture(scope="module")

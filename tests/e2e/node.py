@@ -104,8 +104,9 @@ class Node:
     def use_namespace(self, namespace: str) -> None:
         """Create `namespace` and make it the default of every later kubectl call (a kubeconfig of our own)."""
         own = self.scratch / "e2e.kubeconfig"
-        shutil.copyfile(self.kubeconfig, own)
-        self.kubeconfig = own
+        if self.kubeconfig != own:  # a node shared by several modules has its own already
+            shutil.copyfile(self.kubeconfig, own)
+            self.kubeconfig = own
         self.env["KUBECONFIG"] = str(own)
         wait_for(
             lambda: not (self.get("namespace", namespace) or {}).get("metadata", {}).get("deletionTimestamp"),
