@@ -285,10 +285,9 @@ def build_parser() -> ReasonedArgumentParser:
         "--slo-scheduling",
         choices=["on", "off"],
         default=default("slo_scheduling"),
-        help="on (with --slo-ttft or --slo-tpot): waiting prompts by TTFT deadline (those that can still "
-        "make it first), and online prefill chunks beside running decodes sized to what keeps their step "
-        "within --slo-tpot; off by default: measured on open-loop traffic it cost TTFT and goodput "
-        "(bench/README.md, SLO capacity)",
+        help="on: waiting prompts by TTFT deadline, online prefill chunks beside decodes sized to their TPOT "
+        "target (--slo-ttft/--slo-tpot, or a request's own x-goodput-slo-*-ms); off by default: measured on "
+        "open-loop traffic it cost TTFT and goodput (bench/README.md, SLO capacity)",
     )
     serving.add_argument(
         "--batch-cap",

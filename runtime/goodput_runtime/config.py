@@ -47,7 +47,7 @@ class EngineConfig:
     speculative_max_batch: int | None = None  # speculate up to this many running requests; None: timed at start
     slo_ttft: float | None = None  # seconds; the target waiting prompts are ordered by (slo_schedule.py)
     slo_tpot: float | None = None  # seconds; the target the batch cap keeps online decode steps within
-    slo_scheduling: str = "off"  # on: prompts by TTFT deadline, chunks by TPOT slack, when an SLO is set
+    slo_scheduling: str = "off"  # on: prompts by TTFT deadline, chunks by TPOT slack (service or request targets)
     batch_cap: str = "auto"  # auto: cap batch sequences beside online ones when slo_tpot is set | off
     batch_cap_margin: float = 0.35  # a step may take slo_tpot × (1 − margin)
     enable_lora: bool = False  # LoRA adapters (on with --lora-modules or --enable-lora)

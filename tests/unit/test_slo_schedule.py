@@ -132,3 +132,37 @@ def test_no_limit_on_prompts_while_no_online_request_decodes_or_before_costs_are
     untimed = with_decodes(SloSchedule(ttft_target=10.0, tpot_target=0.1))
     untimed.add(request("long", 1500))
     assert planned(step(untimed))["long"] == 1500
+
+
+def own(rid: str, prompt_len: int, arrival: float | None = None, ttft: float | None = None, tpot: float | None = None):
+    """A request carrying its own targets (x-goodput-slo-ttft-ms / -tpot-ms, in seconds here)."""
+    seq = request(rid, prompt_len, arrival)
+    seq.params = SamplingParams(
+        max_tokens=seq.params.max_tokens, temperature=0.0, ignore_eos=True, slo_ttft=ttft, slo_tpot=tpot
+    )
+    return seq
+
+
+def test_a_requests_own_ttft_target_sets_its_deadline():
+    """The service's 10 s TTFT gives the earlier arrival the later deadline than a request of its own 0.5 s."""
+    now = time.monotonic()
+    slo = SloSchedule(ttft_target=10.0, tpot_target=None, model=timed_model())
+    early, tight = request("early", 10, arrival=now - 0.1), own("tight", 10, arrival=now, ttft=0.5)
+    assert slo.next_waiting([early, tight], now, 4).request_id == "tight"
+    # its own target ages it too: past AGEING of its own 0.5 s, it goes first even when it is lost
+    lost = own("lost", 10, arrival=now - AGEING * 0.5 - 0.1, ttft=0.5)
+    assert slo.next_waiting([early, tight, lost], now, 4).request_id == "lost"
+
+
+def test_the_tightest_own_tpot_among_the_decodes_sizes_the_chunk_even_without_service_targets():
+    for service_tpot in (0.1, None):
+        slo = SloSchedule(ttft_target=None, tpot_target=service_tpot, model=timed_model())
+        s = make(slo)
+        for i in range(3):
+            s.add(request(f"running{i}", 32))
+        s.add(own("strict", 32, tpot=0.05))
+        step(s)  # the prefills: all four decode from now on
+        s.add(request("long", 1500))
+        taken = planned(step(s))["long"]
+        step_s = DECODE_FIXED + PER_SEQ * 4
+        assert taken == int((0.05 * (1 - slo.margin) - step_s) / PER_TOKEN), service_tpot

@@ -167,7 +167,7 @@ def build_core(config: EngineConfig, metrics: RuntimeMetrics | None = None) -> E
             config.slo_tpot,
             100 * config.batch_cap_margin,
         )
-    if config.slo_scheduling == "on" and (config.slo_ttft is not None or config.slo_tpot is not None):
+    if config.slo_scheduling == "on":  # the service's targets, or only requests' own (x-goodput-slo-*)
         model_of_steps = scheduler.batch_cap.model if scheduler.batch_cap is not None else StepTimeModel()
         scheduler.slo = SloSchedule(
             config.slo_ttft, config.slo_tpot, max_chunk=config.max_num_batched_tokens, model=model_of_steps

@@ -1,7 +1,10 @@
 """Scheduling for the service's SLO: how many prompt tokens online prefills take in a step that
 carries online decodes, and which waiting online request is admitted next.
 
-Off by default; ``--slo-scheduling on`` with a TTFT or TPOT target. Measured with
+Off by default; ``--slo-scheduling on``. A request's own targets (``x-goodput-slo-ttft-ms`` and
+``-tpot-ms``, server/request_slo.py) stand in for the service's (``--slo-ttft``, ``--slo-tpot``) for that
+request: its deadline is its own, and the TPOT the online decodes keep to is the tightest of theirs.
+Measured with
 ``bench.slo_capacity`` on open-loop traffic (bench/README.md), it did not pay: against the same runtime
 with it off, attainment 90.9 / 77.5 / 61.8 % against 95.5 / 80.0 / 81.8 % at 0.5, 1 and 1.5 req/s
 (TTFT 2 s, TPOT 100 ms), TTFT p90 1.5-1.7 s against 0.9-1.4 s, and no better TPOT. Both use the
@@ -48,10 +51,20 @@ class SloSchedule:
     max_chunk: int = 2048  # the step's token budget
     model: StepTimeModel = field(default_factory=StepTimeModel)  # the batch cap's, when there is one
 
+    def ttft_of(self, seq: Sequence) -> float | None:
+        """The request's own TTFT target, else the service's."""
+        return self.ttft_target if seq.params.slo_ttft is None else seq.params.slo_ttft
+
+    def tpot_of(self, seqs: Iterable[Sequence]) -> float | None:
+        """The TPOT the decodes of `seqs` keep to: the tightest of their own targets and the service's."""
+        targets = [s.params.slo_tpot if s.params.slo_tpot is not None else self.tpot_target for s in seqs]
+        return min((t for t in targets if t is not None), default=None)
+
     def deadline(self, seq: Sequence) -> float | None:
-        if self.ttft_target is None or seq.times.first_token is not None:
+        ttft = self.ttft_of(seq)
+        if ttft is None or seq.times.first_token is not None:
             return None
-        return seq.times.arrival + self.ttft_target
+        return seq.times.arrival + ttft
 
     @property
     def timed(self) -> bool:
@@ -78,7 +91,7 @@ class SloSchedule:
             deadline = self.deadline(seq)
             if deadline is None:  # preempted after its first token, or no TTFT target: arrival order
                 rank: tuple = (0, order)
-            elif self.ttft_target is not None and now - seq.times.arrival >= AGEING * self.ttft_target:
+            elif now - seq.times.arrival >= AGEING * (self.ttft_of(seq) or 0.0):
                 rank = (0, order)
             elif self.can_make_it(seq, now, decodes):
                 rank = (1, deadline)
@@ -107,16 +120,26 @@ class SloSchedule:
             return None, decodes
         queued = [s for s in running if s.params.priority <= 0 and s.num_uncomputed_tokens > 1]
         queued += [s for s in waiting if s.params.priority <= 0]
-        return self.online_chunk(decodes, allowances, queued, now), decodes
+        tpot = self.tpot_of(s for s in decoding if s.params.priority <= 0)
+        return self.online_chunk(decodes, allowances, queued, now, tpot), decodes
 
-    def online_chunk(self, decodes: int, allowances: Seq[float], queued: Seq[Sequence], now: float) -> int | None:
+    def online_chunk(
+        self,
+        decodes: int,
+        allowances: Seq[float],
+        queued: Seq[Sequence],
+        now: float,
+        tpot: float | None = None,
+    ) -> int | None:
         """Prompt tokens online prefills may take in a step that decodes `decodes` sequences, some
         of them online; None: no limit (no TPOT target, or the costs are not yet timed).
-        `queued`: the online requests still in prefill, in the order they will be served."""
-        if self.tpot_target is None or not self.timed:
+        `queued`: the online requests still in prefill, in the order they will be served. `tpot`: the
+        target the online decodes keep to (the service's when None)."""
+        tpot = self.tpot_target if tpot is None else tpot
+        if tpot is None or not self.timed:
             return None
         per_token, step = self.model.per_token or 0.0, self.model.decode_seconds(decodes)
-        budget = self.tpot_target * (1.0 - self.margin)
+        budget = tpot * (1.0 - self.margin)
         for allowance in allowances:  # a decode behind its target that can still make it
             if step <= allowance * (1.0 - self.margin) < budget:
                 budget = allowance * (1.0 - self.margin)
@@ -124,11 +147,11 @@ class SloSchedule:
         ahead = 0
         for seq in queued:  # the most urgent prompt that can still make its TTFT
             ahead += seq.num_uncomputed_tokens
-            deadline = self.deadline(seq)
-            if deadline is None or self.ttft_target is None:
+            deadline, ttft = self.deadline(seq), self.ttft_of(seq)
+            if deadline is None or ttft is None:
                 continue
             # aim inside the target by the margin: the first token still has its step and its way out
-            room = deadline - self.margin * self.ttft_target - now - ahead * per_token
+            room = deadline - self.margin * ttft - now - ahead * per_token
             if room <= 0:
                 continue  # lost whatever the chunk: no reason to stretch the decodes' steps for it
             need = math.ceil(ahead * step / room)
