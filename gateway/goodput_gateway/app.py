@@ -108,7 +108,7 @@ class Gateway:
             lease = self.tenants.admit(tenant) if tenant is not None else None
             status = 500
             try:
-                response = await self.pipelines.serve(request, pipeline, body)
+                response = await self.pipelines.serve(request, pipeline, body, own_slo_headers(request.headers, tenant))
                 status = response.status
                 return response
             finally:

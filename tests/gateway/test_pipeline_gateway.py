@@ -27,6 +27,8 @@ RULES = {
 }
 SLO = {"ttft": "60s", "tpot": "10s"}  # generous: the CPU is shared, goodput should count every served request
 ASK = [{"role": "user", "content": "How do I bake bread?"}]
+# any key is the anonymous tenant; `tight`'s default TTFT target (1 ms) no prompt on this machine meets
+TENANTS = "tenants:\n  anonymous: {}\n  tight: {keys: [sk-tight], slo: {ttftMs: 1}}\n"
 
 
 def service_spec() -> dict:
@@ -84,7 +86,10 @@ def env(cluster, smollm2_dir, tmp_path_factory):
         wait_ready(runtime)
         for name in ("chat", "guard"):
             publish(cluster, namespace, name, "p0", runtime.port)
-        gateway = started.gateway(cluster.kubeconfig, workdir / "gateway.log")
+        (workdir / "tenants.yaml").write_text(TENANTS)
+        gateway = started.gateway(
+            cluster.kubeconfig, workdir / "gateway.log", "--tenants-file", str(workdir / "tenants.yaml")
+        )
         e = Env(cluster, namespace, gateway, f"http://127.0.0.1:{runtime.port}")
         if PROMETHEUS:  # scrapes the gateway throughout, for the dashboard's pipeline row
             e.prometheus = started.stops(Prometheus(workdir, namespace, None, (int(gateway.url.rsplit(":", 1)[1]),)))
@@ -278,3 +283,15 @@ def test_every_pipeline_panel_of_the_dashboard_returns_data(env):
     assert len(queries) >= 6
     empty = env.prometheus.panels_without_data(queries, env.started)
     assert not empty, f"no data for: {empty}"
+
+
+def test_a_tenants_default_target_reaches_the_runtime_through_a_pipeline(env):
+    """The generate step carries the tenant's own TTFT target: the runtime's admission refuses it (429 with
+    Retry-After, in OpenAI's shape) where the same request of the anonymous tenant is served."""
+    body = {"model": "rules-only", "messages": ASK, "max_tokens": 2}
+    status, headers, answer = post_json(
+        env.gateway.url + "/v1/chat/completions", body, {"Authorization": "Bearer sk-tight"}
+    )
+    assert status == 429 and answer["error"]["code"] == "slo_unattainable", answer
+    assert int(headers["Retry-After"]) >= 1
+    assert env.post(body)[0] == 200

@@ -14,10 +14,12 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from goodput_contract.api.pipeline_spec import BLOCK, GENERATE, GUARD, OUTPUT, TEMPLATE, Step
 from goodput_gateway.auth import ServiceKeys
@@ -116,7 +118,10 @@ class PipelineServer:
             )
         return svc
 
-    async def serve(self, request: web.Request, entry: Entry, body: dict[str, Any]) -> web.StreamResponse:
+    async def serve(
+        self, request: web.Request, entry: Entry, body: dict[str, Any], slo: Mapping[str, str] | None = None
+    ) -> web.StreamResponse:
+        """`slo`: the request's own targets (its headers', else its tenant's), sent with the generate step."""
         started = time.monotonic()
         path = request.path
         if path not in (CHAT, COMPLETIONS):
@@ -159,7 +164,7 @@ class PipelineServer:
                 else:
                     current = await self.input_guard(entry, step, path, current, result)
                 self.metrics.step.labels(*labels, step.name, step.kind).observe(time.monotonic() - step_started)
-            response = await self.generate(request, entry, spec.generate, current, outputs, result, upstream_auth)
+            response = await self.generate(request, entry, spec.generate, current, outputs, result, upstream_auth, slo)
             if result.outcome == "error" and response.status == 200:
                 result.outcome = "served"
             return response
@@ -248,15 +253,18 @@ class PipelineServer:
         outputs: list[Step],
         result: Outcome,
         authorization: str | None = None,
+        slo: Mapping[str, str] | None = None,
     ) -> web.StreamResponse:
         svc = self.service(entry, step.service)
+        headers = CIMultiDict(request.headers)
+        headers.update(slo or {})  # the runtime's admission judges the request by them
         payload = apply_defaults(step, {**body, "model": svc.served_name})
         sent = time.monotonic()
         guards = OutputGuards(entry, outputs, self.metrics, result)
         async with self.proxy.open(
             "POST",
             request.path_qs,
-            request.headers,
+            headers,
             svc,
             step.service,
             json.dumps(payload).encode(),
@@ -266,7 +274,10 @@ class PipelineServer:
             content_type = upstream.headers.get("Content-Type", "")
             if upstream.status != 200 or not content_type.startswith(("text/event-stream", "application/json")):
                 data = await upstream.read()
-                return web.Response(status=upstream.status, body=data, content_type=content_type.split(";")[0] or None)
+                kept = {k: upstream.headers[k] for k in ("Retry-After",) if k in upstream.headers}  # a 429's
+                return web.Response(
+                    status=upstream.status, body=data, content_type=content_type.split(";")[0] or None, headers=kept
+                )
             if content_type.startswith("text/event-stream"):
                 return await relay_stream(request, upstream, self.table.model_id(entry), guards, sent, result)
             return await relay_whole(upstream, self.table.model_id(entry), guards, sent, result)
