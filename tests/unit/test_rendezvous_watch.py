@@ -67,18 +67,31 @@ def test_a_pod_that_closes_its_connection_is_reported_by_the_leader():
     )
 
 
-def test_a_worker_reports_a_leader_that_never_sends_a_heartbeat():
-    """A leader that accepts and then stays silent (hung): the worker reports it within the timeout."""
+def test_a_worker_waits_the_start_up_bound_for_the_first_heartbeat_and_then_the_timeout():
+    """A leader that accepts and stays silent (hung): the worker reports it once the start-up bound has
+    passed, not after the heartbeat's timeout; one that falls silent later, after the timeout."""
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1] - 1
     lost: list[str] = []
-    rendezvous.join(group(1, 2, port), on_lost=lost.append, startup=30)
+    started = time.monotonic()
+    rendezvous.join(group(1, 2, port), on_lost=lost.append, startup=2.0)
     conn, _ = server.accept()
     try:
-        deadline = time.monotonic() + 5
-        while not lost and time.monotonic() < deadline:
+        while not lost and time.monotonic() - started < 10:
+            time.sleep(0.05)
+        assert lost and lost[0].startswith("the leader sent no heartbeat for 1.")
+        assert time.monotonic() - started > 1.5 >= 3 * rendezvous.HEARTBEAT_TIMEOUT
+        # a leader heard once, then silent: the heartbeat's timeout
+        lost.clear()
+        rendezvous.join(group(1, 2, port), on_lost=lost.append, startup=30)
+        again, _ = server.accept()
+        again.sendall(b".")
+        heard = time.monotonic()
+        while not lost and time.monotonic() - heard < 10:
             time.sleep(0.05)
         assert lost == [f"the leader sent no heartbeat for {rendezvous.HEARTBEAT_TIMEOUT:g}s"]
+        assert time.monotonic() - heard < 5
+        again.close()
     finally:
         conn.close()
         server.close()

@@ -127,9 +127,10 @@ def _die(reason: str) -> None:
     os._exit(1)
 
 
-def _heartbeat(conn: socket.socket, peer: str, on_lost: Callable[[str], None]) -> None:
-    """Send a byte every interval; call on_lost when the peer closes or is silent too long."""
-    conn.settimeout(HEARTBEAT_TIMEOUT)
+def _heartbeat(conn: socket.socket, peer: str, on_lost: Callable[[str], None], first: float | None = None) -> None:
+    """Send a byte every interval; call on_lost when the peer closes or is silent too long. `first`: how
+    long the peer's first byte may take (a worker's leader may accept it late), HEARTBEAT_TIMEOUT when None."""
+    conn.settimeout(HEARTBEAT_TIMEOUT if first is None else max(first, HEARTBEAT_TIMEOUT))
 
     def send() -> None:
         try:
@@ -140,12 +141,16 @@ def _heartbeat(conn: socket.socket, peer: str, on_lost: Callable[[str], None]) -
             pass  # the receiving side reports it
 
     threading.Thread(target=send, name=f"heartbeat-{peer}", daemon=True).start()
+    heard = False
     try:
         while conn.recv(64):
-            pass
+            if not heard:
+                heard = True
+                conn.settimeout(HEARTBEAT_TIMEOUT)
         on_lost(f"{peer} closed its connection")
     except TimeoutError:
-        on_lost(f"{peer} sent no heartbeat for {HEARTBEAT_TIMEOUT:g}s")
+        waited = HEARTBEAT_TIMEOUT if heard or first is None else max(first, HEARTBEAT_TIMEOUT)
+        on_lost(f"{peer} sent no heartbeat for {waited:g}s")
     except OSError as e:
         on_lost(f"{peer} is gone ({e})")
 
@@ -198,7 +203,12 @@ def join(group: Group, on_lost: Callable[[str], None] = _die, startup: float = S
                 ) from None
             time.sleep(0.5)
     conn.sendall(f"{group.node_rank}\n".encode())
-    threading.Thread(target=_heartbeat, args=(conn, "the leader", on_lost), name="watch-leader", daemon=True).start()
+    # the leader's first heartbeat may come late (it accepts pods one at a time, on a busy CPU): until
+    # then the start-up bound applies, the heartbeat's timeout after it
+    first = max(0.0, deadline - time.monotonic())
+    threading.Thread(
+        target=_heartbeat, args=(conn, "the leader", on_lost, first), name="watch-leader", daemon=True
+    ).start()
 
 
 class HealthServer:
