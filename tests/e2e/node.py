@@ -117,8 +117,15 @@ class Node:
         self.kubectl("config", "set-context", "--current", f"--namespace={namespace}")
 
     def remove(self, namespace: str, *cluster_objects: str) -> None:
-        """Delete `namespace` with everything in it, then cluster-scoped objects (`kind/name`); waits for both."""
-        self.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true", timeout=600)
+        """Delete `namespace` with everything in it, then cluster-scoped objects (`kind/name`); waits for both.
+        Its pods go at once (no grace period: nothing of theirs is wanted), once the namespace is terminating
+        and nothing can re-create them."""
+        self.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=false", timeout=120)
+        self.kubectl(
+            "delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", "--wait=false", check=False
+        )
+        self.kubectl("wait", "--for=delete", f"namespace/{namespace}", "--timeout=600s", check=False, timeout=620)
+        wait_for(lambda: not self.get("namespace", namespace), 60, f"namespace {namespace} gone")
         for obj in cluster_objects:
             self.kubectl("delete", obj, "--ignore-not-found", "--wait=true", timeout=120)
 
