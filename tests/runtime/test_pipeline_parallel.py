@@ -325,7 +325,8 @@ async def test_two_pods_serve_the_single_process_answers_and_die_together(deep_m
         await asyncio.gather(*requests, return_exceptions=True)
     assert code not in (0, None)
     assert took < 15, f"the leader took {took:.1f}s to notice"
-    assert "pod 1 closed its connection" in leader.log()
+    # closed, or reset where the leader's last heartbeat was still unread in the killed pod
+    assert "pod 1 closed its connection" in leader.log() or "pod 1 is gone" in leader.log()
     deadline = time.monotonic() + 15
     while any(Path(f"/proc/{pid}").exists() and not zombie(pid) for pid in ranks):
         assert time.monotonic() < deadline, "the killed pod's other rank outlived it"
