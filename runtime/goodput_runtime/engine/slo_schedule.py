@@ -43,6 +43,12 @@ MIN_CHUNK = 64  # prompt tokens an online prefill may always take in a step with
 AGEING = 4.0  # a lost request waits at most this many TTFT targets behind the ones that can make it
 
 
+def tightest_tpot(seqs: Iterable[Sequence], default: float | None) -> float | None:
+    """The tightest TPOT target among the online sequences of `seqs`: each its own, else `default`."""
+    targets = [default if s.params.slo_tpot is None else s.params.slo_tpot for s in seqs if s.params.priority <= 0]
+    return min((t for t in targets if t is not None), default=None)
+
+
 @dataclass
 class SloSchedule:
     ttft_target: float | None  # seconds
@@ -54,11 +60,6 @@ class SloSchedule:
     def ttft_of(self, seq: Sequence) -> float | None:
         """The request's own TTFT target, else the service's."""
         return self.ttft_target if seq.params.slo_ttft is None else seq.params.slo_ttft
-
-    def tpot_of(self, seqs: Iterable[Sequence]) -> float | None:
-        """The TPOT the decodes of `seqs` keep to: the tightest of their own targets and the service's."""
-        targets = [s.params.slo_tpot if s.params.slo_tpot is not None else self.tpot_target for s in seqs]
-        return min((t for t in targets if t is not None), default=None)
 
     def deadline(self, seq: Sequence) -> float | None:
         ttft = self.ttft_of(seq)
@@ -120,7 +121,7 @@ class SloSchedule:
             return None, decodes
         queued = [s for s in running if s.params.priority <= 0 and s.num_uncomputed_tokens > 1]
         queued += [s for s in waiting if s.params.priority <= 0]
-        tpot = self.tpot_of(s for s in decoding if s.params.priority <= 0)
+        tpot = tightest_tpot(decoding, self.tpot_target)
         return self.online_chunk(decodes, allowances, queued, now, tpot), decodes
 
     def online_chunk(

@@ -50,6 +50,7 @@ from goodput_runtime.engine.batch_cap import StepTimeModel
 from goodput_runtime.engine.client import EngineClient
 from goodput_runtime.engine.scheduler import ScheduledSeq, Scheduler
 from goodput_runtime.engine.sequence import Sequence
+from goodput_runtime.engine.slo_schedule import tightest_tpot
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.server.errors import APIError
 
@@ -164,10 +165,7 @@ def predict_tpot(
 
 def running_tpot_target(scheduler: Scheduler, default: float | None) -> float | None:
     """The tightest TPOT target among the online requests running: each its own, else `default`."""
-    targets = [
-        default if s.params.slo_tpot is None else s.params.slo_tpot for s in scheduler.running if s.params.priority <= 0
-    ]
-    return min((t for t in targets if t is not None), default=None)
+    return tightest_tpot(scheduler.running, default)
 
 
 def step_model(scheduler: Scheduler) -> StepTimeModel | None:
