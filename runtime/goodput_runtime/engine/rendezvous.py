@@ -130,7 +130,8 @@ def _die(reason: str) -> None:
 def _heartbeat(conn: socket.socket, peer: str, on_lost: Callable[[str], None], first: float | None = None) -> None:
     """Send a byte every interval; call on_lost when the peer closes or is silent too long. `first`: how
     long the peer's first byte may take (a worker's leader may accept it late), HEARTBEAT_TIMEOUT when None."""
-    conn.settimeout(HEARTBEAT_TIMEOUT if first is None else max(first, HEARTBEAT_TIMEOUT))
+    first_wait = HEARTBEAT_TIMEOUT if first is None else max(first, HEARTBEAT_TIMEOUT)
+    conn.settimeout(first_wait)
 
     def send() -> None:
         try:
@@ -149,8 +150,7 @@ def _heartbeat(conn: socket.socket, peer: str, on_lost: Callable[[str], None], f
                 conn.settimeout(HEARTBEAT_TIMEOUT)
         on_lost(f"{peer} closed its connection")
     except TimeoutError:
-        waited = HEARTBEAT_TIMEOUT if heard or first is None else max(first, HEARTBEAT_TIMEOUT)
-        on_lost(f"{peer} sent no heartbeat for {waited:g}s")
+        on_lost(f"{peer} sent no heartbeat for {HEARTBEAT_TIMEOUT if heard else first_wait:g}s")
     except OSError as e:
         on_lost(f"{peer} is gone ({e})")
 
