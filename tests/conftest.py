@@ -44,8 +44,13 @@ def made_model(name: str, *args: str) -> Path:
     return out
 
 
+UNIT_TIER = Path(__file__).parent / "unit"
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests marked `gpu` are collected everywhere and run only where a CUDA GPU is visible."""
+    """The unit tier runs first, so its failures show within minutes of a whole run (the order is otherwise
+    pytest's). Tests marked `gpu` are collected everywhere and run only where a CUDA GPU is visible."""
+    items.sort(key=lambda item: UNIT_TIER not in item.path.parents)  # stable: each tier keeps its order
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
