@@ -69,14 +69,12 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         yield node
         last = not later_module_needs_node(request)
     finally:
-        if not last:
-            node.remove(NAMESPACE, f"persistentvolume/{MODELS_PV}")
-        else:
+        if last:
             _SHARED.pop("node", None)
-            if node.borrowed:
-                node.remove(NAMESPACE, f"persistentvolume/{MODELS_PV}")
-            else:
-                node.down()
+        if last and not node.borrowed:
+            node.down()
+        else:
+            node.remove(NAMESPACE, f"persistentvolume/{MODELS_PV}")
 
 
 @pytest.fixture(scope="module")

@@ -124,8 +124,7 @@ class Node:
         self.kubectl(
             "delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", "--wait=false", check=False
         )
-        self.kubectl("wait", "--for=delete", f"namespace/{namespace}", "--timeout=600s", check=False, timeout=620)
-        wait_for(lambda: not self.get("namespace", namespace), 60, f"namespace {namespace} gone")
+        wait_for(lambda: not self.get("namespace", namespace), 600, f"namespace {namespace} gone")
         for obj in cluster_objects:
             self.kubectl("delete", obj, "--ignore-not-found", "--wait=true", timeout=120)
 
