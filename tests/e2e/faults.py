@@ -19,6 +19,8 @@ from typing import Any
 import openai
 from node import CLUSTER_SCRIPT, OPERATOR_NAMESPACE, Node, condition
 
+from goodput_contract.metrics import REQUESTS_RUNNING
+
 
 @dataclass
 class Outcome:
@@ -140,6 +142,35 @@ def restart_component(node: Node, component: str, signal: str = "KILL", pause: f
         capture_output=True,
         timeout=120,
     )
+
+
+def requests_running(pod: dict[str, Any]) -> float:
+    """The runtime's running requests, from the pod's own /metrics (read from the node, which routes to
+    pod IPs); 0 where the page cannot be read."""
+    try:
+        with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8000/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0.0
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.split("{", 1)[0].split(" ", 1)[0] == REQUESTS_RUNNING
+    )
+
+
+def serving_pod(pods: list[dict[str, Any]], timeout: float = 60) -> dict[str, Any]:
+    """The pod with the most requests running now, polled until one has any: the replica whose crash a
+    request in flight meets (the gateway's routing may leave a replica idle for a while)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        running = [(requests_running(p), i) for i, p in enumerate(pods)]
+        best, index = max(running)
+        if best > 0:
+            return pods[index]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no replica had a request running within {timeout:.0f} s")
+        time.sleep(0.05)
 
 
 def kill_runtime_process(node: Node, pod: dict[str, Any]) -> int:

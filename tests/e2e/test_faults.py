@@ -24,7 +24,15 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
-from faults import SteadyLoad, gateway_pods, gateway_retries, kill_runtime_process, report, restart_component
+from faults import (
+    SteadyLoad,
+    gateway_pods,
+    gateway_retries,
+    kill_runtime_process,
+    report,
+    restart_component,
+    serving_pod,
+)
 from node import OPERATOR_NAMESPACE, Node, cluster_ip, condition, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -130,11 +138,11 @@ def test_a_runtime_pod_deleted_under_steady_load_loses_only_streams_already_unde
 
 def test_a_runtime_process_killed_under_steady_load_is_retried_by_the_gateway(faulty: Any) -> None:
     node, base_url = faulty
-    victim = ready_pods(node)[0]
-    restarts = victim["status"]["containerStatuses"][0]["restartCount"]
     retried_before = gateway_retries(node, NAMESPACE, NAME)
     with SteadyLoad(base_url, NAME, max_tokens=24) as load:
         wait_for(lambda: load.answered >= 10, 120, "the steady load's first answers")
+        victim = serving_pod(ready_pods(node))  # a replica with requests in flight, for them to meet the crash
+        restarts = victim["status"]["containerStatuses"][0]["restartCount"]
         kill_runtime_process(node, victim)  # a crash: no SIGTERM, no drain, the endpoint still listed
         killed = time.monotonic()
 
