@@ -58,7 +58,7 @@ class Usage:
 
 @dataclass(frozen=True)
 class Tokens:
-    """Output tokens the last chunk carried (from its logprobs: only where they were asked for)."""
+    """Output tokens the last chunk carried (from its `token_ids`: only where they were asked for)."""
 
     count: int
 
@@ -111,8 +111,8 @@ async def events(upstream: Upstream) -> AsyncIterator[Event]:
                 yield Usage(int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0)), int(cached))
             for choice in chunk.get("choices") or ():
                 delta = choice.get("delta") or {}
-                if (logprobs := choice.get("logprobs")) and logprobs.get("content"):
-                    yield Tokens(len(logprobs["content"]))
+                if choice.get("token_ids"):
+                    yield Tokens(len(choice["token_ids"]))
                 if delta.get("content"):
                     yield Text(delta["content"])
                 for call in delta.get("tool_calls") or ():

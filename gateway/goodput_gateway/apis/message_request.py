@@ -194,8 +194,8 @@ def translate(body: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    if stops:
-        out["logprobs"] = True  # each chunk names its tokens: the usage of an answer cut here
+    if stops:  # each chunk names its tokens: the usage of an answer cut here (and a stream may be resumed)
+        out["return_token_ids"] = True
     for name in ("temperature", "top_p", "top_k"):
         if body.get(name) is not None:
             out[name] = body[name]

@@ -8,8 +8,10 @@ events, and errors in Anthropic's shape (``{"type": "error", "error": {"type", "
 
 `stop_sequences` are matched here, on the text as it comes (a sequence split across chunks included),
 so the answer can name the one that ended it: the matched text is cut, the replica's stream closed (the
-runtime aborts the request), and its usage counted from the tokens received (their logprobs) and the
-prompt's tokens (the runtime's `/tokenize`, which counts the conversation without the tool definitions).
+runtime aborts the request), and its usage counted from the tokens received (their ids, asked for with
+`return_token_ids`) and the prompt's tokens (the runtime's `/tokenize`, which counts the conversation
+without the tool definitions). Such a stream is resumed on another replica as any other (resume.py): the
+ids after a resume are those of tokens the client had not had, so the count holds.
 Every other field is refused with a 400 naming it.
 """
 
