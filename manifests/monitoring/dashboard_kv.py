@@ -1,5 +1,5 @@
-"""The dashboard's KV row: the gateway's held-aware routing and its KV index, and each runtime's KV tiers
-(docs/kv-cache.md)."""
+"""The dashboard's KV row: the gateway's held-aware routing and its KV index, each runtime's KV tiers, and
+peer pulls (a replica pulling a prompt's prefix from another's cache; docs/kv-cache.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from dashboard_panels import GATEWAY, RATE, RUNTIME, panel, q
 
 def kv_panels(y: int) -> list[dict[str, Any]]:
     """Routing by what is held (the gateway's decisions, lookups and index), then the runtimes' tiers: hits by
-    tier, blocks held, the offload tier's traffic, occupancy and failures."""
+    tier, blocks held, the offload tier's traffic, occupancy and failures, its bytes resident; then peer
+    pulls (peer_panels)."""
     moved = f"sum by (direction) (rate(goodput_kv_offload_bytes_total{{{RUNTIME}}}[{RATE}]))"
     spent = f"sum by (direction) (rate(goodput_kv_offload_seconds_total{{{RUNTIME}}}[{RATE}]))"
     used, bound = (f"sum(goodput_kv_offload_{s}_bytes{{{RUNTIME}}})" for s in ("used", "capacity"))
@@ -96,5 +97,94 @@ def kv_panels(y: int) -> list[dict[str, Any]]:
             w=8,
             description="The share of the tiers' bound in use; entries that failed their check (recomputed, never "
             "served) and evicted blocks not saved because the writer was behind.",
+        ),
+        panel(
+            "Offload tier: bytes resident",
+            [q(used, "resident"), q(bound, "bound")],
+            "bytes",
+            0,
+            y + 16,
+            w=8,
+            description="Bytes of KV blocks the runtimes keep in their offload tiers, against the tiers' bound "
+            "(--kv-offload-bytes) summed over the replicas; the oldest entries go first at the bound.",
+        ),
+        *peer_panels(y + 16),
+    ]
+
+
+def peer_panels(y: int) -> list[dict[str, Any]]:
+    """Peer pulls: the gateway's (requests sent with one and the blocks they name, per service) and the
+    runtimes' (pulls made and served, blocks and bytes moved, the time a pull takes)."""
+    peer = f'{RUNTIME}, role=~"peer|holder"'
+    seconds = "goodput_kv_transfer_seconds"
+    return [
+        panel(
+            "Peer pulls: requests and outcomes",
+            [
+                q(
+                    f"sum by (service) (rate(goodput_gateway_peer_pulls_total{{{GATEWAY}}}[{RATE}]))",
+                    "sent with a pull: {{service}}",
+                ),
+                q(
+                    f"sum by (role, outcome) (rate(goodput_kv_transfers_total{{{peer}}}[{RATE}]))",
+                    "{{role}}: {{outcome}}",
+                ),
+            ],
+            "reqps",
+            8,
+            y,
+            w=8,
+            description="Requests the gateway sent with a peer pull (the chosen replica held at least "
+            "--peer-pull-min-blocks fewer of the prompt's leading blocks than a holder); peer: pulls the "
+            "chosen replicas made (failure: recomputed instead; why, by reason, in the hand-off panel), "
+            "holder: pulls served from a replica's prefix cache.",
+        ),
+        panel(
+            "Peer pulls: blocks",
+            [
+                q(
+                    f"sum by (service) (rate(goodput_gateway_peer_pull_blocks_total{{{GATEWAY}}}[{RATE}]))",
+                    "named by the gateway: {{service}}",
+                ),
+                q(f"sum by (role) (rate(goodput_kv_transfer_blocks_total{{{peer}}}[{RATE}]))", "{{role}}"),
+            ],
+            "short",
+            16,
+            y,
+            w=8,
+            description="Blocks per second: those the gateway's pulls named beyond what the chosen replica held "
+            "(at most what moves), those the receivers landed (peer) and the holders read (holder).",
+        ),
+        panel(
+            "Peer pulls: bytes",
+            [q(f"sum by (role) (rate(goodput_kv_transfer_bytes_total{{{peer}}}[{RATE}]))", "{{role}}")],
+            "Bps",
+            0,
+            y + 8,
+            w=12,
+            description="KV bytes received by the pulling replicas (peer) and sent by the holders (holder).",
+        ),
+        panel(
+            "Peer pulls: time",
+            [
+                *(
+                    q(
+                        f"histogram_quantile({p}, sum by (le) (rate({seconds}_bucket{{{RUNTIME}}}[{RATE}])))",
+                        f"p{p * 100:g}",
+                    )
+                    for p in (0.5, 0.9)
+                ),
+                q(
+                    f"sum(rate({seconds}_sum{{{RUNTIME}}}[{RATE}])) / sum(rate({seconds}_count{{{RUNTIME}}}[{RATE}]))",
+                    "mean",
+                ),
+            ],
+            "s",
+            12,
+            y + 8,
+            w=12,
+            description="A successful pull from its start to its blocks landing in the pulling replica's cache, "
+            "bounded by --kv-transfer-timeout. The series also times a disaggregated service's hand-offs (it "
+            "has no role label): on a service that does not split, every sample is a peer pull.",
         ),
     ]

@@ -305,10 +305,13 @@ def test_past_the_hold_bound_and_the_wait_limit_clients_get_429_and_503_with_ret
 def test_every_gateway_panel_of_the_dashboard_returns_data(env):
     values = {"$namespace": "gw-.*", "$service": "tiny", "$__rate_interval": "10s"}
     # the hand-off row's series exist only for a disaggregated service, which this environment does not
-    # run; test_gateway_two_phase_live.py checks those series on real prefill and decode runtimes
+    # run; test_gateway_two_phase_live.py checks those series on real prefill and decode runtimes. Peer
+    # pulls only between runtimes of --kv-transfer-role both: test_peer_pull_dashboard_panels.py
     queries = dashboard_queries(
         values,
-        lambda expr: "goodput_gateway_" in expr and not any(s in expr for s in ("disaggregation", "handoff")),
+        lambda expr: (
+            "goodput_gateway_" in expr and not any(s in expr for s in ("disaggregation", "handoff", "peer_pull"))
+        ),
     )
     assert len(queries) >= 4
     empty = env.prometheus.panels_without_data(queries, env.started)

@@ -4,7 +4,7 @@ offload tier) behind a gateway routing by what they hold, scraped by a real Prom
 B holds prompts P and Q in its offload tier only (evicted from its device cache), A holds P on its
 device: P's continuation goes to A (held_device), Q's to B (held_offload), which loads Q's blocks back
 from its tier. Every query of the row (held decisions and lookups, the index's size and staleness,
-hits by tier, the offload tier's traffic, occupancy and failures) then has data.
+hits by tier, the offload tier's traffic, occupancy, failures and bytes resident) then has data.
 """
 
 from __future__ import annotations
@@ -105,6 +105,6 @@ def test_every_kv_panel_of_the_dashboard_returns_data(tiny_model_dir, tmp_path):
 
         values = {"$namespace": ".*", "$model": "tiny", "$service": "tiny", "$__rate_interval": "10s"}
         queries = dashboard_queries(values, lambda expr: any(series in expr for series in KV_ROW))
-        assert len(queries) == 12
+        assert len(queries) == 14
         empty = prometheus.panels_without_data(queries, begun, wait=40)
         assert not empty, f"no data for: {empty}"

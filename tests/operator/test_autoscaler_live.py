@@ -170,12 +170,15 @@ GATEWAY_SERIES = ("goodput_gateway_", "goodput_batch_", "goodput_pipeline_", "go
 SPLIT_SERIES = ("goodput_autoscaler_pool_", "goodput_kv_transfer_")
 # the KV offload tier's series: this run's runtimes have no tier; test_kv_dashboard_panels.py runs one
 OFFLOAD_SERIES = ("goodput_kv_offload_",)
+# peer pulls: this run's runtimes take no part (--kv-transfer-role none); test_peer_pull_dashboard_panels.py
+# runs them
+PEER_SERIES = ("goodput_kv_transfers_total",)
 
 
 def _dashboard_queries(namespace: str) -> list[tuple[str, str]]:
     values = {"$namespace": namespace, "$model": "tiny", "$service": SERVICE, "$__rate_interval": "10s"}
     # no gateway in this run; the gateway, batch and pipeline tests ask those panels
-    skipped = (*GATEWAY_SERIES, *SPLIT_SERIES, *OFFLOAD_SERIES)
+    skipped = (*GATEWAY_SERIES, *SPLIT_SERIES, *OFFLOAD_SERIES, *PEER_SERIES)
     out = dashboard_queries(values, lambda expr: not any(series in expr for series in skipped))
     board = json.loads((ROOT / "manifests" / "monitoring" / "goodput-autoscaling.json").read_text())
     for annotation in board["annotations"]["list"]:
