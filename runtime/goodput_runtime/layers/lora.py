@@ -29,19 +29,49 @@ Grouped rows run one pair of products per run of adjacent rows of an adapter, on
 the second product added in place (``addmm_``). The model runner orders a step's rows by adapter
 (step_inputs.lora_order), so an adapter's rows are one run, or one per padded decode group; an
 adapter whose rows still lie in more than ``MAX_RUNS`` runs is gathered into one product.
+
+On CUDA, where Triton is importable, every adapter row of a step runs instead through two Triton kernels
+a projection, whatever the mix of adapters (layers/triton_lora.py: "shrink" x @ A, "expand" y += h @ B,
+over tiles of one slot's rows planned once a step in ``LoraBatch.of``); ``GOODPUT_LORA_KERNEL=off``
+keeps the torch paths there too. A kernel that fails to build or launch is reported once, and the
+process goes on with the torch paths. A CPU always runs the torch paths.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from goodput_runtime.layers import triton_attention
+
+if TYPE_CHECKING:
+    from goodput_runtime.layers.triton_lora import Plan
+
+log = logging.getLogger(__name__)
 
 DECODE_PATHS = ("dense", "bmm", "grouped")
 DECODE_PATH = os.environ.get("GOODPUT_LORA_DECODE", "grouped")
 if DECODE_PATH not in DECODE_PATHS:
     raise ValueError(f"GOODPUT_LORA_DECODE={DECODE_PATH!r}: expected one of {', '.join(DECODE_PATHS)}")
+KERNEL = os.environ.get("GOODPUT_LORA_KERNEL", "auto")  # "off": the torch paths on CUDA too
+if KERNEL not in ("auto", "off"):
+    raise ValueError(f"GOODPUT_LORA_KERNEL={KERNEL!r}: expected auto or off")
+
+
+def _kernels() -> Any:
+    from goodput_runtime.layers import triton_lora  # imports Triton: only where the kernels are used
+
+    return triton_lora
+
+
+def use_kernel(device: torch.device | str) -> bool:
+    """Whether a step's rows on `device` run through the Triton kernels: CUDA, Triton importable, and
+    GOODPUT_LORA_KERNEL not off (nor turned off by a kernel that failed)."""
+    return KERNEL == "auto" and torch.device(device).type == "cuda" and triton_attention.importable()
 
 
 @dataclass
@@ -56,6 +86,10 @@ class LoraBatch:
     hi: int = 0
     every_row: bool = False  # the decode rows are all of the step's rows, in order
     masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # [n, hi - lo + 1, 1] one-hot
+    plan: Plan | None = None  # the Triton kernels' tiles (triton_lora.plan); None: the torch paths
+    spans: list[tuple[int, int, int]] = field(default_factory=list)  # as given to `of`
+    device: torch.device | str = "cpu"
+    torch_paths: LoraBatch | None = None  # the same rows for the torch paths, once a kernel failed
 
     def mask(self, dtype: torch.dtype) -> torch.Tensor:
         """[n, hi - lo + 1, 1]: 1 at each decode row's slot."""
@@ -70,12 +104,22 @@ class LoraBatch:
 
     @property
     def empty(self) -> bool:
-        return self.decode_rows is None and not self.groups
+        return self.decode_rows is None and not self.groups and self.plan is None
+
+    def without_kernel(self) -> LoraBatch:
+        """The same rows for the torch paths (made once)."""
+        if self.torch_paths is None:
+            self.torch_paths = LoraBatch.of(self.spans, self.device, kernel=False)
+        return self.torch_paths
 
     @classmethod
-    def of(cls, spans: list[tuple[int, int, int]], device: torch.device) -> LoraBatch:
-        """From (slot, first row, row count) per sequence of the step, slot 0 for the base model."""
-        batch = cls()
+    def of(cls, spans: list[tuple[int, int, int]], device: torch.device | str, kernel: bool | None = None) -> LoraBatch:
+        """From (slot, first row, row count) per sequence of the step, slot 0 for the base model. kernel:
+        whether the rows run through the Triton kernels (None: where `use_kernel` says)."""
+        batch = cls(spans=spans, device=device)
+        if use_kernel(device) if kernel is None else kernel:
+            batch.plan = _kernels().plan(spans, device)
+            return batch
         rows: list[int] = []
         slots: list[int] = []
         by_slot: dict[int, list[tuple[int, int]]] = {}
@@ -178,6 +222,16 @@ class LoraStack:
 
     def add_(self, y: torch.Tensor, x: torch.Tensor, batch: LoraBatch) -> None:
         """y [T, out] += each adapter row's update from x [T, in]."""
+        if batch.plan is not None:
+            global KERNEL
+            if KERNEL == "auto":
+                try:
+                    _kernels().add_(y, x, self, batch.plan)
+                    return
+                except Exception as error:  # a kernel that cannot build or launch here: the torch paths serve
+                    log.warning("the LoRA Triton kernels failed (%s); the torch products serve from now on", error)
+                    KERNEL = "off"
+            batch = batch.without_kernel()
         if batch.decode_rows is not None:
             assert batch.decode_slots is not None
             rows, slots = batch.decode_rows, batch.decode_slots
