@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks and figures that need a CUDA GPU, in one run (CI has no GPU; run this where one is):
 #   hack/gpu-checks.sh [STEP...]      (default: every step, in the order below)
-# (steps: env tests (gputests: without the kernels' cases) attention gemv gemvtests gemvstep decode compiled profile exact fp8 serve spec spec32)
+# (steps: env tests (gputests: without the kernels' cases) attention gemv gemvtests lora gemvstep decode compiled profile exact fp8 serve
+#  spec spec32)
 # Each step has its own time limit; every step's log goes into $OUT/steps.log (default _output/gpu), its JSON beside;
 # a failed step is reported and the next one still runs. Python packages the machine lacks may be
 # put as wheels in .whl/ (installed into /tmp/site first; the device machine lacks llguidance and jsonschema:
@@ -21,7 +22,7 @@ if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
 fi
 export PYTHONPATH=$ROOT/runtime:$ROOT/operator:$ROOT/contract:$ROOT/gateway:$ROOT:${PYTHONPATH:-}
 MODEL=${GPU_MODEL:-/tmp/llama-1b}
-STEPS=${*:-env tests attention gemv gemvstep decode compiled profile exact fp8 serve spec spec32}
+STEPS=${*:-env tests attention gemv lora gemvstep decode compiled profile exact fp8 serve spec spec32}
 declare -A RESULT
 
 step() {  # step NAME LIMIT_S COMMAND...
@@ -122,6 +123,10 @@ for s in $STEPS; do
       step gemvtests 300 bash -c 'q="-q -p no:cacheprovider -p no:logging --tb=short -rfEs"
       python3 -m pytest tests/runtime/test_triton_linear.py $q; a=$?
       python3 -m pytest -m gpu tests/runtime/test_decode_graphs.py tests/runtime/test_spec_decode.py $q; exit $((a | $?))' ;;
+    # the LoRA shrink/expand kernels compiled (float32, bf16, fp16 against the torch paths) and an engine's
+    # steps with adapters through them
+    lora) step lora 300 python3 -m pytest -m gpu tests/runtime/test_triton_lora_kernel.py -q -p no:cacheprovider \
+      -p no:logging --tb=short -rfEs ;;
     decode) step decode 480 python3 -m bench.gpu_decode --model "$MODEL" --out "$OUT/gpu_decode.json" ;;
     compiled) step compiled 420 python3 -m bench.gpu_decode --model "$MODEL" --compile \
       --out "$OUT/gpu_decode_compiled.json" ;;

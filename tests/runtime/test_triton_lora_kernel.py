@@ -9,6 +9,7 @@ serve an engine's steps with adapters through the kernels.
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -208,13 +209,38 @@ def test_stack_add_runs_the_kernels_and_a_failing_kernel_falls_back_once(interpr
     assert not lora.use_kernel(torch.device("cuda"))
 
 
-@pytest.fixture(scope="module")
-def adapters(tiny_model_dir):
-    from lora_adapters import ALL, make_adapter
+def random_adapter(model_dir, out, rank, modules, seed):
+    """A PEFT adapter directory with random A and B (made without peft, which a GPU machine may lack)."""
+    from safetensors.torch import save_file
 
+    cfg = json.loads((model_dir / "config.json").read_text())
+    hidden, head_dim, inter = cfg["hidden_size"], cfg["head_dim"], cfg["intermediate_size"]
+    q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+    dims = {"q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv), "o_proj": (q, hidden)}
+    dims |= {"gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(cfg["num_hidden_layers"]):
+        for module in modules:
+            fin, fout = dims[module]
+            block = "mlp" if module in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+            prefix = f"base_model.model.model.layers.{layer}.{block}.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fin, generator=g) / fin**0.5
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(fout, rank, generator=g) * 0.1
+    out.mkdir(parents=True)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": modules, "bias": "none"}
+    (out / "adapter_config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("loras")
+    every = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     return {
-        "all8": make_adapter(tiny_model_dir, "all8", 8, ALL),
-        "qvd4": make_adapter(tiny_model_dir, "qvd4", 4, ["q_proj", "v_proj", "down_proj"], rslora=True, seed=1),
+        "all8": random_adapter(tiny_model_dir, root / "all8", 8, every, seed=0),
+        "qvd4": random_adapter(tiny_model_dir, root / "qvd4", 4, ["q_proj", "v_proj", "down_proj"], seed=1),
     }
 
 
@@ -235,7 +261,8 @@ def engine_tokens(model_dir, adapters, monkeypatch, kernel: bool, **settings):
     core = build_core(config(model_dir, adapters, **settings))
     rng = random.Random(6)
     prompts = [[rng.randrange(5, 1000) for _ in range(n)] for n in (9, 21, 5)]
-    tokens = run(core, [(p, 4, n) for p, n in zip(prompts, ["all8", None, "qvd4"], strict=True)])
+    prompts.append(prompts[0])  # the first prompt again, on the base model
+    tokens = run(core, [(p, 4, n) for p, n in zip(prompts, ["all8", None, "qvd4", None], strict=True)])
     assert (lora.KERNEL == "auto") is kernel, "the kernels failed and the torch paths served"
     return tokens, calls
 
@@ -245,10 +272,12 @@ def test_an_engine_serves_mixed_adapters_through_the_interpreted_kernels(
     tiny_model_dir, adapters, interpret, monkeypatch
 ):
     """float32 on CPU with the kernels forced (through the interpreter): every step's adapter rows go
-    through them, and the greedy tokens are the torch paths'."""
+    through them, and the greedy tokens are the torch paths' (the adapter's differing from the base
+    model's for the same prompt)."""
     expected, _ = engine_tokens(tiny_model_dir, adapters, monkeypatch, kernel=False)
     tokens, calls = engine_tokens(tiny_model_dir, adapters, monkeypatch, kernel=True)
     assert calls and tokens == expected
+    assert tokens[0] != tokens[3]  # the adapter changes what the model says
 
 
 @pytest.mark.gpu
@@ -275,3 +304,4 @@ def test_an_engine_on_cuda_serves_mixed_adapters_through_the_kernels(tiny_model_
     expected, _ = engine_tokens(tiny_model_dir, adapters, monkeypatch, kernel=False, **settings)
     tokens, calls = engine_tokens(tiny_model_dir, adapters, monkeypatch, kernel=True, **settings)
     assert calls and tokens == expected
+    assert tokens[0] != tokens[3]  # the adapter changes what the model says
