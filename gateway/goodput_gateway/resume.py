@@ -2,18 +2,22 @@
 after the client got its first byte continues on another ready replica.
 
 The gateway asks the runtime for token ids on every stream it may resume (`return_token_ids`, vLLM's
-field, stripped from what the client sees unless it asked for it), and keeps the prompt's ids and the
-ids produced so far. When the replica's connection breaks mid-stream, it sends the rest to another
-replica as a `/v1/completions` request whose prompt is those ids (nothing is re-tokenized), with
-`max_tokens` and `min_tokens` less what was produced and the same sampling fields, and turns that
-stream's chunks into the original's shape: the same id, created time and model, chat deltas for a chat
-stream, usage counting the whole answer. The client sees one stream.
+field, stripped from what the client sees unless it asked for it), and keeps the prompt's ids and each
+choice's ids produced so far (resume_choice.py). When the replica's connection breaks mid-stream, each
+choice that had not finished goes on on another replica as its own `/v1/completions` request whose prompt is
+those ids (nothing is re-tokenized), with `max_tokens` and `min_tokens` less what the choice produced and the
+same sampling fields; the choices' streams run side by side and their chunks come back in the original's
+shape under the choice's own `index`: the same id, created time and model, chat deltas for a chat stream,
+one usage chunk counting the whole answer. The client sees one stream.
 
 Greedy requests continue token for token as an unbroken run would. A seeded sampled request continues
 from the same tokens, deterministically for a given break point, but not with the tokens the unbroken run
-would have drawn (the rest is sampled from the seed afresh). Streams that carry state the runtime cannot
-take up from token ids are not resumed and end with the `upstream_lost` error event as before: `n` > 1,
-tools, structured output, logprobs, presence and frequency penalties, and fields the gateway does not know.
+would have drawn (the rest of choice i is sampled afresh from the seed plus i, the seed the runtime gives
+choice i). Presence and frequency penalties count a choice's whole output: its continuation names the ids
+produced so far as its own earlier output (`resume_output_ids`, the runtime's field), and a replica whose
+answer does not say it took them (its `x-goodput-resume-output-ids` header) is not used. Streams that carry
+state the runtime cannot take up from token ids are not resumed and end with the `upstream_lost` error event
+as before: `n` > 1, tools, structured output, logprobs, and fields the gateway does not know.
 
 Stop strings are resumed where the replica reports each token's id only once its text has been sent (its
 response says `x-goodput-token-ids: shown`): text held back while it may begin a stop string belongs to
@@ -25,6 +29,7 @@ runtime) leaves such a stream unresumed, as before.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -33,38 +38,19 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any
 
 from goodput_gateway.errors import APIError
+from goodput_gateway.resume_choice import SAMPLING, Choice
 
 logger = logging.getLogger(__name__)
 
 PATHS = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> whether it is a chat stream
-# request fields a resumed stream keeps as they came
-SAMPLING = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop_token_ids",
-    "ignore_eos",
-    "logit_bias",
-    "repetition_penalty",
-    "priority",
-    "user",
-    "stop",  # resumed only from a replica that reports ids once their text is sent (IDS_SHOWN)
-)
 # fields allowed only at the value that makes them do nothing
 HARMLESS: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
-    "best_of": (None, 1),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "parallel_tool_calls": (None, True, False),
     "response_format": (None, {"type": "text"}),
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
-    "echo": (None, False, True),  # the prompt went with the first chunk; the rest carries none
     "suffix": (None, ""),
 }
 HOLDS_NOTHING: tuple[Any, ...] = (None, "", [])
@@ -78,9 +64,10 @@ OTHER = frozenset(
         "max_tokens",
         "max_completion_tokens",
         "min_tokens",
+        "seed",  # each choice's own (resume_choice.choice_seed)
     }
 )
-MAX_RESUMES = 2
+MAX_RESUMES = 2  # per choice
 IDS_SHOWN = ("x-goodput-token-ids", "shown")  # the runtime's header: each token's id comes with its text
 
 
@@ -95,16 +82,29 @@ def resumable(path: str, body: Mapping[str, Any]) -> bool:
     return why_not(body) is None
 
 
+def choices_of(body: Mapping[str, Any]) -> int | None:
+    """The request's number of choices; None where `n` is not one the runtime takes."""
+    n = body.get("n")
+    if n is None:
+        return 1
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
+
+
 def why_not(body: Mapping[str, Any]) -> str | None:
     """The field that keeps a stream from being taken up elsewhere (the lost stream's error names it); None
     where none does."""
     if not isinstance(body.get("return_token_ids", False), bool):  # the runtime refuses it, by name
         return "return_token_ids"
+    n = choices_of(body)
+    if n != 1:
+        return "n"
     for name, value in body.items():
-        if name == "return_token_ids":
+        if name in ("return_token_ids", "n") or name in SAMPLING or name in OTHER:
             continue
-        if name in SAMPLING or name in OTHER:
+        if name == "best_of" and value in (None, n):
             continue
+        if name == "echo" and value in (None, False, True) and (n == 1 or not value):
+            continue  # the prompt went with the first chunk; the rest carries none
         if name not in HARMLESS or value not in HARMLESS[name]:
             return name
     return None
@@ -146,98 +146,85 @@ class Resumption:
             body["stream_options"].get("include_usage")
         )
         self.prompt: list[int] | None = None
-        self.produced: list[int] = []
-        # produced tokens whose text the client has: those after it are held back by the runtime (a
-        # character's first bytes), and are generated again on a resume rather than sent as prompt
-        self.shown = 0
-        self.repeated = 0  # ids of tokens generated again that the client already got (when it asked)
+        self.choices = [Choice(i) for i in range(choices_of(body) or 1)]
         self.template: dict[str, Any] = {}
-        self.finished = False  # the choice's finish_reason was sent
         self.usage_sent = False
-        self.done = False  # [DONE] was sent
-        # the replica reports a token's id only once its text is sent (IDS_SHOWN): every id is shown
-        self.ids_shown = False
+        self.failed = False  # a continuation reported an error in its stream: it ends without usage
+        self.dead: set[str] = set()
         self.stops = body.get("stop") not in HOLDS_NOTHING  # text may be held back for a stop string
 
+    @property
+    def ids_shown(self) -> bool:
+        """Whether every choice's replica reports a token's id only once its text is sent."""
+        return all(c.ids_shown for c in self.choices)
+
+    @ids_shown.setter
+    def ids_shown(self, value: bool) -> None:  # the first replica's, for every choice
+        for choice in self.choices:
+            choice.ids_shown = value
+
     async def run(self, first: AsyncIterator[bytes], replica: str) -> AsyncGenerator[bytes, None]:
-        """The client's stream: the first replica's events, then, after a loss, another's translated.
-        Raises the loss where the stream cannot be resumed."""
+        """The client's stream: the first replica's events, then, after a loss, each unfinished choice's
+        continuation translated. Raises the loss where the stream cannot be resumed."""
         try:
-            async for data in self.events(first, original=True):
+            async for data in self.events(first, None):
                 yield data
             return
         except self.lost as err:
             loss: BaseException = err
-        dead = {replica}
-        for _ in range(MAX_RESUMES):
-            lost_at = time.monotonic()
-            if self.prompt is None or (self.stops and not self.ids_shown):
-                raise loss
-            self.repeated = len(self.produced) - self.shown
-            del self.produced[self.shown :]
-            if self.finished or self.budget() <= 0:  # nothing left to generate: the stream's end, made here
-                for data in self.ending():
-                    yield data
+        lost_at = time.monotonic()
+        self.dead.add(replica)
+        if self.prompt is None:
+            raise loss
+        going = [c for c in self.choices if not c.finished]
+        if self.stops and any(not c.ids_shown for c in going):
+            raise loss
+        logger.info("Resuming a stream's %d choices after a loss: %r", len(going), loss)
+        followers = [self.follow(c, loss, lost_at) for c in going]
+        async for data in followers[0] if len(followers) == 1 else merged(followers):
+            yield data
+        if self.include_usage and not self.usage_sent and not self.failed:
+            yield event({**self.envelope([]), "usage": self.usage()})
+        yield event("[DONE]")
+
+    async def follow(self, choice: Choice, loss: BaseException, lost_at: float) -> AsyncGenerator[bytes, None]:
+        """One choice's events from its continuations, until it ends; raises the loss where it cannot go on."""
+        while not choice.finished:
+            choice.lost()
+            if choice.budget(self.body) <= 0:  # nothing left to generate: the choice's end, made here
+                yield event(self.envelope([self.choice_chunk(choice.index, "", "length", [])]))
                 return
-            logger.info("Resuming a stream after %d tokens: %r", len(self.produced), loss)
+            if choice.resumes >= MAX_RESUMES:
+                raise loss
+            choice.resumes += 1
+            assert self.prompt is not None
+            rest = choice.rest(self.body, self.prompt, self.served_model)
             try:
-                async with self.reopen(json.dumps(self.rest()).encode(), dead) as upstream:
-                    if upstream.status != 200:
+                async with self.reopen(json.dumps(rest).encode(), self.dead) as upstream:
+                    if upstream.status != 200 or not choice.taken_up(rest, upstream.headers):
                         raise loss
-                    self.ids_shown = ids_shown(upstream.headers)
+                    choice.ids_shown = ids_shown(upstream.headers)
                     if self.on_resume is not None:
                         self.on_resume(time.monotonic() - lost_at)
                     try:
-                        async for data in self.events(upstream.iter_any(), original=False):
+                        async for data in self.events(upstream.iter_any(), choice):
                             yield data
-                        return
                     except self.lost as err:
-                        loss = err
-                        dead.add(upstream.replica)
+                        loss, lost_at = err, time.monotonic()
+                        self.dead.add(upstream.replica)
+                    else:
+                        if choice.finished or self.failed:
+                            return
+                        raise loss  # the continuation's stream ended short of its finish
             except APIError:  # no other replica answered
                 raise loss from None
-        raise loss
-
-    def budget(self) -> int:
-        limit = self.body.get("max_completion_tokens") or self.body.get("max_tokens")
-        return limit - len(self.produced) if isinstance(limit, int) else 1
-
-    def rest(self) -> dict[str, Any]:
-        assert self.prompt is not None
-        body: dict[str, Any] = {
-            "model": self.served_model,
-            "prompt": self.prompt + self.produced,
-            "stream": True,
-            "return_token_ids": True,
-        }
-        body.update({k: self.body[k] for k in SAMPLING if k in self.body})
-        limit = self.body.get("max_completion_tokens") or self.body.get("max_tokens")
-        if isinstance(limit, int):
-            body["max_tokens"] = limit - len(self.produced)
-        min_tokens = self.body.get("min_tokens")
-        if isinstance(min_tokens, int) and min_tokens > len(self.produced):
-            body["min_tokens"] = min_tokens - len(self.produced)
-        if self.include_usage:
-            body["stream_options"] = {"include_usage": True}
-        return body
+            if self.stops and not choice.ids_shown and not choice.finished:
+                raise loss
 
     def usage(self) -> dict[str, Any]:
         prompt = len(self.prompt or ())
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": len(self.produced),
-            "total_tokens": prompt + len(self.produced),
-        }
-
-    def ending(self) -> list[bytes]:
-        """What the stream still owes when the loss came after its last token."""
-        out = []
-        if not self.finished:
-            out.append(event(self.envelope([self.choice("", "length", [])])))
-        if self.include_usage and not self.usage_sent:
-            out.append(event({**self.envelope([]), "usage": self.usage()}))
-        out.append(event("[DONE]"))
-        return out
+        produced = sum(len(c.produced) for c in self.choices)
+        return {"prompt_tokens": prompt, "completion_tokens": produced, "total_tokens": prompt + produced}
 
     def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         body = {**self.template, "choices": choices}
@@ -245,22 +232,23 @@ class Resumption:
             body["usage"] = None
         return body
 
-    def choice(self, text: str, finish_reason: str | None, ids: list[int]) -> dict[str, Any]:
+    def choice_chunk(self, index: int, text: str, finish_reason: str | None, ids: list[int]) -> dict[str, Any]:
         if self.chat:
             choice: dict[str, Any] = {
-                "index": 0,
+                "index": index,
                 "delta": {"content": text} if text else {},
                 "logprobs": None,
                 "finish_reason": finish_reason,
             }
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
         if self.client_ids:
             choice["token_ids"] = ids
         return choice
 
-    async def events(self, chunks: AsyncIterator[bytes], original: bool) -> AsyncIterator[bytes]:
-        """Whole events, recorded and (after a resume) translated; a loss mid-event drops its start."""
+    async def events(self, chunks: AsyncIterator[bytes], choice: Choice | None) -> AsyncIterator[bytes]:
+        """Whole events, recorded and (a choice's continuation) translated; a loss mid-event drops its
+        start. `choice`: None for the first replica's stream."""
         pending = b""
         async for chunk in chunks:
             pending += chunk
@@ -268,28 +256,28 @@ class Resumption:
             if cut < 0:
                 continue
             whole, pending = pending[: cut + 2], pending[cut + 2 :]
-            out = b"".join(self.translate(e + b"\n\n", original) for e in whole.split(b"\n\n") if e.strip())
+            out = b"".join(self.translate(e + b"\n\n", choice) for e in whole.split(b"\n\n") if e.strip())
             if out:
                 yield out
-        if pending.strip():
-            yield self.translate(pending, original)
+        if pending.strip() and (out := self.translate(pending, choice)):
+            yield out
 
-    def translate(self, raw: bytes, original: bool) -> bytes:
+    def translate(self, raw: bytes, choice: Choice | None) -> bytes:
         if not raw.startswith(b"data:"):
-            return raw
+            return raw if choice is None else b""
         data = raw[5:].strip()
-        if data == b"[DONE]":
-            self.done = True
-            return raw
+        if data == b"[DONE]":  # a continuation's: the stream's own comes when every choice has ended
+            return raw if choice is None else b""
         try:
             chunk = json.loads(data)
         except ValueError:
             return raw
         if not isinstance(chunk, dict) or "error" in chunk:
+            self.failed = self.failed or choice is not None
             return raw
-        if original:
+        if choice is None:
             return self.record(chunk, raw)
-        return self.resumed(chunk)
+        return self.resumed(chunk, choice)
 
     def record(self, chunk: dict[str, Any], raw: bytes) -> bytes:
         """An event of the first replica: its ids kept, and stripped unless the client asked for them."""
@@ -300,34 +288,56 @@ class Resumption:
         if not self.template and "id" in chunk:
             keys = ("id", "object", "created", "model", "system_fingerprint")
             self.template = {k: chunk[k] for k in keys if k in chunk}
-        for choice in chunk.get("choices") or ():
-            ids = choice.get("token_ids") if self.client_ids else choice.pop("token_ids", None)
+        for part in chunk.get("choices") or ():
+            ids = part.get("token_ids") if self.client_ids else part.pop("token_ids", None)
             changed = changed or not self.client_ids
-            text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
-            self.took(ids or [], text or "", choice.get("finish_reason"))
+            text = part.get("text") if "text" in part else (part.get("delta") or {}).get("content")
+            index = part.get("index", 0)
+            if isinstance(index, int) and 0 <= index < len(self.choices):
+                self.choices[index].took(ids or [], text or "", part.get("finish_reason"))
         if chunk.get("usage"):
             self.usage_sent = True
         return event(chunk) if changed else raw
 
-    def took(self, ids: list[int], text: str, finish_reason: str | None) -> None:
-        """A choice's chunk: tokens produced, and whether their text came with them."""
-        self.produced.extend(ids)
-        if text or finish_reason is not None or self.ids_shown:
-            self.shown = len(self.produced)
-        if finish_reason is not None:
-            self.finished = True
+    def resumed(self, chunk: dict[str, Any], choice: Choice) -> bytes:
+        """An event of a choice's continuation, in the original stream's shape; its usage is left for the
+        stream's own, which counts every choice."""
+        parts = []
+        for part in chunk.get("choices") or ():
+            ids = part.get("token_ids") or []
+            choice.took(ids, part.get("text") or "", part.get("finish_reason"))
+            text = part.get("text") or ""
+            parts.append(self.choice_chunk(choice.index, text, part.get("finish_reason"), choice.unshown(ids)))
+        return event(self.envelope(parts)) if parts else b""
 
-    def resumed(self, chunk: dict[str, Any]) -> bytes:
-        """An event of the replica that took over, in the original stream's shape."""
-        choices = []
-        for choice in chunk.get("choices") or ():
-            ids = choice.get("token_ids") or []
-            self.took(ids, choice.get("text") or "", choice.get("finish_reason"))
-            skip = min(self.repeated, len(ids))
-            ids, self.repeated = ids[skip:], self.repeated - skip
-            choices.append(self.choice(choice.get("text") or "", choice.get("finish_reason"), ids))
-        body = self.envelope(choices)
-        if chunk.get("usage"):
-            body["usage"] = self.usage()
-            self.usage_sent = True
-        return event(body)
+
+async def merged(streams: list[AsyncGenerator[bytes, None]]) -> AsyncIterator[bytes]:
+    """The streams' items as they come, side by side (each waits while the client is slow to read); the
+    first error ends them all and is raised."""
+    queue: asyncio.Queue[tuple[bytes | None, BaseException | None]] = asyncio.Queue(maxsize=1)
+
+    async def pump(stream: AsyncGenerator[bytes, None]) -> None:
+        async with contextlib.aclosing(stream):
+            try:
+                async for item in stream:
+                    await queue.put((item, None))
+            except Exception as err:
+                await queue.put((None, err))
+                return
+        await queue.put((None, None))
+
+    tasks = [asyncio.create_task(pump(s)) for s in streams]
+    try:
+        left = len(tasks)
+        while left:
+            item, err = await queue.get()
+            if err is not None:
+                raise err
+            if item is None:
+                left -= 1
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

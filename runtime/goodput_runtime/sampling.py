@@ -30,6 +30,10 @@ class SamplingParams:
     n: int = 1  # choices, forked from one prefill
     presence_penalty: float = 0.0  # subtracted once from every token already generated
     frequency_penalty: float = 0.0  # subtracted per occurrence among the generated tokens
+    # the prompt's last tokens that are this request's own earlier output (a stream taken up on another
+    # replica: its prompt is the original prompt's ids and those produced so far): the presence and
+    # frequency penalties count them as generated tokens
+    output_in_prompt: int = 0
     repetition_penalty: float = 1.0  # HF's: divides positive, multiplies negative logits of prompt and output tokens
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
     min_tokens: int = 0  # EOS, stop tokens and stop strings are held off until this many are generated

@@ -2,11 +2,13 @@
 
 In order, as vLLM applies them: a grammar's token mask (one bitmask for every row that has a
 grammar, applied on the logits' device), logit bias and the minimum length (EOS and stop tokens held
-off), then the repetition, frequency and presence penalties, then temperature; greedy rows take
-the argmax there, random rows drop tokens by min-p, top-k and top-p and draw one. Every stage is
-a tensor operation over the whole batch (the penalties count each row's tokens with one
-`scatter_add` into a [rows, vocab] tensor); no Python loop touches the vocabulary. A step whose
-rows are all greedy with nothing to change takes the plain argmax, exactly as before.
+off), then the repetition, frequency and presence penalties (the latter two count the generated
+tokens, and the prompt's last `output_in_prompt` ones: a resumed stream's earlier output), then
+temperature; greedy rows take the argmax there, random rows drop tokens by min-p, top-k and top-p
+and draw one. Every stage is a tensor operation over the whole batch (the penalties count each
+row's tokens with one `scatter_add` into a [rows, vocab] tensor); no Python loop touches the
+vocabulary. A step whose rows are all greedy with nothing to change takes the plain argmax, exactly
+as before.
 
 Reported logprobs are `log_softmax` of the logits at the point the token is chosen: after the
 grammar mask (a token it rules out reports the floor), the bias, minimum-length mask, penalties
@@ -130,7 +132,7 @@ class Sampler:
                 vocab,
                 device,
                 lambda r: (
-                    r.token_ids[r.num_prompt_tokens :]
+                    r.token_ids[r.num_prompt_tokens - r.params.output_in_prompt :]
                     if r.params.frequency_penalty or r.params.presence_penalty
                     else []
                 ),

@@ -24,7 +24,15 @@ from goodput_runtime.server.prompts import (
     completion_prompt_ids,
     token_budget,
 )
-from goodput_runtime.server.protocol import Sampling, header_priority, parse_chat, parse_completion, parse_json
+from goodput_runtime.server.protocol import (
+    RESUME_OUTPUT_IDS,
+    RESUME_OUTPUT_IDS_HEADER,
+    Sampling,
+    header_priority,
+    parse_chat,
+    parse_completion,
+    parse_json,
+)
 from goodput_runtime.server.request_slo import request_slo, with_slo
 from goodput_runtime.server.responses import ChatShape, CompletionShape
 from goodput_runtime.server.state import STATE, ServerState
@@ -64,6 +72,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     params = with_priority(request, body.sampling, dataclasses.replace(params, lora=adapter))
     kv = parse_kv_transfer(body.kv_transfer_params, engine, params, body.stream)
     predicted = state.admit(engine, prompt_ids, params, kv.remote_tokens if kv is not None else 0)
+    if params.output_in_prompt:  # the answer says it took them (protocol.py)
+        predicted = {**predicted, RESUME_OUTPUT_IDS_HEADER: str(params.output_in_prompt)}
     params = await state.grammars.params(engine, body.guide, params)
     shape = CompletionShape(
         body.model, body.include_usage, n=params.n, token_text=state.token_text, return_token_ids=body.return_token_ids
@@ -156,6 +166,11 @@ def sampling_params(
             "min_tokens",
         )
     check_token_ids(engine.tokenizer, sampling)
+    if sampling.output_in_prompt > num_prompt_tokens:
+        raise invalid(
+            f"'{RESUME_OUTPUT_IDS}' ({sampling.output_in_prompt}) exceeds the prompt's {num_prompt_tokens} tokens",
+            RESUME_OUTPUT_IDS,
+        )
     return sampling.params(max_tokens, defaults)
 
 

@@ -6,6 +6,7 @@ re-exported here."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,8 @@ from goodput_runtime.server.guide_fields import Guide, guide
 from goodput_runtime.server.tool_fields import Tool, tool_call_spec, tool_choice, tool_list
 
 __all__ = [
+    "RESUME_OUTPUT_IDS",
+    "RESUME_OUTPUT_IDS_HEADER",
     "ROLES",
     "SEED_RANGE",
     "ChatRequest",
@@ -71,6 +74,11 @@ __all__ = [
 ]
 
 SEED_RANGE = (-(2**63), 2**64 - 1)
+# our extension on /v1/completions: the prompt's last K ids are the request's own earlier output (a stream
+# taken up on another replica), counted as output by the presence and frequency penalties; the answer says
+# it took them in its header RESUME_OUTPUT_IDS_HEADER (K), which a runtime that ignores the field never sends
+RESUME_OUTPUT_IDS = "resume_output_ids"
+RESUME_OUTPUT_IDS_HEADER = "x-goodput-resume-output-ids"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +104,8 @@ class Sampling:
     logprobs: int | None = None  # top logprobs per token; None: no logprobs at all
     echo: bool = False  # completions: the prompt comes first in each choice (with its logprobs if asked)
     priority: int | None = None  # vLLM's: lower first, above 0 is batch work; None: the header's, else 0
+    # completions: the prompt's last ids that are the request's own earlier output (`resume_output_ids`)
+    output_in_prompt: int = 0
 
     def params(self, max_tokens: int, defaults: dict[str, float | int] | None = None) -> SamplingParams:
         """Engine settings: the request's own values, else the model's defaults, else OpenAI's."""
@@ -123,6 +133,7 @@ class Sampling:
             logprobs=self.logprobs,
             prompt_logprobs=self.logprobs if self.echo else None,
             priority=self.priority or 0,
+            output_in_prompt=self.output_in_prompt,
         )
 
 
@@ -245,10 +256,12 @@ def parse_completion(body: dict) -> CompletionRequest:
     stream = boolean(body, "stream")
     echo = boolean(body, "echo")
     logprobs = int_in(body, "logprobs", 0, MAX_LOGPROBS)
+    fields = sampling(body, ("max_tokens", "max_completion_tokens"), logprobs, echo)
+    output_in_prompt = optional_int(body, RESUME_OUTPUT_IDS, minimum=0) or 0
     return CompletionRequest(
         model_name(body),
         completion_prompt(body.get("prompt")),
-        sampling(body, ("max_tokens", "max_completion_tokens"), logprobs, echo),
+        dataclasses.replace(fields, output_in_prompt=output_in_prompt),
         stream,
         include_usage(body, stream),
         guide(body),
@@ -276,6 +289,10 @@ def completion_prompt(value: Any) -> str | list[int]:
 
 
 def parse_chat(body: dict) -> ChatRequest:
+    if body.get(RESUME_OUTPUT_IDS) is not None:  # a chat prompt is rendered from messages: no ids to name
+        raise invalid(
+            f"'{RESUME_OUTPUT_IDS}' is supported on /v1/completions only", RESUME_OUTPUT_IDS, "unsupported_parameter"
+        )
     stream = boolean(body, "stream")
     top_logprobs = int_in(body, "top_logprobs", 0, MAX_LOGPROBS)
     logprobs = None
