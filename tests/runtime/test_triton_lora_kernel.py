@@ -130,6 +130,17 @@ def test_fused_parts_ranks_below_the_maximum_and_scattered_rows(dtype, interpret
     assert not torch.equal(y_without[:, :32], y0[:, :32])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_stack_wider_than_a_tile(dtype, interpret):
+    """Rank 32 in three parts: W = 96 columns, so the shrink runs two programs across W (the second
+    half filled) and the expand sums over two tiles of W; one adapter at the full rank, one at 20."""
+    stack = make_stack(70, [40, 24, 24], 32, [32, 20], dtype, slots=3, seed=6)
+    x, y0 = inputs(21, 70, 88, dtype, seed=7)
+    spans = [(0, 0, 4), (1, 4, 9), (2, 13, 6), (0, 19, 2)]
+    y, expected = both(stack, x, y0, spans)
+    check(y, expected, y0, stack, x, spans)
+
+
 def test_one_adapter_every_row_and_a_prompt_long_enough_for_wide_tiles(interpret):
     """Every row on one adapter (no base row), 130 rows: tiles of 64 rows, the last partial."""
     stack = make_stack(45, [67], 16, [16], torch.float32, slots=2, seed=4)
