@@ -1,6 +1,8 @@
 """Each ready replica's queue and KV usage, scraped from its /metrics every period; with them, its LoRA
 adapters: those of its running and waiting requests (``vllm:lora_requests_info``, from the same page) and
-those it serves (the cards of its /v1/models whose parent is another model)."""
+those it serves (the cards of its /v1/models whose parent is another model), and those it is loading
+(``goodput_lora_loading``, from the same page: lora_holding.py), which count among its cards marked
+``loading`` so that their names resolve while they load."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 import aiohttp
 
 from goodput_contract.metrics import ENGINE_METRICS
+from goodput_gateway.lora_holding import loading_adapters, loading_cards
 from goodput_gateway.routing import AdapterState, lora_state
 
 # every engine's series for the same two signals (a replica exports one engine's names)
@@ -57,6 +60,8 @@ class LoadScraper:
         self.scraped: dict[str, tuple[float, float]] = {}
         self.lora: dict[str, AdapterState] = {}  # replicas that export the adapters' gauge
         self.cards: dict[str, list[dict[str, Any]]] = {}  # each replica's adapter cards from /v1/models
+        self.loading: dict[str, frozenset[str]] = {}  # each replica's adapters being loaded
+        self.round = asyncio.Event()  # set and replaced at the end of each round
         self.scraped_all = scraped_all  # called after each round (the registry learns adapters from `cards`)
 
     async def _scrape(self, url: str) -> None:
@@ -66,6 +71,7 @@ class LoadScraper:
                 if r.status == 200:
                     text = await r.text()
                     self.scraped[url] = parse_load(text)
+                    self.loading[url] = loading_adapters(text)
                     state = lora_state(text)
                     if state is None:
                         self.lora.pop(url, None)
@@ -77,6 +83,7 @@ class LoadScraper:
             pass
         self.scraped.pop(url, None)
         self.lora.pop(url, None)
+        self.loading.pop(url, None)
 
     async def _scrape_models(self, url: str, timeout: aiohttp.ClientTimeout) -> None:
         """The adapters a replica serving LoRA lists; those kept from before where it cannot be read now
@@ -86,23 +93,27 @@ class LoadScraper:
                 if r.status == 200:
                     data = (await r.json()).get("data")
                     if isinstance(data, list):
-                        self.cards[url] = [m for m in data if isinstance(m, dict) and m.get("parent") and m.get("id")]
+                        cards = [m for m in data if isinstance(m, dict) and m.get("parent") and m.get("id")]
+                        base = next((str(m["id"]) for m in data if isinstance(m, dict) and not m.get("parent")), "")
+                        self.cards[url] = cards + loading_cards(self.loading.get(url, frozenset()), cards, base or "?")
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, AttributeError):
             pass
 
     def serving(self, url: str, adapter: str) -> bool:
-        """Whether the replica's /v1/models listed `adapter` at the latest scrape."""
-        return any(m["id"] == adapter for m in self.cards.get(url, ()))
+        """Whether the replica's /v1/models listed `adapter` at the latest scrape (loaded, not loading)."""
+        return any(m["id"] == adapter and not m.get("loading") for m in self.cards.get(url, ()))
 
     async def run_forever(self) -> None:
         while True:
             urls = set(self.targets())
-            for table in (self.scraped, self.lora, self.cards):
+            for table in (self.scraped, self.lora, self.cards, self.loading):
                 for gone in set(table) - urls:
                     table.pop(gone, None)
             await asyncio.gather(*(self._scrape(u) for u in urls))
             if self.scraped_all is not None:
                 self.scraped_all()
+            self.round.set()
+            self.round = asyncio.Event()
             await asyncio.sleep(self.period)
 
     def extra(self, url: str) -> float:

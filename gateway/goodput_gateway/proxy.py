@@ -38,6 +38,7 @@ from goodput_gateway.errors import unavailable
 from goodput_gateway.held_routing import HeldRouter
 from goodput_gateway.holding import Holds
 from goodput_gateway.loads import LoadScraper
+from goodput_gateway.lora_holding import AdapterLoad
 from goodput_gateway.metrics import GatewayMetrics
 from goodput_gateway.prompt_digests import PromptBlocks
 from goodput_gateway.upstream import Resumed, Upstream, parse_body, rewrite_model, served_model
@@ -227,6 +228,7 @@ class Proxy:
         replaces the client's header: the runtime's own key. Replicas in `avoid` are tried last."""
         key = (svc.namespace, svc.name)
         adapter = self.registry.adapter_of(svc, model)
+        load = AdapterLoad(self.scraper, adapter) if adapter is not None else None  # held while it loads
         prefix = 0
         if svc.policy == "prefix" or adapter is not None:
             text = routing.prompt_text(body)
@@ -254,7 +256,7 @@ class Proxy:
                     "service_suspended",
                     60,
                 )
-            ready = await self.holds.ready(key, model)
+            ready = await self.holds.ready(key, model, load)
             choice = self.pick(svc, ready, tried, prefix, adapter, blocks, lookup)
             self.metrics.decisions.labels(*key, choice.decision).inc()
             url = choice.replica

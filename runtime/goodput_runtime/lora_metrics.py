@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections import Counter as Tally
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from goodput_contract import metrics as names
 
 LORA_LABELS_CAP = 64  # adapters named in the per-adapter series; requests on others count as "other"
 LORA_LOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+LORA_LOADING = names.PREFIX + "lora_loading"  # label adapter: 1 while a load of a name not yet served runs
 
 
 class LoraMetrics:
@@ -17,6 +22,10 @@ class LoraMetrics:
     LoRA-affinity scorer reads: one series whose labels name the adapters of running and waiting
     requests (comma-separated) and ``max_lora``, its value the time it was set. ``goodput_lora_requests_info``
     is its twin. Only the current series is kept (the scorer reads the newest), so its labels never pile up.
+
+    ``goodput_lora_loading{adapter}`` is 1 while an adapter this server does not serve yet is being loaded
+    (on first use, or through the load route); the series goes when the load ends, loaded or refused.
+    The gateway reads it to hold requests for that adapter until a replica lists it.
     """
 
     def __init__(self, registry: CollectorRegistry, model: str, max_loras: int) -> None:
@@ -64,6 +73,8 @@ class LoraMetrics:
             ["model", "adapter"],
             registry=r,
         )
+        self.loading = Gauge(LORA_LOADING, "Adapters being loaded, not served yet.", ["model", "adapter"], registry=r)
+        self.loads_running: Tally[str] = Tally()
         self.named: set[str] = set()
         for result in ("ok", "error"):
             self.loads.labels(model, result)
@@ -93,6 +104,19 @@ class LoraMetrics:
         self.loads.labels(self.model, result).inc()
         if result == "ok":
             self.load_seconds.observe(seconds)
+
+    @contextlib.contextmanager
+    def record_loading(self, adapter: str) -> Iterator[None]:
+        """`adapter` shown as loading while the block runs (requests sharing one load counted once)."""
+        self.loads_running[adapter] += 1
+        self.loading.labels(self.model, adapter).set(1)
+        try:
+            yield
+        finally:
+            self.loads_running[adapter] -= 1
+            if self.loads_running[adapter] <= 0:
+                del self.loads_running[adapter]
+                self.loading.remove(self.model, adapter)
 
     def record_eviction(self, tier: str) -> None:
         self.evictions.labels(self.model, tier).inc()

@@ -15,6 +15,7 @@ PEFT adapter (400), an unknown adapter or repository (404), a Hub that cannot be
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -77,8 +78,10 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
             "unsupported_value",
         )
     started = time.monotonic()
+    shown = state.metrics.lora if name not in manager.by_name else None  # goodput_lora_loading while it loads
     try:
-        adapter = await engine.load_lora(name, path, pinned)
+        with shown.record_loading(name) if shown is not None else contextlib.nullcontext():
+            adapter = await engine.load_lora(name, path, pinned)
     except LoraError as exc:
         state.metrics.record_lora_load("error", time.monotonic() - started)
         raise _lora_error(exc, "lora_path") from None

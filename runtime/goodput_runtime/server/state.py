@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from aiohttp import web
@@ -95,8 +96,10 @@ class ServerState:
         request waits for the load); an adapter there that cannot be served is a 400 naming why."""
         engine = self.engine
         if model != self.model_name and engine is not None and engine.lora is not None:
+            shown = self.metrics.lora if model not in engine.lora.by_name else None  # goodput_lora_loading
             try:
-                await engine.ensure_lora(model)
+                with shown.record_loading(model) if shown is not None else contextlib.nullcontext():
+                    await engine.ensure_lora(model)
             except LoraError as exc:
                 raise APIError(exc.status, str(exc), param="model", code=exc.code) from None
             except asyncio.TimeoutError:
