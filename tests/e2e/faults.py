@@ -41,6 +41,7 @@ class SteadyLoad:
     model: str
     clients: int = 3
     max_tokens: int = 12
+    streamed_only: bool = False  # every request streamed (else half of them)
     outcomes: list[Outcome] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -83,7 +84,7 @@ class SteadyLoad:
         client = openai.OpenAI(base_url=self.base_url, api_key="unused", max_retries=0, timeout=120)
         n = 0
         while not self._stop.is_set():
-            outcome = self._one(client, stream=(n + index) % 2 == 0, n=n)
+            outcome = self._one(client, stream=self.streamed_only or (n + index) % 2 == 0, n=n)
             outcome.at = time.monotonic()
             with self._lock:
                 self.outcomes.append(outcome)

@@ -175,6 +175,47 @@ def test_a_runtime_process_killed_under_steady_load_is_retried_by_the_gateway(fa
     )
 
 
+def test_streams_under_way_on_a_crashed_replica_go_on_elsewhere_and_none_fails(faulty: Any) -> None:
+    """Greedy streams only, long enough to be mid-answer when their replica's process is killed: the
+    gateway resumes each on the other replica from the token ids it has seen, so no client sees an
+    error or an answer without its finish_reason."""
+    node, base_url = faulty
+    retried_before = gateway_retries(node, NAMESPACE, NAME)
+    with SteadyLoad(base_url, NAME, max_tokens=64, streamed_only=True) as load:
+        wait_for(lambda: load.answered >= 6, 120, "the streams' first answers")
+        victim = serving_pod(ready_pods(node))
+        restarts = victim["status"]["containerStatuses"][0]["restartCount"]
+        kill_runtime_process(node, victim)
+        killed = time.monotonic()
+
+        def restarted() -> bool:
+            pod = node.get("pod", victim["metadata"]["name"]) or {}
+            statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+            return statuses[0].get("restartCount", 0) > restarts and service_ready(node, 2)
+
+        wait_for(
+            restarted, READY_SECONDS, "the container restarted and two Ready replicas again", explain=node.describe
+        )
+        converged = time.monotonic() - killed
+        at_convergence = load.answered
+        wait_for(lambda: load.answered >= at_convergence + 6, 120, "answers after the restart")
+    by_reason = gateway_retries(node, NAMESPACE, NAME) - retried_before
+    assert not load.failed, [(o.chunks, o.error) for o in load.failed]
+    assert by_reason["resumed"] > 0, f"no stream was under way on the killed replica: {dict(by_reason)}"
+    report(
+        {
+            "fault": "runtime process SIGKILLed under greedy streams only, 2 replicas behind the gateway",
+            "tier": "e2e",
+            "requests": len(load.outcomes),
+            "failed": len(load.failed),
+            "retried": by_reason.total(),
+            "converge_s": round(converged, 1),
+            "retry_reasons": dict(by_reason),
+            "errors": [],
+        }
+    )
+
+
 def test_a_connection_to_the_service_range_that_no_endpoint_takes_is_refused(faulty: Any) -> None:
     """An address of the service range that kube-proxy sends nowhere is refused on the node, as a
     Service without endpoints is: a client retries a refusal at once, while a packet let out by the
