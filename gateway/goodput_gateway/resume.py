@@ -17,7 +17,8 @@ choice i). Presence and frequency penalties count a choice's whole output: its c
 produced so far as its own earlier output (`resume_output_ids`, the runtime's field), and a replica whose
 answer does not say it took them (its `x-goodput-resume-output-ids` header) is not used. Streams that carry
 state the runtime cannot take up from token ids are not resumed and end with the `upstream_lost` error event
-as before: `n` > 1, tools, structured output, logprobs, and fields the gateway does not know.
+as before: tools, structured output, logprobs, `echo` with `n` > 1 (a choice that had not begun would
+lose its echoed prompt), and fields the gateway does not know.
 
 Stop strings are resumed where the replica reports each token's id only once its text has been sent (its
 response says `x-goodput-token-ids: shown`): text held back while it may begin a stop string belongs to
@@ -96,7 +97,7 @@ def why_not(body: Mapping[str, Any]) -> str | None:
     if not isinstance(body.get("return_token_ids", False), bool):  # the runtime refuses it, by name
         return "return_token_ids"
     n = choices_of(body)
-    if n != 1:
+    if n is None:
         return "n"
     for name, value in body.items():
         if name in ("return_token_ids", "n") or name in SAMPLING or name in OTHER:
