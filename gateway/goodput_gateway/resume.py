@@ -313,31 +313,36 @@ class Resumption:
 
 
 async def merged(streams: list[AsyncGenerator[bytes, None]]) -> AsyncIterator[bytes]:
-    """The streams' items as they come, side by side (each waits while the client is slow to read); the
-    first error ends them all and is raised."""
-    queue: asyncio.Queue[tuple[bytes | None, BaseException | None]] = asyncio.Queue(maxsize=1)
+    """The streams' items as they come, side by side: each stream has one item in flight, and reads its next
+    once the client took it (a slow client slows them all; none crowds out another). The first error ends
+    them all and is raised."""
+    queue: asyncio.Queue[tuple[bytes | None, BaseException | None, asyncio.Event | None]] = asyncio.Queue()
 
     async def pump(stream: AsyncGenerator[bytes, None]) -> None:
         async with contextlib.aclosing(stream):
             try:
                 async for item in stream:
-                    await queue.put((item, None))
+                    taken = asyncio.Event()
+                    queue.put_nowait((item, None, taken))
+                    await taken.wait()
             except Exception as err:
-                await queue.put((None, err))
+                queue.put_nowait((None, err, None))
                 return
-        await queue.put((None, None))
+        queue.put_nowait((None, None, None))
 
     tasks = [asyncio.create_task(pump(s)) for s in streams]
     try:
         left = len(tasks)
         while left:
-            item, err = await queue.get()
+            item, err, taken = await queue.get()
             if err is not None:
                 raise err
             if item is None:
                 left -= 1
-            else:
-                yield item
+                continue
+            yield item
+            assert taken is not None
+            taken.set()
     finally:
         for task in tasks:
             task.cancel()

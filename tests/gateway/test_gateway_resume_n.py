@@ -7,6 +7,7 @@ as a request for its rest with that seed would."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 
 import openai
@@ -151,3 +152,30 @@ def test_echo_with_several_choices_is_not_resumed():
     assert resume.why_not({**body, "n": 2, "best_of": 2}) is None
     assert resume.why_not({**body, "n": 2, "best_of": 3}) == "best_of"
     assert resume.why_not({**body, "n": "2"}) == "n"
+
+
+async def test_the_choices_continuations_are_let_go_when_the_client_leaves_or_one_is_lost():
+    """The continuations run side by side; a client gone, or one continuation lost for good, closes every
+    other (each replica sees its connection go and aborts the request)."""
+    closed: list[int] = []
+
+    async def continuation(index: int, fail_after: int | None = None):
+        try:
+            for seen in range(1000):
+                if seen == fail_after:
+                    raise ConnectionResetError("lost again")
+                yield f"{index}:{seen}".encode()
+                await asyncio.sleep(0)
+        finally:
+            closed.append(index)
+
+    stream = resume.merged([continuation(0), continuation(1)])
+    got = [await anext(stream) for _ in range(6)]
+    assert {g.split(b":")[0] for g in got} == {b"0", b"1"}  # side by side, not one after the other
+    await stream.aclose()
+    assert sorted(closed) == [0, 1]
+    closed.clear()
+    with pytest.raises(ConnectionResetError):
+        async for _ in resume.merged([continuation(0), continuation(1, fail_after=3)]):
+            pass
+    assert sorted(closed) == [0, 1]
