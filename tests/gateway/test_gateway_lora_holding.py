@@ -63,7 +63,7 @@ def env(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     workdir = tmp_path_factory.mktemp("lora-holding")
     adapter = make_adapter(tiny_model_dir, "gw-held", 4, ["q_proj", "v_proj"], steps=3, seed=7)
     hub = GatedHub().start()
-    for repo in ("slow", "stuck"):
+    for repo in ("slow", "stuck", "lazy"):
         hub.add(f"org/{repo}", adapter)
     hub.add("org/broken", adapter, files={"adapter_model.safetensors": b"\x10\0not a safetensors file"})
     with Started() as started, pytest.MonkeyPatch.context() as env_vars:
@@ -73,7 +73,10 @@ def env(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         env_vars.setenv("HF_HUB_ETAG_TIMEOUT", str(GATE_SECONDS + 30))  # the stand-in's wait is no failure
         env_vars.setenv("HF_HUB_DOWNLOAD_TIMEOUT", str(GATE_SECONDS + 30))
         flags = ("--enable-lora", "--allow-runtime-lora-updating", "--max-loras", "2")
-        pods = [started.replica(f"r{i}", tiny_model_dir, workdir, *flags) for i in range(2)]
+        pods = [
+            started.replica("r0", tiny_model_dir, workdir, *flags),
+            started.replica("r1", tiny_model_dir, workdir, *flags, "--lora-source", "hf://org"),  # loads on first use
+        ]
         wait_ready(*pods)
         started.callback(lambda: [g.set() for g in hub.gates.values()])  # no load left waiting at the end
         urls = [f"http://127.0.0.1:{p.port}" for p in pods]
@@ -133,6 +136,7 @@ def test_a_request_for_a_loading_adapter_is_held_then_served_by_the_replica_that
         assert loading.result(timeout=GATE_SECONDS + 60)[0] == 200
         out = asked.result(timeout=60)
     assert out.model == "slow" and out.usage.completion_tokens >= 1
+    assert metric(env.urls[0], "goodput_lora_loading", adapter="slow") == 0
     assert [metric(u, "goodput_lora_requests_total", adapter="slow") for u in env.urls] == [1, 0]
     assert waiting(env.gateway) == 0
     assert env.gateway.metric("goodput_gateway_hold_duration_seconds_count", service="tiny") >= 1
@@ -140,6 +144,26 @@ def test_a_request_for_a_loading_adapter_is_held_then_served_by_the_replica_that
     again = client.chat.completions.create(model="slow", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert again.model == "slow"
     assert [metric(u, "goodput_lora_requests_total", adapter="slow") for u in env.urls] == [2, 0]
+
+
+def test_a_request_for_an_adapter_loading_on_first_use_is_held_then_served_there(env):
+    """The second replica loads an adapter of its --lora-source on a request sent to it directly; the
+    gateway's request for it waits for that load, then goes to that replica."""
+    direct = openai.OpenAI(base_url=env.urls[1] + "/v1", api_key="k", max_retries=0, timeout=120)
+    client = client_of(env.gateway)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(direct.completions.create, model="lazy", prompt="hello", max_tokens=2)
+        wait_for(lambda: metric(env.urls[1], "goodput_lora_loading", adapter="lazy") == 1, 30, "lazy loading")
+        wait_for(lambda: resolves(env.gateway, "lazy"), 30, "the gateway to learn the adapter being loaded")
+        asked = pool.submit(client.completions.create, model="lazy", prompt="hello there", max_tokens=3)
+        wait_for(lambda: waiting(env.gateway) == 1, 30, "the request held at the gateway")
+        assert not first.done() and not asked.done()
+        env.hub.gate("org/lazy").set()
+        assert first.result(timeout=60).model == "lazy"
+        assert asked.result(timeout=60).model == "lazy"
+    assert [metric(u, "goodput_lora_requests_total", adapter="lazy") for u in env.urls] == [0, 2]
+    assert metric(env.urls[1], "goodput_lora_loading", adapter="lazy") == 0
+    assert waiting(env.gateway) == 0
 
 
 def test_a_hold_that_outlasts_the_bound_is_a_503_with_retry_after(env):
@@ -174,9 +198,14 @@ def test_a_held_request_whose_adapter_fails_to_load_gets_a_404_not_a_hang(env):
         env.hub.gate("org/broken").set()  # the Hub answers with a corrupt file: the replica refuses it
         status, refusal = loading.result(timeout=GATE_SECONDS + 60)
         assert status == 400 and "broken" in json.loads(refusal)["error"]["message"]
-        with pytest.raises(openai.NotFoundError) as missing:
+        with pytest.raises(openai.APIStatusError) as refused:
             asked.result(timeout=60)
-    assert missing.value.code == "model_not_found" and "broken" in missing.value.message
+    # the replica the policy picks answers: the first has no such adapter (404), the second tries its
+    # --lora-source and refuses the corrupt file (400), each naming it
+    error = refused.value
+    assert (error.status_code, error.code) in ((404, "model_not_found"), (400, "invalid_lora_adapter")), error
+    assert "broken" in error.message
+    assert metric(env.urls[0], "goodput_lora_loading", adapter="broken") == 0
     assert waiting(env.gateway) == 0
 
 
