@@ -3,8 +3,8 @@
 A runtime shows each adapter it is loading and does not serve yet in ``goodput_lora_loading{adapter}``
 on its /metrics (a load on first use from ``--lora-source``, or through ``POST /v1/load_lora_adapter``),
 until the load ends, loaded or refused. The gateway's scrape reads it (loads.py), and a replica's
-loading adapters count among the adapters its service serves, so their names resolve to the service
-while they load.
+loading adapters join its /v1/models cards, marked ``loading``, so their names resolve to the service
+while they load (where that page can be read: not a keyed replica's).
 
 A request for an adapter that some ready replica of its service is loading, and that no ready replica
 lists in /v1/models or has requests on (``vllm:lora_requests_info``), waits in the service's holding

@@ -3,7 +3,9 @@
 The pick is the service's policy (routing.py); under ``prefix``, held-aware first where the replicas
 publish what they hold (held_routing.py: the prompt's digests, asked once before the attempts). For
 a disaggregated service the chosen replica decodes, and disagg.py decides whether a prefill replica
-computes the prompt first (the first attempt only; a retry sends the plain request).
+computes the prompt first (the first attempt only; a retry sends the plain request). A request waits in
+the service's holding queue (holding.py) while it has no ready replica, or while its LoRA adapter is
+loading on a replica and served by none (lora_holding.py).
 
 A failure before the client got a byte (a refused connection, a connection reset before the
 replica's response headers or between them and the body's first byte), or a 503 from a
