@@ -2,10 +2,11 @@
 
 Two real runtime processes serve the tiny model with run-time adapter loading on, behind real gateway
 processes (one holding up to a minute, one up to 2 s); a test loads an adapter on the first replica
-through its load route from an hf:// source. The Hub cannot be reached from here: a local stand-in
-(hub_standin.py) answers its file routes, reached through HF_ENDPOINT as the Hub would be, and answers
-each repository only once the test lets it, so a load lasts exactly as long as the test wants (a slow
-Hub). Clients are the official `openai` SDK over HTTP."""
+through its load route from an hf:// source, or on the second on first use (its --lora-source
+hf://org). The Hub cannot be reached from here: a local stand-in (hub_standin.py) answers its file
+routes, reached through HF_ENDPOINT as the Hub would be, and answers each repository only once the test
+lets it, so a load lasts exactly as long as the test wants (a slow Hub). Clients are the official
+`openai` SDK over HTTP."""
 
 from __future__ import annotations
 
