@@ -85,6 +85,7 @@ LORA_ADAPTERS = PREFIX + "lora_adapters"  # label tier: slot | cpu | registered
 LORA_EVICTIONS = PREFIX + "lora_evictions_total"  # label tier: slot | cpu
 LORA_REQUESTS = PREFIX + "lora_requests_total"  # labels adapter (capped; "other" beyond), outcome
 LORA_REQUESTS_GOOD = PREFIX + "lora_requests_good_total"  # label adapter
+LORA_LOADING = PREFIX + "lora_loading"  # labels model, adapter: 1 while a name not yet served loads
 
 # the operator's autoscaler series, read by the dashboards (and by HPA/KEDA in those modes)
 AUTOSCALER_DESIRED_REPLICAS = PREFIX + "autoscaler_desired_replicas"

@@ -23,10 +23,11 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from goodput_contract.metrics import LORA_LOADING
 from goodput_gateway.routing import AdapterState
 
-LOADING_SERIES = "goodput_lora_loading"
-_SAMPLE = re.compile(r"^goodput_lora_loading\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)")
+LOADING_SERIES = LORA_LOADING
+_SAMPLE = re.compile(rf"^{re.escape(LORA_LOADING)}\{{(?P<labels>[^}}]*)\}}\s+(?P<value>\S+)")
 _ADAPTER = re.compile(r'(?:^|,)\s*adapter="((?:[^"\\]|\\.)*)"')
 
 

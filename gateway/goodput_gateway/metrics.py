@@ -57,7 +57,7 @@ class GatewayMetrics:
         )
         self.waiting = Gauge(
             names.GATEWAY_REQUESTS_WAITING,
-            "Requests held because the service has no ready replica (at zero, or starting)",
+            "Requests held: the service has no ready replica (at zero, or starting), or their LoRA adapter is loading",
             SERVICE,
             registry=r,
         )

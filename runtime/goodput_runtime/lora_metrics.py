@@ -12,7 +12,6 @@ from goodput_contract import metrics as names
 
 LORA_LABELS_CAP = 64  # adapters named in the per-adapter series; requests on others count as "other"
 LORA_LOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-LORA_LOADING = names.PREFIX + "lora_loading"  # label adapter: 1 while a load of a name not yet served runs
 
 
 class LoraMetrics:
@@ -73,7 +72,9 @@ class LoraMetrics:
             ["model", "adapter"],
             registry=r,
         )
-        self.loading = Gauge(LORA_LOADING, "Adapters being loaded, not served yet.", ["model", "adapter"], registry=r)
+        self.loading = Gauge(
+            names.LORA_LOADING, "Adapters being loaded, not served yet.", ["model", "adapter"], registry=r
+        )
         self.loads_running: Tally[str] = Tally()
         self.named: set[str] = set()
         for result in ("ok", "error"):
