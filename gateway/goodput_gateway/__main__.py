@@ -257,16 +257,17 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         keys = [*registry.services, *(s.prefill_key for s in registry.services.values() if s.disaggregation)]
         return {u for k in keys for u in registry.ready(k)}
 
-    scraper = LoadScraper(session, replicas, args.scrape_seconds)
     keys = ServiceKeys(kube, args.api_key_ttl)
-    replica_keys = ReplicaKeys(keys)  # each replica's subscription carries its service's runtime key
+    replica_keys = ReplicaKeys(keys)  # a replica's KV subscription and /v1/models carry its service's runtime key
+    scraper = LoadScraper(session, replicas, args.scrape_seconds, authorization=replica_keys)
     index = KvIndex(session, authorization=replica_keys)
 
     def learn_adapters() -> None:  # each service serves the adapters any of its ready replicas lists
         for key in list(registry.services):
             registry.learn_adapters(key, [c for u in registry.ready(key) for c in scraper.cards.get(u, ())])
+        replicas_now = replica_keys.learn(registry)  # the next round's keys, for replicas that joined
         if args.held_routing == "on":
-            index.sync(replica_keys.learn(registry))
+            index.sync(replicas_now)
             metrics.kv_index_seen(index)
 
     scraper.scraped_all = learn_adapters

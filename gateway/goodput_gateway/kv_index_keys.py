@@ -1,4 +1,6 @@
-"""The Authorization the gateway's KV-index subscriptions carry: each replica's own service's runtime key.
+"""The Authorization the gateway's calls of its own to a replica carry (its KV-index subscription, and the
+load scraper's /v1/models, where a replica lists the LoRA adapters it has loaded): each replica's own
+service's runtime key.
 
 A service with ``auth.apiKeySecretRef`` runs runtimes that ask every request but /health and
 /metrics for its key, ``GET /kv/events`` included. Proxied requests carry the first key of the
@@ -38,6 +40,6 @@ class ReplicaKeys:
         try:
             keys = await self.keys.keys(svc)
         except APIError as err:
-            logger.warning("KV events of %s go without a key: %s", url, err.message)
+            logger.warning("%s is asked without its service's key (KV events, /v1/models): %s", url, err.message)
             return None
         return f"Bearer {keys[0]}" if keys else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import aiohttp
@@ -55,8 +55,11 @@ class LoadScraper:
         targets: Callable[[], Iterable[str]],
         period: float,
         scraped_all: Callable[[], None] | None = None,
+        authorization: Callable[[str], Awaitable[str | None]] | None = None,
     ) -> None:
         self.session, self.targets, self.period = session, targets, period
+        # a replica's Authorization header for its /v1/models (its service's runtime key; None: no header)
+        self.authorization = authorization
         self.scraped: dict[str, tuple[float, float]] = {}
         self.lora: dict[str, AdapterState] = {}  # replicas that export the adapters' gauge
         self.cards: dict[str, list[dict[str, Any]]] = {}  # each replica's adapter cards from /v1/models
@@ -86,10 +89,12 @@ class LoadScraper:
         self.loading.pop(url, None)
 
     async def _scrape_models(self, url: str, timeout: aiohttp.ClientTimeout) -> None:
-        """The adapters a replica serving LoRA lists; those kept from before where it cannot be read now
-        (a keyed runtime answers 401: its service's adapters come from its spec only)."""
+        """The adapters a replica serving LoRA lists, asked with its service's runtime key where it has one;
+        those kept from before where it cannot be read now."""
+        header = await self.authorization(url) if self.authorization is not None else None
+        headers = {"Authorization": header} if header else None
         try:
-            async with self.session.get(url + "/v1/models", timeout=timeout) as r:
+            async with self.session.get(url + "/v1/models", timeout=timeout, headers=headers) as r:
                 if r.status == 200:
                     data = (await r.json()).get("data")
                     if isinstance(data, list):
