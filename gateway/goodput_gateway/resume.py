@@ -40,6 +40,7 @@ from typing import Any
 
 from goodput_gateway.errors import APIError
 from goodput_gateway.resume_choice import SAMPLING, Choice
+from goodput_gateway.resume_fields import carries, echoed, logprobs_asked
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +50,6 @@ HARMLESS: dict[str, tuple[Any, ...]] = {
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "parallel_tool_calls": (None, True, False),
-    "response_format": (None, {"type": "text"}),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "suffix": (None, ""),
 }
 HOLDS_NOTHING: tuple[Any, ...] = (None, "", [])
@@ -106,6 +104,8 @@ def why_not(body: Mapping[str, Any]) -> str | None:
             continue
         if name == "echo" and value in (None, False, True) and (n == 1 or not value):
             continue  # the prompt went with the first chunk; the rest carries none
+        if carries(name, value, body):  # logprobs, structured output (resume_fields.py)
+            continue
         if name not in HARMLESS or value not in HARMLESS[name]:
             return name
     return None
@@ -153,6 +153,7 @@ class Resumption:
         self.failed = False  # a continuation reported an error in its stream: it ends without usage
         self.dead: set[str] = set()
         self.stops = body.get("stop") not in HOLDS_NOTHING  # text may be held back for a stop string
+        self.logprobs = logprobs_asked(body)
 
     @property
     def ids_shown(self) -> bool:
@@ -192,6 +193,8 @@ class Resumption:
         """One choice's events from its continuations, until it ends; raises the loss where it cannot go on."""
         while not choice.finished:
             choice.lost()
+            if self.logprobs and choice.logged - echoed(self.body, self.prompt) != len(choice.produced):
+                raise loss  # its replica sent logprobs of tokens it had not reported: the client would get them twice
             if choice.budget(self.body) <= 0:  # nothing left to generate: the choice's end, made here
                 yield event(self.envelope([self.choice_chunk(choice.index, "", "length", [])]))
                 return
@@ -233,16 +236,18 @@ class Resumption:
             body["usage"] = None
         return body
 
-    def choice_chunk(self, index: int, text: str, finish_reason: str | None, ids: list[int]) -> dict[str, Any]:
-        if self.chat:
+    def choice_chunk(
+        self, index: int, text: str, finish_reason: str | None, ids: list[int], logprobs: Any = None
+    ) -> dict[str, Any]:
+        if self.chat:  # as the runtime's chat chunks: a token's logprobs come with its (maybe empty) content
             choice: dict[str, Any] = {
                 "index": index,
-                "delta": {"content": text} if text else {},
-                "logprobs": None,
+                "delta": {"content": text} if text or logprobs else {},
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
             }
         else:
-            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         if self.client_ids:
             choice["token_ids"] = ids
         return choice
@@ -296,6 +301,7 @@ class Resumption:
             index = part.get("index", 0)
             if isinstance(index, int) and 0 <= index < len(self.choices):
                 self.choices[index].took(ids or [], text or "", part.get("finish_reason"))
+                self.choices[index].logprobs(part.get("logprobs"), resumed=False)
         if chunk.get("usage"):
             self.usage_sent = True
         return event(chunk) if changed else raw
@@ -308,7 +314,10 @@ class Resumption:
             ids = part.get("token_ids") or []
             choice.took(ids, part.get("text") or "", part.get("finish_reason"))
             text = part.get("text") or ""
-            parts.append(self.choice_chunk(choice.index, text, part.get("finish_reason"), choice.unshown(ids)))
+            logprobs = choice.logprobs(part.get("logprobs"), resumed=True)
+            parts.append(
+                self.choice_chunk(choice.index, text, part.get("finish_reason"), choice.unshown(ids), logprobs)
+            )
         return event(self.envelope(parts)) if parts else b""
 
 

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from goodput_gateway.resume_fields import carried, confirmed, guided
+
 # request fields a resumed stream keeps as they came
 SAMPLING = (
     "temperature",
@@ -25,7 +27,8 @@ SAMPLING = (
 )
 PENALTIES = ("presence_penalty", "frequency_penalty")
 # the runtime's field: the prompt's last K ids are the request's own earlier output, which the presence and
-# frequency penalties count as output; its answer says it took them in the header of the second name
+# frequency penalties count as output and a grammar goes on from; its answer says it took them in the header
+# of the second name
 RESUME_OUTPUT_IDS = ("resume_output_ids", "x-goodput-resume-output-ids")
 SEED_MODULUS = 2**64
 
@@ -58,6 +61,9 @@ class Choice:
     # its replica reports a token's id only once its text is sent (IDS_SHOWN): every id is shown
     ids_shown: bool = False
     resumes: int = 0
+    logged: int = 0  # tokens whose logprobs the client has (an echoed prompt's included)
+    offset: int = 0  # completions' logprobs: the text_offset of the next token
+    base: int = 0  # completions' logprobs: where the text_offsets of the current continuation start
 
     def took(self, ids: list[int], text: str, finish_reason: str | None) -> None:
         """A chunk of this choice: tokens produced, and whether their text came with them."""
@@ -71,6 +77,24 @@ class Choice:
         """Its replica went away: the tokens whose text the client has not had are generated again."""
         self.repeated = len(self.produced) - self.shown
         del self.produced[self.shown :]
+        self.base = self.offset
+
+    def logprobs(self, logprobs: Any, resumed: bool) -> Any:
+        """A chunk's logprobs, counted; a completions continuation's text offsets moved on past the text
+        the client had before it."""
+        if not isinstance(logprobs, dict):
+            return logprobs
+        if "content" in logprobs:  # the chat shape
+            self.logged += len(logprobs.get("content") or ())
+            return logprobs
+        tokens, offsets = logprobs.get("tokens") or [], logprobs.get("text_offset") or []
+        if resumed:
+            offsets = [offset + self.base for offset in offsets]
+            logprobs = {**logprobs, "text_offset": offsets}
+        if tokens and offsets:
+            self.offset = offsets[-1] + len(tokens[-1])
+        self.logged += len(tokens)
+        return logprobs
 
     def unshown(self, ids: list[int]) -> list[int]:
         """A continuation's ids less those the client already got."""
@@ -99,12 +123,15 @@ class Choice:
         min_tokens = body.get("min_tokens")
         if isinstance(min_tokens, int) and min_tokens > len(self.produced):
             rest["min_tokens"] = min_tokens - len(self.produced)
-        if penalized(body) and self.produced:
+        if (penalized(body) or guided(body)) and self.produced:
             rest[RESUME_OUTPUT_IDS[0]] = len(self.produced)
-        return rest
+        return {**rest, **carried(body)}
 
     def taken_up(self, rest: Mapping[str, Any], headers: Mapping[str, str]) -> bool:
         """Whether the replica answering `rest` took all of it: a runtime that does not know
-        `resume_output_ids` ignores it, and its penalties would count the produced ids as prompt."""
+        `resume_output_ids` ignores it, and its penalties would count the produced ids as prompt (nor would
+        its grammar go on from them, nor its logprobs come in the chat shape: resume_fields.py)."""
         wanted = rest.get(RESUME_OUTPUT_IDS[0])
-        return wanted is None or headers.get(RESUME_OUTPUT_IDS[1]) == str(wanted)
+        if wanted is not None and headers.get(RESUME_OUTPUT_IDS[1]) != str(wanted):
+            return False
+        return confirmed(rest, headers, wanted)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import hdrs, web
 
 from goodput_runtime.engine.client import EngineClient
+from goodput_runtime.engine.outputs import TokenLogprob
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.server import debug, kv_events_routes, lora_routes
 from goodput_runtime.server import embeddings as embedding_routes
@@ -25,8 +27,11 @@ from goodput_runtime.server.prompts import (
     token_budget,
 )
 from goodput_runtime.server.protocol import (
+    CHAT_LOGPROBS_HEADER,
+    RESUME_GRAMMAR_HEADER,
     RESUME_OUTPUT_IDS,
     RESUME_OUTPUT_IDS_HEADER,
+    Guide,
     Sampling,
     header_priority,
     parse_chat,
@@ -36,6 +41,7 @@ from goodput_runtime.server.protocol import (
 from goodput_runtime.server.request_slo import request_slo, with_slo
 from goodput_runtime.server.responses import ChatShape, CompletionShape
 from goodput_runtime.server.state import STATE, ServerState
+from goodput_runtime.structured.resumed import advanced
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +81,15 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if params.output_in_prompt:  # the answer says it took them (protocol.py)
         predicted = {**predicted, RESUME_OUTPUT_IDS_HEADER: str(params.output_in_prompt)}
     params = await state.grammars.params(engine, body.guide, params)
-    shape = CompletionShape(
+    if params.output_in_prompt and body.guide is not None:
+        params = resumed_grammar(params, prompt_ids, body.guide)
+        predicted = {**predicted, RESUME_GRAMMAR_HEADER: str(params.output_in_prompt)}
+    shape_of = ChatLogprobsShape if body.chat_logprobs else CompletionShape
+    shape = shape_of(
         body.model, body.include_usage, n=params.n, token_text=state.token_text, return_token_ids=body.return_token_ids
     )
+    if body.chat_logprobs:
+        predicted = {**predicted, CHAT_LOGPROBS_HEADER: "true"}
     echo_text = None
     if body.sampling.echo:
         decoded = body.prompt if isinstance(body.prompt, str) else engine.tokenizer.decode(prompt_ids)
@@ -96,6 +108,31 @@ async def completions(request: web.Request) -> web.StreamResponse:
         headers=predicted,
         kv=kv,
     )
+
+
+@dataclass
+class ChatLogprobsShape(CompletionShape):
+    """A completion whose logprobs come in a chat completion's shape (`chat_logprobs`)."""
+
+    chat: ChatShape | None = None
+
+    def logprobs(self, index: int, entries: list[tuple[int, TokenLogprob | None]], text: str) -> dict | None:
+        if self.chat is None:
+            self.chat = ChatShape(self.model, id=self.id, token_text=self.token_text)
+        return self.chat.logprobs(index, entries, text)
+
+
+def resumed_grammar(params: SamplingParams, prompt_ids: list[int], guide: Guide) -> SamplingParams:
+    """params whose grammar goes on from the request's earlier output, the prompt's last ids
+    (`resume_output_ids`); a 400 naming the field where the grammar does not accept them."""
+    earlier = prompt_ids[len(prompt_ids) - params.output_in_prompt :]
+    grammar = advanced(params.grammar, earlier)
+    if grammar is None:
+        raise invalid(
+            f"'{RESUME_OUTPUT_IDS}' names {len(earlier)} ids of earlier output that '{guide.param}' does not accept",
+            RESUME_OUTPUT_IDS,
+        )
+    return dataclasses.replace(params, grammar=grammar)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

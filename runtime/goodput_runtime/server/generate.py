@@ -270,6 +270,7 @@ async def stream_events(
             text, entries = pieces.take(out)
             reason = out.finish_reason
             ids.produced(out)
+            entries = ids.logprobs(out, entries)
             if tools is not None:
                 calls = streams.setdefault(out.index, tools.stream())
                 deltas = calls.feed(text) + (calls.finish() if reason is not None else [])
@@ -322,7 +323,8 @@ class TokenIds:
     on the chunk that carries their text (an empty list on the others). A token whose text is held back (a
     stop string's possible start, a character's first bytes) has its id held with it: the ids sent are
     always the tokens of the text sent, so the stream can be taken up elsewhere from them (the gateway's
-    resume), and every id has come by the choice's last chunk."""
+    resume), and every id has come by the choice's last chunk. A token's logprobs are held with its id: they
+    too come with its text."""
 
     def __init__(self, shape: Shape) -> None:
         self.on_shape = shape.return_token_ids
@@ -330,6 +332,8 @@ class TokenIds:
         self.pending: list[int] = []
         self.held: dict[int, list[int]] = {}  # per choice: ids produced whose text has not been sent
         self.sent: dict[int, int] = {}  # per choice: ids sent
+        self.released: dict[int, int] = {}  # per choice: ids the last output let go
+        self.held_logprobs: dict[int, list[tuple[int, TokenLogprob | None]]] = {}
         self.first = True
 
     def produced(self, out: RequestOutput) -> None:
@@ -342,7 +346,22 @@ class TokenIds:
         ready = held[: max(0, shown - sent)]
         del held[: len(ready)]
         self.sent[out.index] = sent + len(ready)
+        self.released[out.index] = len(ready)
         self.pending = self.pending + ready
+
+    def logprobs(
+        self, out: RequestOutput, entries: list[tuple[int, TokenLogprob | None]]
+    ) -> list[tuple[int, TokenLogprob | None]]:
+        """The logprob entries `out`'s chunk carries: an echoed prompt's at once, a generated token's once
+        its id goes (after `produced`)."""
+        if not self.on_shape:
+            return entries
+        new = len(out.logprobs or ())
+        held = self.held_logprobs.setdefault(out.index, [])
+        held.extend(entries[len(entries) - new :])
+        ready = held[: self.released.get(out.index, 0)]
+        del held[: len(ready)]
+        return entries[: len(entries) - new] + ready
 
     def on(self, chunk: dict) -> dict:
         if not self.on_shape:

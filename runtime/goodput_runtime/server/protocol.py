@@ -35,6 +35,9 @@ from goodput_runtime.server.guide_fields import Guide, guide
 from goodput_runtime.server.tool_fields import Tool, tool_call_spec, tool_choice, tool_list
 
 __all__ = [
+    "CHAT_LOGPROBS",
+    "CHAT_LOGPROBS_HEADER",
+    "RESUME_GRAMMAR_HEADER",
     "RESUME_OUTPUT_IDS",
     "RESUME_OUTPUT_IDS_HEADER",
     "ROLES",
@@ -76,9 +79,17 @@ __all__ = [
 SEED_RANGE = (-(2**63), 2**64 - 1)
 # our extension on /v1/completions: the prompt's last K ids are the request's own earlier output (a stream
 # taken up on another replica), counted as output by the presence and frequency penalties; the answer says
-# it took them in its header RESUME_OUTPUT_IDS_HEADER (K), which a runtime that ignores the field never sends
+# it took them in its header RESUME_OUTPUT_IDS_HEADER (K), which a runtime that ignores the field never sends.
+# A request with a grammar (structured output) has it go on from where those K ids left it, said by the
+# header RESUME_GRAMMAR_HEADER (K); ids the grammar refuses are a 400 naming the field.
 RESUME_OUTPUT_IDS = "resume_output_ids"
 RESUME_OUTPUT_IDS_HEADER = "x-goodput-resume-output-ids"
+RESUME_GRAMMAR_HEADER = "x-goodput-resume-grammar"
+# our extension on /v1/completions, with `logprobs`: each token's logprobs in a chat completion's shape
+# ({"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}), so a chat stream taken up as a
+# completion reports them as it would have; said by the header CHAT_LOGPROBS_HEADER ("true")
+CHAT_LOGPROBS = "chat_logprobs"
+CHAT_LOGPROBS_HEADER = "x-goodput-chat-logprobs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +158,7 @@ class CompletionRequest:
     guide: Guide | None = None
     return_token_ids: bool = False  # vLLM's: the prompt's and each choice's token ids in the answer
     kv_transfer_params: Any = None  # a KV hand-off's phase, as sent (server/kv_transfer_fields.py checks it)
+    chat_logprobs: bool = False  # logprobs in a chat completion's shape (CHAT_LOGPROBS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +270,12 @@ def parse_completion(body: dict) -> CompletionRequest:
     logprobs = int_in(body, "logprobs", 0, MAX_LOGPROBS)
     fields = sampling(body, ("max_tokens", "max_completion_tokens"), logprobs, echo)
     output_in_prompt = optional_int(body, RESUME_OUTPUT_IDS, minimum=0) or 0
+    chat_logprobs = boolean(body, CHAT_LOGPROBS)
+    if chat_logprobs and (logprobs is None or echo):
+        raise invalid(
+            f"'{CHAT_LOGPROBS}' shapes the logprobs of generated tokens: it needs 'logprobs', and no 'echo'",
+            CHAT_LOGPROBS,
+        )
     return CompletionRequest(
         model_name(body),
         completion_prompt(body.get("prompt")),
@@ -267,6 +285,7 @@ def parse_completion(body: dict) -> CompletionRequest:
         guide(body),
         boolean(body, "return_token_ids"),
         body.get("kv_transfer_params"),
+        chat_logprobs,
     )
 
 
@@ -289,10 +308,10 @@ def completion_prompt(value: Any) -> str | list[int]:
 
 
 def parse_chat(body: dict) -> ChatRequest:
-    if body.get(RESUME_OUTPUT_IDS) is not None:  # a chat prompt is rendered from messages: no ids to name
-        raise invalid(
-            f"'{RESUME_OUTPUT_IDS}' is supported on /v1/completions only", RESUME_OUTPUT_IDS, "unsupported_parameter"
-        )
+    # a chat prompt is rendered from messages: no ids to name; and its logprobs have the chat shape already
+    for name in (RESUME_OUTPUT_IDS, CHAT_LOGPROBS):
+        if body.get(name) is not None:
+            raise invalid(f"'{name}' is supported on /v1/completions only", name, "unsupported_parameter")
     stream = boolean(body, "stream")
     top_logprobs = int_in(body, "top_logprobs", 0, MAX_LOGPROBS)
     logprobs = None
