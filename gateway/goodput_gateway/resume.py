@@ -15,10 +15,13 @@ from the same tokens, deterministically for a given break point, but not with th
 would have drawn (the rest of choice i is sampled afresh from the seed plus i, the seed the runtime gives
 choice i). Presence and frequency penalties count a choice's whole output: its continuation names the ids
 produced so far as its own earlier output (`resume_output_ids`, the runtime's field), and a replica whose
-answer does not say it took them (its `x-goodput-resume-output-ids` header) is not used. Streams that carry
+answer does not say it took them (its `x-goodput-resume-output-ids` header) is not used. Logprobs and
+structured output go on too (resume_fields.py): the continuation asks for its tokens' logprobs, a chat
+stream's in the chat shape, and a grammar goes on from the ids named as earlier output. Streams that carry
 state the runtime cannot take up from token ids are not resumed and end with the `upstream_lost` error event
-as before: tools, structured output, logprobs, `echo` with `n` > 1 (a choice that had not begun would
-lose its echoed prompt), and fields the gateway does not know.
+as before: tools (the tool parser holds back text whose ids it reports, and its state is not carried over),
+`echo` with `n` > 1 (a choice that had not begun would lose its echoed prompt), and fields the gateway does
+not know.
 
 Stop strings are resumed where the replica reports each token's id only once its text has been sent (its
 response says `x-goodput-token-ids: shown`): text held back while it may begin a stop string belongs to
