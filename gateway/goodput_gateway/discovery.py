@@ -22,6 +22,9 @@ logger = logging.getLogger(__name__)
 SERVICE_LABEL = "serving.goodput.dev/service"
 
 
+STATIC = "static"  # the namespace of services given on the command line (set_static)
+
+
 @dataclass(frozen=True)
 class Service:
     namespace: str
@@ -106,6 +109,10 @@ class Registry:
         shared = sum(1 for s in self.services.values() if s.served_name == svc.served_name) > 1
         return f"{svc.namespace}/{svc.served_name}" if shared else svc.served_name
 
+    def watched(self, key: Key) -> bool:
+        """Whether the service's ready replicas follow the cluster (a static service's are fixed)."""
+        return key[0] != STATIC
+
     def ready(self, key: Key) -> tuple[str, ...]:
         if self._ready is None:
             index: dict[Key, set[str]] = {}
@@ -126,8 +133,8 @@ class Registry:
         prefill = prefill or {}
         self.services.fill(
             {
-                ("static", name): Service(
-                    "static",
+                (STATIC, name): Service(
+                    STATIC,
                     name,
                     name,
                     policy,
@@ -138,9 +145,9 @@ class Registry:
                 for name, urls in models.items()
             }
         )
-        slices = {("static", name): (("static", name), urls) for name, urls in models.items()}
+        slices = {(STATIC, name): ((STATIC, name), urls) for name, urls in models.items()}
         for name, urls in prefill.items():
-            slices[("static", f"{name}-prefill")] = (("static", f"{name}-prefill"), urls)
+            slices[(STATIC, f"{name}-prefill")] = ((STATIC, f"{name}-prefill"), urls)
         self.slices.fill(slices)
 
 

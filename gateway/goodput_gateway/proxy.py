@@ -258,7 +258,8 @@ class Proxy:
                     "service_suspended",
                     60,
                 )
-            ready = await self.holds.ready(key, model, load)
+            # a request failed on every replica of a watched service waits for one that has not failed it
+            ready = await self.holds.ready(key, model, load, tried if self.registry.watched(key) else None)
             choice = self.pick(svc, ready, tried, prefix, adapter, blocks, lookup)
             self.metrics.decisions.labels(*key, choice.decision).inc()
             url = choice.replica
