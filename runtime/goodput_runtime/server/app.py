@@ -82,7 +82,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         predicted = {**predicted, RESUME_OUTPUT_IDS_HEADER: str(params.output_in_prompt)}
     params = await state.grammars.params(engine, body.guide, params)
     if params.output_in_prompt and body.guide is not None:
-        params = resumed_grammar(params, prompt_ids, body.guide)
+        params = await resumed_grammar(state, params, prompt_ids, body.guide)
         predicted = {**predicted, RESUME_GRAMMAR_HEADER: str(params.output_in_prompt)}
     shape_of = ChatLogprobsShape if body.chat_logprobs else CompletionShape
     shape = shape_of(
@@ -122,11 +122,15 @@ class ChatLogprobsShape(CompletionShape):
         return self.chat.logprobs(index, entries, text)
 
 
-def resumed_grammar(params: SamplingParams, prompt_ids: list[int], guide: Guide) -> SamplingParams:
+async def resumed_grammar(
+    state: ServerState, params: SamplingParams, prompt_ids: list[int], guide: Guide
+) -> SamplingParams:
     """params whose grammar goes on from the request's earlier output, the prompt's last ids
-    (`resume_output_ids`); a 400 naming the field where the grammar does not accept them."""
+    (`resume_output_ids`), advanced on the grammars' thread (never on the event loop); a 400 naming the
+    field where the grammar does not accept them."""
     earlier = prompt_ids[len(prompt_ids) - params.output_in_prompt :]
-    grammar = advanced(params.grammar, earlier)
+    loop = asyncio.get_running_loop()
+    grammar = await loop.run_in_executor(state.grammars.executor, advanced, params.grammar, earlier)
     if grammar is None:
         raise invalid(
             f"'{RESUME_OUTPUT_IDS}' names {len(earlier)} ids of earlier output that '{guide.param}' does not accept",
