@@ -2,8 +2,8 @@
 serving a greedy stream SIGKILLed mid-stream while text is held back for a possible stop string. The runtime
 reports a token's id only once its text has been sent, so the gateway takes the stream up from those ids on
 another replica, which generates the held-back tokens again: the client's text and finish reason equal an
-unbroken run's (the openai SDK's chat and completion streams). A stream that cannot be resumed (logprobs)
-ends with the `upstream_lost` error event naming the field that kept it from being resumed."""
+unbroken run's (the openai SDK's chat and completion streams). A stream that cannot be resumed ends with the
+`upstream_lost` error event naming the field (test_gateway_resume_structured.py, with tools)."""
 
 from __future__ import annotations
 
@@ -153,18 +153,3 @@ def test_a_completion_stream_with_stop_strings_and_usage_goes_on_with_the_same_t
     before = resumed(gateway)
     assert run(kill_after=5, stop=stops, extra_body={"ignore_eos": True}) == unbroken
     assert resumed(gateway) == before + 1
-
-
-def test_a_stream_with_logprobs_is_not_resumed_and_its_error_says_why(env):
-    gateway, pods, client = env
-    lost = gateway.metric("goodput_gateway_streams_lost_total", service="tiny")
-    stream = client.chat.completions.create(
-        model="tiny", messages=MESSAGES, stream=True, logprobs=True, **GREEDY, extra_body={"ignore_eos": True}
-    )
-    with pytest.raises(openai.APIError) as info:
-        for seen, _ in enumerate(stream, 1):
-            if seen == 5:
-                kill_the_serving_replica(pods)
-    assert info.value.code == "upstream_lost"
-    assert "a stream with 'logprobs' is not resumed" in info.value.message
-    assert gateway.metric("goodput_gateway_streams_lost_total", service="tiny") == lost + 1
