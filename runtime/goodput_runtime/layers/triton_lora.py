@@ -31,14 +31,19 @@ tile read serves more rows. float32 stacks multiply in IEEE float32 (not TF32), 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import triton
 import triton.language as tl
 
-if TYPE_CHECKING:
-    from goodput_runtime.layers.lora import LoraStack
+
+class Stack(Protocol):
+    """What the kernels read of a projection's adapters (layers/lora.py's LoraStack)."""
+
+    a: torch.Tensor  # [in, slots, W]
+    b: torch.Tensor  # [slots, W, out]
+
 
 SHORT, LONG = 16, 64  # rows per tile: decode steps, and steps with a run of LONG rows or more
 BLOCK_K = 64  # shrink: columns of x per loop iteration
@@ -202,7 +207,7 @@ def _block(width: int) -> int:
     return min(64, max(16, triton.next_power_of_2(width)))
 
 
-def add_(y: torch.Tensor, x: torch.Tensor, stack: LoraStack, plan: Plan) -> None:
+def add_(y: torch.Tensor, x: torch.Tensor, stack: Stack, plan: Plan) -> None:
     """y [T, out] += each adapter row's (x [T, in] @ A_slot) @ B_slot: one shrink and one expand launch."""
     a, b = stack.a, stack.b
     k, width, n = a.shape[0], a.shape[2], b.shape[2]
