@@ -4,7 +4,7 @@ Three services run the tiny random-weight model: `single`, one pod per replica, 
 `parallelism: {tensor: 2, nodes: 2}`: each of its two replicas is a group of two pods (a
 StatefulSet `spread-runtime-<i>`, pod -0 the leader that serves HTTP, pod -1 a worker holding the
 other tensor-parallel rank), meeting at the ClusterIP of the group's leader Service; and `staged`,
-with `parallelism: {pipeline: 2, nodes: 2}`: one replica of two pods, one pipeline stage each
+with `parallelism: {pipeline: 2, nodes: 2}`: two replicas of two pods, one pipeline stage each
 (one decoder layer of the tiny model's two), passing activations between them. The node is
 one machine, so both pods of a group run on it: the operator places a group's pods with no
 anti-affinity (one pod per node comes from each pod asking for a node's GPUs), which is what
@@ -15,10 +15,10 @@ What a user would see is asserted:
 - greedy answers through the gateway are the same from `spread` and from `staged` as from `single`;
 - only the leaders are ready endpoints (a worker never takes requests), and `status.placement`
   names the StatefulSet mode;
-- the worker pod of one group deleted under a steady load: its leader exits (the group restarts
-  as a unit), the gateway sends what failed before the client got a byte to the other group, so
-  no non-streamed request fails, the group comes back, and the service's status and Events say
-  which pod failed and why.
+- the worker pod of one group deleted under a steady load, for `spread` (its tensor-parallel rank)
+  and for `staged` (its second stage): its leader exits (the group restarts as a unit), the gateway
+  sends what failed before the client got a byte to the other group, so no non-streamed request
+  fails, the group comes back, and the service's status and Events say which pod failed and why.
 """
 
 from __future__ import annotations
@@ -97,16 +97,16 @@ def spread(installed: Node, models: dict[str, Any]) -> Any:
         [
             service_spec(SINGLE, replicas=1),
             service_spec(SPREAD, replicas=2, parallelism={"tensor": 2, "nodes": 2}),
-            service_spec(STAGED, replicas=1, parallelism={"pipeline": 2, "nodes": 2}),
+            service_spec(STAGED, replicas=2, parallelism={"pipeline": 2, "nodes": 2}),
         ]
     )
     try:
         wait_for(
             lambda: (
-                service_ready(node, SINGLE, 1) and service_ready(node, SPREAD, 2) and service_ready(node, STAGED, 1)
+                service_ready(node, SINGLE, 1) and service_ready(node, SPREAD, 2) and service_ready(node, STAGED, 2)
             ),
             READY_SECONDS,
-            "one Ready replica of single, two Ready groups of spread and one of staged",
+            "one Ready replica of single, two Ready groups of spread and two of staged",
             explain=node.describe,
         )
         print(f"the three services Ready {time.monotonic() - started:.0f} s after they were applied")
@@ -143,27 +143,29 @@ def test_a_replica_of_two_pipeline_stages_answers_as_one_pod_does(spread: Any) -
     status = node.get("inferenceservice", STAGED)["status"]
     assert status["placement"] == {"mode": "StatefulSet", "podsPerReplica": 2, "ranksPerPod": 1}
     pods = {p["metadata"]["name"]: p for p in pods_of(node, STAGED)}
-    assert sorted(pods) == ["staged-runtime-0-0", "staged-runtime-0-1"]  # stage 0 with the leader, stage 1
-    assert [name for name, pod in sorted(pods.items()) if ready(pod)] == ["staged-runtime-0-0"]
+    # each replica: stage 0 with the leader, stage 1
+    assert sorted(pods) == ["staged-runtime-0-0", "staged-runtime-0-1", "staged-runtime-1-0", "staged-runtime-1-1"]
+    assert [name for name, pod in sorted(pods.items()) if ready(pod)] == ["staged-runtime-0-0", "staged-runtime-1-0"]
     for prompt in PROMPTS:
         one_pod, two_stages = answer(client, SINGLE, prompt), answer(client, STAGED, prompt)
         assert two_stages == one_pod and one_pod, (prompt, one_pod, two_stages)
 
 
-def test_the_worker_pod_deleted_restarts_its_group_and_loses_no_request(spread: Any) -> None:
+@pytest.mark.parametrize("name", [SPREAD, STAGED])
+def test_the_worker_pod_deleted_restarts_its_group_and_loses_no_request(spread: Any, name: str) -> None:
     node, client, base_url = spread
-    leader, worker = "spread-runtime-0-0", "spread-runtime-0-1"
+    leader, worker = f"{name}-runtime-0-0", f"{name}-runtime-0-1"
     leader_restarts = restarts(node.get("pod", leader))
     old_uid = node.get("pod", worker)["metadata"]["uid"]
-    retried_before = gateway_retries(node, NAMESPACE, SPREAD)
+    retried_before = gateway_retries(node, NAMESPACE, name)
     told: list[str] = []  # what the service's Available condition said while the group was down
-    with SteadyLoad(base_url, SPREAD) as load:
+    with SteadyLoad(base_url, name) as load:
         wait_for(lambda: load.answered >= 10, 120, "the steady load's first answers")
         node.kubectl("delete", "pod", worker, "--grace-period=1", "--wait=false")
         deleted = time.monotonic()
 
         def leader_restarted() -> bool:
-            message = condition(node.get("inferenceservice", SPREAD), "Available").get("message", "")
+            message = condition(node.get("inferenceservice", name), "Available").get("message", "")
             if "exited" in message:
                 told.append(message)
             return restarts(node.get("pod", leader)) > leader_restarts
@@ -174,13 +176,13 @@ def test_the_worker_pod_deleted_restarts_its_group_and_loses_no_request(spread: 
         def recovered() -> bool:
             leader_restarted()
             new = node.get("pod", worker)
-            return bool(new and new["metadata"]["uid"] != old_uid and service_ready(node, SPREAD, 2))
+            return bool(new and new["metadata"]["uid"] != old_uid and service_ready(node, name, 2))
 
         wait_for(recovered, READY_SECONDS, "the group back: two Ready groups", explain=node.describe)
         back = time.monotonic() - deleted
         at_recovery = load.answered
         wait_for(lambda: load.answered >= at_recovery + 6, 120, "answers after the group came back")
-    retried = gateway_retries(node, NAMESPACE, SPREAD) - retried_before
+    retried = gateway_retries(node, NAMESPACE, name) - retried_before
     print(
         f"worker deleted: leader restarted after {exited:.1f} s, group Ready again after {back:.1f} s; "
         f"{load.answered} answered, {len(load.failed)} failed, gateway retries {dict(retried)}"
@@ -190,26 +192,26 @@ def test_the_worker_pod_deleted_restarts_its_group_and_loses_no_request(spread: 
     # a stream may fail only once tokens reached the client, and then with an error, never cut short silently
     assert all(o.chunks > 0 and o.error for o in load.failed), [(o.chunks, o.error) for o in load.failed]
     # the answers are still the one-pod service's
-    assert answer(client, SPREAD, PROMPTS[0]) == answer(client, SINGLE, PROMPTS[0])
+    assert answer(client, name, PROMPTS[0]) == answer(client, SINGLE, PROMPTS[0])
 
     # the story: the leader's exit, told on the service (Available's message, a Warning Event)
     events = node.get("events", selector="") or []
     failing = [
         e
         for e in events
-        if e.get("involvedObject", {}).get("name") == SPREAD
+        if e.get("involvedObject", {}).get("name") == name
         and e.get("reason") == "RuntimeFailing"
         and leader in e.get("message", "")
     ]
-    assert failing, [(e.get("reason"), e.get("message")) for e in events if e["involvedObject"].get("name") == SPREAD]
+    assert failing, [(e.get("reason"), e.get("message")) for e in events if e["involvedObject"].get("name") == name]
     assert "exited 1" in failing[-1]["message"], failing[-1]["message"]
     said = [m for m in told if f"pod {leader}: runtime exited 1" in m]
     assert said, told
     print(f"Available said: {said[-1]}\nWarning Event RuntimeFailing: {failing[-1]['message']}")
     # once the group serves again the story is over: a worker is never ready, yet its old crash is not told on
     wait_for(
-        lambda: condition(node.get("inferenceservice", SPREAD), "Available").get("message") == "2/2 replicas ready",
+        lambda: condition(node.get("inferenceservice", name), "Available").get("message") == "2/2 replicas ready",
         60,
         "Available to say no more of the crash once the group serves",
-        explain=lambda: str(condition(node.get("inferenceservice", SPREAD), "Available")),
+        explain=lambda: str(condition(node.get("inferenceservice", name), "Available")),
     )
