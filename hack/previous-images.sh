@@ -25,7 +25,8 @@
 # that skip an unchanged build, the containerd label that skips an unchanged import, and the lock
 # that serialises it with hack/images.sh.
 #
-# Needs the commit in this clone (a full clone has it; a shallow one: git fetch --unshallow).
+# Needs the commit in this clone (a full clone has it; a shallow one: git fetch --unshallow), or its tree
+# exported by an earlier run in the cache.
 # stdout: the image names, one per line; progress on stderr, prefixed "previous-images:" (and
 # "images:" from the commit's script).
 set -euo pipefail
@@ -37,8 +38,16 @@ CACHE_ROOT="${GOODPUT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/goodput}"
 log() { echo "previous-images: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-SHA="$(git -C "$ROOT" rev-parse --verify -q "$REV^{commit}" 2>/dev/null)" \
-  || die "commit $REV is not in this clone at $ROOT (a shallow clone? git fetch --unshallow)"
+# the default's commit, named in full: a machine that exported it once (its cache below) needs no history
+DEFAULT_SHA=7e8074f8c5dc69d2ad79555afb90ccee371fa51c
+if ! SHA="$(git -C "$ROOT" rev-parse --verify -q "$REV^{commit}" 2>/dev/null)"; then
+  if [[ -z "${GOODPUT_PREVIOUS:-}" && -f "$CACHE_ROOT/previous/$DEFAULT_SHA/.exported" ]]; then
+    SHA=$DEFAULT_SHA
+    log "$REV is not in this clone; its tree exported before is in the cache"
+  else
+    die "commit $REV is not in this clone at $ROOT (a shallow clone? git fetch --unshallow)"
+  fi
+fi
 TAG="prev-${SHA:0:7}"
 DIR="$CACHE_ROOT/previous/$SHA"
 SRC="$DIR/src"
