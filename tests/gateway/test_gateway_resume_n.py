@@ -12,47 +12,19 @@ from collections import defaultdict
 
 import openai
 import pytest
-from gateway_helpers import Started, metric, wait_ready
+from resume_env import MESSAGES, kill_the_serving_replica, replicas_behind_a_gateway, resumed
 
 from goodput_gateway import resume
 
 pytestmark = pytest.mark.slow
 
-FLAGS = ("--max-model-len", "2048", "--kv-cache-memory", "8Mi")
-MESSAGES = [{"role": "user", "content": "Tell me a long story"}]
-
 
 @pytest.fixture(scope="module")
 def env(tiny_model_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("resume-n")
-    with Started() as started:
-        pods = [started.replica(f"r{i}", tiny_model_dir, workdir, *FLAGS) for i in range(3)]
-        wait_ready(*pods, timeout=600)
-        urls = ",".join(f"http://127.0.0.1:{p.port}" for p in pods)
-        gateway = started.gateway(
-            workdir / "no-kubeconfig",
-            workdir / "gateway.log",
-            "--static-model",
-            f"tiny={urls}",
-            "--shutdown-delay",
-            "0",
-            "--attempts",
-            "3",
-        )
+    with replicas_behind_a_gateway(tiny_model_dir, workdir) as (gateway, pods):
         client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="k", max_retries=0, timeout=60)
         yield gateway, pods, client
-
-
-def kill_the_serving_replica(pods) -> None:
-    live = [p for p in pods if p.process.poll() is None]
-    serving = [p for p in live if metric(f"http://127.0.0.1:{p.port}", "goodput_requests_running") > 0]
-    assert len(serving) == 1, "the stream's replica should be the one running a request"
-    serving[0].process.kill()
-    serving[0].process.wait(10)
-
-
-def resumed(gateway) -> float:
-    return gateway.metric("goodput_gateway_streams_resumed_total", service="tiny")
 
 
 def test_a_greedy_chat_stream_with_two_choices_goes_on_with_the_same_choices(env):

@@ -12,15 +12,13 @@ import json
 import jsonschema
 import openai
 import pytest
-from gateway_helpers import Started, metric, wait_ready
+from resume_env import MESSAGES, kill_the_serving_replica, replicas_behind_a_gateway, resumed
 
 from goodput_gateway.resume_choice import Choice
 
 pytestmark = pytest.mark.slow
 
-FLAGS = ("--max-model-len", "2048", "--kv-cache-memory", "8Mi")
 GREEDY = {"temperature": 0, "max_tokens": 1500}
-MESSAGES = [{"role": "user", "content": "Tell me a long story"}]
 SCHEMA = {  # long enough an answer for a kill to land well inside it
     "type": "object",
     "properties": {
@@ -36,34 +34,9 @@ RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "story", "sche
 @pytest.fixture(scope="module")
 def env(tiny_model_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("resume-structured")
-    with Started() as started:
-        pods = [started.replica(f"r{i}", tiny_model_dir, workdir, *FLAGS) for i in range(3)]
-        wait_ready(*pods, timeout=600)
-        urls = ",".join(f"http://127.0.0.1:{p.port}" for p in pods)
-        gateway = started.gateway(
-            workdir / "no-kubeconfig",
-            workdir / "gateway.log",
-            "--static-model",
-            f"tiny={urls}",
-            "--shutdown-delay",
-            "0",
-            "--attempts",
-            "3",
-        )
+    with replicas_behind_a_gateway(tiny_model_dir, workdir) as (gateway, pods):
         client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="k", max_retries=0, timeout=60)
         yield gateway, pods, client
-
-
-def kill_the_serving_replica(pods) -> None:
-    live = [p for p in pods if p.process.poll() is None]
-    serving = [p for p in live if metric(f"http://127.0.0.1:{p.port}", "goodput_requests_running") > 0]
-    assert len(serving) == 1, "the stream's replica should be the one running a request"
-    serving[0].process.kill()
-    serving[0].process.wait(10)
-
-
-def resumed(gateway) -> float:
-    return gateway.metric("goodput_gateway_streams_resumed_total", service="tiny")
 
 
 def test_a_chat_stream_held_to_a_schema_goes_on_with_the_same_text(env):
