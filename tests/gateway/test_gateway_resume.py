@@ -13,43 +13,20 @@ from concurrent.futures import ThreadPoolExecutor
 import anthropic
 import openai
 import pytest
-from gateway_helpers import Started, metric, wait_ready
+from gateway_helpers import metric
+from resume_env import MESSAGES, kill_the_serving_replica, replicas_behind_a_gateway
 
 pytestmark = pytest.mark.slow
 
-FLAGS = ("--max-model-len", "2048", "--kv-cache-memory", "8Mi")
 GREEDY = {"temperature": 0, "max_tokens": 900, "extra_body": {"ignore_eos": True}}
-MESSAGES = [{"role": "user", "content": "Tell me a long story"}]
 
 
 @pytest.fixture(scope="module")
 def env(tiny_model_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("resume")
-    with Started() as started:
-        pods = [started.replica(f"r{i}", tiny_model_dir, workdir, *FLAGS) for i in range(6)]
-        wait_ready(*pods)
-        urls = ",".join(f"http://127.0.0.1:{p.port}" for p in pods)
-        gateway = started.gateway(
-            workdir / "no-kubeconfig",
-            workdir / "gateway.log",
-            "--static-model",
-            f"tiny={urls}",
-            "--shutdown-delay",
-            "0",
-            "--attempts",  # the static list keeps the killed replicas: a new request may meet them all first
-            "6",
-        )
+    with replicas_behind_a_gateway(tiny_model_dir, workdir, replicas=6) as (gateway, pods):
         client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="k", max_retries=0, timeout=60)
         yield gateway, pods, client
-
-
-def kill_the_serving_replica(pods) -> None:
-    """SIGKILL the live replica running a request (the stream's)."""
-    live = [p for p in pods if p.process.poll() is None]
-    serving = [p for p in live if metric(f"http://127.0.0.1:{p.port}", "goodput_requests_running") > 0]
-    assert len(serving) == 1, "the stream's replica should be the one running a request"
-    serving[0].process.kill()
-    serving[0].process.wait(10)
 
 
 def chat_text(client, *, kill_after: int | None = None, pods=None, **extra) -> tuple[str, int, float, list]:
