@@ -6,6 +6,7 @@
 #   hack/images.sh build [runtime|operator|all]   # the images (default all); needs the base
 #   hack/images.sh import [--containerd-socket PATH]   # into containerd's k8s.io namespace
 #   hack/images.sh all [--containerd-socket PATH]      # base + build all + import
+#   hack/images.sh prepare                    # base + build all + the archives import reads (no containerd)
 #   hack/images.sh names                      # prints the base, runtime and operator image names
 #
 # Images (the tags manifests/operator.yaml and the operator's default runtime image name, pulled
@@ -97,7 +98,7 @@ usage() {
   if [[ "${1:-2}" == 0 ]]; then
     sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
   else
-    sed -n '5,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}/images: usage: /' >&2
+    sed -n '5,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}/images: usage: /' >&2
   fi
   exit "${1:-2}"
 }
@@ -338,8 +339,34 @@ build() {
 
 # ---------------------------------------------------------------- import
 
+# The docker-archive of image $1 (id $2) that import reads, written when missing; prints its path.
+archive_one() {
+  local image="$1" id="$2" name archive
+  name="${image##*/}"; name="${name%%:*}"
+  archive="$ARCHIVES/$name-${id:0:12}.tar"
+  mkdir -p "$ARCHIVES"
+  if [[ ! -s "$archive" ]]; then
+    find "$ARCHIVES" -maxdepth 1 -name "$name-*.tar*" -delete
+    step "archive: buildah push $image" buildah push --quiet "$image" "docker-archive:$archive.tmp:$image" >&2
+    mv "$archive.tmp" "$archive"
+  fi
+  echo "$archive"
+}
+
+# Builds both images and writes their archives: everything import does but the import itself, so a
+# test session can run it beside other tests and leave its cluster tier only containerd's import.
+prepare_all() {
+  local image id
+  build all
+  for image in "$OPERATOR_IMAGE" "$RUNTIME_IMAGE"; do
+    id="$(image_id "$image")"
+    [[ -n "$id" ]] || die "no image $image after the build"
+    archive_one "$image" "$id" >/dev/null
+  done
+}
+
 import_one() {
-  local image="$1" id name archive
+  local image="$1" id archive
   id="$(image_id "$image")"
   [[ -n "$id" ]] || die "no image $image: run hack/images.sh build first"
   if [[ "$FORCE" != 1 ]] && ctr -n k8s.io --address "$SOCKET" images ls "name==$image" 2>/dev/null \
@@ -348,14 +375,7 @@ import_one() {
     echo "$image"
     return 0
   fi
-  name="${image##*/}"; name="${name%%:*}"
-  archive="$ARCHIVES/$name-${id:0:12}.tar"
-  mkdir -p "$ARCHIVES"
-  if [[ ! -s "$archive" ]]; then
-    find "$ARCHIVES" -maxdepth 1 -name "$name-*.tar*" -delete
-    step "import: buildah push $image" buildah push --quiet "$image" "docker-archive:$archive.tmp:$image"
-    mv "$archive.tmp" "$archive"
-  fi
+  archive="$(archive_one "$image" "$id")"
   step "import: ctr images import $image ($(du -h "$archive" | cut -f1))" \
     ctr -n k8s.io --address "$SOCKET" images import "$archive" >&2
   ctr -n k8s.io --address "$SOCKET" images label "$image" "org.goodput.image-id=$id" >/dev/null
@@ -386,7 +406,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 case "$cmd" in
-  base|build|import|all) ;;
+  base|build|import|all|prepare) ;;
   names) printf '%s\n' "$BASE_IMAGE" "$RUNTIME_IMAGE" "$OPERATOR_IMAGE"; exit 0 ;;
   -h|--help|help) usage 0 ;;
   *) usage ;;
@@ -404,5 +424,6 @@ case "$cmd" in
   build) build "$target" ;;
   import) import_all ;;
   all) step "base" base_image; build all; import_all ;;
+  prepare) step "base" base_image; prepare_all ;;
 esac
 log "$cmd: all done in $(since "$t_all")s"

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import image_prep
 import pytest
 
 # The control-plane fixtures of the operator and gateway tiers (cluster, namespace, hub, operator).
@@ -45,6 +46,14 @@ def made_model(name: str, *args: str) -> Path:
 
 
 UNIT_TIER = Path(__file__).parent / "unit"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    image_prep.start(session)  # the cluster tier's images, built while the tiers before it run
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    image_prep.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -117,6 +117,7 @@ def peer_panels(y: int) -> list[dict[str, Any]]:
     runtimes' (pulls made and served, blocks and bytes moved, the time a pull takes)."""
     peer = f'{RUNTIME}, role=~"peer|holder"'
     seconds = "goodput_kv_transfer_seconds"
+    pulled = f'{RUNTIME}, role="peer"'
     return [
         panel(
             "Peer pulls: requests and outcomes",
@@ -169,13 +170,13 @@ def peer_panels(y: int) -> list[dict[str, Any]]:
             [
                 *(
                     q(
-                        f"histogram_quantile({p}, sum by (le) (rate({seconds}_bucket{{{RUNTIME}}}[{RATE}])))",
+                        f"histogram_quantile({p}, sum by (le) (rate({seconds}_bucket{{{pulled}}}[{RATE}])))",
                         f"p{p * 100:g}",
                     )
                     for p in (0.5, 0.9)
                 ),
                 q(
-                    f"sum(rate({seconds}_sum{{{RUNTIME}}}[{RATE}])) / sum(rate({seconds}_count{{{RUNTIME}}}[{RATE}]))",
+                    f"sum(rate({seconds}_sum{{{pulled}}}[{RATE}])) / sum(rate({seconds}_count{{{pulled}}}[{RATE}]))",
                     "mean",
                 ),
             ],
@@ -183,8 +184,7 @@ def peer_panels(y: int) -> list[dict[str, Any]]:
             12,
             y + 8,
             w=12,
-            description="A successful pull from its start to its blocks landing in the pulling replica's cache, "
-            "bounded by --kv-transfer-timeout. The series also times a disaggregated service's hand-offs (it "
-            "has no role label): on a service that does not split, every sample is a peer pull.",
+            description="A successful peer pull from its start to its blocks landing in the pulling replica's "
+            "cache, bounded by --kv-transfer-timeout (role peer; a disaggregated hand-off is role decode).",
         ),
     ]

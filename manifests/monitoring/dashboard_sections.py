@@ -227,7 +227,7 @@ def pool_panels(y: int) -> list[dict[str, Any]]:
                     "{{path}}",
                 ),
                 q(
-                    f"histogram_quantile(0.9, sum by (le) (rate({handoff}{{{RUNTIME}}}[{RATE}])))",
+                    f'histogram_quantile(0.9, sum by (le) (rate({handoff}{{{RUNTIME}, role="decode"}}[{RATE}])))',
                     "p90 KV pull (s)",
                 ),
             ],

@@ -68,3 +68,10 @@ async def scenario(server: CappedServer) -> None:
     beside = await batch  # and resumed once the online request left
     assert beside == alone
     assert server.metric("goodput_batch_running_cap") == server.config.max_num_seqs
+    # the step-time model the cap (and admission) predict with, as /debug/state shows it
+    status, state = server.get("/debug/state")
+    assert status == 200 and isinstance(state, dict)
+    model = state["step_time_model"]
+    sizes = {int(n): seconds for n, seconds in model["decode_s_by_size"].items()}
+    assert set(sizes) >= {1, len(PROMPTS)}  # the online request alone (the batch paused), the batch alone
+    assert all(seconds > 0 for seconds in sizes.values()) and model["per_seq_s"] > 0

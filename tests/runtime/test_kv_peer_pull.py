@@ -76,6 +76,9 @@ async def test_a_pulled_prefix_equals_recomputing_and_shrinks_the_prefill(runtim
         assert pulled == blocks * held["block_size"] or pulled == (blocks - 1) * held["block_size"]
         assert answer["usage"]["prompt_tokens"] - pulled < held["block_size"] + 1  # only the tail computed here
         assert await metric(http, receiver.url, "goodput_kv_transfers_total", role="peer", outcome="success") == 1
+        # timed as a peer pull, apart from disaggregated hand-offs (role decode)
+        assert await metric(http, receiver.url, "goodput_kv_transfer_seconds_count", role="peer") == 1
+        assert await metric(http, receiver.url, "goodput_kv_transfer_seconds_count", role="decode") == 0
         blocks_in = await metric(http, receiver.url, "goodput_kv_transfer_blocks_total", role="peer")
         bytes_in = await metric(http, receiver.url, "goodput_kv_transfer_bytes_total", role="peer")
         assert blocks_in == pulled // held["block_size"] and bytes_in > 0

@@ -69,7 +69,8 @@ async def test_a_hand_off_over_tcp_equals_aggregated_serving_and_moves_whole_blo
         assert status == 200, events
         assert texts(events) == texts(chat_reference)
         assert await metric(http, d.url, "goodput_kv_transfers_total", role="decode", outcome="success") == 2
-        assert await metric(http, d.url, "goodput_kv_transfer_seconds_count") == 2
+        assert await metric(http, d.url, "goodput_kv_transfer_seconds_count", role="decode") == 2
+        assert await metric(http, d.url, "goodput_kv_transfer_seconds_count", role="peer") == 0  # no peer pull
         await wait_idle(http, p.url)
         await wait_idle(http, d.url)
         assert await metric(http, p.url, "goodput_kv_lease_blocks") == 0

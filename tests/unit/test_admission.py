@@ -11,6 +11,7 @@ from goodput_runtime.engine.sequence import Sequence
 from goodput_runtime.engine.slo_schedule import SloSchedule
 from goodput_runtime.sampling import SamplingParams
 from goodput_runtime.server.admission import (
+    MIN_FIT_SPREAD,
     PREDICTED_TPOT,
     Admission,
     AdmissionSettings,
@@ -169,7 +170,7 @@ def tpot_engine(running: int, waiting: int = 0) -> SimpleNamespace:
     s = make(max_num_seqs=64, budget=4096)
     s.slo = SloSchedule(ttft_target=None, tpot_target=0.1)
     for _ in range(5):
-        for n in (1, 8):
+        for n in (1, 16):
             s.slo.model.observe(n, 0, 0.010 + 0.002 * n)
     for i in range(running):
         s.add(request(f"r{i}", 8, base=10 + 60 * i))
@@ -207,3 +208,28 @@ def test_prompt_work_in_the_last_window_stretches_the_predicted_tpot():
     share.observe(5.0)  # half of the last 10 s went to prompt tokens: tokens come half as often
     assert predict_tpot(engine.scheduler, share, 1) == pytest.approx(0.104)
     assert share.share(now=share.samples[0][0] + 11.0) == 0.0  # and it leaves the window
+
+
+def test_a_line_through_nearby_batch_sizes_is_not_carried_out_to_a_large_batch():
+    """Steps of 1 to 3 sequences, timed with the noise of a real machine (a step mostly fixed cost),
+    fit a steep line: carried to 21 sequences it would predict 130 ms and refuse. Admission takes
+    their mean instead until sizes MIN_FIT_SPREAD apart are timed, and then the line."""
+    engine = tpot_engine(0)
+    model = engine.scheduler.slo.model
+    model.sizes.clear()
+    for _ in range(5):
+        for n, seconds in ((1, 0.035), (2, 0.047), (3, 0.060)):
+            model.observe(n, 0, seconds)
+    assert model.decode_seconds(21) > 0.2  # the line's own prediction
+    for i in range(20):
+        engine.scheduler.add(request(f"r{i}", 8, base=10 + 60 * i))
+    run_step(engine.scheduler)
+    share = PrefillShare(window_s=10.0)
+    assert predict_tpot(engine.scheduler, share, 1) == pytest.approx(model.mean_decode_seconds())
+    admission = Admission(AdmissionSettings(ttft_target=None, margin=0.1, tpot_target=0.1))
+    admission.check(engine, 8, SamplingParams(max_tokens=5))  # admitted
+    for _ in range(5):  # a wide spread of sizes timed: the line, fixed 25 ms + 1 ms a sequence
+        for n in (2, 40):
+            model.observe(n, 0, 0.025 + 0.001 * n)
+    assert model.size_spread >= MIN_FIT_SPREAD
+    assert predict_tpot(engine.scheduler, share, 1) == pytest.approx(model.decode_seconds(21))

@@ -157,7 +157,8 @@ def test_the_pools_read_their_tokens_and_the_hand_off_from_the_runtimes_expositi
                 outcome="success",
             )
         )
-        handoff.seconds.observe(1.0)
+        handoff.pulled("decode", 1.0)
+        handoff.pulled("peer", 5.0)  # a peer pull on the same pod: not the hand-off's time
     runtime.record_step(running=0, waiting=0, kv_usage=0.1, prompt_tokens=4000, generation_tokens=40, preemptions=0)
     history.add(10.0, {"pod": parse_pod_metrics(generate_latest(registry).decode())})
     s = history.signals(10.0, window=60, long_window=300)

@@ -75,8 +75,12 @@ def parse_pod_metrics(text: str) -> PodSample:
     for sample in samples:
         by_name.setdefault(sample.name, []).append((sample.labels, sample.value))
 
-    def total(name: str) -> float:
-        return sum(value for _, value in by_name.get(name, ()))
+    def total(name: str, **match: str) -> float:
+        return sum(
+            value
+            for labels, value in by_name.get(name, ())
+            if all(labels.get(k, v) == v for k, v in match.items())  # a series without the label counts
+        )
 
     def first(names: tuple[str, ...], suffix: str = "") -> str | None:
         return next((n for n in names if n + suffix in by_name), None)
@@ -117,8 +121,8 @@ def parse_pod_metrics(text: str) -> PodSample:
         e2e_buckets=buckets(E2E_HISTOGRAMS.get(m.engine, ())),
         prompt_tokens=total(TOKEN_COUNTERS[m.engine][0]),
         output_tokens=total(TOKEN_COUNTERS[m.engine][1]),
-        handoff_seconds=total(HANDOFF_SECONDS + "_sum"),
-        handoffs=total(HANDOFF_SECONDS + "_count"),
+        handoff_seconds=total(HANDOFF_SECONDS + "_sum", role="decode"),  # peer pulls are role peer
+        handoffs=total(HANDOFF_SECONDS + "_count", role="decode"),
     )
 
 

@@ -66,6 +66,16 @@ class StepTimeModel:
     def measured(self) -> bool:
         return bool(self.sizes)
 
+    @property
+    def size_spread(self) -> int:
+        """The largest batch size timed less the smallest: how far apart the sizes the line is fitted through lie."""
+        return max(self.sizes) - min(self.sizes) if self.sizes else 0
+
+    def mean_decode_seconds(self) -> float:
+        """The decode steps' mean time over the batch sizes timed, by their weights (0 before any)."""
+        total = sum(a.weight for a in self.sizes.values())
+        return sum(a.seconds * a.weight for a in self.sizes.values()) / total if total else 0.0
+
     def observe(self, decodes: int, prompt_tokens: int, seconds: float) -> None:
         if prompt_tokens == 0:
             if decodes:

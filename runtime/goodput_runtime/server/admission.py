@@ -26,7 +26,12 @@ Prompts share the same steps: if a share ``ρ`` of the engine's time goes to pro
 over the last ``PREFILL_WINDOW_S`` seconds), a decode's time per output token is about
 ``t(n) / (1 − ρ)``. A request is refused when that, with ``n`` the online requests running and
 waiting plus its own choices, exceeds the TPOT target less the margin: past capacity the
-requests already running keep their TPOT instead of every request missing it.
+requests already running keep their TPOT instead of every request missing it. ``t(n)`` is the
+model's line only once decode steps of batch sizes ``MIN_FIT_SPREAD`` apart are timed; before
+that, the mean of the steps timed. A line through sizes 1 to 3 read the noise of their averages as
+the cost per sequence (3-35 ms where it is about 1): on SmolLM2 in bfloat16 at 1 req/s it predicted
+90-130 ms for 20 sequences, and admission refused 4-6 requests in the first seconds of a run that
+served every other request within the targets.
 
 **A request's own targets.** A request may carry its own TTFT and TPOT targets (request_slo.py); it
 is judged by them instead of ``--slo-ttft`` and ``--slo-tpot``: a tighter TTFT is refused sooner, a looser
@@ -63,6 +68,7 @@ PREDICTED_TTFT = "x-goodput-predicted-ttft"  # response headers: what admission 
 PREDICTED_TPOT = "x-goodput-predicted-tpot"
 PREFILL_WINDOW_S = 10.0  # the window the share of time spent on prompt tokens is measured over
 MAX_PREFILL_SHARE = 0.95
+MIN_FIT_SPREAD = 8  # batch sizes this far apart fit the step's cost per sequence (decode_step_seconds)
 
 
 @dataclass(frozen=True)
@@ -160,7 +166,18 @@ def predict_tpot(
         return None
     online += sum(1 + len(s.forks) for s in scheduler.waiting if s.params.priority <= 0)
     decodes = min(online + n, scheduler.max_num_seqs)
-    return model.decode_seconds(decodes) / (1.0 - share.share())
+    return decode_step_seconds(model, decodes) / (1.0 - share.share())
+
+
+def decode_step_seconds(model: StepTimeModel, decodes: int) -> float:
+    """A decode step of `decodes` sequences as admission predicts it: the model's line once it is
+    fitted through batch sizes at least MIN_FIT_SPREAD apart; before that the steps' mean time. A line
+    through nearby sizes (1 to 3 sequences, say) takes the noise of their averages for the cost per
+    sequence and, carried out to a full batch, predicts several times the true step: it would refuse
+    requests at a fraction of the load the server serves within its targets."""
+    if model.size_spread < MIN_FIT_SPREAD:
+        return model.mean_decode_seconds()
+    return model.decode_seconds(decodes)
 
 
 def running_tpot_target(scheduler: Scheduler, default: float | None) -> float | None:

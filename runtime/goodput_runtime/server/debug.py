@@ -1,6 +1,6 @@
 """``GET /debug/state``: what a leak would show — asyncio tasks, KV blocks, requests in flight, open files;
 the prefix blocks held per KV tier and the offload tier's counters; the KV hand-off's leases and parked
-requests.
+requests; the step-time model that admission, the batch cap and the SLO's scheduling predict with.
 
 Read by the soak benchmark (bench/soak.py) before and after a long run of mixed traffic.
 """
@@ -37,6 +37,9 @@ def state_of(engine: EngineClient | None, phase: str, requests_in_flight: int) -
             engine_streams=engine.num_streams,
         )
         out.update(kv_tiers(engine))
+        model = step_time_model(engine)
+        if model is not None:
+            out["step_time_model"] = model
         agent = getattr(engine, "kv_transfer", None)
         if agent is not None:
             out["kv_transfer"] = kv_transfer(agent)
@@ -70,3 +73,19 @@ def kv_tiers(engine: EngineClient) -> dict[str, Any]:
         stats.update(capacity_bytes=store.capacity, used_bytes=store.used_bytes, entries=len(store))
         out["kv_offload"] = stats
     return out
+
+
+def step_time_model(engine: EngineClient) -> dict[str, Any] | None:
+    """The step-time model (engine/batch_cap.py) of the SLO's scheduling or the batch cap, where one is
+    kept: ``fixed + per_seq · n + per_token · p`` seconds, and the decode steps' averages by size."""
+    scheduler = engine.scheduler
+    slo, cap = getattr(scheduler, "slo", None), getattr(scheduler, "batch_cap", None)
+    model = slo.model if slo is not None else cap.model if cap is not None else None
+    if model is None:
+        return None
+    return {
+        "fixed_s": model.fixed,
+        "per_seq_s": model.per_seq,
+        "per_token_s": model.per_token,
+        "decode_s_by_size": {str(n): round(a.seconds, 6) for n, a in sorted(model.sizes.items())},
+    }

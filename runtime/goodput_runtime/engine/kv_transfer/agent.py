@@ -241,7 +241,7 @@ class KVTransferAgent:
             self.stats.peer_pulls += params.by_prefix
             if self.metrics is not None:
                 self.metrics.transfer(role, "success", moved, moved // self.block_bytes)
-                self.metrics.seconds.observe(time.monotonic() - started)
+                self.metrics.pulled(role, time.monotonic() - started)
             if not params.by_prefix:
                 self._release_later(params)
             return

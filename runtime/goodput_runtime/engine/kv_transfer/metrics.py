@@ -5,7 +5,8 @@
   is a fallback to recomputing), role ``holder`` peer pulls served from the prefix cache;
 - ``goodput_kv_transfer_bytes_total{role}``: block bytes received (decode, peer) and sent (prefill, holder);
 - ``goodput_kv_transfer_blocks_total{role}``: the same in blocks;
-- ``goodput_kv_transfer_seconds``: a decode side's hand-off, from its start to its blocks landing;
+- ``goodput_kv_transfer_seconds{role}``: a successful pull, from its start to its blocks landing: role
+  ``decode`` a disaggregated hand-off, ``peer`` a peer pull;
 - ``goodput_kv_transfer_failures_total{reason}``: failed hand-offs by reason (base.REASONS);
 - ``goodput_kv_lease_blocks``: blocks a prefill side holds under lease;
 - ``goodput_kv_lease_expiries_total``: leases that ran out before the decode side released them.
@@ -38,11 +39,12 @@ class KVTransferMetrics:
         )
         self.seconds = Histogram(
             "goodput_kv_transfer_seconds",
-            "A decode side's KV hand-off, from its start to its blocks landing in the cache.",
-            ["model"],
+            "A pull of KV blocks, from its start to its blocks landing in the cache: role decode a "
+            "disaggregated hand-off, role peer a prefix pulled from a peer.",
+            ["model", "role"],
             buckets=SECONDS_BUCKETS,
             registry=registry,
-        ).labels(model)
+        )
         self.failures = Counter(
             "goodput_kv_transfer_failures", "Failed KV hand-offs by reason.", ["model", "reason"], registry=registry
         )
@@ -62,6 +64,9 @@ class KVTransferMetrics:
             self.bytes.labels(self.model, role).inc(num_bytes)
         if num_blocks:
             self.blocks.labels(self.model, role).inc(num_blocks)
+
+    def pulled(self, role: str, seconds: float) -> None:
+        self.seconds.labels(self.model, role).observe(seconds)
 
     def failure(self, reason: str) -> None:
         self.failures.labels(self.model, reason).inc()
