@@ -174,6 +174,23 @@ def test_the_decode_kernel_in_bf16_against_fp32_on_the_same_values(kernel, shape
     torch.testing.assert_close(got.float(), want, rtol=0.02, atol=0.02)
 
 
+@pytest.mark.parametrize("shape", [(9, 3, 64), (8, 2, 128), (4, 2, 32)])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("window", [None, 40])
+def test_the_bf16_two_pass_loop_over_whole_sequences_and_wide_blocks(kernel, shape, block_size, window):
+    # ten sequences: each unit of work is a whole sequence with all its kv heads (the split a batch of
+    # eight or more takes on two threads), and blocks of 32 tokens fold in chunks of sixteen
+    heads, kv_heads, head_dim = shape
+    lens = [1, 7, 16, 17, 33, 64, 100, 257, 300, 513]
+    query, cache, batch = paged_case(lens, heads, kv_heads, head_dim, block_size, BF16, seed=block_size + head_dim)
+    group = batch.decodes[0]
+    args = (group.blocks, group.lens, group.block_size, None, window)
+    got = native_attention.decode(query, cache.keys[0], cache.values[0], *args)
+    want = native_attention.decode(query.float(), cache.keys[0].float(), cache.values[0].float(), *args)
+    assert got is not None and want is not None and got.dtype == BF16
+    torch.testing.assert_close(got.float(), want, rtol=0.02, atol=0.02)
+
+
 def test_bf16_prompt_chunks_take_sdpa_and_the_kernel_when_forced_agrees(kernel, monkeypatch):
     query, key, value, batch = prefill_step([(0, 90), (30, 40)], 9, 3, 64, BF16, seed=5)
     taken: list[bool] = []

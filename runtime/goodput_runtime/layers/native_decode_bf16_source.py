@@ -1,0 +1,175 @@
+"""The decode kernel's two-pass loop for bfloat16 caches on a CPU with AVX-512 BF16 (C++, compiled with
+native_attention_source.SOURCE in one translation unit, between its kernels and its entry point).
+
+The one-pass fold (``FoldAvx512``) folds every sixteen keys into a running softmax: a horizontal max,
+an exponential for the correction, a rescale of the sums of values and a horizontal sum, per query
+head and per sixteen keys, each waiting on the last. In bfloat16 the products themselves are cheap
+(``vdpbf16ps``), so that chain is what a step waits on: the loop read the cache at 9-11 GB/s for 16-64
+sequences of 256-800 tokens, where the float32 kernel streams its twice larger cache at 25 GB/s.
+
+Here a unit (a sequence's kv heads with their query groups, as the plan splits the batch) is attended
+in three passes: every key's score for every head of the unit into a buffer, the running maxima kept
+as vectors; the exponentials of each head's scores less its maximum, and their sum, sixteen at a
+time with no chain between them; then each block's values widened once and added, weighted, into
+each head's sums. The result is the same softmax (the same products, summed in another order: equal
+to float32's within the tolerance of tests/runtime/test_native_attention.py).
+"""
+
+TWO_PASS_SOURCE = r"""
+template <typename T>
+bool two_pass(const at::Tensor&, const at::Tensor&, const at::Tensor&, const DecodePlan&, double, at::Tensor&) {
+  return false;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+template <int NC>
+void run_two_pass(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache, const DecodePlan& pl,
+                  double scale, at::Tensor& out) {
+  using T = c10::BFloat16;
+  constexpr int64_t D = NC * 16;
+  constexpr int NP = (NC + 1) / 2;  // vectors of 32 bf16 lanes a row takes (the last half empty for odd NC)
+  const int64_t row = pl.row, bs = pl.bs, kv_per = pl.kv_per, g = pl.g, group = pl.group;
+  const T* q = query.data_ptr<T>();
+  const T* kc = k_cache.data_ptr<T>();
+  const T* vc = v_cache.data_ptr<T>();
+  T* o = out.data_ptr<T>();
+  const float sc = static_cast<float>(scale);
+  parallel_balanced(pl.fork ? pl.threads : 1, pl.units, [&](int64_t u) { return pl.cost(u); },
+                    [&](int64_t begin, int64_t end) {
+    const int64_t hs = kv_per * g;
+    std::vector<__m512bh> qb(hs * NP);
+    std::vector<__m512> maxv(hs);
+    std::vector<float> acc(hs * D), l(hs), scores;
+    alignas(64) float qf[D];
+    alignas(64) float vw[kChunk * D];
+    for (int64_t u = begin; u < end; ++u) {
+      int64_t i, kv0, j0;
+      pl.unit(u, i, kv0, j0);
+      const int64_t len = pl.len(i), first = pl.first(i), n = len - first, npad = (n + 15) / 16 * 16;
+      if ((int64_t)scores.size() < hs * npad) scores.resize(hs * npad);
+      float* S = scores.data();
+      for (int64_t x = 0; x < kv_per; ++x)
+        for (int64_t j = 0; j < g; ++j) {
+          const T* qh = q + i * pl.qs0 + ((kv0 + x) * group + j0 + j) * pl.qs1;
+          const int64_t s = x * g + j;
+          for (int64_t e = 0; e < D; ++e) qf[e] = static_cast<float>(qh[e]) * sc;
+          for (int p = 0; p < NP; ++p) {
+            const __m512 lo = _mm512_load_ps(qf + p * 32);
+            const __m512 hi = 2 * p + 1 < NC ? _mm512_load_ps(qf + p * 32 + 16) : _mm512_setzero_ps();
+            qb[s * NP + p] = _mm512_cvtne2ps_pbh(hi, lo);
+          }
+          maxv[s] = _mm512_set1_ps(kNegInf);
+        }
+      const int64_t* table = pl.bl + i * pl.blocks_stride;
+      // pass 1: the scores, sixteen keys of a block at a time
+      for (int64_t blk = first / bs; blk * bs < len; ++blk) {
+        const int64_t lo = std::max(first, blk * bs), hi = std::min(len, (blk + 1) * bs);
+        const int64_t slot0 = table[blk] * bs - blk * bs;
+        if ((blk + 1) * bs < len) {
+          const int64_t next = table[blk + 1] * bs * row + kv0 * D;
+          for (int64_t r = 0; r < bs; ++r)
+            for (int64_t e = 0; e < kv_per * D; e += 32) __builtin_prefetch(kc + next + r * row + e);
+        }
+        for (int64_t c0 = lo; c0 < hi; c0 += kChunk) {
+          const int64_t nk = std::min(kChunk, hi - c0);
+          const __mmask16 live = nk >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nk) - 1);
+          for (int64_t x = 0; x < kv_per; ++x) {
+            const T* k = kc + (slot0 + c0) * row + (kv0 + x) * D;
+            for (int64_t j = 0; j < g; ++j) {
+              const int64_t s = x * g + j;
+              __m512 dots[16];
+              for (int64_t t = 0; t < 16; ++t) {
+                __m512 dot = _mm512_setzero_ps();
+                if (t < nk)
+                  for (int p = 0; p < NP; ++p) {
+                    const T* kp = k + t * row + p * 32;
+                    const __m512i kv = 2 * p + 1 < NC ? _mm512_loadu_si512(kp) : _mm512_maskz_loadu_epi16(0xFFFF, kp);
+                    dot = _mm512_dpbf16_ps(dot, qb[s * NP + p], (__m512bh)kv);
+                  }
+                dots[t] = dot;
+              }
+              const __m512 sv = hsum16(dots);
+              _mm512_mask_storeu_ps(S + s * npad + (c0 - first), live, sv);
+              maxv[s] = _mm512_mask_max_ps(maxv[s], live, maxv[s], sv);
+            }
+          }
+        }
+      }
+      // pass 2: each head's exponentials and their sum
+      for (int64_t s = 0; s < hs; ++s) {
+        const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(maxv[s]));
+        __m512 sum = _mm512_setzero_ps();
+        float* sh = S + s * npad;
+        for (int64_t t = 0; t < n; t += 16) {
+          const __mmask16 live = n - t >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+          const __m512 p = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, sh + t), mx)));
+          _mm512_storeu_ps(sh + t, p);
+          sum = _mm512_add_ps(sum, p);
+        }
+        l[s] = _mm512_reduce_add_ps(sum);
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      // pass 3: the values, widened once a chunk for the whole group
+      for (int64_t blk = first / bs; blk * bs < len; ++blk) {
+        const int64_t lo = std::max(first, blk * bs), hi = std::min(len, (blk + 1) * bs);
+        const int64_t slot0 = table[blk] * bs - blk * bs;
+        if ((blk + 1) * bs < len) {
+          const int64_t next = table[blk + 1] * bs * row + kv0 * D;
+          for (int64_t r = 0; r < bs; ++r)
+            for (int64_t e = 0; e < kv_per * D; e += 32) __builtin_prefetch(vc + next + r * row + e);
+        }
+        for (int64_t c0 = lo; c0 < hi; c0 += kChunk) {
+          const int64_t nk = std::min(kChunk, hi - c0);
+          for (int64_t x = 0; x < kv_per; ++x) {
+            const T* v = vc + (slot0 + c0) * row + (kv0 + x) * D;
+            for (int64_t t = 0; t < nk; ++t)
+              for (int c = 0; c < NC; ++c) _mm512_store_ps(vw + t * D + c * 16, load16(v + t * row + c * 16));
+            for (int64_t j = 0; j < g; ++j) {
+              const int64_t s = x * g + j;
+              const float* p = S + s * npad + (c0 - first);
+              float* a_h = acc.data() + s * D;
+              __m512 a[NC], b[NC];  // even and odd keys: two chains of adds
+              for (int c = 0; c < NC; ++c) {
+                a[c] = _mm512_loadu_ps(a_h + c * 16);
+                b[c] = _mm512_setzero_ps();
+              }
+              int64_t t = 0;
+              for (; t + 1 < nk; t += 2) {
+                const __m512 p0 = _mm512_set1_ps(p[t]), p1 = _mm512_set1_ps(p[t + 1]);
+                for (int c = 0; c < NC; ++c) {
+                  a[c] = _mm512_fmadd_ps(p0, _mm512_load_ps(vw + t * D + c * 16), a[c]);
+                  b[c] = _mm512_fmadd_ps(p1, _mm512_load_ps(vw + (t + 1) * D + c * 16), b[c]);
+                }
+              }
+              if (t < nk) {
+                const __m512 p0 = _mm512_set1_ps(p[t]);
+                for (int c = 0; c < NC; ++c) a[c] = _mm512_fmadd_ps(p0, _mm512_load_ps(vw + t * D + c * 16), a[c]);
+              }
+              for (int c = 0; c < NC; ++c) _mm512_storeu_ps(a_h + c * 16, _mm512_add_ps(a[c], b[c]));
+            }
+          }
+        }
+      }
+      for (int64_t x = 0; x < kv_per; ++x)
+        for (int64_t j = 0; j < g; ++j) {
+          const int64_t s = x * g + j;
+          const float inv = l[s] > 0.f ? 1.f / l[s] : 0.f;
+          T* oh = o + (i * pl.heads + (kv0 + x) * group + j0 + j) * D;
+          for (int64_t e = 0; e < D; ++e) oh[e] = static_cast<T>(acc[s * D + e] * inv);
+        }
+    }
+  });
+}
+
+template <>
+bool two_pass<c10::BFloat16>(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                             const DecodePlan& plan, double scale, at::Tensor& out) {
+  switch (plan.d) {
+    case 32: run_two_pass<2>(query, k_cache, v_cache, plan, scale, out); return true;
+    case 64: run_two_pass<4>(query, k_cache, v_cache, plan, scale, out); return true;
+    case 128: run_two_pass<8>(query, k_cache, v_cache, plan, scale, out); return true;
+    default: return false;
+  }
+}
+#endif
+"""
