@@ -8,8 +8,8 @@ query head of the group, folds them into a running softmax (online, block by blo
 the block's values, all in fp32 (bfloat16 caches are widened on load; where the CPU has AVX-512
 BF16, a bfloat16 key's scores are its pairwise bf16 products summed in fp32 instead, and a block's
 values are widened once for the whole query group: 7-14 % less time for 16-64 sequences of 256
-tokens than widening each key for each head; and the bfloat16 loop takes two passes, every score first,
-native_decode_bf16_source.py).
+tokens than widening each key for each head; the bfloat16 loop takes two passes, every score first:
+native_decode_loops_source.py).
 
 A prompt chunk is otherwise attended by ``scaled_dot_product_attention`` (after a gather of its
 context when it follows cached tokens): about 70 GFLOP/s for a 300-token prompt here. ``prefill``

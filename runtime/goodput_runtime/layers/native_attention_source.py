@@ -1,7 +1,8 @@
-"""The C++ source of the CPU decode-attention kernel that native_attention.py builds on first use (the
-bfloat16 two-pass loop in native_decode_bf16_source.py goes between its kernels and its entry point)."""
+"""The C++ source of the CPU decode-attention kernel that native_attention.py builds on first use: the
+folds of a chunk of keys here, the loops over a batch in native_decode_loops_source.py (between these
+kernels and the entry point)."""
 
-from goodput_runtime.layers.native_decode_bf16_source import TWO_PASS_SOURCE
+from goodput_runtime.layers.native_decode_loops_source import LOOPS_SOURCE
 
 _KERNELS = r"""
 #include <torch/extension.h>
@@ -246,117 +247,6 @@ void parallel_balanced(int64_t threads, int64_t units, const Cost& cost, const B
   });
 }
 
-// what both decode loops share: the checks, and the batch's split into units of work. A unit: one
-// sequence with all its heads (each block read whole, in turn), or where that leaves the threads too
-// few units to share out evenly, one kv head of it with its query group, or one query head
-struct DecodePlan {
-  int64_t b, heads, d, kvh, group, row, nblocks, blocks_stride, qs0, qs1, bs, window;
-  int64_t threads, kv_per, g, per_seq, units;
-  bool fork;  // enough work to share among threads
-  const int64_t* bl;
-  const int64_t* ln;
-
-  DecodePlan(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& blocks, const at::Tensor& lens,
-             int64_t block_size, int64_t window_)
-      : b(query.size(0)), heads(query.size(1)), d(query.size(2)), kvh(k_cache.size(1)), group(heads / kvh),
-        row(kvh * d), nblocks(blocks.size(1)), blocks_stride(blocks.stride(0)), qs0(query.stride(0)),
-        qs1(query.stride(1)), bs(block_size), window(window_), bl(blocks.data_ptr<int64_t>()),
-        ln(lens.data_ptr<int64_t>()) {
-    int64_t total = 0;
-    for (int64_t i = 0; i < b; ++i) {
-      // keys past the row's blocks are masked off, as decode_mask masks them over the group's width
-      const int64_t n = len(i);
-      TORCH_CHECK(ln[i] >= 1, "context length ", ln[i]);
-      for (int64_t j = 0; j * bs < n; ++j) {
-        const int64_t block = bl[i * blocks_stride + j];
-        TORCH_CHECK(block >= 0 && (block + 1) * bs <= k_cache.size(0), "block ", block, " outside the cache");
-      }
-      total += n - first(i);
-    }
-    threads = at::get_num_threads();
-    kv_per = b >= 4 * threads ? kvh : 1;
-    g = kv_per == 1 && b * kvh < 4 * threads ? 1 : group;
-    per_seq = heads / (kv_per * g);
-    units = b * per_seq;
-    fork = total * heads * d >= (int64_t)1 << 16;  // little work: no fork
-  }
-  int64_t len(int64_t i) const { return std::min(ln[i], nblocks * bs); }
-  int64_t first(int64_t i) const { return window > 0 ? std::max<int64_t>(0, ln[i] - window) : 0; }
-  // a unit costs its keys (and a little for its heads' set-up and output)
-  int64_t cost(int64_t u) const {
-    const int64_t i = u / per_seq;
-    return len(i) - first(i) + 8;
-  }
-  // unit u's sequence, first kv head and first query head within that head's group
-  void unit(int64_t u, int64_t& i, int64_t& kv0, int64_t& j0) const {
-    i = u / per_seq;
-    const int64_t part = u % per_seq;
-    kv0 = kv_per == 1 ? (g == 1 ? part / group : part) : 0;
-    j0 = g == 1 ? part % group : 0;
-  }
-};
-
-template <typename T, typename Fold>
-void run(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache, const DecodePlan& pl,
-         double scale, const Fold& fold, at::Tensor& out) {
-  const int64_t d = pl.d, row = pl.row, bs = pl.bs, kv_per = pl.kv_per, g = pl.g, group = pl.group;
-  const T* q = query.data_ptr<T>();
-  const T* kc = k_cache.data_ptr<T>();
-  const T* vc = v_cache.data_ptr<T>();
-  T* o = out.data_ptr<T>();
-  const float sc = static_cast<float>(scale);
-  parallel_balanced(pl.fork ? pl.threads : 1, pl.units, [&](int64_t u) { return pl.cost(u); },
-                    [&](int64_t begin, int64_t end) {
-    const int64_t hs = kv_per * g;
-    std::vector<float> work(hs * (2 * d + 2) + g * kChunk);
-    float* qf = work.data();
-    float* acc = qf + hs * d;
-    float* m = acc + hs * d;
-    float* l = m + hs;
-    float* scratch = l + hs;
-    for (int64_t u = begin; u < end; ++u) {
-      int64_t i, kv0, j0;
-      pl.unit(u, i, kv0, j0);
-      for (int64_t x = 0; x < kv_per; ++x)
-        for (int64_t j = 0; j < g; ++j) {
-          const T* qh = q + i * pl.qs0 + ((kv0 + x) * group + j0 + j) * pl.qs1;
-          const int64_t s = x * g + j;
-          for (int64_t e = 0; e < d; ++e) qf[s * d + e] = static_cast<float>(qh[e]) * sc;
-          m[s] = kNegInf;
-          l[s] = 0.f;
-        }
-      std::fill(acc, acc + hs * d, 0.f);
-      const int64_t len = pl.len(i), first = pl.first(i);
-      const int64_t* table = pl.bl + i * pl.blocks_stride;
-      for (int64_t blk = first / bs; blk * bs < len; ++blk) {
-        const int64_t lo = std::max(first, blk * bs), hi = std::min(len, (blk + 1) * bs);
-        const int64_t slot0 = table[blk] * bs - blk * bs;  // slot of context position p: slot0 + p
-        if ((blk + 1) * bs < len) {  // the next block's rows of these heads, on their way while this one runs
-          const int64_t next = table[blk + 1] * bs * row + kv0 * d;
-          for (int64_t r = 0; r < bs; ++r)
-            for (int64_t e = 0; e < kv_per * d; e += 64 / (int64_t)sizeof(T)) {
-              __builtin_prefetch(kc + next + r * row + e);
-              __builtin_prefetch(vc + next + r * row + e);
-            }
-        }
-        for (int64_t x = 0; x < kv_per; ++x)
-          for (int64_t c0 = lo; c0 < hi; c0 += kChunk) {
-            const int64_t off = (slot0 + c0) * row + (kv0 + x) * d;
-            fold(qf + x * g * d, acc + x * g * d, m + x * g, l + x * g, kc + off, vc + off, row,
-                 std::min(kChunk, hi - c0), g, scratch);
-          }
-      }
-      for (int64_t x = 0; x < kv_per; ++x)
-        for (int64_t j = 0; j < g; ++j) {
-          const int64_t s = x * g + j;
-          const float inv = l[s] > 0.f ? 1.f / l[s] : 0.f;
-          T* oh = o + (i * pl.heads + (kv0 + x) * group + j0 + j) * d;
-          for (int64_t e = 0; e < d; ++e) oh[e] = static_cast<T>(acc[s * d + e] * inv);
-        }
-    }
-  });
-}
-
 """
 
 _ENTRY = r"""
@@ -401,7 +291,7 @@ at::Tensor decode(const at::Tensor& query, const at::Tensor& k_cache, const at::
 }
 """
 
-SOURCE = _KERNELS + TWO_PASS_SOURCE + _ENTRY
+SOURCE = _KERNELS + LOOPS_SOURCE + _ENTRY
 
 
 CPP_DECL = (
