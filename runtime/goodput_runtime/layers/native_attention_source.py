@@ -151,6 +151,31 @@ struct FoldAvx512 {
   }
 };
 
+// acc [16 * NC] = acc * corr + the sum over n keys of p[t] * vw[t] (vw: the keys' values widened to
+// fp32, 16 * NC a row, 64-byte aligned)
+template <int NC>
+inline void add_values(float* acc, __m512 corr, const float* p, const float* vw, int64_t n) {
+  constexpr int64_t D = NC * 16;
+  __m512 a[NC], b[NC];  // even and odd keys: two chains of adds
+  for (int c = 0; c < NC; ++c) {
+    a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + c * 16), corr);
+    b[c] = _mm512_setzero_ps();
+  }
+  int64_t t = 0;
+  for (; t + 1 < n; t += 2) {
+    const __m512 p0 = _mm512_set1_ps(p[t]), p1 = _mm512_set1_ps(p[t + 1]);
+    for (int c = 0; c < NC; ++c) {
+      a[c] = _mm512_fmadd_ps(p0, _mm512_load_ps(vw + t * D + c * 16), a[c]);
+      b[c] = _mm512_fmadd_ps(p1, _mm512_load_ps(vw + (t + 1) * D + c * 16), b[c]);
+    }
+  }
+  if (t < n) {
+    const __m512 p0 = _mm512_set1_ps(p[t]);
+    for (int c = 0; c < NC; ++c) a[c] = _mm512_fmadd_ps(p0, _mm512_load_ps(vw + t * D + c * 16), a[c]);
+  }
+  for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc + c * 16, _mm512_add_ps(a[c], b[c]));
+}
+
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 // bfloat16 keys and values where the CPU has AVX-512 BF16: a key's scores by its pairwise products
 // (vdpbf16ps: two bf16 products at a time, summed in fp32) with the queries rounded to bf16 (exact
@@ -195,25 +220,7 @@ struct FoldAvx512<c10::BFloat16, NC> {
       l[h] = l[h] * corr + _mm512_reduce_add_ps(p);
       m[h] = mx;
       _mm512_storeu_ps(s, p);
-      __m512 a[NC], b[NC];  // even and odd keys: two chains of adds
-      const __m512 cv = _mm512_set1_ps(corr);
-      for (int c = 0; c < NC; ++c) {
-        a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + h * D + c * 16), cv);
-        b[c] = _mm512_setzero_ps();
-      }
-      int64_t t = 0;
-      for (; t + 1 < n; t += 2) {
-        const __m512 p0 = _mm512_set1_ps(s[t]), p1 = _mm512_set1_ps(s[t + 1]);
-        for (int c = 0; c < NC; ++c) {
-          a[c] = _mm512_fmadd_ps(p0, _mm512_load_ps(vw + t * D + c * 16), a[c]);
-          b[c] = _mm512_fmadd_ps(p1, _mm512_load_ps(vw + (t + 1) * D + c * 16), b[c]);
-        }
-      }
-      if (t < n) {
-        const __m512 p0 = _mm512_set1_ps(s[t]);
-        for (int c = 0; c < NC; ++c) a[c] = _mm512_fmadd_ps(p0, _mm512_load_ps(vw + t * D + c * 16), a[c]);
-      }
-      for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc + h * D + c * 16, _mm512_add_ps(a[c], b[c]));
+      add_values<NC>(acc + h * D, _mm512_set1_ps(corr), s, vw, n);
     }
   }
 };

@@ -66,6 +66,22 @@ struct DecodePlan {
     kv0 = kv_per == 1 ? (g == 1 ? part / group : part) : 0;
     j0 = g == 1 ? part % group : 0;
   }
+  // body(begin, end) over ranges of the units, shared among the threads
+  template <typename Body>
+  void for_units(const Body& body) const {
+    parallel_balanced(fork ? threads : 1, units, [&](int64_t u) { return cost(u); }, body);
+  }
+  // a unit's output rows: each of its heads' sums of values `acc` [kv_per * g, d] over its sum `l`
+  template <typename T>
+  void write(T* o, int64_t i, int64_t kv0, int64_t j0, const float* acc, const float* l) const {
+    for (int64_t x = 0; x < kv_per; ++x)
+      for (int64_t j = 0; j < g; ++j) {
+        const int64_t s = x * g + j;
+        const float inv = l[s] > 0.f ? 1.f / l[s] : 0.f;
+        T* oh = o + (i * heads + (kv0 + x) * group + j0 + j) * d;
+        for (int64_t e = 0; e < d; ++e) oh[e] = static_cast<T>(acc[s * d + e] * inv);
+      }
+  }
 };
 
 template <typename T, typename Fold>
@@ -77,8 +93,7 @@ void run(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v
   const T* vc = v_cache.data_ptr<T>();
   T* o = out.data_ptr<T>();
   const float sc = static_cast<float>(scale);
-  parallel_balanced(pl.fork ? pl.threads : 1, pl.units, [&](int64_t u) { return pl.cost(u); },
-                    [&](int64_t begin, int64_t end) {
+  pl.for_units([&](int64_t begin, int64_t end) {
     const int64_t hs = kv_per * g;
     std::vector<float> work(hs * (2 * d + 2) + g * kChunk);
     float* qf = work.data();
@@ -118,13 +133,7 @@ void run(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v
                  std::min(kChunk, hi - c0), g, scratch);
           }
       }
-      for (int64_t x = 0; x < kv_per; ++x)
-        for (int64_t j = 0; j < g; ++j) {
-          const int64_t s = x * g + j;
-          const float inv = l[s] > 0.f ? 1.f / l[s] : 0.f;
-          T* oh = o + (i * pl.heads + (kv0 + x) * group + j0 + j) * d;
-          for (int64_t e = 0; e < d; ++e) oh[e] = static_cast<T>(acc[s * d + e] * inv);
-        }
+      pl.write(o, i, kv0, j0, acc, l);
     }
   });
 }
@@ -147,8 +156,7 @@ void run_two_pass(const at::Tensor& query, const at::Tensor& k_cache, const at::
   const T* vc = v_cache.data_ptr<T>();
   T* o = out.data_ptr<T>();
   const float sc = static_cast<float>(scale);
-  parallel_balanced(pl.fork ? pl.threads : 1, pl.units, [&](int64_t u) { return pl.cost(u); },
-                    [&](int64_t begin, int64_t end) {
+  pl.for_units([&](int64_t begin, int64_t end) {
     const int64_t hs = kv_per * g;
     std::vector<__m512bh> qb(hs * NP);
     std::vector<__m512> maxv(hs);
@@ -174,40 +182,44 @@ void run_two_pass(const at::Tensor& query, const at::Tensor& k_cache, const at::
           maxv[s] = _mm512_set1_ps(kNegInf);
         }
       const int64_t* table = pl.bl + i * pl.blocks_stride;
-      // pass 1: the scores, sixteen keys of a block at a time
-      for (int64_t blk = first / bs; blk * bs < len; ++blk) {
-        const int64_t lo = std::max(first, blk * bs), hi = std::min(len, (blk + 1) * bs);
-        const int64_t slot0 = table[blk] * bs - blk * bs;
-        if ((blk + 1) * bs < len) {
-          const int64_t next = table[blk + 1] * bs * row + kv0 * D;
-          for (int64_t r = 0; r < bs; ++r)
-            for (int64_t e = 0; e < kv_per * D; e += 32) __builtin_prefetch(kc + next + r * row + e);
+      // the unit's keys in chunks of up to sixteen within a block, the next block's rows of `cache`
+      // prefetched while one runs: body(the chunk's first slot, its first context position, its keys)
+      const auto chunks = [&](const T* cache, const auto& body) {
+        for (int64_t blk = first / bs; blk * bs < len; ++blk) {
+          const int64_t lo = std::max(first, blk * bs), hi = std::min(len, (blk + 1) * bs);
+          if ((blk + 1) * bs < len) {
+            const int64_t next = table[blk + 1] * bs * row + kv0 * D;
+            for (int64_t r = 0; r < bs; ++r)
+              for (int64_t e = 0; e < kv_per * D; e += 32) __builtin_prefetch(cache + next + r * row + e);
+          }
+          for (int64_t c0 = lo; c0 < hi; c0 += kChunk)
+            body(table[blk] * bs - blk * bs + c0, c0, std::min(kChunk, hi - c0));
         }
-        for (int64_t c0 = lo; c0 < hi; c0 += kChunk) {
-          const int64_t nk = std::min(kChunk, hi - c0);
-          const __mmask16 live = nk >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nk) - 1);
-          for (int64_t x = 0; x < kv_per; ++x) {
-            const T* k = kc + (slot0 + c0) * row + (kv0 + x) * D;
-            for (int64_t j = 0; j < g; ++j) {
-              const int64_t s = x * g + j;
-              __m512 dots[16];
-              for (int64_t t = 0; t < 16; ++t) {
-                __m512 dot = _mm512_setzero_ps();
-                if (t < nk)
-                  for (int p = 0; p < NP; ++p) {
-                    const T* kp = k + t * row + p * 32;
-                    const __m512i kv = 2 * p + 1 < NC ? _mm512_loadu_si512(kp) : _mm512_maskz_loadu_epi16(0xFFFF, kp);
-                    dot = _mm512_dpbf16_ps(dot, qb[s * NP + p], (__m512bh)kv);
-                  }
-                dots[t] = dot;
-              }
-              const __m512 sv = hsum16(dots);
-              _mm512_mask_storeu_ps(S + s * npad + (c0 - first), live, sv);
-              maxv[s] = _mm512_mask_max_ps(maxv[s], live, maxv[s], sv);
+      };
+      // pass 1: the scores
+      chunks(kc, [&](int64_t slot, int64_t c0, int64_t nk) {
+        const __mmask16 live = nk >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nk) - 1);
+        for (int64_t x = 0; x < kv_per; ++x) {
+          const T* k = kc + slot * row + (kv0 + x) * D;
+          for (int64_t j = 0; j < g; ++j) {
+            const int64_t s = x * g + j;
+            __m512 dots[16];
+            for (int64_t t = 0; t < 16; ++t) {
+              __m512 dot = _mm512_setzero_ps();
+              if (t < nk)
+                for (int p = 0; p < NP; ++p) {
+                  const T* kp = k + t * row + p * 32;
+                  const __m512i kv = 2 * p + 1 < NC ? _mm512_loadu_si512(kp) : _mm512_maskz_loadu_epi16(0xFFFF, kp);
+                  dot = _mm512_dpbf16_ps(dot, qb[s * NP + p], (__m512bh)kv);
+                }
+              dots[t] = dot;
             }
+            const __m512 sv = hsum16(dots);
+            _mm512_mask_storeu_ps(S + s * npad + (c0 - first), live, sv);
+            maxv[s] = _mm512_mask_max_ps(maxv[s], live, maxv[s], sv);
           }
         }
-      }
+      });
       // pass 2: each head's exponentials and their sum
       for (int64_t s = 0; s < hs; ++s) {
         const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(maxv[s]));
@@ -223,53 +235,19 @@ void run_two_pass(const at::Tensor& query, const at::Tensor& k_cache, const at::
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       // pass 3: the values, widened once a chunk for the whole group
-      for (int64_t blk = first / bs; blk * bs < len; ++blk) {
-        const int64_t lo = std::max(first, blk * bs), hi = std::min(len, (blk + 1) * bs);
-        const int64_t slot0 = table[blk] * bs - blk * bs;
-        if ((blk + 1) * bs < len) {
-          const int64_t next = table[blk + 1] * bs * row + kv0 * D;
-          for (int64_t r = 0; r < bs; ++r)
-            for (int64_t e = 0; e < kv_per * D; e += 32) __builtin_prefetch(vc + next + r * row + e);
-        }
-        for (int64_t c0 = lo; c0 < hi; c0 += kChunk) {
-          const int64_t nk = std::min(kChunk, hi - c0);
-          for (int64_t x = 0; x < kv_per; ++x) {
-            const T* v = vc + (slot0 + c0) * row + (kv0 + x) * D;
-            for (int64_t t = 0; t < nk; ++t)
-              for (int c = 0; c < NC; ++c) _mm512_store_ps(vw + t * D + c * 16, load16(v + t * row + c * 16));
-            for (int64_t j = 0; j < g; ++j) {
-              const int64_t s = x * g + j;
-              const float* p = S + s * npad + (c0 - first);
-              float* a_h = acc.data() + s * D;
-              __m512 a[NC], b[NC];  // even and odd keys: two chains of adds
-              for (int c = 0; c < NC; ++c) {
-                a[c] = _mm512_loadu_ps(a_h + c * 16);
-                b[c] = _mm512_setzero_ps();
-              }
-              int64_t t = 0;
-              for (; t + 1 < nk; t += 2) {
-                const __m512 p0 = _mm512_set1_ps(p[t]), p1 = _mm512_set1_ps(p[t + 1]);
-                for (int c = 0; c < NC; ++c) {
-                  a[c] = _mm512_fmadd_ps(p0, _mm512_load_ps(vw + t * D + c * 16), a[c]);
-                  b[c] = _mm512_fmadd_ps(p1, _mm512_load_ps(vw + (t + 1) * D + c * 16), b[c]);
-                }
-              }
-              if (t < nk) {
-                const __m512 p0 = _mm512_set1_ps(p[t]);
-                for (int c = 0; c < NC; ++c) a[c] = _mm512_fmadd_ps(p0, _mm512_load_ps(vw + t * D + c * 16), a[c]);
-              }
-              for (int c = 0; c < NC; ++c) _mm512_storeu_ps(a_h + c * 16, _mm512_add_ps(a[c], b[c]));
-            }
+      const __m512 one = _mm512_set1_ps(1.f);
+      chunks(vc, [&](int64_t slot, int64_t c0, int64_t nk) {
+        for (int64_t x = 0; x < kv_per; ++x) {
+          const T* v = vc + slot * row + (kv0 + x) * D;
+          for (int64_t t = 0; t < nk; ++t)
+            for (int c = 0; c < NC; ++c) _mm512_store_ps(vw + t * D + c * 16, load16(v + t * row + c * 16));
+          for (int64_t j = 0; j < g; ++j) {
+            const int64_t s = x * g + j;
+            add_values<NC>(acc.data() + s * D, one, S + s * npad + (c0 - first), vw, nk);
           }
         }
-      }
-      for (int64_t x = 0; x < kv_per; ++x)
-        for (int64_t j = 0; j < g; ++j) {
-          const int64_t s = x * g + j;
-          const float inv = l[s] > 0.f ? 1.f / l[s] : 0.f;
-          T* oh = o + (i * pl.heads + (kv0 + x) * group + j0 + j) * D;
-          for (int64_t e = 0; e < D; ++e) oh[e] = static_cast<T>(acc[s * D + e] * inv);
-        }
+      });
+      pl.write(o, i, kv0, j0, acc.data(), l.data());
     }
   });
 }
