@@ -1,20 +1,23 @@
 """The decode kernel's loops over a batch (C++, compiled with native_attention_source.SOURCE in one
 translation unit, between its folds and its entry point): the plan that splits a batch into units of
-work, the one-pass loop that folds each chunk of keys into a running softmax, and the two-pass loop
-for bfloat16 caches on a CPU with AVX-512 BF16.
+work, the one-pass loop that folds each chunk of keys into a running softmax (float32, and bfloat16
+without AVX-512 BF16), and the two-pass loop for bfloat16 caches on a CPU with AVX-512 BF16.
 
 The one-pass fold (``FoldAvx512``) folds every sixteen keys into a running softmax: a horizontal max,
 an exponential for the correction, a rescale of the sums of values and a horizontal sum, per query
-head and per sixteen keys, each waiting on the last. In bfloat16 the products themselves are cheap
-(``vdpbf16ps``), so that chain is what a step waits on: the loop read the cache at 9-11 GB/s for 16-64
-sequences of 256-800 tokens, where the float32 kernel streams its twice larger cache at 25 GB/s.
+head and per sixteen keys, each waiting on the last. Here a unit (a sequence's kv heads with their
+query groups) is attended in three passes instead: every key's score for every head of the unit into
+a buffer, the maxima kept as vectors; each head's exponentials less its maximum, and their sum,
+sixteen at a time with no chain between them; then each chunk's values widened to fp32 once for the
+whole group and added, weighted, into each head's sums. Scores are pairwise bf16 products summed in
+fp32 (``vdpbf16ps``) with the scaled queries rounded to bf16 (exact for head dims 16, 64 and 256,
+whose scale is a power of two). The result is the same softmax summed in another order, equal to the
+float32 kernel's on the same values within bf16's rounding (tests/runtime/test_bf16_cpu.py).
 
-Here a unit (a sequence's kv heads with their query groups, as the plan splits the batch) is attended
-in three passes: every key's score for every head of the unit into a buffer, the running maxima kept
-as vectors; the exponentials of each head's scores less its maximum, and their sum, sixteen at a
-time with no chain between them; then each block's values widened once and added, weighted, into
-each head's sums. The result is the same softmax (the same products, summed in another order: equal
-to float32's within the tolerance of tests/runtime/test_native_attention.py).
+Against the one-pass fold in bf16, alternating in one process: 0.81-0.95x the time for 4-64 sequences
+of 256-800 tokens, level for one sequence of 1,000 (three runs). Both read the cache at 10-12 GB/s
+there, on a day the machine's memory read 12-14 GB/s: the loop is bound by memory, and the fold's
+chain cost the rest.
 """
 
 LOOPS_SOURCE = r"""
@@ -144,6 +147,31 @@ bool two_pass(const at::Tensor&, const at::Tensor&, const at::Tensor&, const Dec
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+// acc [16 * NC] += the sum over n keys of p[t] * vw[t] (vw: the keys' values widened to fp32, 16 * NC
+// a row, 64-byte aligned)
+template <int NC>
+inline void add_values(float* acc, const float* p, const float* vw, int64_t n) {
+  constexpr int64_t D = NC * 16;
+  __m512 a[NC], b[NC];  // even and odd keys: two chains of adds
+  for (int c = 0; c < NC; ++c) {
+    a[c] = _mm512_loadu_ps(acc + c * 16);
+    b[c] = _mm512_setzero_ps();
+  }
+  int64_t t = 0;
+  for (; t + 1 < n; t += 2) {
+    const __m512 p0 = _mm512_set1_ps(p[t]), p1 = _mm512_set1_ps(p[t + 1]);
+    for (int c = 0; c < NC; ++c) {
+      a[c] = _mm512_fmadd_ps(p0, _mm512_load_ps(vw + t * D + c * 16), a[c]);
+      b[c] = _mm512_fmadd_ps(p1, _mm512_load_ps(vw + (t + 1) * D + c * 16), b[c]);
+    }
+  }
+  if (t < n) {
+    const __m512 p0 = _mm512_set1_ps(p[t]);
+    for (int c = 0; c < NC; ++c) a[c] = _mm512_fmadd_ps(p0, _mm512_load_ps(vw + t * D + c * 16), a[c]);
+  }
+  for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc + c * 16, _mm512_add_ps(a[c], b[c]));
+}
+
 template <int NC>
 void run_two_pass(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache, const DecodePlan& pl,
                   double scale, at::Tensor& out) {
@@ -235,7 +263,6 @@ void run_two_pass(const at::Tensor& query, const at::Tensor& k_cache, const at::
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       // pass 3: the values, widened once a chunk for the whole group
-      const __m512 one = _mm512_set1_ps(1.f);
       chunks(vc, [&](int64_t slot, int64_t c0, int64_t nk) {
         for (int64_t x = 0; x < kv_per; ++x) {
           const T* v = vc + slot * row + (kv0 + x) * D;
@@ -243,7 +270,7 @@ void run_two_pass(const at::Tensor& query, const at::Tensor& k_cache, const at::
             for (int c = 0; c < NC; ++c) _mm512_store_ps(vw + t * D + c * 16, load16(v + t * row + c * 16));
           for (int64_t j = 0; j < g; ++j) {
             const int64_t s = x * g + j;
-            add_values<NC>(acc.data() + s * D, one, S + s * npad + (c0 - first), vw, nk);
+            add_values<NC>(acc.data() + s * D, S + s * npad + (c0 - first), vw, nk);
           }
         }
       });
@@ -256,9 +283,11 @@ template <>
 bool two_pass<c10::BFloat16>(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                              const DecodePlan& plan, double scale, at::Tensor& out) {
   switch (plan.d) {
-    case 32: run_two_pass<2>(query, k_cache, v_cache, plan, scale, out); return true;
-    case 64: run_two_pass<4>(query, k_cache, v_cache, plan, scale, out); return true;
-    case 128: run_two_pass<8>(query, k_cache, v_cache, plan, scale, out); return true;
+#define GOODPUT_CASE(NC) \
+  case NC * 16: run_two_pass<NC>(query, k_cache, v_cache, plan, scale, out); return true;
+    GOODPUT_CASE(1) GOODPUT_CASE(2) GOODPUT_CASE(3) GOODPUT_CASE(4)
+    GOODPUT_CASE(5) GOODPUT_CASE(6) GOODPUT_CASE(7) GOODPUT_CASE(8)
+#undef GOODPUT_CASE
     default: return false;
   }
 }
