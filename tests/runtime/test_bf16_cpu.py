@@ -159,34 +159,28 @@ def test_the_fused_silu_times_up_in_bf16_equals_torchs(kernel, rows, width):
     torch.testing.assert_close(out, F.silu(gate_up[:, :width]) * gate_up[:, width:], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("shape", [(9, 3, 64), (4, 4, 16), (6, 2, 48), (8, 2, 80), (8, 2, 128), (6, 2, 40)])
+# context lengths and block size; ten sequences on two threads are split into whole sequences with all
+# their kv heads, five into kv heads or query heads; blocks of 32 tokens are read in chunks of sixteen
+DECODE_BATCHES = {
+    "five": ([1, 15, 16, 70, 300], 16),
+    "ten": ([1, 7, 16, 17, 33, 64, 100, 257, 300, 513], 16),
+    "ten-wide-blocks": ([1, 7, 16, 17, 33, 64, 100, 257, 300, 513], 32),
+}
+
+
+@pytest.mark.parametrize("shape", [(9, 3, 64), (4, 4, 16), (4, 2, 32), (6, 2, 48), (8, 2, 80), (8, 2, 128), (6, 2, 40)])
 @pytest.mark.parametrize("window", [None, 24])
-def test_the_decode_kernel_in_bf16_against_fp32_on_the_same_values(kernel, shape, window):
+@pytest.mark.parametrize("case", DECODE_BATCHES)
+def test_the_decode_kernel_in_bf16_against_fp32_on_the_same_values(kernel, shape, window, case):
     # the bf16 kernel's scores sum bf16 products in fp32 (with AVX-512 BF16: the queries, scaled,
     # rounded to bf16 first); against the fp32 kernel over the same values widened, within bf16's rounding
     heads, kv_heads, head_dim = shape
-    query, cache, batch = paged_case([1, 15, 16, 70, 300], heads, kv_heads, head_dim, 16, BF16, seed=head_dim)
-    group = batch.decodes[0]
-    args = (group.blocks, group.lens, group.block_size, None, window)
-    got = native_attention.decode(query, cache.keys[0], cache.values[0], *args)
-    want = native_attention.decode(query.float(), cache.keys[0].float(), cache.values[0].float(), *args)
-    assert got is not None and want is not None and got.dtype == BF16
-    torch.testing.assert_close(got.float(), want, rtol=0.02, atol=0.02)
-
-
-@pytest.mark.parametrize("shape", [(9, 3, 64), (8, 2, 128), (4, 2, 32)])
-@pytest.mark.parametrize("block_size", [16, 32])
-@pytest.mark.parametrize("window", [None, 40])
-def test_the_bf16_two_pass_loop_over_whole_sequences_and_wide_blocks(kernel, shape, block_size, window):
-    # ten sequences: each unit of work is a whole sequence with all its kv heads (the split a batch of
-    # eight or more takes on two threads), and blocks of 32 tokens fold in chunks of sixteen
-    heads, kv_heads, head_dim = shape
-    lens = [1, 7, 16, 17, 33, 64, 100, 257, 300, 513]
-    query, cache, batch = paged_case(lens, heads, kv_heads, head_dim, block_size, BF16, seed=block_size + head_dim)
+    lens, block_size = DECODE_BATCHES[case]
+    query, cache, batch = paged_case(lens, heads, kv_heads, head_dim, block_size, BF16, seed=head_dim + len(lens))
     group = batch.decodes[0]
     args = (group.blocks, group.lens, group.block_size, None, window)
     threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # ten sequences on two threads: whole-sequence units, whatever the machine
+    torch.set_num_threads(2)  # the split into units as on this project's two cores, whatever the machine
     try:
         got = native_attention.decode(query, cache.keys[0], cache.values[0], *args)
         want = native_attention.decode(query.float(), cache.keys[0].float(), cache.values[0].float(), *args)
