@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import urllib3
-from harness import GROUP, PLURAL, ROOT, VERSION, Cluster, wait_for
+from harness import GROUP, PLURAL, ROOT, VERSION, Cluster, OperatorProcess, wait_for
 from kubernetes.client.exceptions import ApiException
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -208,8 +208,11 @@ def unconverged(cluster: Cluster, namespace: str, expected: dict[str, int]) -> l
     return behind
 
 
-def converge(cluster: Cluster, namespace: str, expected: dict[str, int], since: float) -> float:
-    """Seconds from `since` until every service in `expected` converged."""
+def converge(
+    cluster: Cluster, namespace: str, expected: dict[str, int], since: float, operator: OperatorProcess
+) -> float:
+    """Seconds from `since` until every service in `expected` converged; a timeout names what is behind and
+    ends with the operator's log."""
     last: list[list[str]] = [[]]
 
     def done() -> bool:
@@ -219,7 +222,10 @@ def converge(cluster: Cluster, namespace: str, expected: dict[str, int], since: 
     try:
         wait_for(done, CONVERGE_SECONDS, "every service to converge")
     except AssertionError as err:
-        raise AssertionError(f"{err}; still behind: {last[0][:10]}") from None
+        alive = "running" if operator.process is not None and operator.process.poll() is None else "exited"
+        raise AssertionError(
+            f"{err}; still behind: {last[0][:10]}; the operator ({alive}) logged:\n{operator.log()[-6000:]}"
+        ) from None
     return time.monotonic() - since
 
 
@@ -257,7 +263,7 @@ def test_operator_killed_mid_reconcile_of_20_services_converges_without_duplicat
         expected[f"svc-{i:02d}"] = 2
     restarted = time.monotonic()
     operator.start()
-    seconds = converge(cluster, namespace, expected, restarted)
+    seconds = converge(cluster, namespace, expected, restarted, operator)
     assert not user.errors, user.errors  # the API server was up throughout: no write of the user's failed
     assert "Traceback" not in operator.log(), operator.log()[-4000:]
     report("operator SIGKILL mid-reconcile of 20 services", user, seconds, behind_at_kill=behind_at_kill)
@@ -280,7 +286,7 @@ def test_api_server_restart_while_services_are_created_and_scaled(cluster, opera
     restarted = time.monotonic()
     api_back = control_plane_up(cluster)
     join()
-    seconds = converge(cluster, namespace, expected, restarted)
+    seconds = converge(cluster, namespace, expected, restarted, operator)
     assert user.errors, "no write of the user's met the restart: the fault missed the workload"
     assert operator.process is not None and operator.process.poll() is None, operator.log()[-4000:]
     report(
@@ -297,7 +303,7 @@ def test_etcd_restart_while_services_are_scaled(cluster, operator, namespace):
     expected = {f"svc-{i:02d}": 1 for i in range(count)}
     for name in expected:
         user.create(namespace, name, spec(int(name[-2:]), 1))
-    converge(cluster, namespace, expected, time.monotonic())
+    converge(cluster, namespace, expected, time.monotonic(), operator)
 
     def work() -> None:
         for round_ in (2, 3):
@@ -312,7 +318,7 @@ def test_etcd_restart_while_services_are_scaled(cluster, operator, namespace):
     api_back = control_plane_up(cluster)
     join()
     expected = dict.fromkeys(expected, 3)
-    seconds = converge(cluster, namespace, expected, restarted)
+    seconds = converge(cluster, namespace, expected, restarted, operator)
     assert user.errors, "no write of the user's met the restart: the fault missed the workload"
     assert operator.process is not None and operator.process.poll() is None, operator.log()[-4000:]
     report("etcd restart (SIGKILL, 3 s down) while scaling 8 services", user, seconds, api_ready_s=round(api_back, 1))
