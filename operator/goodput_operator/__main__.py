@@ -1,15 +1,19 @@
 """`python -m goodput_operator`: the operator, run by kopf.
 
 Cluster-wide unless --namespace (or WATCH_NAMESPACE) names one namespace. Uses the
-in-cluster service account when there is one, else the current kubeconfig.
+in-cluster service account when there is one, else the current kubeconfig. SIGUSR1 writes every
+thread's stack to stderr (`kubectl exec ... -- kill -USR1 1`, then the pod's log), and the process
+goes on.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import logging
 import os
+import signal
 import socket
 from typing import Any, cast
 
@@ -92,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         autoscaler_window_seconds=args.autoscaler_window_seconds,
         autoscaler_dispersion=args.autoscaler_dispersion == "on",
     )
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stuck operator shows where it waits
     kopf.configure(verbose=args.verbose, log_prefix=True)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
     if not args.verbose:  # kopf's line per handler call ("Handler 'child' succeeded") for every event, at scale

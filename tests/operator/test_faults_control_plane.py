@@ -16,6 +16,7 @@ Each test prints one `FAULT-ROW {json}` line, which bench/faults.py collects int
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import threading
 import time
@@ -222,9 +223,13 @@ def converge(
     try:
         wait_for(done, CONVERGE_SECONDS, "every service to converge")
     except AssertionError as err:
-        alive = "running" if operator.process is not None and operator.process.poll() is None else "exited"
+        alive = "exited"
+        if operator.process is not None and operator.process.poll() is None:
+            alive = "running; its threads' stacks at the end"
+            operator.process.send_signal(signal.SIGUSR1)  # faulthandler: every thread's stack to its log
+            time.sleep(1)
         raise AssertionError(
-            f"{err}; still behind: {last[0][:10]}; the operator ({alive}) logged:\n{operator.log()[-6000:]}"
+            f"{err}; still behind: {last[0][:10]}; the operator ({alive}) logged:\n{operator.log()[-12000:]}"
         ) from None
     return time.monotonic() - since
 
@@ -322,3 +327,17 @@ def test_etcd_restart_while_services_are_scaled(cluster, operator, namespace):
     assert user.errors, "no write of the user's met the restart: the fault missed the workload"
     assert operator.process is not None and operator.process.poll() is None, operator.log()[-4000:]
     report("etcd restart (SIGKILL, 3 s down) while scaling 8 services", user, seconds, api_ready_s=round(api_back, 1))
+
+
+def test_sigusr1_writes_every_threads_stack_and_the_operator_goes_on(cluster, operator, namespace):
+    assert operator.process is not None and operator.process.poll() is None
+    before = len(operator.log())
+    operator.process.send_signal(signal.SIGUSR1)
+    wait_for(lambda: "Current thread" in operator.log()[before:], 10, "the stacks in the operator's log")
+    dump = operator.log()[before:]
+    assert "Thread 0x" in dump and "goodput_operator" in dump, dump[-3000:]  # the main thread's frames included
+    # and it still reconciles
+    user = User(cluster)
+    user.create(namespace, "after-dump", spec(0, 1))
+    wait_for(lambda: not unconverged(cluster, namespace, {"after-dump": 1}), 60, "a service created after the dump")
+    assert operator.process.poll() is None
