@@ -1,11 +1,11 @@
-"""The sampler's batched penalties equal a per-token reference loop, row by row."""
+"""The sampler's batched penalties equal a per-token reference loop, row by row; its argmax is torch's."""
 
 from collections import Counter
 
 import pytest
 import torch
 
-from goodput_runtime.engine.sampler import Sampler, SampleRow
+from goodput_runtime.engine.sampler import Sampler, SampleRow, row_argmax
 from goodput_runtime.sampling import SamplingParams
 
 VOCAB = 50
@@ -90,3 +90,18 @@ def test_top_k_top_p_and_min_p_keep_only_the_likeliest_tokens():
     assert support(top_p=0.5) == {0}  # the likeliest token holds 0.64 of the mass
     assert support(min_p=0.3) == {0, 1}  # exp(-1) = 0.37 of the likeliest survives, exp(-2) does not
     assert len(support()) >= 4  # unrestricted, the unlikely tokens come up too
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_row_argmax_is_torchs_with_ties_and_infinities(dtype):
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(64, 49152, generator=g).to(dtype)
+    scores[1, 7] = scores[1, 40000] = 50.0  # a tie: the first one
+    scores[2] = float("-inf")  # every token ruled out: the first
+    scores[2, 31] = float("-inf")
+    scores[3, 123] = float("inf")
+    scores[4, :10] = 1e4  # ties at the start
+    ours = row_argmax(scores)
+    assert ours.dtype == torch.int64
+    assert ours.tolist() == scores.argmax(dim=-1).tolist()
+    assert ours[1] == 7 and ours[2] == 0 and ours[3] == 123 and ours[4] == 0

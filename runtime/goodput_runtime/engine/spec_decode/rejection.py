@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from goodput_runtime.engine.sampler import Sampler, SampleRow
+from goodput_runtime.engine.sampler import Sampler, SampleRow, row_argmax
 
 
 @dataclass(slots=True)
@@ -43,7 +43,7 @@ def verify(logits: torch.Tensor, groups: list[SpecGroup], sampler: Sampler) -> l
     greedy = [i for i, g in enumerate(groups) if g.row.params.greedy]
     if greedy:
         index = torch.tensor([r for i in greedy for r in groups[i].rows], device=logits.device)
-        best = logits[index].argmax(dim=-1).tolist()
+        best = row_argmax(logits[index]).tolist()
         at = 0
         for i in greedy:
             group = groups[i]
@@ -95,7 +95,7 @@ def _rejection_sample(logits: torch.Tensor, groups: list[SpecGroup], sampler: Sa
         lambda g: vocab,
         lambda n, gen: torch.empty(n, device=device).exponential_(generator=gen),
     ).view(len(groups), vocab)
-    drawn = (last / noise).argmax(dim=-1).tolist()
+    drawn = row_argmax(last / noise).tolist()
     return [[*g.draft[:n], t] for g, n, t in zip(groups, kept_counts, drawn, strict=True)]
 
 
