@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 RUNTIME_FAILING = "RuntimeFailing"
@@ -74,8 +75,10 @@ def _pod_failure(pod: dict[str, Any], serving_worker: bool = False) -> Failure |
     name = meta.get("name", "?")
     conditions = {c.get("type"): c for c in status.get("conditions") or ()}
     found = []
+    least = _least_ready_then_unready(pod)
     for container in [*(status.get("initContainerStatuses") or ()), *(status.get("containerStatuses") or ())]:
-        f = _container_failure(name, container, conditions.get("ContainersReady") or {}, serving_worker)
+        ready = conditions.get("ContainersReady") or {}
+        f = _container_failure(name, container, ready, serving_worker, least.get(container.get("name", "?"), 0))
         if f is not None:
             found.append(f)
     scheduled = conditions.get("PodScheduled") or {}
@@ -85,8 +88,36 @@ def _pod_failure(pod: dict[str, Any], serving_worker: bool = False) -> Failure |
     return min(found, key=lambda f: SEVERITY.index(f.reason)) if found else None
 
 
+def _least_ready_then_unready(pod: dict[str, Any]) -> dict[str, float]:
+    """Per container, the fewest seconds after a start in which its readiness probe can turn it Ready and
+    then not: the initial delay, then failureThreshold periods after the first success (the API's defaults
+    where the spec leaves them out)."""
+    least = {}
+    for container in (pod.get("spec") or {}).get("containers") or ():
+        probe = container.get("readinessProbe")
+        if probe:
+            period, threshold = probe.get("periodSeconds", 10), probe.get("failureThreshold", 3)
+            least[container.get("name", "?")] = probe.get("initialDelaySeconds", 0) + period * threshold
+    return least
+
+
+def _seconds_between(earlier: str, later: str) -> float | None:
+    try:
+        return (_instant(later) - _instant(earlier)).total_seconds()
+    except ValueError:
+        return None
+
+
+def _instant(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
 def _container_failure(
-    pod: str, container: dict[str, Any], containers_ready: dict[str, Any], serving_worker: bool = False
+    pod: str,
+    container: dict[str, Any],
+    containers_ready: dict[str, Any],
+    serving_worker: bool = False,
+    least_ready_then_unready: float = 0,
 ) -> Failure | None:
     name = container.get("name", "?")
     state = container.get("state") or {}
@@ -115,11 +146,14 @@ def _container_failure(
         and not serving_worker
     ):
         # Restarted after a crash and not ready since: still the crash loop, between two exits.
-        # Ready once since this start (ContainersReady turned False after it) is a different story. A
+        # Ready once since this start (ContainersReady turned False after it) is a different story. The
+        # kubelet may record the crash's own turn to False a few seconds after the restart, so a turn
+        # sooner after the start than the readiness probe can go Ready and back is still the crash's. A
         # worker of a group is never ready: it recovered once its group's leader is ready again.
         since = containers_ready.get("lastTransitionTime") or ""
         started = running.get("startedAt") or ""
-        if not (since and started and since > started):
+        after = _seconds_between(started, since) if since and started else None
+        if after is None or after <= least_ready_then_unready:
             return _exited(pod, name, last, container.get("restartCount", 0))
     return None
 

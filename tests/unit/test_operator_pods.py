@@ -68,6 +68,24 @@ def test_between_two_crashes_a_restarted_container_still_counts_as_failing():
     assert failure([pod(phase="Running", containers=[serving])]) is None
 
 
+def test_the_crashs_turn_to_not_ready_recorded_after_the_restart_is_still_the_crash():
+    # the kubelet wrote ContainersReady False three seconds after the new container started: too soon for
+    # the readiness probe (every 5 s, 3 failures) to have turned it Ready and back, so still the crash
+    restarted = {**crash_looping(restarts=1), "state": {"running": {"startedAt": "2026-01-01T00:01:00Z"}}}
+    late = {"type": "ContainersReady", "status": "False", "lastTransitionTime": "2026-01-01T00:01:03Z"}
+    probed = pod(phase="Running", containers=[restarted], conditions=[late])
+    probed["spec"] = {"containers": [{"name": "runtime", "readinessProbe": {"periodSeconds": 5, "failureThreshold": 3}}]}
+    f = failure([probed])
+    assert f is not None and f.message.startswith("pod chat-runtime-abc: runtime exited 1 (1 restart)")
+    # twenty seconds after the start the probe could have: a hiccup of this run, not the crash
+    probed["status"]["conditions"] = [{**late, "lastTransitionTime": "2026-01-01T00:01:20Z"}]
+    assert failure([probed]) is None
+    # with no probe in the spec, only a turn before or at the start is the crash's (as before)
+    del probed["spec"]
+    probed["status"]["conditions"] = [late]
+    assert failure([probed]) is None
+
+
 def test_image_and_config_problems_carry_the_kubelets_message():
     pull = {
         "name": "runtime",
