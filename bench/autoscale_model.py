@@ -275,12 +275,17 @@ def arrivals(rate: Callable[[float], float], duration: float, seed: int) -> list
             out.append(t)
 
 
+ADMISSION_MARGIN = 0.1  # the runtime's: refused when a prediction passes target × (1 − margin)
+
+
 class Service:
-    def __init__(self, curve: Curve, replicas: int, startup: float, max_num_seqs: int) -> None:
+    def __init__(self, curve: Curve, replicas: int, startup: float, max_num_seqs: int, admission: bool = False) -> None:
         self.curve, self.startup, self.max_num_seqs = curve, startup, max_num_seqs
+        self.admission = admission
         self.replicas = [Replica(ready_at=0.0) for _ in range(replicas)]
         self.draining: list[Replica] = []  # removed from routing, finishing what they hold (SIGTERM drain)
         self.finished: list[tuple[float, bool, float, float, float]] = []  # (time, good, ttft, tpot, e2e)
+        self.refused: list[float] = []  # when admission answered 429: a miss, and demand all the same
 
     def ready(self, now: float) -> list[Replica]:
         return [r for r in self.replicas if r.ready_at <= now]
@@ -298,7 +303,23 @@ class Service:
 
     def route(self, req: Request, now: float) -> None:
         ready = self.ready(now) or self.replicas
-        min(ready, key=Replica.load).queue.append(req)
+        replica = min(ready, key=Replica.load)
+        if self.admission and replica.ready_at <= now and not self.admits(replica):
+            self.refused.append(now)
+            return
+        replica.queue.append(req)
+
+    def admits(self, replica: Replica) -> bool:
+        """The runtime's SLO-aware admission (server/admission.py) on the curve: a newcomer is refused when
+        the running decodes' TPOT with it, or its own TTFT (the wait for a seat at the measured throughput,
+        then the TTFT at that batch), would pass its target less the margin."""
+        c, keep = self.curve, 1.0 - ADMISSION_MARGIN
+        in_flight = min(replica.load() + 1, self.max_num_seqs)
+        if c._at(c.tpot, in_flight) > c.slo_tpot * keep:
+            return False
+        ahead = max(0, replica.load() + 1 - self.max_num_seqs)  # requests that must finish before it is seated
+        wait = ahead / c._at(c.throughput, self.max_num_seqs)
+        return wait + c._at(c.ttft, in_flight) <= c.slo_ttft * keep
 
     def step(self, now: float) -> None:
         c = self.curve

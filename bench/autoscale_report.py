@@ -6,17 +6,18 @@ from pathlib import Path
 
 
 def table(results: dict[str, dict[str, dict]]) -> str:
-    lines = [
-        f"{'trace':<8} {'policy':<16} {'attainment':>10} {'replica-s':>9} {'/static':>7} {'/queue':>7} {'/conc':>7}",
-        "-" * 70,
-    ]
+    """Attainment and replica-seconds per trace and policy; with admission (any request refused), the 429s."""
+    refusals = any(r.get("refused") for by_policy in results.values() for r in by_policy.values())
+    head = f"{'trace':<8} {'policy':<16} {'attainment':>10} {'replica-s':>9} {'/static':>7} {'/queue':>7} {'/conc':>7}"
+    lines = [head + (f" {'429s':>6}" if refusals else ""), "-" * (77 if refusals else 70)]
     for name, by_policy in results.items():
         for policy, r in by_policy.items():
             rs = r["replica_seconds"]
             ratios = [rs / by_policy[p]["replica_seconds"] for p in ("static-peak", "queue-hpa", "concurrency-hpa")]
-            lines.append(
-                f"{name:<8} {policy:<16} {r['attainment']:>10.3f} {rs:>9.0f} " + " ".join(f"{x:>7.2f}" for x in ratios)
+            line = f"{name:<8} {policy:<16} {r['attainment']:>10.3f} {rs:>9.0f} " + " ".join(
+                f"{x:>7.2f}" for x in ratios
             )
+            lines.append(line + (f" {r.get('refused', 0):>6}" if refusals else ""))
     return "\n".join(lines)
 
 

@@ -37,6 +37,7 @@ def run(
     replay: tuple[list[float], list[float]] | None = None,
     sizes: str = "uniform",
     process: str = "poisson",
+    admission: bool = False,
 ) -> dict:
     """One policy on one trace. `replay`: recorded arrival times and each request's work instead; `sizes`:
     the request size mix otherwise (autoscale_model.size_sampler)."""
@@ -47,7 +48,7 @@ def run(
     base, concurrency = curve.capacity_point(target)
     static = min(high, math.ceil(peak_minute(times) / (base * 0.8)))
     start = max(low, math.ceil(trace(0) / (base * 0.8)))
-    svc = Service(curve, static if policy == "static-peak" else start, startup, max_num_seqs)
+    svc = Service(curve, static if policy == "static-peak" else start, startup, max_num_seqs, admission)
     laws = {
         "goodput": lambda: goodput_policy(curve, low, high, target, base, startup),
         "goodput-no-hint": lambda: goodput_policy(curve, low, high, target, None, startup),
@@ -94,12 +95,13 @@ def run(
         if now > duration * 2:
             break
     good = sum(f[1] for f in svc.finished)
-    settled = [f[1] for f in svc.finished if f[0] - f[4] >= SETTLED]
+    settled = [f[1] for f in svc.finished if f[0] - f[4] >= SETTLED] + [False for t in svc.refused if t >= SETTLED]
     return {
         "attainment": good / max(1, len(times)),
         "attainment_settled": sum(settled) / max(1, len(settled)),
         "replica_seconds": replica_seconds,
         "requests": len(times),
+        "refused": len(svc.refused),
         "timeline": timeline,
     }
 
@@ -121,6 +123,7 @@ def simulate(
     max_num_seqs: int = 8,
     policies: tuple[str, ...] = POLICIES,
     names: tuple[str, ...] | None = None,
+    admission: bool = False,
 ) -> dict[str, dict[str, dict]]:
     """Every policy on every trace (or those `names`), each with its own size mix and, for the yardsticks,
     its own arrival process."""
@@ -128,7 +131,8 @@ def simulate(
     out: dict[str, dict[str, dict]] = {}
     for name in names or tuple(traces(curve.capacity_point(target)[0], duration, seed)):
         out[name] = {
-            p: trace_run(curve, name, duration, p, startup, seed, target, max_num_seqs, low, high) for p in policies
+            p: trace_run(curve, name, duration, p, startup, seed, target, max_num_seqs, low, high, admission)
+            for p in policies
         }
     return out
 
@@ -144,6 +148,7 @@ def trace_run(
     max_num_seqs: int = 8,
     low: int = 1,
     high: int = 20,
+    admission: bool = False,
 ) -> dict:
     """One policy on the named trace, with the trace's size mix (TRACE_SIZES) and arrival process (the burst
     traces' yardsticks know theirs)."""
@@ -151,5 +156,17 @@ def trace_run(
     process = "burst" if name in BURST_TRACES else "poisson"
     sizes = TRACE_SIZES.get(name, "uniform")
     return run(
-        curve, trace, duration, policy, startup, seed, low, high, target, max_num_seqs, sizes=sizes, process=process
+        curve,
+        trace,
+        duration,
+        policy,
+        startup,
+        seed,
+        low,
+        high,
+        target,
+        max_num_seqs,
+        sizes=sizes,
+        process=process,
+        admission=admission,
     )

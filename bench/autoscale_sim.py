@@ -5,6 +5,7 @@
     python -m bench.autoscale_sim --surface              # attainment of static counts against load
     python -m bench.autoscale_sim --replay log.csv       # every policy and both yardsticks on a recorded log
     python -m bench.autoscale_sim --write-trace burst burst.csv   # a trace in that log format
+    python -m bench.autoscale_sim --admission            # replicas refuse past their SLO as the runtime does
 
 Replicas follow the capacity curve measured from our runtime (bench/autoscale_capacity.json:
 throughput, TTFT and TPOT against concurrency) and become ready `--startup` seconds after
@@ -22,6 +23,11 @@ The same traces go to:
   replica, its target the concurrency at which one replica meets the SLO (10 % tolerance,
   scale-up max(4 pods, 100 %) per period, 300 s scale-down stabilisation);
 - static-peak: the replicas the trace's peak needs at the same 80 % target utilisation.
+
+With --admission each replica answers 429 where the runtime's SLO-aware admission would: when the
+running decodes' TPOT with the newcomer, or the newcomer's TTFT (its wait for a seat at the measured
+throughput, then the TTFT at that batch), passes its target less 10 %. A refused request is a miss;
+the laws see it as the operator does, in the arrival rate and not in attainment (of served requests).
 
 Two yardsticks, bounds rather than policies (autoscale_surface.yardstick_policy): both know the capacity
 exactly (from the static attainment surface, for the trace's size mix) and the trace's true rate;
@@ -83,6 +89,11 @@ def main() -> None:
         metavar=("TRACE", "CSV"),
         help="write a trace's arrivals and request sizes (seed --seed) in the replay format",
     )
+    parser.add_argument(
+        "--admission",
+        action="store_true",
+        help="replicas refuse with 429 as the runtime's SLO-aware admission does (a miss, and demand all the same)",
+    )
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     if args.grid:
@@ -122,6 +133,7 @@ def main() -> None:
                     0.95,
                     args.max_num_seqs,
                     replay=(times, works),
+                    admission=args.admission,
                 )
                 for p in (*POLICIES, POISSON_LAW, *YARDSTICKS)
             }
@@ -129,13 +141,20 @@ def main() -> None:
         print(table(replayed))
         return
     results = simulate(
-        args.duration, args.startup, args.seed, max_num_seqs=args.max_num_seqs, policies=(*POLICIES, POISSON_LAW)
+        args.duration,
+        args.startup,
+        args.seed,
+        max_num_seqs=args.max_num_seqs,
+        policies=(*POLICIES, POISSON_LAW),
+        admission=args.admission,
     )
     print(table(results))
     summary = {
         t: {p: {k: v for k, v in r.items() if k != "timeline"} for p, r in by.items()} for t, by in results.items()
     }
-    (RESULTS / "autoscale-sim.json").write_text(json.dumps(summary, indent=2))
+    (RESULTS / ("autoscale-sim-admission.json" if args.admission else "autoscale-sim.json")).write_text(
+        json.dumps(summary, indent=2)
+    )
     if args.plots:
         for path in plot(results, RESULTS):
             print(f"wrote {path}")

@@ -51,6 +51,30 @@ def test_goodput_law_beats_the_queue_length_law(results, trace):
     assert ours["replica_seconds"] <= 1.10 * queue["replica_seconds"]
 
 
+def test_with_the_runtimes_admission_the_law_holds_and_a_queue_length_hpa_goes_blind():
+    curve = Curve.load()
+    runs = {
+        (name, policy, admission): trace_run(curve, name, 3600.0, policy, 60.0, 7, TARGET, admission=admission)
+        for name in ("steady", "flash")
+        for policy in ("goodput", "queue-hpa")
+        for admission in (False, True)
+    }
+    # within capacity the law's replicas refuse nothing: admission changes no request
+    steady = runs["steady", "goodput", True]
+    assert steady["refused"] == 0 and steady["attainment"] == runs["steady", "goodput", False]["attainment"]
+    # on the flash crowd, past capacity until new replicas are up, admission refuses, and the law (which reads
+    # refusals as demand) meets the SLO on at least as many requests with no more replica-seconds
+    flash, flash_off = runs["flash", "goodput", True], runs["flash", "goodput", False]
+    assert flash["refused"] > 0
+    assert flash["attainment"] >= flash_off["attainment"]
+    assert flash["replica_seconds"] <= flash_off["replica_seconds"]
+    # admission keeps queues short, so an HPA on queue length sees none, never scales, and refuses most requests
+    for name in ("steady", "flash"):
+        blind, before = runs[name, "queue-hpa", True], runs[name, "queue-hpa", False]
+        assert blind["attainment"] < 0.5 < before["attainment"], (name, blind["attainment"], before["attainment"])
+        assert blind["refused"] > blind["requests"] / 2
+
+
 def test_replay_reads_timestamp_prompt_and_output_tokens(tmp_path):
     log = tmp_path / "log.csv"
     log.write_text("timestamp,prompt_tokens,output_tokens\n1000.5, 800, 100\n1000.0,80,10\n\n1002.0,0,290\n")

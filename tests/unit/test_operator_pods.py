@@ -74,7 +74,9 @@ def test_the_crashs_turn_to_not_ready_recorded_after_the_restart_is_still_the_cr
     restarted = {**crash_looping(restarts=1), "state": {"running": {"startedAt": "2026-01-01T00:01:00Z"}}}
     late = {"type": "ContainersReady", "status": "False", "lastTransitionTime": "2026-01-01T00:01:03Z"}
     probed = pod(phase="Running", containers=[restarted], conditions=[late])
-    probed["spec"] = {"containers": [{"name": "runtime", "readinessProbe": {"periodSeconds": 5, "failureThreshold": 3}}]}
+    probed["spec"] = {
+        "containers": [{"name": "runtime", "readinessProbe": {"periodSeconds": 5, "failureThreshold": 3}}]
+    }
     f = failure([probed])
     assert f is not None and f.message.startswith("pod chat-runtime-abc: runtime exited 1 (1 restart)")
     # twenty seconds after the start the probe could have: a hiccup of this run, not the crash
