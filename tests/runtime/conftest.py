@@ -34,6 +34,16 @@ def kernel() -> None:
         )
 
 
+@pytest.fixture(scope="session")
+def avx512_kernel(kernel: None) -> None:
+    """The native extension's AVX-512 paths (the prompt kernel, the fused rotary embedding): skipped on a
+    CPU without AVX-512 (AVX2 only), where those functions hand back to the torch operations."""
+    from goodput_runtime.layers import cpu_dtype
+
+    if "avx512f" not in cpu_dtype.cpu_flags():
+        pytest.skip("this CPU has no AVX-512 (avx512f): the prompt kernel and fused rotary fall back to torch here")
+
+
 async def sse_events(response: Any) -> list[str]:
     """Every ``data:`` payload of a server-sent event stream (an aiohttp response), in order."""
     assert response.headers["Content-Type"].startswith("text/event-stream")

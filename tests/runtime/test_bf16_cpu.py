@@ -190,7 +190,7 @@ def test_the_decode_kernel_in_bf16_against_fp32_on_the_same_values(kernel, shape
     torch.testing.assert_close(got.float(), want, rtol=0.02, atol=0.02)
 
 
-def test_bf16_prompt_chunks_take_sdpa_and_the_kernel_when_forced_agrees(kernel, monkeypatch):
+def test_bf16_prompt_chunks_take_sdpa_and_the_kernel_when_forced_agrees(avx512_kernel, monkeypatch):
     query, key, value, batch = prefill_step([(0, 90), (30, 40)], 9, 3, 64, BF16, seed=5)
     taken: list[bool] = []
     real = native_attention.prefill

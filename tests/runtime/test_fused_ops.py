@@ -37,7 +37,7 @@ def test_rms_norm_with_and_without_the_residual_sum(kernel, rows, width, monkeyp
 
 @pytest.mark.parametrize("rows, heads, head_dim", [(1, 12, 64), (300, 12, 64), (4, 3, 80), (2, 2, 16)])
 def test_rotary_in_place_on_the_queries_and_keys_inside_the_fused_projection(
-    kernel, rows, heads, head_dim, monkeypatch
+    avx512_kernel, rows, heads, head_dim, monkeypatch
 ):
     g = torch.Generator().manual_seed(rows * heads)
     qkv = torch.randn(rows, heads * head_dim + 3 * head_dim, generator=g)  # values after them: untouched

@@ -71,7 +71,7 @@ STEPS = [[(0, 300)], [(0, 1)], [(0, 17), (5, 1), (37, 20), (100, 64), (0, 70)], 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "h{}-kv{}-d{}".format(*s))
 @pytest.mark.parametrize("chunks", STEPS, ids=lambda c: "chunks-" + "-".join(f"{s}+{n}" for s, n in c))
 @pytest.mark.parametrize("window", [None, 8, 40])
-def test_fp32_matches_the_torch_path(kernel, shape, chunks, window, monkeypatch):
+def test_fp32_matches_the_torch_path(avx512_kernel, shape, chunks, window, monkeypatch):
     query, key, value, batch = prefill_step(chunks, *shape, torch.float32, seed=len(chunks) + shape[0])
     calls = count_calls(monkeypatch)
     native, expected = both(query, key, value, batch, None, window, monkeypatch)
@@ -79,7 +79,7 @@ def test_fp32_matches_the_torch_path(kernel, shape, chunks, window, monkeypatch)
     torch.testing.assert_close(native, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_a_given_scale_and_a_query_sliced_from_a_wider_projection(kernel, monkeypatch):
+def test_a_given_scale_and_a_query_sliced_from_a_wider_projection(avx512_kernel, monkeypatch):
     query, key, value, batch = prefill_step([(0, 40), (12, 30)], 9, 3, 64, torch.float32, seed=3)
     wide = torch.randn(query.shape[0], 12, 64)
     wide[:, :9] = query
@@ -88,14 +88,14 @@ def test_a_given_scale_and_a_query_sliced_from_a_wider_projection(kernel, monkey
 
 
 @pytest.mark.parametrize("window", [None, 24])
-def test_bf16_matches_the_torch_path(kernel, window, monkeypatch):
+def test_bf16_matches_the_torch_path(avx512_kernel, window, monkeypatch):
     query, key, value, batch = prefill_step([(0, 90), (30, 40)], 9, 3, 64, torch.bfloat16, seed=5)
     native, expected = both(query, key, value, batch, None, window, monkeypatch)
     # the kernel rounds once at its output; the torch path rounds its products and softmax in bf16
     torch.testing.assert_close(native.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 
-def test_head_dims_it_has_no_code_for_and_other_dtypes_take_the_torch_path(kernel, monkeypatch):
+def test_head_dims_it_has_no_code_for_and_other_dtypes_take_the_torch_path(avx512_kernel, monkeypatch):
     for heads, kv_heads, head_dim, dtype in [(6, 2, 40, torch.float32), (9, 3, 64, torch.float16)]:
         query, key, value, batch = prefill_step([(0, 30), (8, 9)], heads, kv_heads, head_dim, dtype, seed=6)
         calls = count_calls(monkeypatch)
@@ -104,7 +104,7 @@ def test_head_dims_it_has_no_code_for_and_other_dtypes_take_the_torch_path(kerne
         torch.testing.assert_close(native, expected, rtol=0, atol=0)
 
 
-def test_the_switch_turns_it_off(kernel, monkeypatch):
+def test_the_switch_turns_it_off(avx512_kernel, monkeypatch):
     query, key, value, batch = prefill_step([(0, 30)], 9, 3, 64, torch.float32, seed=7)
     calls = count_calls(monkeypatch)
     monkeypatch.setattr(attention, "PREFILL_KERNEL", "torch")
@@ -129,7 +129,7 @@ def test_without_a_compiler_prefill_says_none_and_attend_takes_the_torch_path(mo
 
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
 def test_engine_greedy_tokens_are_the_same_with_the_kernel_on_and_off(
-    kernel, arch, tiny_model_dir, tmp_path, monkeypatch
+    avx512_kernel, arch, tiny_model_dir, tmp_path, monkeypatch
 ):
     # small_config's 24-token budget chunks the prompts, and the workload's shared prefix hits the
     # cache: chunks start at 0 and after cached tokens
