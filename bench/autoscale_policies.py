@@ -31,7 +31,7 @@ def signals(
     return Signals(
         arrival_rate=sum(1 for a in arrived if a > now - WINDOW) / min(WINDOW, max(now, DT)),
         arrival_rate_now=sum(1 for a in arrived if a > now - PERIOD) / min(PERIOD, max(now, DT)),
-        attainment=sum(f[1] for f in recent) / len(recent) if recent else None,  # served requests, as the operator's
+        attainment=sum(f[1] for f in recent) / len(recent) if recent else None,
         attainment_long=sum(long) / len(long) if long else None,
         finished_long=len(long),
         waiting=sum(len(r.queue) for r in ready),

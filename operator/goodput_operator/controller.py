@@ -13,14 +13,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from datetime import datetime
 from typing import Any
 
 from goodput_contract.api import GROUP, KIND
 from goodput_operator import metrics, pipelines
 from goodput_operator.builders import SERVICE_LABEL
 from goodput_operator.context import Context
-from goodput_operator.k8s import ApiError, owner_collection
+from goodput_operator.k8s import ApiError, owner_collection, parse_timestamp
 from goodput_operator.reconcile import reconcile, reconcile_by_name
 from goodput_operator.workqueue import CHANGE, RESUME, RESYNC
 
@@ -177,5 +176,5 @@ def _created_before(body: dict[str, Any], ctx: Context) -> bool:
     stamp = body["metadata"].get("creationTimestamp")
     if not stamp:
         return False
-    created = datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    created = parse_timestamp(stamp).timestamp()
     return created < ctx.started_at - 1.0

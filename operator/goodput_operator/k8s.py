@@ -90,6 +90,11 @@ def now_timestamp() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def parse_timestamp(stamp: str) -> datetime:
+    """A timestamp as the API writes them (RFC 3339, `Z` for UTC); ValueError where it is not one."""
+    return datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+
+
 def build_event(
     body: dict[str, Any], type_: str, reason: str, message: str, instance: str, now: str | None = None
 ) -> dict[str, Any]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
+
+from goodput_operator.k8s import parse_timestamp
 
 RUNTIME_FAILING = "RuntimeFailing"
 CONTAINER_CONFIG_ERROR = "ContainerConfigError"
@@ -103,13 +104,9 @@ def _least_ready_then_unready(pod: dict[str, Any]) -> dict[str, float]:
 
 def _seconds_between(earlier: str, later: str) -> float | None:
     try:
-        return (_instant(later) - _instant(earlier)).total_seconds()
+        return (parse_timestamp(later) - parse_timestamp(earlier)).total_seconds()
     except ValueError:
         return None
-
-
-def _instant(stamp: str) -> datetime:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def _container_failure(
