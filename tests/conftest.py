@@ -56,9 +56,24 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     image_prep.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--extended",
+        action="store_true",
+        help="also run the tests marked `extended` (make test-extended): second routes through a behaviour "
+        "the default run already proves, left out of it for time",
+    )
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """The unit tier runs first, so its failures show within minutes of a whole run (the order is otherwise
-    pytest's). Tests marked `gpu` are collected everywhere and run only where a CUDA GPU is visible."""
+    pytest's). Tests marked `extended` run only with --extended. Tests marked `gpu` are collected everywhere
+    and run only where a CUDA GPU is visible."""
+    if not config.getoption("extended"):
+        left_out = [item for item in items if item.get_closest_marker("extended")]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if not item.get_closest_marker("extended")]
     items.sort(key=lambda item: UNIT_TIER not in item.path.parents)  # stable: each tier keeps its order
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:

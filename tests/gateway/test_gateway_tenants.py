@@ -28,6 +28,7 @@ tenants:
   other: {keys: [sk-other], slo: {ttftMs: 60000, tpotMs: 60000}}
 """
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+LOAD_TOKENS = 100  # each request of the fairness run: long enough that the service, capped at one in flight, queues
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +190,7 @@ def post_raw(gateway, key: str, body: dict, headers: dict | None = None) -> int:
 
 def run_load(url: str, key: str, rate: float, seconds: float, latencies: list[float], errors: list[int]) -> None:
     """Open-loop requests at `rate` per second for `seconds`, each on its own thread."""
-    body = {**CHAT, "max_tokens": 200, "ignore_eos": True}
+    body = {**CHAT, "max_tokens": LOAD_TOKENS, "ignore_eos": True}
     threads = []
 
     def one() -> None:
@@ -218,7 +219,7 @@ def capacity(url: str, key: str, seconds: float = 4.0) -> float:
     stop = time.monotonic() + seconds
 
     def client() -> None:
-        body = {**CHAT, "max_tokens": 200, "ignore_eos": True}
+        body = {**CHAT, "max_tokens": LOAD_TOKENS, "ignore_eos": True}
         while time.monotonic() < stop:
             post_json(url + "/v1/chat/completions", body, {"Authorization": f"Bearer {key}"}, timeout=120)
             done.append(time.monotonic())

@@ -67,9 +67,15 @@ MAX_TOKENS = 100  # ~0.1 s a request on the tiny model here: one replica serves 
 HINT = 0.8  # capacityPerReplica, as a share of C
 BASE = 0.4  # the steady rate, as a share of C
 HIGH, LOW, PHASE = 0.75, 0.0, 6.0  # the warm-up's rates, as shares of C, alternating every PHASE seconds
-STEADY, WARM, QUIET = 8.0, 48.0, 20.0  # seconds at the steady rate, of bursty warm-up, and at the steady rate again
+STEADY, WARM, QUIET = 8.0, 48.0, 10.0  # seconds at the steady rate, of bursty warm-up, and at the steady rate again
 BURST, BURST_SECONDS = 1.25, 12.0  # the burst's rate in all, as a share of C, and its length
 SEED = 3
+# scaleDownWindow: with dispersion measured a step down waits it times the peakedness (1.5-3 here), longer than
+# the quiet stretch, so a rate read short by pods starved of CPU (half the rate sent, in a CI run) cannot take
+# the second replica away before the burst; with it ignored (peakedness 1) the warm-up's surge replica still goes
+# before the quiet stretch. At 6 s a starved run stepped down 14 s into a 20 s quiet stretch and met the burst
+# on one replica.
+SCALE_DOWN_WINDOW = 16.0
 RUNTIME_FLAGS = (
     "--max-num-seqs",
     "1",
@@ -227,7 +233,7 @@ def run(cluster: Cluster, hub, workdir: Path, model_dir: Path, capacity: float, 
             "mode": "goodput",
             "minReplicas": 1,
             "maxReplicas": 2,
-            "scaleDownWindow": "6s",
+            "scaleDownWindow": f"{SCALE_DOWN_WINDOW:.0f}s",
             "capacityPerReplica": round(HINT * capacity, 2),
         },
     }

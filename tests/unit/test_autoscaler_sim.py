@@ -224,3 +224,28 @@ def test_the_targets_are_read_off_the_rows():
     assert list(t["misses"]) == ["burst 60 s"]  # attainment under the reactive bound's − 0.01
     assert t["over_clairvoyant"] == pytest.approx(0.9 / 0.88 - 1)
     assert targets([{**row, "goodput_attainment_mean": 0.951}])["misses"] == {}
+
+
+def test_the_yardsticks_limits_are_kept_on_disk_and_computed_again_for_other_arguments(tmp_path, monkeypatch):
+    """load_limits (half a minute of bisection) is computed once per argument set, curve and simulator source:
+    a second process reads the same figures from disk, and other arguments compute their own."""
+    from bench import autoscale_surface
+
+    computed: list[tuple] = []
+
+    def bisect(target, max_num_seqs, sizes):
+        computed.append((target, max_num_seqs, sizes))
+        return ((1, 0.5 + target / 10), (2, 0.625))
+
+    monkeypatch.setattr(autoscale_surface, "LIMITS_CACHE", tmp_path)
+    monkeypatch.setattr(autoscale_surface, "_bisect_limits", bisect)
+    autoscale_surface.load_limits.cache_clear()
+    try:
+        first = autoscale_surface.load_limits(0.9)
+        autoscale_surface.load_limits.cache_clear()  # as a new process would start
+        assert autoscale_surface.load_limits(0.9) == first == ((1, 0.59), (2, 0.625))
+        assert computed == [(0.9, 8, "uniform")] and len(list(tmp_path.glob("*.json"))) == 1
+        autoscale_surface.load_limits(0.95, sizes=(1.0, 2.0))
+        assert computed[-1] == (0.95, 8, (1.0, 2.0)) and len(list(tmp_path.glob("*.json"))) == 2
+    finally:
+        autoscale_surface.load_limits.cache_clear()
