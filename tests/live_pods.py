@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoscaling_helpers import delete_endpoint, free_port, host_address, put_endpoint, scale_replicas
-from harness import Cluster, OperatorProcess
+from harness import Cluster, OperatorProcess, wait_for
 from helpers import stop_process
 
 
@@ -294,3 +294,43 @@ def autoscaling_operator(
         str(window),
     ).start()
     return operator, port
+
+
+# Requests per second one replica should serve in the live autoscaler tests. Their signals are counts over a
+# 10 s window: at a few requests a second Poisson noise hides the forecast's trend (its test asks 4 deviations)
+# and the index of dispersion, so on a slower CPU the requests are made shorter until one replica serves
+# about this many (C = 4.5 req/s at 100 tokens on a 2-core AVX2 EPYC: the forecast's trend never cleared the
+# test, and the capacity term scaled up first).
+TARGET_CAPACITY = 9.0
+SHORTEST = 20  # tokens: below this a request is mostly its HTTP round trip and prompt
+
+
+def calibrate(model_dir: Path, log: Path, flags: tuple[str, ...], body: dict) -> tuple[float, dict]:
+    """(C, the body to send): one runtime process serving `body` back to back serves C = 1 / its mean
+    seconds per request; where C falls under 0.8 TARGET_CAPACITY the body's max_tokens is cut in proportion
+    (not under SHORTEST) and C measured again with it."""
+    pod = Pod("calibrate", model_dir, log, flags)
+    try:
+        wait_for(pod.poll_ready, 120, "the calibration runtime to be ready")
+
+        def served_per_second(body: dict) -> float:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{pod.port}/v1/completions",
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            for _ in range(5):  # warm-up
+                urllib.request.urlopen(request, timeout=30).read()
+            started, n = time.monotonic(), 30
+            for _ in range(n):
+                urllib.request.urlopen(request, timeout=30).read()
+            return n / (time.monotonic() - started)
+
+        capacity = served_per_second(body)
+        if capacity < 0.8 * TARGET_CAPACITY:
+            tokens = max(SHORTEST, round(body["max_tokens"] * capacity / TARGET_CAPACITY))
+            body = {**body, "max_tokens": tokens}
+            capacity = served_per_second(body)
+        return capacity, body
+    finally:
+        pod.stop()
