@@ -61,7 +61,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--extended",
         action="store_true",
         help="also run the tests marked `extended` (make test-extended): second routes through a behaviour "
-        "the default run already proves, left out of it for time",
+        "the default run already proves, left out of it for time (the README's Tests section lists them)",
     )
 
 

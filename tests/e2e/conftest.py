@@ -5,11 +5,12 @@ The session brings up hack/cluster.sh's control plane with this machine as its n
 running here (`make demo` leaves one; a machine has one node), builds both images
 from the project's Dockerfiles with hack/images.sh and imports them into the node's
 containerd, installs Goodput with `kubectl apply -k manifests/`, and puts locally made
-models on a hostPath PersistentVolume. Everything the tests make lives in the namespace
-`goodput-e2e` and one PersistentVolume, both removed at the end; a node the session brought up
-is taken down after the last e2e module, one it found running is left running. The modules share the
-node: each works in the namespace and removes it when it ends. Nothing is mocked; needs root on
-Debian/Ubuntu.
+models on a hostPath PersistentVolume. Everything a module makes lives in its own namespace,
+`goodput-e2e-<module>`, and one PersistentVolume, both removed when it ends; a node the session brought
+up is taken down after the last e2e module, one it found running is left running. The modules share the
+node. A module's namespace goes on terminating while the next module runs (the namespace controller
+waits out its pods' grace period, ~11 s, before it looks again), so the next one never waits for it;
+the last module waits for its own. Nothing is mocked; needs root on Debian/Ubuntu.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ import pytest
 from helpers import tier
 from node import OPERATOR_NAMESPACE, ROOT, Node, copy_model, node_unsupported, run, wait_for
 
-NAMESPACE = "goodput-e2e"
-MODELS_PV = "goodput-e2e-models"
+NAMESPACE = "goodput-e2e"  # each module's namespace is this and the module's name
 MODELS_CLAIM = "models"
 OPERATOR_READY_SECONDS = 180
 
@@ -33,6 +33,16 @@ pytest_collection_modifyitems = tier(__file__, "e2e")
 
 
 _SHARED: dict[str, Node] = {}  # the node the session's e2e modules share, while one of them still runs
+
+
+def module_namespace(request: pytest.FixtureRequest) -> str:
+    """goodput-e2e-<module>: test_multinode_e2e.py works in goodput-e2e-multinode."""
+    stem = request.node.path.stem.removeprefix("test_").removesuffix("_e2e").replace("_", "-")
+    return f"{NAMESPACE}-{stem}"[:63].rstrip("-")
+
+
+def models_volume(namespace: str) -> str:
+    return f"{namespace}-models"
 
 
 def later_module_needs_node(request: pytest.FixtureRequest) -> bool:
@@ -46,8 +56,8 @@ def later_module_needs_node(request: pytest.FixtureRequest) -> bool:
 @pytest.fixture(scope="module")
 def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     """The node, brought up (and the images loaded) by the first e2e module and shared by the later ones:
-    each module works in the namespace NAMESPACE, removed with the models volume when it ends, as a
-    borrowed node's modules do. After the last module a node the session brought up goes down."""
+    each module works in its own namespace (module_namespace), removed with its models volume when it
+    ends, as a borrowed node's modules do. After the last module a node the session brought up goes down."""
     reason = node_unsupported()
     if reason:
         pytest.skip(f"{reason}; use kind elsewhere (make demo)")
@@ -64,8 +74,9 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             raise
         _SHARED["node"] = node
     last = True
+    namespace = module_namespace(request)
     try:
-        node.use_namespace(NAMESPACE)
+        node.use_namespace(namespace)
         yield node
         last = not later_module_needs_node(request)
     finally:
@@ -74,7 +85,7 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         if last and not node.borrowed:
             node.down()
         else:
-            node.remove(NAMESPACE, f"persistentvolume/{MODELS_PV}")
+            node.remove(namespace, f"persistentvolume/{models_volume(namespace)}", wait=last)
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +142,7 @@ def models(node: Node, tiny_model_dir: Path) -> dict[str, Path]:
             {
                 "apiVersion": "v1",
                 "kind": "PersistentVolume",
-                "metadata": {"name": MODELS_PV},
+                "metadata": {"name": models_volume(node.namespace)},
                 "spec": {
                     "capacity": {"storage": "1Gi"},
                     "accessModes": ["ReadOnlyMany", "ReadWriteOnce"],
@@ -147,7 +158,7 @@ def models(node: Node, tiny_model_dir: Path) -> dict[str, Path]:
                 "spec": {
                     "accessModes": ["ReadOnlyMany"],
                     "storageClassName": "",
-                    "volumeName": MODELS_PV,
+                    "volumeName": models_volume(node.namespace),
                     "resources": {"requests": {"storage": "1Gi"}},
                 },
             },

@@ -67,6 +67,7 @@ class Node:
     scratch: Path
     borrowed: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    namespace: str = ""  # the one use_namespace made the default
 
     @classmethod
     def _from_exports(cls, cluster_dir: Path, exports_text: str, scratch: Path, borrowed: bool) -> Node:
@@ -115,18 +116,26 @@ class Node:
         )
         self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         self.kubectl("config", "set-context", "--current", f"--namespace={namespace}")
+        self.namespace = namespace
 
-    def remove(self, namespace: str, *cluster_objects: str) -> None:
-        """Delete `namespace` with everything in it, then cluster-scoped objects (`kind/name`); waits for both.
-        Its pods go at once (no grace period: nothing of theirs is wanted), once the namespace is terminating
-        and nothing can re-create them."""
+    def remove(self, namespace: str, *cluster_objects: str, wait: bool = True) -> None:
+        """Delete `namespace` with everything in it, then cluster-scoped objects (`kind/name`); waits for
+        both unless `wait` is false. Its pods go at once (no grace period: nothing of theirs is wanted), once
+        the namespace is terminating and nothing can re-create them."""
         self.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=false", timeout=120)
         self.kubectl(
             "delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", "--wait=false", check=False
         )
-        wait_for(lambda: not self.get("namespace", namespace), 600, f"namespace {namespace} gone")
+        if wait:
+            wait_for(lambda: not self.get("namespace", namespace), 600, f"namespace {namespace} gone")
+        else:  # the gateway routes by served name across namespaces: none of this one's may linger there
+            wait_for(
+                lambda: not self.get("inferenceservices,inferencepipelines", namespace=namespace),
+                120,
+                f"the services of namespace {namespace} gone",
+            )
         for obj in cluster_objects:
-            self.kubectl("delete", obj, "--ignore-not-found", "--wait=true", timeout=120)
+            self.kubectl("delete", obj, "--ignore-not-found", f"--wait={str(wait).lower()}", timeout=120)
 
     def down(self) -> None:
         subprocess.run([str(CLUSTER_SCRIPT), "down", "--dir", str(self.dir)], capture_output=True, timeout=300)

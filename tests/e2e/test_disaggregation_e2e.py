@@ -30,7 +30,6 @@ from node import OPERATOR_NAMESPACE, Node, cluster_ip, condition, wait_for
 pytestmark = pytest.mark.slow
 
 NAME = "split"
-NAMESPACE = "goodput-e2e"  # the tier's own (conftest.NAMESPACE)
 READY_SECONDS = 300
 THRESHOLD = 32  # tokens: two blocks of the runtime's 16
 STORY = "The river ran past the mill, the bakery and the old stone bridge before it reached the sea. "
@@ -48,7 +47,7 @@ def paths(node: Node) -> Counter[str]:
             text = response.read().decode()
         for line in text.splitlines():
             match = re.match(r"^goodput_gateway_disaggregation_total\{(.*)\} (\S+)$", line)
-            if match and f'namespace="{NAMESPACE}"' in match[1] and f'service="{NAME}"' in match[1]:
+            if match and f'namespace="{node.namespace}"' in match[1] and f'service="{NAME}"' in match[1]:
                 path = re.search(r'path="([^"]*)"', match[1])
                 total[path[1] if path else ""] += int(float(match[2]))
     return total

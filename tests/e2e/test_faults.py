@@ -36,7 +36,6 @@ from node import OPERATOR_NAMESPACE, Node, cluster_ip, condition, wait_for
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 NAME = "faulty"
-NAMESPACE = "goodput-e2e"  # the tier's own (conftest.NAMESPACE)
 READY_SECONDS = 300
 
 
@@ -98,7 +97,7 @@ def check_losses(load: SteadyLoad) -> None:
 
 def test_a_runtime_pod_deleted_under_streams_loses_none_each_stream_goes_on_elsewhere(faulty: Any) -> None:
     node, base_url = faulty
-    retried_before = gateway_retries(node, NAMESPACE, NAME)
+    retried_before = gateway_retries(node, node.namespace, NAME)
     with SteadyLoad(base_url, NAME, max_tokens=128, streamed_only=True) as load:
         wait_for(lambda: load.answered >= 6, 120, "the streams' first answers")
         victim = serving_pod(ready_pods(node))["metadata"]["name"]  # a replica with streams under way
@@ -115,7 +114,7 @@ def test_a_runtime_pod_deleted_under_streams_loses_none_each_stream_goes_on_else
         converged = time.monotonic() - deleted
         at_convergence = load.answered
         wait_for(lambda: load.answered >= at_convergence + 6, 120, "answers after the replacement")
-    by_reason = gateway_retries(node, NAMESPACE, NAME) - retried_before
+    by_reason = gateway_retries(node, node.namespace, NAME) - retried_before
     retried = by_reason.total()
     check_losses(load)
     report(
@@ -134,7 +133,7 @@ def test_a_runtime_pod_deleted_under_streams_loses_none_each_stream_goes_on_else
 
 def test_a_runtime_process_killed_under_steady_load_is_retried_by_the_gateway(faulty: Any) -> None:
     node, base_url = faulty
-    retried_before = gateway_retries(node, NAMESPACE, NAME)
+    retried_before = gateway_retries(node, node.namespace, NAME)
     with SteadyLoad(base_url, NAME, max_tokens=24) as load:
         wait_for(lambda: load.answered >= 10, 120, "the steady load's first answers")
         victim = serving_pod(ready_pods(node))  # a replica with requests in flight, for them to meet the crash
@@ -153,7 +152,7 @@ def test_a_runtime_process_killed_under_steady_load_is_retried_by_the_gateway(fa
         converged = time.monotonic() - killed
         at_convergence = load.answered
         wait_for(lambda: load.answered >= at_convergence + 10, 120, "answers after the restart")
-    by_reason = gateway_retries(node, NAMESPACE, NAME) - retried_before
+    by_reason = gateway_retries(node, node.namespace, NAME) - retried_before
     retried = by_reason.total()
     check_losses(load)
     assert retried > 0, "no request met the dead replica: the gateway retried or resumed nothing"
@@ -196,7 +195,7 @@ def test_the_kubelet_restarting_leaves_the_pods_serving(faulty: Any) -> None:
     pods = ready_pods(node)
     before = {p["metadata"]["uid"]: [c["restartCount"] for c in p["status"]["containerStatuses"]] for p in pods}
     direct_url = f"http://{pods[0]['status']['podIP']}:8000/v1"
-    retried_before = gateway_retries(node, NAMESPACE, NAME)
+    retried_before = gateway_retries(node, node.namespace, NAME)
     with SteadyLoad(base_url, NAME) as load, SteadyLoad(direct_url, NAME, clients=1) as direct:
         wait_for(lambda: load.answered >= 10 and direct.answered >= 5, 120, "the steady loads' first answers")
         node_name = pods[0]["spec"]["nodeName"]
@@ -224,7 +223,7 @@ def test_the_kubelet_restarting_leaves_the_pods_serving(faulty: Any) -> None:
         settled = time.monotonic() + PROXY_SYNC_SECONDS
         at_convergence = load.answered
         wait_for(lambda: load.answered >= at_convergence + 20, 120, "answers after the kubelet's restart")
-    by_reason = gateway_retries(node, NAMESPACE, NAME) - retried_before
+    by_reason = gateway_retries(node, node.namespace, NAME) - retried_before
     retried = by_reason.total()
     assert not direct.failed, [o.error for o in direct.failed]
     # on this 2-core node a pod's readiness probe can time out once more while the new kubelet settles;

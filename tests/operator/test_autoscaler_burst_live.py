@@ -7,10 +7,12 @@ model, started, published and stopped by live_pods.Actuator as the replica count
 pod is ready no sooner than BOOT_SECONDS after it is asked for (a GPU pod's scheduling and image pull); the first
 one, there before the load, boots at once.
 
-One runtime process alone is first timed serving one request after another: it serves at most C requests per
-second (one sequence at a time, on one thread); where C is under 7.2 req/s the requests are shortened in
-proportion and C timed again (live_pods.calibrate: the index of dispersion is read off counts, and the runs
-below that missed were at C 5.4-6.6). The service is told capacityPerReplica 0.8 C, maxReplicas 2 (two
+One runtime process alone is first timed serving requests with the next one always waiting, the best of a
+few rounds: it serves at most C requests per second (one sequence at a time, on one thread); where C is under
+7.2 req/s the requests are shortened in proportion and C timed again (live_pods.calibrate: the index of
+dispersion is read off counts, and the runs below that missed were at C 5.4-6.6). Timed one request after
+another instead, C read 9.39 req/s in a CI run whose one replica then served the whole burst, 1.25 C, within
+the SLO. The service is told capacityPerReplica 0.8 C, maxReplicas 2 (two
 single-threaded pods fit the machine's two cores). Then the same open-loop arrivals run twice, each time
 against a fresh operator, service and pods:
 
@@ -57,7 +59,11 @@ from harness import Cluster, OperatorProcess, wait_for
 from live_pods import Actuator, calibrate
 from streaming_load import Answer, StreamingLoad, cpu_weight, schedule
 
-pytestmark = pytest.mark.slow
+# `make test-extended` only: 3.5-5.5 minutes of real time on 2 shared cores, the tier's most timing-bound runs
+# (the machine's other work starves the pods); every run proves the law on traces (tests/unit/
+# test_autoscaler_sim.py, test_autoscaler_dispersion.py, test_autoscaler_arrival.py) and live on real pods
+# (test_autoscaler_live.py)
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 PERIOD, WINDOW = 2.0, 10.0
 TARGET = 0.9

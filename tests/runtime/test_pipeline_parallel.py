@@ -340,6 +340,9 @@ def zombie(pid: int) -> bool:
         return True
 
 
+# about 70 s on 2 cores: `make test-extended` only; the splits of the small models above prove the same
+# equality on every run, and this one the real model's shapes (9 heads, 3 KV heads)
+@pytest.mark.extended
 def test_the_real_model_split_gives_one_process_greedy_tokens(smollm2_dir):
     """SmolLM2-135M (30 layers, 9 heads, 3 KV heads: tensor parallelism splits it 3 ways, not 2) as
     TP 3 × PP 2, six ranks: 15 + 15 layers, 3 ranks per stage, two micro-batches (the default), and as
