@@ -3,6 +3,7 @@
     python -m bench.decode_attention                     # B 1,16,64 x context ~64,~300,~1000, 7 rounds
     python -m bench.decode_attention --batch 16 --context 300 --rounds 9
     python -m bench.decode_attention --engine                 # whole decode steps of the real model
+    python -m bench.decode_attention --folds scalar           # the kernel's narrower folds beside its best
 
 SmolLM2-135M: 30 layers, 9 query heads over 3 kv heads of 64 (fp32); the engine's default block size
 (16). Each row gets a seeded context length within 10 % of the nominal one, its blocks scattered over
@@ -12,7 +13,8 @@ most --cache-mib of caches; beyond that layers share, still far past the last-le
 torch path's step includes its mask, made once per step as the engine makes it. Kernel and torch
 take turns step by step, the order flipping each round. Reported: the median over all steps of
 wall ms and of CPU ms (this process's CPU time) per step, and torch / kernel. Writes
-bench/results/decode_attention.json.
+bench/results/decode_attention.json. With --folds, the kernel's narrower folds (GOODPUT_DECODE_FOLD:
+``avx2``, ``scalar``) take their turns too, reported as their CPU time over the best fold's.
 
 With --engine, whole decode forward passes of the model runner instead (SmolLM2-135M-Instruct,
 prepared, as bench/decode_step.py builds it: compact modules, eager, or compiled with --compiled),
@@ -33,7 +35,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS, HEADS, KV_HEADS, HEAD_DIM = 30, 9, 3, 64
-VARIANTS = ("native", "torch")
+VARIANTS = ["native", "torch"]  # with --folds, "native-<fold>" after "native"
 
 
 def make_case(b: int, context: int, block_size: int, cache_mib: int, seed: int):
@@ -67,10 +69,21 @@ def make_case(b: int, context: int, block_size: int, cache_mib: int, seed: int):
     return group, caches, queries
 
 
+def select(variant: str) -> None:
+    """The decode path a variant names: native (its best fold), native-<fold>, or torch."""
+    from goodput_runtime.layers import attention
+
+    attention.DECODE_KERNEL = variant.partition("-")[0]
+    if variant.startswith("native-"):
+        os.environ["GOODPUT_DECODE_FOLD"] = variant.partition("-")[2]
+    else:
+        os.environ.pop("GOODPUT_DECODE_FOLD", None)
+
+
 def step(variant: str, group, caches, queries) -> None:
     from goodput_runtime.layers import attention
 
-    attention.DECODE_KERNEL = variant
+    select(variant)
     mask = None
     if variant == "torch":
         j = group.lens.new_tensor(range(group.width))[None, :]
@@ -108,7 +121,6 @@ def engine(args) -> tuple[list[dict], dict]:
 
     from bench.decode_step import BLOCK, build
     from goodput_runtime.engine.step import StepItem
-    from goodput_runtime.layers import attention
     from goodput_runtime.tools import smollm2
 
     cache = REPO / smollm2.DEFAULT_CACHE
@@ -137,11 +149,11 @@ def engine(args) -> tuple[list[dict], dict]:
                     for i, n in enumerate(ctx)
                 ]
                 for variant in order:
-                    attention.DECODE_KERNEL = variant
+                    select(variant)
                     runner.execute(items)  # untimed
                 for _ in range(args.steps):
                     for variant in order:
-                        attention.DECODE_KERNEL = variant
+                        select(variant)
                         wall, cpu = time.perf_counter(), time.process_time()
                         runner.execute(items)
                         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -165,8 +177,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cache-mib", type=int, default=1024)
     p.add_argument("--engine", action="store_true", help="whole decode steps of the model runner")
     p.add_argument("--compiled", action="store_true", help="with --engine: the layers compiled")
+    p.add_argument("--folds", default="", help="the kernel's narrower folds to time too: avx2, scalar")
     p.add_argument("--output", type=Path, default=None)
     args = p.parse_args(argv)
+    folds = [f for f in args.folds.split(",") if f]
+    if any(f not in ("avx2", "scalar") for f in folds):
+        p.error("--folds takes avx2 and scalar")
+    VARIANTS[1:1] = [f"native-{f}" for f in folds]
     name = "decode_attention-engine" if args.engine else "decode_attention"
     args.output = args.output or REPO / "bench" / "results" / f"{name}.json"
     import torch
@@ -199,6 +216,8 @@ def main(argv: list[str] | None = None) -> None:
             row[f"{variant}_cpu_ms_min"] = min(x for _, x in s)
         row["wall_ratio"] = row["torch_wall_ms"] / row["native_wall_ms"]
         row["cpu_ratio"] = row["torch_cpu_ms"] / row["native_cpu_ms"]
+        for f in folds:
+            row[f"{f}_cpu_ratio"] = row[f"native-{f}_cpu_ms"] / row["native_cpu_ms"]
         rows.append(row)
     load_after = [round(x, 2) for x in os.getloadavg()]
     args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -229,15 +248,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(
         "| B | context | native wall ms | torch wall ms | torch/native wall | native CPU ms | torch CPU ms "
-        "| torch/native CPU | CPU min native / torch |"
+        "| torch/native CPU | CPU min native / torch |" + "".join(f" {f}/native CPU |" for f in folds)
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(folds))
     for row in rows:
         context = f"~{row['context']}" if row["context"] else "30-496"
         print(
             f"| {row['batch']} | {context} | {row['native_wall_ms']:.2f} | {row['torch_wall_ms']:.2f} | "
             f"{row['wall_ratio']:.2f}x | {row['native_cpu_ms']:.2f} | {row['torch_cpu_ms']:.2f} | "
             f"{row['cpu_ratio']:.2f}x | {row['native_cpu_ms_min']:.2f} / {row['torch_cpu_ms_min']:.2f} |"
+            + "".join(f" {row[f'{f}_cpu_ratio']:.2f}x |" for f in folds)
         )
     print(f"\nwrote {args.output}")
 

@@ -109,6 +109,35 @@ def test_bf16_matches_the_torch_path(kernel, shape, window, monkeypatch):
     torch.testing.assert_close(native.float(), expected.float(), rtol=0.05, atol=0.05)
 
 
+@pytest.mark.parametrize("fold", ["avx2", "scalar"])
+@pytest.mark.parametrize("shape", [(9, 3, 64), (4, 4, 16), (8, 2, 128)], ids=["gqa", "mha-d16", "d128"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_each_narrower_fold_matches_the_torch_path(kernel, fold, shape, dtype, monkeypatch):
+    """The fold the CPU's widest vectors would not take (GOODPUT_DECODE_FOLD): the AVX2 one is the one an
+    AVX2-only CPU runs, checked here on a CPU with AVX-512 too."""
+    from goodput_runtime.layers import cpu_dtype
+
+    if fold == "avx2" and not {"avx2", "fma"} <= cpu_dtype.cpu_flags():
+        pytest.skip("this CPU has no AVX2 and FMA")
+    heads, kv_heads, head_dim = shape
+    monkeypatch.setenv("GOODPUT_DECODE_FOLD", fold)
+    for lens, window in (([1, 17, 64, 1000], None), ([5, 33, 2, 250, 16, 1, 90, 7], 40)):
+        query, _, batch = paged_case(lens, heads, kv_heads, head_dim, 16, dtype, seed=len(lens) + head_dim)
+        if dtype == torch.float32:
+            native, expected = both(query, batch, window, None, monkeypatch)
+            torch.testing.assert_close(native, expected, rtol=1e-5, atol=1e-5)
+            continue
+        widened = PagedBatch(
+            KVCache([batch.cache.keys[0].float()], [batch.cache.values[0].float()]),
+            batch.slot_mapping,
+            decodes=batch.decodes,
+        )
+        native = both(query, batch, window, None, monkeypatch)[0]
+        reference = both(query.float(), widened, window, None, monkeypatch)[1]
+        assert native.dtype == torch.bfloat16
+        torch.testing.assert_close(native.float(), reference, rtol=0.02, atol=0.02)
+
+
 @pytest.mark.parametrize("window", [None, 8, 30])
 def test_rows_longer_than_the_group_width_are_masked_as_the_torch_path_masks_them(kernel, window, monkeypatch):
     # a group's width is its first row's context; a later, longer row sees only that much (the engine

@@ -9,7 +9,9 @@ the block's values, all in fp32 (bfloat16 caches are widened on load; where the 
 BF16, a bfloat16 key's scores are its pairwise bf16 products summed in fp32 instead, and a block's
 values are widened once for the whole query group: 7-14 % less time for 16-64 sequences of 256
 tokens than widening each key for each head; the bfloat16 loop takes two passes, every score first:
-native_decode_loops_source.py).
+native_decode_loops_source.py). A CPU with AVX2 and no AVX-512 takes the same fold eight lanes wide
+(2.4-2.7x faster than the scalar fold for 16-64 sequences, 1.18-1.36x whole decode steps of
+SmolLM2-135M: bench/README.md); ``GOODPUT_DECODE_FOLD=avx2`` or ``scalar`` asks for a narrower fold.
 
 A prompt chunk is otherwise attended by ``scaled_dot_product_attention`` (after a gather of its
 context when it follows cached tokens): about 70 GFLOP/s for a 300-token prompt here. ``prefill``

@@ -10,9 +10,11 @@ _KERNELS = r"""
 #include <c10/util/BFloat16.h>
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <vector>
-#if defined(__AVX512F__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -153,6 +155,113 @@ struct FoldAvx512 {
 
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+// the same eight lanes at a time, for a CPU with AVX2 and no AVX-512 (where FoldScalar's dot products
+// would run one lane at a time: its sums are not reordered without -ffast-math)
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+// e^x for x <= 0, exp16's polynomial, 2^n written into the exponent bits: 0 below -87, where n would
+// leave the normal range
+inline __m256 exp8(__m256 x) {
+  const __m256 floor = _mm256_set1_ps(-87.f);
+  const __m256 under = _mm256_cmp_ps(x, floor, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, floor);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+// lane t: the sum of v[t]'s lanes
+inline __m256 hsum8(const __m256* v) {
+  const __m256 a0 = _mm256_hadd_ps(v[0], v[1]), a1 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 a2 = _mm256_hadd_ps(v[4], v[5]), a3 = _mm256_hadd_ps(v[6], v[7]);
+  // each half: the sums of the low (high) four lanes of v[0..3], then of v[4..7]
+  const __m256 b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+
+inline float reduce8(__m256 v, bool max) {
+  __m128 s = max ? _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1))
+                 : _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = max ? _mm_max_ps(s, _mm_movehl_ps(s, s)) : _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = max ? _mm_max_ss(s, _mm_movehdup_ps(s)) : _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// d = 8 * NC: the chunk's keys in two eights, each eight's scores summed across lanes at once
+template <typename T, int NC>
+struct FoldAvx2 {
+  void operator()(const float* qf, float* acc, float* m, float* l, const T* k, const T* v, int64_t row, int64_t n,
+                  int64_t g, float* sc) const {
+    constexpr int64_t D = NC * 8;
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 live[2] = {_mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), lane)),
+                            _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)n - 8), lane))};
+    for (int64_t h = 0; h < g; ++h) {
+      const float* q = qf + h * D;
+      float* s = sc + h * kChunk;
+      __m256 sv[2];
+      for (int half = 0; half < 2; ++half) {
+        __m256 dots[8];
+        for (int64_t u = 0; u < 8; ++u) {
+          const int64_t t = half * 8 + u;
+          if (t >= n) {
+            dots[u] = _mm256_setzero_ps();
+            continue;
+          }
+          const T* kt = k + t * row;
+          __m256 dot = _mm256_mul_ps(_mm256_loadu_ps(q), load8(kt));
+          for (int c = 1; c < NC; ++c) dot = _mm256_fmadd_ps(_mm256_loadu_ps(q + c * 8), load8(kt + c * 8), dot);
+          dots[u] = dot;
+        }
+        sv[half] = _mm256_blendv_ps(_mm256_set1_ps(kNegInf), hsum8(dots), live[half]);
+      }
+      const float mx = std::max(m[h], reduce8(_mm256_max_ps(sv[0], sv[1]), true));
+      // e^(m - mx): 0 on the first keys (m = -inf), where acc and l are 0
+      const float corr = _mm256_cvtss_f32(exp8(_mm256_set1_ps(m[h] - mx)));
+      const __m256 mv = _mm256_set1_ps(mx);
+      const __m256 p0 = _mm256_and_ps(live[0], exp8(_mm256_sub_ps(sv[0], mv)));
+      const __m256 p1 = _mm256_and_ps(live[1], exp8(_mm256_sub_ps(sv[1], mv)));
+      l[h] = l[h] * corr + reduce8(_mm256_add_ps(p0, p1), false);
+      m[h] = mx;
+      _mm256_storeu_ps(s, p0);
+      _mm256_storeu_ps(s + 8, p1);
+      const __m256 cv = _mm256_set1_ps(corr);
+      __m256 a[NC];  // NC chains of adds, one per eight lanes of d
+      for (int c = 0; c < NC; ++c) a[c] = _mm256_mul_ps(_mm256_loadu_ps(acc + h * D + c * 8), cv);
+      for (int64_t t = 0; t < n; ++t) {
+        const __m256 pt = _mm256_set1_ps(s[t]);
+        const T* vt = v + t * row;
+        for (int c = 0; c < NC; ++c) a[c] = _mm256_fmadd_ps(pt, load8(vt + c * 8), a[c]);
+      }
+      for (int c = 0; c < NC; ++c) _mm256_storeu_ps(acc + h * D + c * 8, a[c]);
+    }
+  }
+};
+#endif
+
+// GOODPUT_DECODE_FOLD=avx2 (or scalar) asks for that fold where the CPU has a wider one: the tests check
+// each fold the CPU can run, and bench/decode_step.py times them side by side
+inline int fold_asked() {
+  const char* asked = std::getenv("GOODPUT_DECODE_FOLD");
+  if (asked == nullptr) return 0;
+  return !std::strcmp(asked, "avx2") ? 1 : !std::strcmp(asked, "scalar") ? 2 : 0;
+}
+
 // body(begin, end) over `units` split into up to `threads` contiguous ranges of about equal total
 // cost(u), one range a thread. at::parallel_for splits by count: over a decode batch ordered longest
 // context first, as the engine orders it, the first thread would take most of the keys and the
@@ -187,16 +296,29 @@ template <typename T>
 void dispatch(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& blocks,
               const at::Tensor& lens, int64_t bs, double scale, int64_t window, at::Tensor& out) {
   const DecodePlan plan(query, k_cache, blocks, lens, bs, window);
+  const int asked = fold_asked();
 #if defined(__AVX512F__)
-  if (two_pass<T>(query, k_cache, v_cache, plan, scale, out)) return;
-  switch (plan.d) {
+  if (asked == 0) {
+    if (two_pass<T>(query, k_cache, v_cache, plan, scale, out)) return;
+    switch (plan.d) {
 #define GOODPUT_CASE(NC) \
   case NC * 16: return run<T>(query, k_cache, v_cache, plan, scale, FoldAvx512<T, NC>{}, out);
-    GOODPUT_CASE(1) GOODPUT_CASE(2) GOODPUT_CASE(3) GOODPUT_CASE(4)
-    GOODPUT_CASE(5) GOODPUT_CASE(6) GOODPUT_CASE(7) GOODPUT_CASE(8)
+      GOODPUT_CASE(1) GOODPUT_CASE(2) GOODPUT_CASE(3) GOODPUT_CASE(4)
+      GOODPUT_CASE(5) GOODPUT_CASE(6) GOODPUT_CASE(7) GOODPUT_CASE(8)
 #undef GOODPUT_CASE
-    default: break;
+      default: break;
+    }
   }
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+  if (asked <= 1) switch (plan.d) {
+#define GOODPUT_CASE(NC) \
+  case NC * 16: return run<T>(query, k_cache, v_cache, plan, scale, FoldAvx2<T, 2 * NC>{}, out);
+      GOODPUT_CASE(1) GOODPUT_CASE(2) GOODPUT_CASE(3) GOODPUT_CASE(4)
+      GOODPUT_CASE(5) GOODPUT_CASE(6) GOODPUT_CASE(7) GOODPUT_CASE(8)
+#undef GOODPUT_CASE
+      default: break;
+    }
 #endif
   run<T>(query, k_cache, v_cache, plan, scale, FoldScalar<T>{plan.d}, out);
 }
