@@ -194,12 +194,16 @@ inline __m256 hsum8(const __m256* v) {
   return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
 }
 
-inline float reduce8(__m256 v, bool max) {
-  __m128 s = max ? _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1))
-                 : _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = max ? _mm_max_ps(s, _mm_movehl_ps(s, s)) : _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = max ? _mm_max_ss(s, _mm_movehdup_ps(s)) : _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+inline float max8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+inline float sum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
 // d = 8 * NC: the chunk's keys in two eights, each eight's scores summed across lanes at once
@@ -230,13 +234,13 @@ struct FoldAvx2 {
         }
         sv[half] = _mm256_blendv_ps(_mm256_set1_ps(kNegInf), hsum8(dots), live[half]);
       }
-      const float mx = std::max(m[h], reduce8(_mm256_max_ps(sv[0], sv[1]), true));
+      const float mx = std::max(m[h], max8(_mm256_max_ps(sv[0], sv[1])));
       // e^(m - mx): 0 on the first keys (m = -inf), where acc and l are 0
       const float corr = _mm256_cvtss_f32(exp8(_mm256_set1_ps(m[h] - mx)));
       const __m256 mv = _mm256_set1_ps(mx);
       const __m256 p0 = _mm256_and_ps(live[0], exp8(_mm256_sub_ps(sv[0], mv)));
       const __m256 p1 = _mm256_and_ps(live[1], exp8(_mm256_sub_ps(sv[1], mv)));
-      l[h] = l[h] * corr + reduce8(_mm256_add_ps(p0, p1), false);
+      l[h] = l[h] * corr + sum8(_mm256_add_ps(p0, p1));
       m[h] = mx;
       _mm256_storeu_ps(s, p0);
       _mm256_storeu_ps(s + 8, p1);
