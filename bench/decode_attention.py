@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     folds = [f for f in args.folds.split(",") if f]
     if any(f not in ("avx2", "scalar") for f in folds):
         p.error("--folds takes avx2 and scalar")
-    VARIANTS[1:1] = [f"native-{f}" for f in folds]
+    VARIANTS[:] = ["native", *(f"native-{f}" for f in folds), "torch"]
     name = "decode_attention-engine" if args.engine else "decode_attention"
     args.output = args.output or REPO / "bench" / "results" / f"{name}.json"
     import torch

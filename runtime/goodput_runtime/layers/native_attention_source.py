@@ -259,7 +259,7 @@ struct FoldAvx2 {
 #endif
 
 // GOODPUT_DECODE_FOLD=avx2 (or scalar) asks for that fold where the CPU has a wider one: the tests check
-// each fold the CPU can run, and bench/decode_step.py times them side by side
+// each fold the CPU can run, and bench/decode_attention.py --folds times them side by side
 inline int fold_asked() {
   const char* asked = std::getenv("GOODPUT_DECODE_FOLD");
   if (asked == nullptr) return 0;
