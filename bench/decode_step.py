@@ -2,10 +2,13 @@
 
     python -m bench.decode_step --batch 1,16,64 --steps 8 --rounds 3
     python -m bench.decode_step --variants transformers,compact      # leave compilation out
+    python -m bench.decode_step --variants compact,onednn,native --batch 1,2,4,8,16,32,64   # the product forms
 
 In one process, one model runner per variant: transformers' modules (`transformers`), the
 runtime's compact modules (`compact`), and the compact modules with their layers compiled
-(`compiled`, whose start-up compile time is reported). Each batch size gets decode steps of
+(`compiled`, whose start-up compile time is reported), and the compact modules with every
+projection in one form of layers/step_plan.py (`transposed`, `onednn`, `native`; `compact` is
+F.linear). Each batch size gets decode steps of
 B sequences with seeded context lengths (30-400 prompt tokens plus up to 96 generated) over
 a KV cache whose values do not matter for speed; variants take turns step by step, the order
 flipping each round. Reported per variant and batch: the median over every step of wall ms
@@ -28,11 +31,12 @@ REPO = Path(__file__).resolve().parents[1]
 BLOCK = 16
 
 
-def build(model_dir: str, variant: str, num_blocks: int):
+def build(model_dir: str, variant: str, num_blocks: int, threads: int = 2):
     import torch
 
     from goodput_runtime.engine.model_runner import ModelRunner
     from goodput_runtime.layers import attention
+    from goodput_runtime.layers.step_plan import FORMS, ONEDNN, StepPlan
     from goodput_runtime.loader import load_model
     from goodput_runtime.models import implementation
 
@@ -40,6 +44,10 @@ def build(model_dir: str, variant: str, num_blocks: int):
     model = implementation.choose(model, "transformers" if variant == "transformers" else "auto")
     runner = ModelRunner(model, num_blocks, BLOCK)
     startup = 0.0
+    if variant in FORMS:  # every projection in this form, on the bench's threads
+        if variant == ONEDNN and not model.pack_weights():
+            raise SystemExit("cannot pack weights for oneDNN here")
+        runner.set_plan(StepPlan.uniform(threads, variant, limit=1 << 20))
     if variant == "compiled":
         reason = model.compile_layers()
         if reason:
@@ -79,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     load_before = [round(x, 2) for x in os.getloadavg()]
     runners, startup = {}, {}
     for name in names:
-        runners[name], startup[name] = build(args.model, name, num_blocks)
+        runners[name], startup[name] = build(args.model, name, num_blocks, args.threads)
         print(f"{name}: ready (compile and warm-up {startup[name]:.1f} s)", flush=True)
     samples: dict[tuple[str, int], list[tuple[float, float]]] = {}
     with torch.inference_mode():

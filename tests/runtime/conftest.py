@@ -36,12 +36,23 @@ def kernel() -> None:
 
 @pytest.fixture(scope="session")
 def avx512_kernel(kernel: None) -> None:
-    """The native extension's AVX-512 paths (the prompt kernel, the fused rotary embedding): skipped on a
-    CPU without AVX-512 (AVX2 only), where those functions hand back to the torch operations."""
+    """The native extension's AVX-512 paths (the prompt kernel, the fused functions in bfloat16): skipped
+    on a CPU without AVX-512 (AVX2 only), where those hand back to the torch operations."""
     from goodput_runtime.layers import cpu_dtype
 
     if "avx512f" not in cpu_dtype.cpu_flags():
-        pytest.skip("this CPU has no AVX-512 (avx512f): the prompt kernel and fused rotary fall back to torch here")
+        pytest.skip("this CPU has no AVX-512 (avx512f): the prompt kernel falls back to torch here")
+
+
+@pytest.fixture(scope="session")
+def fused_kernel(kernel: None) -> None:
+    """The native extension's fused element-wise functions (layers/fused.py): float32 on AVX2 with FMA,
+    float32 and bfloat16 on AVX-512; skipped on a CPU with neither, where they hand back to torch."""
+    from goodput_runtime.layers import cpu_dtype
+
+    flags = cpu_dtype.cpu_flags()
+    if "avx512f" not in flags and not {"avx2", "fma"} <= flags:
+        pytest.skip("this CPU has neither AVX-512 nor AVX2 with FMA: the fused functions fall back to torch here")
 
 
 async def sse_events(response: Any) -> list[str]:

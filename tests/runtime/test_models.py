@@ -16,8 +16,9 @@ from test_engine_greedy import reference, run_all, small_config, workload
 from goodput_runtime.engine.builder import build_core
 from goodput_runtime.engine.contention import ContentionWatch
 from goodput_runtime.engine.step import StepItem
+from goodput_runtime.layers import native_attention
 from goodput_runtime.layers.quantization import QuantizedLinear
-from goodput_runtime.layers.step_plan import ONEDNN, TRANSPOSED, StepPlan
+from goodput_runtime.layers.step_plan import NATIVE, ONEDNN, TRANSPOSED, StepPlan
 from goodput_runtime.models import llama
 from goodput_runtime.models.llama import CausalLM
 
@@ -109,10 +110,25 @@ def test_compiled_layers_give_transformers_greedy_tokens(tiny_model_dir, monkeyp
     assert graph_steps and max(graph_steps) <= 8
 
 
-@pytest.mark.parametrize("form", [TRANSPOSED, ONEDNN])
+def count_skinny_products(monkeypatch) -> list[tuple[int, int]]:
+    """The rows and output width of each product the native form computed (None where it does not run)."""
+    rows: list[tuple[int, int]] = []
+    real = native_attention.skinny_linear
+
+    def counted(x, weight, bias):
+        out = real(x, weight, bias)
+        if out is not None:
+            rows.append((x.shape[0], weight.shape[0]))
+        return out
+
+    monkeypatch.setattr(native_attention, "skinny_linear", counted)
+    return rows
+
+
+@pytest.mark.parametrize("form", [TRANSPOSED, ONEDNN, NATIVE])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: projections with a bias
 def test_every_step_in_each_product_form_on_one_thread_gives_transformers_greedy_tokens(
-    arch, form, tiny_model_dir, tiny_qwen2_dir
+    arch, form, tiny_model_dir, tiny_qwen2_dir, monkeypatch
 ):
     # a form and thread count step tuning may pick for any step size, forced on every step here
     # (prefill chunks, mixed steps, decodes of 1-8 sequences), whatever this machine would time
@@ -126,6 +142,7 @@ def test_every_step_in_each_product_form_on_one_thread_gives_transformers_greedy
         assert model.pack_weights() == len(model.linears())
         model.drop_unpacked_weights()  # what a plan of oneDNN throughout does: nothing else can run now
     core.runner.set_plan(StepPlan.uniform(1, form, limit=4096))
+    skinny = count_skinny_products(monkeypatch)
     calls: list[str] = []
     for name in ("mm", "addmm"):
         real = getattr(torch, name)
@@ -137,6 +154,27 @@ def test_every_step_in_each_product_form_on_one_thread_gives_transformers_greedy
         patch.stopall()
     assert produced == reference(model_dir, cases)
     assert bool(calls) == (form == TRANSPOSED)
+    if form == NATIVE and native_attention.skinny_linear_available():  # a CPU without AVX2 runs F.linear
+        assert min(skinny)[0] == 1 and max(skinny)[0] > 8  # decodes and whole prompts
+    else:
+        assert not skinny
+
+
+@pytest.mark.slow
+def test_the_native_form_inside_the_compiled_graph_gives_transformers_greedy_tokens(tiny_model_dir, monkeypatch):
+    if not native_attention.skinny_linear_available():
+        pytest.skip("this CPU's build has no skinny product (it needs AVX2 and FMA)")
+    monkeypatch.setattr(llama, "COMPILED_MAX_TOKENS", 8)
+    config = small_config(tiny_model_dir, blocks=200)
+    config.step_tuning = "off"
+    config.compile = True
+    core = build_core(config)
+    core.runner.set_plan(StepPlan.uniform(2, NATIVE, limit=4096))
+    skinny = count_skinny_products(monkeypatch)  # the graph's operator calls it each step
+    cases = workload(seed=13, n=6)
+    assert run_all(core, cases) == reference(tiny_model_dir, cases)
+    down = core.runner.model.model.layers[0].mlp.down_proj.weight.shape[0]
+    assert (1, down) in skinny  # a layer's product inside the graph, not only the LM head's outside it
 
 
 def test_start_up_tunes_steps_up_to_the_largest_decode_and_off_leaves_the_default(tiny_model_dir, caplog):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from goodput_runtime.engine.step_tuning import COUNTS, MARGIN, PREFER, PREFILL, tune
-from goodput_runtime.layers.step_plan import LINEAR, ONEDNN, TRANSPOSED, StepPlan
+from goodput_runtime.layers.step_plan import LINEAR, NATIVE, ONEDNN, TRANSPOSED, StepPlan
 
 
 def fake_machine(costs):
@@ -60,11 +60,37 @@ def test_each_size_runs_with_what_timed_fastest():
 
 def test_onednn_wins_where_it_comes_close_so_the_plan_can_be_onednn_throughout():
     def close(threads: int, form: str, tokens: int, prompt: bool) -> float:
-        return {TRANSPOSED: 0.1, ONEDNN: 0.1 * (1 + PREFER / 2), LINEAR: 0.2}[form] / threads
+        return {TRANSPOSED: 0.1, ONEDNN: 0.1 * (1 + PREFER / 2), LINEAR: 0.2, NATIVE: 0.2}[form] / threads
 
     plan, _ = tune(*fake_machine(close)[:2], pool=2, max_tokens=64)
     assert plan.only(ONEDNN) and plan.uses(ONEDNN)
     assert plan.threads_for(1) == 2 and plan.layer_form(1000) == ONEDNN
+
+
+def native_then_onednn(threads: int, form: str, tokens: int, prompt: bool) -> float:
+    """The AVX2 EPYC's shape (ms, two threads; one thread 1.5x): the native product streams the weights
+    at the memory's rate for a few rows and loses past 16; oneDNN gains with the rows."""
+    if prompt:
+        return {LINEAR: 0.66, TRANSPOSED: 0.68, ONEDNN: 0.52, NATIVE: 5.0}[form]
+    ms = {
+        LINEAR: 60 + 3 * tokens,
+        TRANSPOSED: 60 + 3 * tokens,
+        ONEDNN: 45 + 2.4 * tokens,
+        NATIVE: 30 + 3.8 * tokens,
+    }[form]
+    return ms * (1.5 if threads == 1 else 1.0) / 1000
+
+
+def test_the_native_form_wins_few_rows_and_onednn_takes_over_where_it_overtakes():
+    # at one row the native form is 1.7x faster than oneDNN; a form that far behind at one count must
+    # still be timed at the next on the pool's threads, or the plan would keep the native form past 16
+    step, prefill, runs = fake_machine(native_then_onednn)
+    plan, measured = tune(step, prefill, pool=2, max_tokens=64)
+    assert (plan.threads_for(1), plan.layer_form(1)) == (2, NATIVE)
+    assert plan.layer_form(8) == NATIVE  # 60.4 against 64.2
+    assert plan.layer_form(16) == ONEDNN and plan.layer_form(64) == ONEDNN
+    assert "2 onednn" in measured[64] and "1 onednn" not in measured[64]
+    assert (2, NATIVE, PREFILL) not in runs and plan.layer_form(1000) == ONEDNN  # prompts never time it
 
 
 def test_a_gain_inside_the_margin_keeps_the_default():
@@ -80,7 +106,7 @@ def test_one_thread_times_only_the_forms():
     step, prefill, runs = fake_machine(lambda threads, form, tokens, prompt: 0.05 if form == ONEDNN else 0.1)
     plan, measured = tune(step, prefill, pool=1, max_tokens=8)
     assert {threads for threads, _, _ in runs} == {1}
-    assert set(measured[1]) == {"1 linear", "1 transposed", "1 onednn"}
+    assert set(measured[1]) == {"1 linear", "1 transposed", "1 onednn", "1 native"}
     assert max(tokens for _, _, tokens in runs if tokens != PREFILL) == 8
     assert plan.layer_form(8) == plan.layer_form(9) == ONEDNN  # larger steps: the prompt's form
 

@@ -7,12 +7,15 @@ so they are measured here instead of guessed.
 
 For each token count in COUNTS up to the engine's largest decode step, every combination (the pool's
 threads or one, each available form) times a decode step of that many sequences, in turns; the fastest
-wins where it beats the default (the pool, ``linear``) by more than MARGIN, and oneDNN wins wherever it
-comes within PREFER of the winner: a plan that is oneDNN throughout needs no unpacked weights, so the
-packed copy then replaces them instead of doubling the memory they take. A combination DROP times
-slower than the fastest at one count is not timed at the next. A step of a size between two timed
-counts runs as the smaller one. Larger steps (prefill chunks) run with the pool's threads and the
-form that timed fastest on a PREFILL-token prompt.
+wins where it beats the default (the pool, ``linear``) by more than MARGIN; and where oneDNN comes
+within PREFER of the winner at every count and on the prompt, it takes them all: a plan that is oneDNN
+throughout needs no unpacked weights, so the packed copy then replaces them instead of doubling the
+memory they take (short of that, each count keeps its winner: the unpacked weights stay anyway). A combination on fewer
+threads than the pool's that is DROP times slower than the fastest at one count is not timed at the
+next; every form keeps being timed on the pool's threads, since the forms' order changes with the
+step's size (the native form wins a few rows and loses many; oneDNN the reverse). A step of a size
+between two timed counts runs as the smaller one. Larger steps (prefill chunks) run with the pool's
+threads and the form that timed fastest on a PREFILL-token prompt (the native form is not timed there).
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from goodput_runtime.layers.step_plan import FORMS, LINEAR, ONEDNN, TRANSPOSED, StepPlan
+from goodput_runtime.layers import native_attention
+from goodput_runtime.layers.step_plan import FORMS, LINEAR, NATIVE, ONEDNN, TRANSPOSED, StepPlan
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +36,10 @@ COUNTS = (1, 2, 3, 4, 6, 8, 16, 32, 64)
 PREFILL = 256  # tokens of the prompt that times the form of larger steps
 ROUNDS = 2  # timed runs of each combination, in turns, after one untimed
 MARGIN = 0.05  # a combination other than the default must be this much faster
-PREFER = 0.15  # oneDNN wins where it comes within this of the fastest (its packed weights then replace the rest)
-DROP = 1.5  # a combination this much slower than the fastest at one count is not timed at the next
+PREFER = (
+    0.15  # oneDNN throughout where it comes this close to the fastest everywhere (its packed weights replace the rest)
+)
+DROP = 1.5  # fewer threads than the pool's, this much slower than the fastest at one count: not timed at the next
 
 
 def tune(
@@ -58,7 +64,8 @@ def tune(
         choices: list[tuple[int, str]],
         key: int | str,
         measured: dict,
-    ) -> tuple[int, str]:
+    ) -> tuple[tuple[int, str], tuple[int, str] | None]:
+        """The winner, and the fastest oneDNN combination if it comes within PREFER of it."""
         plans = [StepPlan.uniform(t, f, limit) for t, f in choices]
         best = [float("inf")] * len(plans)
         for plan in plans:
@@ -70,20 +77,26 @@ def tune(
         if best[pick] > best[0] * (1 - MARGIN):
             pick = 0
         packed = [i for i, (_, f) in enumerate(choices) if f == ONEDNN and best[i] <= best[pick] * (1 + PREFER)]
-        if packed:
-            pick = min(packed, key=best.__getitem__)
         measured[key] = {f"{t} {f}": round(1000 * s, 2) for (t, f), s in zip(choices, best, strict=True)}
-        return choices[pick]
+        return choices[pick], (choices[min(packed, key=best.__getitem__)] if packed else None)
 
     measured: dict[int | str, dict[str, float]] = {}
-    chosen = []
+    winners, close = [], []
     candidates = combos
     for count in counts:
-        chosen.append(fastest(step_seconds, count, candidates, count, measured))
+        winner, packed = fastest(step_seconds, count, candidates, count, measured)
+        winners.append(winner)
+        close.append(packed)
         times = measured[count]
         quickest = min(times.values())
-        candidates = [c for i, c in enumerate(candidates) if i == 0 or times[f"{c[0]} {c[1]}"] <= DROP * quickest]
-    _, large = fastest(prefill_seconds, PREFILL, [(pool, f) for f in forms], "prefill", measured)
+        candidates = [c for c in candidates if c[0] == pool or times[f"{c[0]} {c[1]}"] <= DROP * quickest]
+    # the native form is a decode step's product (a few rows): never timed on a prompt
+    (_, large), packed = fastest(
+        prefill_seconds, PREFILL, [(pool, f) for f in forms if f != NATIVE], "prefill", measured
+    )
+    chosen = winners
+    if packed is not None and all(c is not None for c in close):  # oneDNN throughout: its weights replace the rest
+        chosen, large = cast(list[tuple[int, str]], close), ONEDNN
     keep = [i for i in range(len(counts)) if i == 0 or chosen[i] != chosen[i - 1]]  # equal neighbours merge
     plan = StepPlan(
         pool,
@@ -104,7 +117,9 @@ def tune_runner(runner: Any, max_tokens: int) -> dict[int | str, dict[str, float
     fastest plan; oneDNN's packed weights are kept only where the plan uses them, and replace the
     unpacked ones where it uses nothing else. The times measured, in ms."""
     model = runner.model
-    forms = (LINEAR, TRANSPOSED, ONEDNN) if model.pack_weights() else (LINEAR, TRANSPOSED)
+    forms: tuple[str, ...] = (LINEAR, TRANSPOSED, ONEDNN) if model.pack_weights() else (LINEAR, TRANSPOSED)
+    if model.lm_head.weight.dtype == torch.float32 and native_attention.skinny_linear_available():
+        forms += (NATIVE,)
 
     def timed(run: Callable[[int], object]) -> Callable[[StepPlan, int], float]:
         def seconds(plan: StepPlan, tokens: int) -> float:

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from goodput_runtime.layers.native_attention_source import CPP_DECL, SOURCE
+from goodput_runtime.layers.native_linear_source import LINEAR_DECL, LINEAR_FUNCTIONS, LINEAR_SOURCE
 from goodput_runtime.layers.native_ops_source import OPS_DECL, OPS_FUNCTIONS, OPS_SOURCE
 from goodput_runtime.layers.native_prefill_source import PREFILL_DECL, PREFILL_SOURCE
 
@@ -78,6 +79,8 @@ def build_name() -> str:
             PREFILL_DECL,
             OPS_SOURCE,
             OPS_DECL,
+            LINEAR_SOURCE,
+            LINEAR_DECL,
             " ".join(CFLAGS + LDFLAGS),
             torch.__version__,
             platform.machine(),
@@ -113,8 +116,17 @@ def _build() -> Any:
             (folder / "lock").unlink(missing_ok=True)
             module = load_inline(
                 name=name,
-                cpp_sources=[CPP_DECL, PREFILL_DECL, OPS_DECL, SOURCE, PREFILL_SOURCE, OPS_SOURCE],
-                functions=["decode", "prefill", *OPS_FUNCTIONS],
+                cpp_sources=[
+                    CPP_DECL,
+                    PREFILL_DECL,
+                    OPS_DECL,
+                    LINEAR_DECL,
+                    SOURCE,
+                    PREFILL_SOURCE,
+                    OPS_SOURCE,
+                    LINEAR_SOURCE,
+                ],
+                functions=["decode", "prefill", *OPS_FUNCTIONS, *LINEAR_FUNCTIONS],
                 extra_cflags=list(CFLAGS),
                 extra_ldflags=list(LDFLAGS),
                 build_directory=str(folder),
@@ -218,3 +230,20 @@ def prefill(
     return ext.prefill(
         *_common(query, k_cache, v_cache), _int64_rows(slots), int(start), _scale(query, scale), _window(window)
     )
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """x [T, in] @ weight [out, in]^T (+ bias) by the skinny product of native_linear_source.py, for float32
+    on a CPU with AVX2 and FMA; None where it does not run (the caller then takes F.linear)."""
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
+        return None
+    ext = module()
+    if ext is None or not weight.is_contiguous() or (bias is not None and bias.dtype != torch.float32):
+        return None
+    out: torch.Tensor | None = ext.skinny_linear(x if x.stride(-1) == 1 else x.contiguous(), weight, bias)
+    return out
+
+
+def skinny_linear_available() -> bool:
+    """Whether this CPU's build has the skinny product (the step plan's native form)."""
+    return skinny_linear(torch.ones(1, 8), torch.ones(1, 8), None) is not None

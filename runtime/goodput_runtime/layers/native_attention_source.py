@@ -164,12 +164,12 @@ inline __m256 load8(const c10::BFloat16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
 
-// e^x for x <= 0, exp16's polynomial, 2^n written into the exponent bits: 0 below -87, where n would
-// leave the normal range
+// e^x, exp16's polynomial, 2^n written into the exponent bits: 0 below -87 and inf from 88.7 on, where n
+// would leave the normal range (the fused SiLU's e^-x reaches both)
 inline __m256 exp8(__m256 x) {
   const __m256 floor = _mm256_set1_ps(-87.f);
   const __m256 under = _mm256_cmp_ps(x, floor, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, floor);
+  x = _mm256_min_ps(_mm256_max_ps(x, floor), _mm256_set1_ps(88.7228f));  // n = 128 there: the exponent of inf
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);

@@ -3,9 +3,10 @@
 Built into the same extension as the attention kernels (native_attention.py), after
 ``native_attention_source.SOURCE``, whose helpers (``exp16``) it uses. Each replaces a chain of
 torch operations that each read and write the whole step once (and cost a dispatch each, which
-is most of their time in a decode step): float32 and bfloat16, AVX-512 only (bfloat16 also needs
-AVX-512 BW and VL, for its 16-bit lanes); elsewhere each returns an undefined tensor (None in Python)
-and the caller runs the torch operations. Products and sums are rounded as torch rounds them (the
+is most of their time in a decode step): float32 and bfloat16 with AVX-512 (bfloat16 also needs
+AVX-512 BW and VL, for its 16-bit lanes), float32 alone with AVX2 and FMA (eight lanes, the same
+roundings); elsewhere each returns an undefined tensor (None in Python) and the caller runs the torch
+operations. Products and sums are rounded as torch rounds them (the
 build does not contract them into FMAs), except the order of the RMS norm's sum of squares and the
 exponential's last bit. In bfloat16 every value is widened to fp32 on load, and each intermediate
 result that torch's operations store as bfloat16 (the residual sum, the normalized row before the
@@ -133,6 +134,85 @@ void silu_rows(const T* src, int64_t gs, T* dst, int64_t width, int64_t begin, i
     }
   }
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+// The same three for float32 on a CPU with AVX2 and no AVX-512, eight lanes at a time (the tail by a
+// lane mask), rounded as the AVX-512 versions round float32.
+#define GOODPUT_AVX2_OPS 1
+inline __m256i tail_mask8(int64_t left) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(left, 8))),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+template <typename T>
+void norm_rows(const T* h, int64_t hs, T* residual, int64_t rs, bool add, const T* w, T* out, int64_t width,
+               float eps, int64_t begin, int64_t end) {
+  static_assert(std::is_same<T, float>::value, "float32 only without AVX-512");
+  for (int64_t t = begin; t < end; ++t) {
+    const float* x = h + t * hs;
+    float* r = residual + t * rs;
+    float* o = out + t * width;
+    __m256 sq = _mm256_setzero_ps();
+    for (int64_t e = 0; e < width; e += 8) {
+      const __m256i k = tail_mask8(width - e);
+      __m256 v = _mm256_maskload_ps(x + e, k);
+      if (add) {
+        v = _mm256_add_ps(v, _mm256_maskload_ps(r + e, k));
+        _mm256_maskstore_ps(r + e, k, v);
+      }
+      sq = _mm256_add_ps(sq, _mm256_mul_ps(v, v));
+    }
+    const float inv = 1.f / std::sqrt(sum8(sq) / static_cast<float>(width) + eps);
+    const __m256 iv = _mm256_set1_ps(inv);
+    const float* src = add ? r : x;
+    for (int64_t e = 0; e < width; e += 8) {
+      const __m256i k = tail_mask8(width - e);
+      const __m256 v = _mm256_mul_ps(_mm256_maskload_ps(src + e, k), iv);
+      _mm256_maskstore_ps(o + e, k, _mm256_mul_ps(_mm256_maskload_ps(w + e, k), v));
+    }
+  }
+}
+
+template <typename T>
+void rotary_rows(T* base, int64_t s0, int64_t s1, int64_t heads, int64_t d, const T* cb, const T* sb, int64_t begin,
+                 int64_t end) {
+  static_assert(std::is_same<T, float>::value, "float32 only without AVX-512");
+  const int64_t half = d / 2;
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int64_t t = begin; t < end; ++t) {
+    const float* c = cb + t * d;
+    const float* s = sb + t * d;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* x = base + t * s0 + h * s1;
+      for (int64_t e = 0; e < half; e += 8) {
+        const __m256i k = tail_mask8(half - e);
+        const __m256 lo = _mm256_maskload_ps(x + e, k), hi = _mm256_maskload_ps(x + half + e, k);
+        const __m256 out_lo = _mm256_add_ps(_mm256_mul_ps(lo, _mm256_maskload_ps(c + e, k)),
+                                            _mm256_mul_ps(_mm256_xor_ps(hi, sign), _mm256_maskload_ps(s + e, k)));
+        const __m256 out_hi = _mm256_add_ps(_mm256_mul_ps(hi, _mm256_maskload_ps(c + half + e, k)),
+                                            _mm256_mul_ps(lo, _mm256_maskload_ps(s + half + e, k)));
+        _mm256_maskstore_ps(x + e, k, out_lo);
+        _mm256_maskstore_ps(x + half + e, k, out_hi);
+      }
+    }
+  }
+}
+
+template <typename T>
+void silu_rows(const T* src, int64_t gs, T* dst, int64_t width, int64_t begin, int64_t end) {
+  static_assert(std::is_same<T, float>::value, "float32 only without AVX-512");
+  const __m256 one = _mm256_set1_ps(1.f);
+  for (int64_t t = begin; t < end; ++t) {
+    const float* g = src + t * gs;
+    const float* u = g + width;
+    float* o = dst + t * width;
+    for (int64_t e = 0; e < width; e += 8) {
+      const __m256i k = tail_mask8(width - e);
+      const __m256 x = _mm256_maskload_ps(g + e, k);
+      const __m256 silu = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+      _mm256_maskstore_ps(o + e, k, _mm256_mul_ps(silu, _mm256_maskload_ps(u + e, k)));
+    }
+  }
+}
 #endif
 
 // the dtypes the fused functions take: float32, and bfloat16 where the build has the 16-bit lane loads
@@ -149,7 +229,7 @@ bool fusable(const at::Tensor& t, at::ScalarType dtype) {
 
 // rms_norm(h) * weight (add: residual += h first, in place, and the norm is of the sum) -> [T, width]
 at::Tensor rms_norm(const at::Tensor& h, const at::Tensor& residual, bool add, const at::Tensor& weight, double eps) {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(GOODPUT_AVX2_OPS)
   const auto dtype = h.scalar_type();
   if (!fusable(h, dtype) || !fusable(weight, dtype) || (add && !fusable(residual, dtype))) return at::Tensor();
   TORCH_CHECK(h.dim() == 2 && h.stride(1) == 1 && weight.is_contiguous() && weight.size(0) == h.size(1), "bad shapes");
@@ -183,7 +263,7 @@ at::Tensor rms_norm(const at::Tensor& h, const at::Tensor& residual, bool add, c
 // the rotary embedding (rotate-half), in place, on qk [T, heads, D] (rows and heads strided, D
 // contiguous) with cos, sin [T, D] contiguous; true where it ran
 bool rotary_(at::Tensor qk, const at::Tensor& cos, const at::Tensor& sin) {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(GOODPUT_AVX2_OPS)
   const auto dtype = qk.scalar_type();
   if (!fusable(qk, dtype) || !fusable(cos, dtype) || !fusable(sin, dtype)) return false;
   TORCH_CHECK(qk.dim() == 3 && qk.stride(2) == 1 && cos.is_contiguous() && sin.is_contiguous(), "bad strides");
@@ -215,7 +295,7 @@ bool rotary_(at::Tensor qk, const at::Tensor& cos, const at::Tensor& sin) {
 
 // silu(gate) * up of gate_up [T, 2 * width] (gate first) -> [T, width]
 at::Tensor silu_mul(const at::Tensor& gate_up, int64_t width) {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(GOODPUT_AVX2_OPS)
   const auto dtype = gate_up.scalar_type();
   if (!fusable(gate_up, dtype)) return at::Tensor();
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) == 2 * width, "bad shapes");

@@ -1,6 +1,6 @@
 """How a step runs on a CPU: its threads, and the form of the matrix products of its projections.
 
-Three forms of each projection ``x @ W^T`` (the compact modules' ``project`` runs them):
+Four forms of each projection ``x @ W^T`` (the compact modules' ``project`` runs them):
 
 - ``linear``: ``F.linear(x, W)``, torch's default (MKL's GEMM on x86).
 - ``transposed``: the same product as ``W @ x^T``. On the project's AMD machine MKL takes a slow
@@ -11,7 +11,7 @@ Three forms of each projection ``x @ W^T`` (the compact modules' ``project`` run
   Measured there with two threads: one row 24 ms against 43, 16 rows 32 against 68, 64 rows 90
   against 136, 512 rows 676 against 784. It costs a second copy of each weight it covers.
 
-The three compute the same sums in different orders, so outputs agree to float rounding. Which one a
+The four compute the same sums in different orders, so outputs agree to float rounding. Which one a
 step of a given size takes, and with how many threads, is a ``StepPlan``: timed at start-up by the
 engine's step tuning (engine/step_tuning.py).
 """
@@ -21,9 +21,9 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-LINEAR, TRANSPOSED, ONEDNN = "linear", "transposed", "onednn"
-FORMS = (LINEAR, TRANSPOSED, ONEDNN)
-SHOWN = {LINEAR: "F.linear", TRANSPOSED: "W@x^T", ONEDNN: "oneDNN"}
+LINEAR, TRANSPOSED, ONEDNN, NATIVE = "linear", "transposed", "onednn", "native"
+FORMS = (LINEAR, TRANSPOSED, ONEDNN, NATIVE)
+SHOWN = {LINEAR: "F.linear", TRANSPOSED: "W@x^T", ONEDNN: "oneDNN", NATIVE: "native"}
 
 
 @dataclass(frozen=True)

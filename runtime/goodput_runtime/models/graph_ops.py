@@ -5,8 +5,8 @@ compiles its models: the per-operation cost of a step's several hundred small op
 dominates a decode step beside its matrix products, is paid once per step instead. Inside the
 graph two operations stay opaque to the compiler, as custom operators: the paged attention, which
 reads the step's layout (a PagedBatch: Python lists of groups) from STEP, set around the call, and
-writes the cache; and oneDNN's matmul over a packed weight, which inductor would only take as a
-frozen constant.
+writes the cache; oneDNN's matmul over a packed weight, which inductor would only take as a
+frozen constant; and the runtime's skinny product (the native form), a C++ extension's function.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from typing import Any
 
 import torch
 
+from goodput_runtime.layers import native_attention
 from goodput_runtime.layers.attention import PagedBatch, attend
-from goodput_runtime.layers.step_plan import ONEDNN
+from goodput_runtime.layers.step_plan import NATIVE, ONEDNN
 
 STEP: list[PagedBatch] = []  # the step the compiled graph runs; set by Decoder.forward around the call
 ONEDNN_OP = "onednn-op"  # the onednn form as the compiled graph runs it (project)
+NATIVE_OP = "native-op"  # the native form as the compiled graph runs it
 
 
 @torch.library.custom_op("goodput::paged_attention", mutates_args=())
@@ -78,11 +80,22 @@ def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch
     return x.new_empty(x.shape[0], packed.shape[0])
 
 
+@torch.library.custom_op("goodput::skinny_linear", mutates_args=())
+def skinny_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    out = native_attention.skinny_linear(x, weight, bias)
+    return torch.nn.functional.linear(x, weight, bias) if out is None else out
+
+
+@skinny_linear_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
 def run_layers(layers: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, form: str) -> torch.Tensor:
     """Every decoder layer on the step's hidden states h [T, hidden]: what the compiled graph holds. The
     layers' own forward, with no batch (attention through its operator, which reads STEP) and oneDNN's
-    products through theirs."""
-    form = ONEDNN_OP if form == ONEDNN else form
+    and the native form's products through theirs."""
+    form = {ONEDNN: ONEDNN_OP, NATIVE: NATIVE_OP}.get(form, form)
     for layer in layers:
         h = layer(h, cos, sin, None, form)
     return h

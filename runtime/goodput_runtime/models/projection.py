@@ -1,15 +1,15 @@
 """The compact decoder's projections and norms: several linears fused into one, a product in each form the
-step plan chooses (F.linear, the transposed product, oneDNN over a packed weight, Triton's GEMV), the
-packed copy oneDNN reads, and transformers' RMS norm."""
+step plan chooses (F.linear, the transposed product, oneDNN over a packed weight, the runtime's skinny
+product, Triton's GEMV), the packed copy oneDNN reads, and transformers' RMS norm."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from goodput_runtime.layers import triton_linear
-from goodput_runtime.layers.step_plan import LINEAR, ONEDNN
-from goodput_runtime.models.graph_ops import ONEDNN_OP, onednn_linear_op
+from goodput_runtime.layers import native_attention, triton_linear
+from goodput_runtime.layers.step_plan import LINEAR, NATIVE, ONEDNN
+from goodput_runtime.models.graph_ops import NATIVE_OP, ONEDNN_OP, onednn_linear_op, skinny_linear_op
 
 
 def fuse(linears: list[nn.Linear]) -> nn.Linear:
@@ -33,13 +33,19 @@ def fuse(linears: list[nn.Linear]) -> nn.Linear:
 
 def project(x: torch.Tensor, linear: nn.Module, form: str = LINEAR) -> torch.Tensor:
     """linear(x) [T, out] for x [T, in]; for a plain nn.Linear in the given form (layers/step_plan.py):
-    F.linear, the same product as W @ x^T, or oneDNN's matmul over the weight packed by `pack` (ONEDNN_OP:
-    the same through its custom operator, as the compiled graph calls it). A one-row product on a
+    F.linear, the same product as W @ x^T, oneDNN's matmul over the weight packed by `pack` (ONEDNN_OP:
+    the same through its custom operator, as the compiled graph calls it), or the runtime's skinny
+    product (NATIVE_OP: through its operator; F.linear where it does not run). A one-row product on a
     projection layers/triton_linear.py marked (on a GPU) runs its Triton GEMV instead of cuBLAS."""
     if form == LINEAR and x.shape[0] == 1 and type(linear) is nn.Linear and getattr(linear, "gemv", False):
         return triton_linear.gemv_op(x, linear.weight, linear.bias)
     if form == LINEAR or type(linear) is not nn.Linear:
         return linear(x)
+    if form == NATIVE:
+        out = native_attention.skinny_linear(x, linear.weight, linear.bias)
+        return linear(x) if out is None else out
+    if form == NATIVE_OP:
+        return skinny_linear_op(x, linear.weight, linear.bias)
     if form in (ONEDNN, ONEDNN_OP):
         packed = getattr(linear, "packed", None)
         if packed is None:
