@@ -12,7 +12,9 @@ functions (layers/native_ops_source.py, in the native attention extension):
 - ``rotary_``: the rotary embedding applied in place to the step's queries and keys;
 - ``silu_mul``: SiLU of the gate times the up projection.
 
-float32 and bfloat16 on CPU with AVX-512 only; elsewhere (CUDA, float16, no compiler) and with
+float32 and bfloat16 on CPU with AVX-512, float32 with AVX2 and FMA (on an AVX2-only EPYC a decode step
+of one sequence of SmolLM2-135M took 29 ms against 36 with the torch operations); elsewhere (CUDA,
+float16, bfloat16 without AVX-512, no compiler) and with
 ``GOODPUT_FUSED_OPS=off`` each falls back to the torch operations it replaces. The results are the
 torch operations' up to the order of the norm's sum of squares and the exponential's last bit; in
 bfloat16 the functions compute in fp32 and round to bfloat16 wherever torch's operations store an

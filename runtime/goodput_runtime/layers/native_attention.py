@@ -22,6 +22,9 @@ and windowed masks only on the blocks that need them (AVX-512 only; elsewhere it
 takes bfloat16 (packed as fp32), but ``attention.attend`` gives bfloat16 chunks to torch's SDPA, whose
 bf16 products run on AMX / AVX-512 BF16 (see attention.PREFILL_KERNEL).
 
+The same extension holds the fused element-wise functions (native_ops_source.py, layers/fused.py) and
+the skinny float32 product of the step plan's native form (native_linear_source.py, ``skinny_linear``).
+
 The source is compiled with ``torch.utils.cpp_extension.load_inline`` the first time
 either is called, under a name keyed by the source, the flags, torch's version and the
 CPU's feature flags (so a changed source, or a cache directory moved to another CPU, builds
