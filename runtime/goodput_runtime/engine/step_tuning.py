@@ -10,9 +10,9 @@ threads or one, each available form) times a decode step of that many sequences,
 wins where it beats the default (the pool, ``linear``) by more than MARGIN; and where oneDNN comes
 within PREFER of the winner at every count and on the prompt, it takes them all: a plan that is oneDNN
 throughout needs no unpacked weights, so the packed copy then replaces them instead of doubling the
-memory they take (short of that, each count keeps its winner: the unpacked weights stay anyway). A combination on fewer
-threads than the pool's that is DROP times slower than the fastest at one count is not timed at the
-next; every form keeps being timed on the pool's threads, since the forms' order changes with the
+memory they take (short of that, each count keeps its winner: the unpacked weights stay anyway). A
+combination on fewer threads than the pool's that is DROP times slower than the fastest at one count
+is not timed at the next; every form keeps being timed on the pool's threads, since the forms' order changes with the
 step's size (the native form wins a few rows and loses many; oneDNN the reverse). A step of a size
 between two timed counts runs as the smaller one. Larger steps (prefill chunks) run with the pool's
 threads and the form that timed fastest on a PREFILL-token prompt (the native form is not timed there).
@@ -36,9 +36,7 @@ COUNTS = (1, 2, 3, 4, 6, 8, 16, 32, 64)
 PREFILL = 256  # tokens of the prompt that times the form of larger steps
 ROUNDS = 2  # timed runs of each combination, in turns, after one untimed
 MARGIN = 0.05  # a combination other than the default must be this much faster
-PREFER = (
-    0.15  # oneDNN throughout where it comes this close to the fastest everywhere (its packed weights replace the rest)
-)
+PREFER = 0.15  # oneDNN throughout where it comes this close to the fastest everywhere (then packed weights only)
 DROP = 1.5  # fewer threads than the pool's, this much slower than the fastest at one count: not timed at the next
 
 
