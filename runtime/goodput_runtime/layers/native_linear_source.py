@@ -8,23 +8,16 @@ weight row once: eight output rows at a time, their dot products with one input 
 eight eight-lane accumulators while the eight weight rows stay in cache for the next input row (on that
 EPYC this beat tiles of 4 x 3 and 3 x 4 outputs at every row count from 1 to 32). The threads take
 contiguous ranges of output rows, so each streams its own part of the weight. Built into the same
-extension as the attention kernels (native_attention.py); compiled where the CPU has AVX2 and FMA,
-elsewhere ``skinny_linear`` returns an undefined tensor (None in Python) and the step plan never offers
-the form. Sums run in another order than MKL's, so results agree to float rounding, not bit for bit;
-each row's sums are the same whatever rows share the call.
+extension as the attention kernels (native_attention.py), after their source, whose ``sum8`` it uses;
+compiled where the CPU has AVX2 and FMA, elsewhere ``skinny_linear`` returns an undefined tensor (None
+in Python) and the step plan never offers the form. Sums run in another order than MKL's, so results
+agree to float rounding, not bit for bit; each row's sums are the same whatever rows share the call.
 """
 
 LINEAR_SOURCE = r"""
 namespace {
 
 #if defined(__AVX2__) && defined(__FMA__)
-inline float lanes_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
-  return _mm_cvtss_f32(s);
-}
-
 // y[r] = x . w[r] (+ bias[r]) for R rows of w (row stride k), y's entries at stride 1.
 template <int R>
 inline void skinny_tile(const float* x, const float* w, int64_t k, const float* bias, float* y) {
@@ -36,7 +29,7 @@ inline void skinny_tile(const float* x, const float* w, int64_t k, const float* 
     for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + r * k + i), xv, acc[r]);
   }
   for (int r = 0; r < R; ++r) {
-    float s = lanes_sum(acc[r]);
+    float s = sum8(acc[r]);  // native_attention_source's
     for (int64_t j = i; j < k; ++j) s += w[r * k + j] * x[j];
     y[r] = bias ? s + bias[r] : s;
   }
