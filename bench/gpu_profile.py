@@ -2,17 +2,19 @@
 
     python -m bench.gpu_profile --model .cache/models/llama-1b
 
-A variant names, joined by `+`, how decode attends: `triton` (the Triton kernel over the paged cache,
-the CUDA default), or the torch path with the cache's blocks read by `index_select` or `index`
-(advanced indexing over 8-byte words), then `cublas` (batch 1's products through cuBLAS, not the
-Triton GEMV of layers/triton_linear.py), `nofuse` (the GEMV for the products alone: norms, SiLU x
-up and residual sums as their own kernels, not folded into the products), `nopdl` (the GEMVs launched
-without programmatic dependent launch; `pdlearly`: each also lets the next start at once), `compile` (`--compile`: the
-compact modules' norms, rotary embedding and MLP activation fused by inductor) and `fp8` (fp8
-weights). For each: the replayed CUDA-graph step time at each batch size, its MBU, and one step
-run eagerly over the same static buffers under torch.profiler, counting its kernels and summing
-their device time. The step time less the kernel time is what the graph still loses between
-kernels; the kernel time over the bytes is what the kernels themselves lose.
+A variant names, joined by `+`, how decode attends: `triton` (the Triton kernel over the paged
+cache, the CUDA default), or the torch path with the cache's blocks read by `index_select` or
+`index` (advanced indexing over 8-byte words), then `cublas` (batch 1's products through cuBLAS, not
+the Triton GEMV of layers/triton_linear.py), `nofuse` (the GEMV for the products alone: norms, SiLU
+x up and residual sums as their own kernels, not folded into the products), `nopdl` (the GEMVs
+launched without programmatic dependent launch; `pdlearly`: each also lets the next start at once),
+`latenorm` (the folded norm's sum of squares taken in the product's own pass,
+layers/triton_linear.NORM_MODE), `compile` (`--compile`: the compact modules' norms, rotary
+embedding and MLP activation fused by inductor) and `fp8` (fp8 weights). For each: the replayed
+CUDA-graph step time at each batch size, its MBU, and one step run eagerly over the same static
+buffers under torch.profiler, counting its kernels and summing their device time. The step time less
+the kernel time is what the graph still loses between kernels; the kernel time over the bytes is
+what the kernels themselves lose.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.gpu_decode import decode_round, peak_bandwidth, weight_bytes_per_step
+from bench.gpu_decode import agreement, decode_round, peak_bandwidth, prompts_for, weight_bytes_per_step
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.builder import build_core
 from goodput_runtime.layers import attention, triton_linear
@@ -62,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     name = torch.cuda.get_device_name()
     peak = peak_bandwidth(name)
     rows, tables = [], {}
+    firsts: dict[int, list[list[int]]] = {}  # the first variant's greedy tokens, per batch
     for variant in args.variants.split(","):
         parts = variant.split("+")
         # captured into this engine's graphs
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         triton_linear.FUSE = "nofuse" not in parts  # the layer as a chain of four GEMVs, unless named
         # the GEMVs launched with programmatic dependent launch (layers/triton_linear.PDL)
         triton_linear.PDL = "off" if "nopdl" in parts else "early" if "pdlearly" in parts else "wait"
+        triton_linear.NORM_MODE = "late" if "latenorm" in parts else "inline"  # (triton_linear.NORM_MODE)
         core = build_core(
             EngineConfig(
                 model=args.model,
@@ -87,10 +91,13 @@ def main(argv: list[str] | None = None) -> None:
         weights = weight_bytes_per_step(core)
         layout = core.runner.layout
         for batch in batches:
-            steps = [
-                decode_round(core, batch, args.prompt_len, args.steps, seed=r)["step_s"] for r in range(args.rounds)
+            vocab = core.runner.model.config.vocab_size
+            done = [
+                decode_round(core, prompts_for(vocab, batch, args.prompt_len, seed=r), args.steps, seed=r)
+                for r in range(args.rounds)
             ]
-            step = statistics.median(steps)
+            step = statistics.median(d["step_s"] for d in done)
+            firsts.setdefault(batch, done[0]["tokens"])
             count, kernel_ms, table = kernel_profile(core, batch, args.prompt_len + args.steps)
             kv = batch * (args.prompt_len + args.steps / 2) * layout.bytes_per_token()
             rows.append(
@@ -103,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
                     "kernels": count,
                     "kernel_ms": kernel_ms,
                     "floor_ms": (weights + kv) / peak * 1e3 if peak else None,
+                    "agreement_with_first": agreement(done[0]["tokens"], firsts[batch]),
                 }
             )
             tables[f"{variant}-{batch}"] = table
@@ -115,13 +123,16 @@ def main(argv: list[str] | None = None) -> None:
     for key, table in tables.items():
         print(f"--- {key}\n{table}")
     print(f"{name}, {args.dtype}, prompt {args.prompt_len}, {args.steps} decode steps")
-    print("| variant | batch | graph step ms | floor ms | MBU | tok/s | kernels/step | kernel ms |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| variant | batch | graph step ms | floor ms | MBU | tok/s | kernels/step | kernel ms "
+        "| tokens as the first's |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         mbu = f"{r['mbu'] * 100:.0f} %" if r["mbu"] is not None else "n/a"
         print(
             f"| {r['variant']} | {r['batch']} | {r['step_ms']:.2f} | {r['floor_ms']:.2f} | {mbu} | "
-            f"{r['tokens_per_s']:.0f} | {r['kernels']} | {r['kernel_ms']:.2f} |"
+            f"{r['tokens_per_s']:.0f} | {r['kernels']} | {r['kernel_ms']:.2f} | {r['agreement_with_first']:.0%} |"
         )
 
 

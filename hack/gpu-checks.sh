@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The checks and figures that need a CUDA GPU, in one run (CI has no GPU; run this where one is):
 #   hack/gpu-checks.sh [STEP...]      (default: every step, in the order below)
-# (steps: env tests (gputests: without the kernels' cases) attention gemv gemvtests lora gemvstep decode compiled profile exact fp8 serve
-#  spec spec32)
+# (steps: env tests (gputests: without the kernels' cases) attention gemv gemvtests normtests lora gemvstep decode compiled profile exact
+#  fp8 serve spec spec32; GEMV_VARIANTS names gemvstep's variants)
 # Each step has its own time limit; every step's log goes into $OUT/steps.log (default _output/gpu), its JSON beside;
 # a failed step is reported and the next one still runs. Python packages the machine lacks may be
 # put as wheels in .whl/ (installed into /tmp/site first; the device machine lacks llguidance and jsonschema:
@@ -115,8 +115,11 @@ for s in $STEPS; do
     attention) step attention 180 python3 -m bench.gpu_attention --out "$OUT/gpu_attention.json" ;;
     gemv) step gemv 150 python3 -m bench.gpu_gemv --out "$OUT/gpu_gemv.json" ;;
     gemvstep) step gemvstep 300 python3 -m bench.gpu_profile --model "$MODEL" --batch-sizes 1 \
-      --variants triton+compile,triton+compile+nopdl,triton+compile+pdlearly,triton+compile+nofuse+nopdl,triton,triton+nopdl,triton+nofuse+nopdl \
+      --variants "${GEMV_VARIANTS:-triton+compile,triton+compile+latenorm,triton+compile+nopdl,triton,triton+latenorm}" \
       --out "$OUT/gpu_profile_gemv.json" ;;
+    # the GEMV's folded norm, both ways (inline and late), compiled for the GPU in every dtype
+    normtests) step normtests 180 python3 -m pytest tests/runtime/test_triton_linear.py -k norm -q -p no:cacheprovider \
+      -p no:logging --tb=short -rfEs ;;
     # the GEMV's own tests, every kernel case compiled, and the engine's CUDA-graph tests it serves in
     gemvtests)
       # shellcheck disable=SC2016  # the script is expanded by the inner bash
