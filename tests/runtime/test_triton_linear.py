@@ -231,27 +231,6 @@ def test_the_norm_before_a_product_is_the_models_norm(dtype, interpret):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, *HALF])
-def test_the_late_norm_is_the_unrounded_norms_product(dtype, interpret, monkeypatch):
-    """GOODPUT_GEMV_NORM=late (triton_linear.NORM_MODE): x's sum of squares in the product's own pass,
-    each row scaled by 1/rms at the end. That is the product of the norm computed without rounding:
-    within the output's one rounding of it in float64, across a partial tile (K = 1,088)."""
-    monkeypatch.setattr(triton_linear, "NORM_MODE", "late")
-    x, w, b = case(80, 1088, dtype, bias=True, seed=5)
-    x = x * 3 + 1
-    weight = (torch.rand(1088, generator=torch.Generator().manual_seed(6)) + 0.5).to(dtype).to(DEVICE)
-    out = triton_linear.gemv(x, w, b, norm=(weight, 1e-5))
-    xd = x.double()
-    exact = reference(xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.double(), w, b)
-    assert out.shape == (1, 80) and out.dtype == dtype
-    tol = 1e-5 if dtype == torch.float32 else torch.finfo(dtype).eps / 2
-    assert ((out.double() - exact).abs() <= tol * exact.abs() + 1e-5).all()
-    monkeypatch.setattr(triton_linear, "NORM_MODE", "inline")
-    inline = triton_linear.gemv(x, w, b, norm=(weight, 1e-5))
-    if dtype != torch.float32:  # the inline fold rounds x / rms and its product with the weight, as the modules do
-        assert (inline.double() - exact).abs().max() > (out.double() - exact).abs().max()
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, *HALF])
 def test_silu_times_up_before_and_the_residual_after_a_product(dtype, interpret):
     """silu=True on x = [gate | up] [1, 2K] with a residual: residual + W @ (silu(gate) * up), the
     product rounded to the model's dtype before the sum, as the model's layer adds it."""

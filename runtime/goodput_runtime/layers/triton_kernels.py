@@ -233,17 +233,6 @@ def _gemv_input(
 
 
 @triton.jit
-def _gemv_input_late(x_ptr, nw_ptr, k, K, EVEN_K: tl.constexpr):
-    """x * nw at columns k, and x * x, in float32 (gemv's LATE_NORM)."""
-    if EVEN_K:  # noqa: SIM108 (a constexpr branch: one load compiled)
-        x = tl.load(x_ptr + k).to(tl.float32)
-    else:
-        x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-    nw = tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-    return x * nw, x * x
-
-
-@triton.jit
 def gemv(
     x_ptr,
     w_ptr,
@@ -264,7 +253,6 @@ def gemv(
     HAS_RES: tl.constexpr,
     PDL: tl.constexpr,
     EARLY: tl.constexpr,
-    LATE_NORM: tl.constexpr = False,
 ):
     """out [N] = W [N, K] @ f(x) [K] (+ bias) (+ residual), one program per BLOCK_N rows of W: each
     streams its rows' BLOCK_N x BLOCK_K tiles once, multiplying in float32 into a tile-shaped
@@ -274,12 +262,7 @@ def gemv(
     PDL (programmatic dependent launch, Hopper on): the program reads its first weight tile, which no
     earlier kernel writes, before waiting for the kernel before it to finish; EARLY, it then lets the
     next kernel launched so start at once (in a chain of products the next weights stream while this
-    one ends).
-
-    LATE_NORM (with NORM): x's sum of squares is taken in the same pass as the product of x * nw, and
-    each row's sum is scaled by 1/rms at the end: the input is read once, not twice, and no program
-    waits on the sum before it starts multiplying; but x / rms is not rounded to the model's dtype
-    before the norm's weight, as the modules round it."""
+    one ends)."""
     dtype = out_ptr.dtype.element_ty
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
@@ -290,28 +273,18 @@ def gemv(
         gdc_wait()
     if EARLY:
         gdc_launch_dependents()
-    if NORM and LATE_NORM:  # one pass: the product of x * nw and x's sum of squares, scaled at the end
-        x, squares = _gemv_input_late(x_ptr, nw_ptr, k, K, EVEN_K)
-        acc = w.to(tl.float32) * x[None, :]
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            w = _gemv_weights(rows, k0 + k, nmask, K, EVEN_K)
-            x, more = _gemv_input_late(x_ptr, nw_ptr, k0 + k, K, EVEN_K)
-            acc += w.to(tl.float32) * x[None, :]
-            squares += more
-        y = tl.sum(acc, axis=1) * tl.math.rsqrt(tl.sum(squares, axis=0) / K + eps)
-    else:
-        rstd = 0.0
-        if NORM:
-            squares = tl.zeros([BLOCK_K], dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                x = tl.load(x_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
-                squares += x * x
-            rstd = tl.math.rsqrt(tl.sum(squares, axis=0) / K + eps)
-        acc = w.to(tl.float32) * _gemv_input(x_ptr, nw_ptr, k, K, rstd, dtype, EVEN_K, NORM, SILU)[None, :]
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            w = _gemv_weights(rows, k0 + k, nmask, K, EVEN_K)
-            acc += w.to(tl.float32) * _gemv_input(x_ptr, nw_ptr, k0 + k, K, rstd, dtype, EVEN_K, NORM, SILU)[None, :]
-        y = tl.sum(acc, axis=1)
+    rstd = 0.0
+    if NORM:
+        squares = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            x = tl.load(x_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
+            squares += x * x
+        rstd = tl.math.rsqrt(tl.sum(squares, axis=0) / K + eps)
+    acc = w.to(tl.float32) * _gemv_input(x_ptr, nw_ptr, k, K, rstd, dtype, EVEN_K, NORM, SILU)[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        w = _gemv_weights(rows, k0 + k, nmask, K, EVEN_K)
+        acc += w.to(tl.float32) * _gemv_input(x_ptr, nw_ptr, k0 + k, K, rstd, dtype, EVEN_K, NORM, SILU)[None, :]
+    y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)
     if HAS_RES:

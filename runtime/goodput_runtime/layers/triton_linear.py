@@ -49,10 +49,6 @@ FUSE = os.environ.get("GOODPUT_GEMV_FUSE", "on") != "off"
 # ends, reading its first weight tile, then waits for it; "early", it also lets the next GEMV start
 # at once; "off".
 PDL = os.environ.get("GOODPUT_GEMV_PDL", "wait")
-# The RMS norm folded into the product after it: "inline", each program takes the input's sum of
-# squares first and rounds the normed input as the modules do; "late", in the same pass as the
-# product, scaling each row's sum at the end (triton_kernels.gemv's LATE_NORM).
-NORM_MODE = os.environ.get("GOODPUT_GEMV_NORM", "inline")
 DTYPES = (torch.bfloat16, torch.float16)
 
 Config = tuple[int, int, int]  # rows per program, columns per iteration, warps
@@ -138,7 +134,6 @@ def gemv(
         HAS_RES=residual is not None,
         PDL=bool(pdl),
         EARLY=bool(pdl) and PDL == "early",
-        LATE_NORM=NORM_MODE == "late",
         num_warps=warps,
         **pdl,
     )
