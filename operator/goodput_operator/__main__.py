@@ -4,6 +4,11 @@ Cluster-wide unless --namespace (or WATCH_NAMESPACE) names one namespace. Uses t
 in-cluster service account when there is one, else the current kubeconfig. SIGUSR1 writes every
 thread's stack to stderr (`kubectl exec ... -- kill -USR1 1`, then the pod's log), and the process
 goes on.
+
+kopf stops the whole operator when one of its watches gets an error from the API server it does
+not retry: a 404 for a custom resource, say, while a restarted API server has not yet served the
+CRDs again. The process then starts kopf again after a pause (`run_with_restarts`), a few times
+within ten minutes, before it gives up and exits for its pod to be restarted.
 """
 
 from __future__ import annotations
@@ -15,13 +20,52 @@ import logging
 import os
 import signal
 import socket
+import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import kopf
+import prometheus_client
+from kopf._cogs.clients.errors import APIError  # what a watch raises on the API server's error answers
 
 from goodput_contract.version import VERSION
 from goodput_operator.handlers import operator_settings, register
 from goodput_operator.settings import Settings
+
+log = logging.getLogger("goodput_operator")
+RESTARTS = 5  # kopf runs ended by the API server's errors within RESTART_WINDOW before the process exits
+RESTART_WINDOW = 600.0
+RESTART_PAUSE = 2.0
+
+
+def run_with_restarts(
+    run: Callable[[], None],
+    restarts: int = RESTARTS,
+    pause: float = RESTART_PAUSE,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """run() until it returns. Where it ends with an error from the API server, it is called again
+    after `pause` seconds, up to `restarts` times within RESTART_WINDOW; the next is raised."""
+    ended: list[float] = []
+    while True:
+        try:
+            run()
+            return
+        except APIError as e:
+            now = clock()
+            ended = [t for t in ended if now - t < RESTART_WINDOW] + [now]
+            if len(ended) > restarts:
+                raise
+            log.warning(
+                "kopf stopped on an error from the API server (%s %s); starting it again in %.0f s (%d of %d)",
+                e.status,
+                e,
+                pause,
+                len(ended),
+                restarts,
+            )
+            sleep(pause)
 
 
 def parse_args(argv: list[str] | None, defaults: Settings) -> argparse.Namespace:
@@ -103,17 +147,21 @@ def main(argv: list[str] | None = None) -> None:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     registry = kopf.OperatorRegistry()
     register(registry, settings)
-    kopf.run(
-        registry=registry,
-        settings=operator_settings(),
-        standalone=True,
-        clusterwide=settings.namespace is None,
-        namespaces=[settings.namespace] if settings.namespace else (),
-        liveness_endpoint=f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None,
-        memo=kopf.Memo(),
-        # Named here: kopf's own guess asks the password database for the user, and a
-        # non-root UID in a container usually has no entry there.
-        identity=cast(Any, os.environ.get("POD_NAME") or f"{socket.gethostname()}@{os.getpid()}"),
+    if settings.metrics_port:  # once per process: it outlives a restart of kopf
+        prometheus_client.start_http_server(settings.metrics_port)
+    run_with_restarts(
+        lambda: kopf.run(
+            registry=registry,
+            settings=operator_settings(),
+            standalone=True,
+            clusterwide=settings.namespace is None,
+            namespaces=[settings.namespace] if settings.namespace else (),
+            liveness_endpoint=f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None,
+            memo=kopf.Memo(),
+            # Named here: kopf's own guess asks the password database for the user, and a
+            # non-root UID in a container usually has no entry there.
+            identity=cast(Any, os.environ.get("POD_NAME") or f"{socket.gethostname()}@{os.getpid()}"),
+        )
     )
 
 

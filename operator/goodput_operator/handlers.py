@@ -12,7 +12,6 @@ import socket
 from typing import Any
 
 import kopf
-import prometheus_client
 
 from goodput_contract.api import GROUP, MODEL_CACHE_PLURAL, PIPELINE_KIND, PLURAL, VERSION
 from goodput_operator import controller, lora_adapters, metrics, pipelines
@@ -90,6 +89,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
 
     @kopf.on.startup(id="startup", registry=registry)
     async def startup(memo: kopf.Memo, **_: Any) -> None:
+        background.clear()  # a run of kopf before this one (goodput_operator.__main__) left its tasks with its loop
         kube = Kube(load_config(), settings.field_manager, on_write=metrics.count_write)
         fetcher = ConfigFetcher(
             settings.hf_endpoint,
@@ -104,8 +104,6 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
         ):
             background.add(task)
             task.add_done_callback(background.discard)
-        if settings.metrics_port:
-            prometheus_client.start_http_server(settings.metrics_port)
         scope = f"namespace {settings.namespace}" if settings.namespace else "all namespaces"
         logger.info("Watching InferenceServices in %s; runtime image %s", scope, settings.runtime_image)
 
