@@ -9,10 +9,10 @@ that version in the node's containerd) and applied: the operator, the serving ga
 batch gateway roll to it. Then the same again back to the installed version (the downgrade, which
 also leaves the cluster as the other tests expect it).
 
-The second test hands the install to Helm (the kustomize objects deleted, the CRDs, the namespace,
-the services and the batch store's claim kept), installs the chart with Helm's own library, asks
-both services through the release's gateway, and runs `helm upgrade` to the new version under the
-same load; it puts the kustomize install back at the end.
+The second test (marked `extended`: `make test-extended`) hands the install to Helm (the kustomize
+objects deleted, the CRDs, the namespace, the services and the batch store's claim kept), installs
+the chart with Helm's own library, asks both services through the release's gateway, and runs
+`helm upgrade` to the new version under the same load; it puts the kustomize install back at the end.
 
 Asserted, each way: zero failed requests (any status but 200, a stream without its `[DONE]`, a
 reset connection); the services and their runtime Deployments never re-created (same uids); the
@@ -244,6 +244,7 @@ def kustomized_without(node: Node, kinds: tuple[str, ...]) -> str:
     return text
 
 
+@pytest.mark.extended  # README's Tests: Helm's upgrade on the control plane, serving from a Helm release under load
 def test_helm_installs_serves_and_upgrades_with_no_failed_request(
     installed: Node, services: str, next_version: str
 ) -> None:
