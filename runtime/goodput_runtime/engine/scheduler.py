@@ -114,7 +114,7 @@ class Scheduler(SequenceUpdates):
         online_prefill, decoding = (
             (None, 0)
             if self.slo is None
-            else self.slo.step_chunk(self.running, self.waiting, batch_seats, now)
+            else self.slo.step_chunk(self.running, self.waiting, batch_seats, allowances, now)
         )
         drafts, self.drafts = self.drafts, {}
         out.speculative = self.switch is not None and self.switch.decide(len(self.running))

@@ -13,13 +13,9 @@ step-time model the batch cap learns (batch_cap.py): ``t(n, p) = fixed + per_seq
 **Prefill chunks sized to the decodes' TPOT slack.** A fixed token budget per step
 (``--max-num-batched-tokens``) lets one long prompt stretch the step of every running decode: on a
 CPU a 2,048-token chunk is several times a decode step. With online decodes running, online
-prefills get the prompt tokens that keep the step within every online decode's banked slack less a
-margin, at least ``MIN_CHUNK`` so prefills progress. A decode's banked slack is the longest step
-after which its TPOT, (e2e − TTFT) / (tokens − 1), still meets its target should that step's token be
-its last: ``target × tokens so far − time since its first token``. A decode that has just begun has
-about one TPOT target of it; one that has run ahead of its target for a while can absorb a step
-many times longer, so a long prompt goes in large chunks whenever no decode is fresh or behind.
-Where that is too few for a prompt to meet its own TTFT, the chunk grows to what the most
+prefills get the prompt tokens that keep the step within the TPOT target less a margin (or less,
+for a decode already behind its target that can still make it), at least ``MIN_CHUNK`` so prefills
+progress. Where that is too few for a prompt to meet its own TTFT, the chunk grows to what the most
 urgent prompt that can still make it needs: to compute ``T`` tokens by its deadline less the margin
 (``τ`` seconds away), in steps of ``d + c·k`` seconds that each take ``k`` of them, ``k ≥ T·d / (τ − T·c)``, where
 ``T`` counts the prompt tokens queued ahead of it too.
@@ -108,7 +104,12 @@ class SloSchedule:
         return best
 
     def step_chunk(
-        self, running: Seq[Sequence], waiting: Iterable[Sequence], batch_seats: int | None, now: float
+        self,
+        running: Seq[Sequence],
+        waiting: Iterable[Sequence],
+        batch_seats: int | None,
+        allowances: Seq[float],
+        now: float,
     ) -> tuple[int | None, int]:
         """Prompt tokens online prefills may take this step (None: no limit), and the sequences this
         step decodes (batch ones within `batch_seats`): with online decodes running, what their TPOT leaves."""
@@ -120,28 +121,29 @@ class SloSchedule:
             return None, decodes
         queued = [s for s in running if s.params.priority <= 0 and s.num_uncomputed_tokens > 1]
         queued += [s for s in waiting if s.params.priority <= 0]
-        return self.online_chunk(decodes, self.banked(decoding, now), queued, now), decodes
+        tpot = tightest_tpot(decoding, self.tpot_target)
+        return self.online_chunk(decodes, allowances, queued, now, tpot), decodes
 
-    def banked(self, decoding: Iterable[Sequence], now: float) -> list[float]:
-        """Each online decode's longest next step that keeps its TPOT, (e2e − TTFT) / (tokens − 1),
-        within its target even if that step's token is its last: target × tokens so far − the time
-        since its first token. A decode ahead of its target has banked the difference."""
-        banked = []
-        for seq in decoding:
-            tpot = self.tpot_target if seq.params.slo_tpot is None else seq.params.slo_tpot
-            if seq.params.priority <= 0 and tpot is not None and seq.times.first_token is not None:
-                banked.append(tpot * seq.num_output_tokens - (now - seq.times.first_token))
-        return banked
-
-    def online_chunk(self, decodes: int, banked: Seq[float], queued: Seq[Sequence], now: float) -> int | None:
+    def online_chunk(
+        self,
+        decodes: int,
+        allowances: Seq[float],
+        queued: Seq[Sequence],
+        now: float,
+        tpot: float | None = None,
+    ) -> int | None:
         """Prompt tokens online prefills may take in a step that decodes `decodes` sequences, some
-        of them online; None: no limit (no online decode with a TPOT target, or the costs are not yet
-        timed). `banked`: each online decode's longest step (`banked`). `queued`: the online requests
-        still in prefill, in the order they will be served."""
-        if not banked or not self.timed:
+        of them online; None: no limit (no TPOT target, or the costs are not yet timed).
+        `queued`: the online requests still in prefill, in the order they will be served. `tpot`: the
+        target the online decodes keep to (the service's when None)."""
+        tpot = self.tpot_target if tpot is None else tpot
+        if tpot is None or not self.timed:
             return None
         per_token, step = self.model.per_token or 0.0, self.model.decode_seconds(decodes)
-        budget = min(banked) * (1.0 - self.margin)
+        budget = tpot * (1.0 - self.margin)
+        for allowance in allowances:  # a decode behind its target that can still make it
+            if step <= allowance * (1.0 - self.margin) < budget:
+                budget = allowance * (1.0 - self.margin)
         chunk = max(MIN_CHUNK, math.floor(max(budget - step, 0.0) / per_token))
         ahead = 0
         for seq in queued:  # the most urgent prompt that can still make its TTFT
