@@ -7,12 +7,13 @@ cache, the CUDA default), or the torch path with the cache's blocks read by `ind
 `index` (advanced indexing over 8-byte words), then `cublas` (batch 1's products through cuBLAS, not
 the Triton GEMV of layers/triton_linear.py), `nofuse` (the GEMV for the products alone: norms, SiLU
 x up and residual sums as their own kernels, not folded into the products), `nopdl` (the GEMVs
-launched without programmatic dependent launch; `pdlearly`: each also lets the next start at once),
-`compile` (`--compile`: the compact modules' norms, rotary embedding and MLP activation fused by
-inductor) and `fp8` (fp8 weights). For each: the replayed CUDA-graph step time at each batch size,
-its MBU, and one step run eagerly over the same static buffers under torch.profiler, counting its
-kernels and summing their device time. The step time less the kernel time is what the graph still
-loses between kernels; the kernel time over the bytes is what the kernels themselves lose.
+launched without programmatic dependent launch, nor the attention kernel; `pdlearly`: each also lets
+the next start at once; `noattnpdl`: the attention kernel alone without it), `compile` (`--compile`:
+the compact modules' norms, rotary embedding and MLP activation fused by inductor) and `fp8` (fp8
+weights). For each: the replayed CUDA-graph step time at each batch size, its MBU, and one step run
+eagerly over the same static buffers under torch.profiler, counting its kernels and summing their
+device time. The step time less the kernel time is what the graph still loses between kernels; the
+kernel time over the bytes is what the kernels themselves lose.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 from bench.gpu_decode import agreement, decode_round, peak_bandwidth, prompts_for, weight_bytes_per_step
 from goodput_runtime.config import EngineConfig
 from goodput_runtime.engine.builder import build_core
-from goodput_runtime.layers import attention, triton_linear
+from goodput_runtime.layers import attention, triton_attention, triton_linear
 
 
 def kernel_profile(core, batch: int, context: int) -> tuple[int, float, str]:
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         triton_linear.FUSE = "nofuse" not in parts  # the layer as a chain of four GEMVs, unless named
         # the GEMVs launched with programmatic dependent launch (layers/triton_linear.PDL)
         triton_linear.PDL = "off" if "nopdl" in parts else "early" if "pdlearly" in parts else "wait"
+        triton_attention.PDL = "noattnpdl" not in parts  # the attention kernel too (layers/triton_attention.PDL)
         core = build_core(
             EngineConfig(
                 model=args.model,

@@ -331,6 +331,6 @@ def test_a_chain_of_products_launched_dependently_in_a_cuda_graph_gives_the_seri
             graph.replay()
             replays.append(out.clone())
         results[pdl] = torch.cat(replays)
-    assert triton_linear._pdl(x.device)
+    assert triton_linear.uses_pdl(x.device)
     assert torch.equal(results["wait"], results["off"]) and torch.equal(results["early"], results["off"])
     assert torch.equal(results["off"], results["off"][:1].expand_as(results["off"]))

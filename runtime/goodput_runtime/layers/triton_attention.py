@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from goodput_runtime.layers import triton_linear
+
 log = logging.getLogger(__name__)
 
 
@@ -65,6 +67,9 @@ def _pow2(n: int, least: int) -> int:
 
 # whether `decode` may take `rotary` (attention.attend asks): False where its variant failed to build
 ROTARY = os.environ.get("GOODPUT_ATTENTION_ROTARY", "on") != "off"
+# launched with programmatic dependent launch where the GEMVs are (layers/triton_linear.PDL, Hopper on):
+# the launch overlaps the end of the qkv product before it; off, an ordinary launch
+PDL = os.environ.get("GOODPUT_ATTENTION_PDL", "on") != "off"
 TILE: int | None = None  # keys per loop iteration; None: tile()'s 128 (bench/gpu_attention.py sweeps it)
 
 
@@ -143,6 +148,7 @@ def decode(
         cos.shape == sin.shape == (b, dim) and cos.stride(1) == sin.stride(1) == 1 and cos.stride(0) == sin.stride(0)
     ), (cos.shape, sin.shape)
     kernels = _kernels()
+    pdl = {"launch_pdl": True} if PDL and triton_linear.uses_pdl(query.device) else {}
     kernels.paged_decode[(b, kv_heads, splits)](
         query,
         new_k,
@@ -183,7 +189,9 @@ def decode(
         IEEE=query.dtype == torch.float32,
         SPLIT=splits > 1,
         ROTARY=rotary is not None,
+        PDL=bool(pdl),
         num_warps=4,
+        **pdl,
     )
     if splits > 1:
         kernels.merge_splits[(b, kv_heads)](

@@ -57,12 +57,17 @@ def paged_decode(
     IEEE: tl.constexpr,
     SPLIT: tl.constexpr,
     ROTARY: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One program per (sequence, kv head, split): the split's `chunk` keys of the context. With SPLIT,
     each program leaves its running maximum, sum and unnormalised output for merge_splits; the
     first split also stores the new key and value and counts the new token. ROTARY: the query and
     the new key come unrotated, with each sequence's cos and sin rows (the new token's position);
-    the rotary embedding is applied as they are read (the stored key rotated)."""
+    the rotary embedding is applied as they are read (the stored key rotated). PDL (programmatic
+    dependent launch, Hopper on): launched before the kernel before it (the qkv product) ends, the
+    program waits for it before it reads anything."""
+    if PDL:
+        gdc_wait()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)

@@ -113,7 +113,7 @@ def gemv(
     x = x.contiguous()
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     rows, cols, warps = config or config_for(n, k, weight.dtype, norm is not None)
-    pdl = {"launch_pdl": True} if _pdl(x.device) else {}
+    pdl = {"launch_pdl": True} if uses_pdl(x.device) else {}
     _kernels().gemv[(-(-n // rows),)](
         x,
         weight,
@@ -140,7 +140,7 @@ def gemv(
     return out
 
 
-def _pdl(device: torch.device) -> bool:
+def uses_pdl(device: torch.device) -> bool:
     """Launch with programmatic dependent launch: on Hopper GPUs and later, unless PDL is off."""
     return PDL != "off" and device.type == "cuda" and _capability(device.index or 0) >= 9
 
