@@ -7,13 +7,13 @@ cache, the CUDA default), or the torch path with the cache's blocks read by `ind
 `index` (advanced indexing over 8-byte words), then `cublas` (batch 1's products through cuBLAS, not
 the Triton GEMV of layers/triton_linear.py), `nofuse` (the GEMV for the products alone: norms, SiLU
 x up and residual sums as their own kernels, not folded into the products), `nopdl` (the GEMVs
-launched without programmatic dependent launch, nor the attention kernel; `pdlearly`: each also lets
-the next start at once; `noattnpdl`: the attention kernel alone without it), `compile` (`--compile`:
-the compact modules' norms, rotary embedding and MLP activation fused by inductor) and `fp8` (fp8
-weights). For each: the replayed CUDA-graph step time at each batch size, its MBU, and one step run
-eagerly over the same static buffers under torch.profiler, counting its kernels and summing their
-device time. The step time less the kernel time is what the graph still loses between kernels; the
-kernel time over the bytes is what the kernels themselves lose.
+launched without programmatic dependent launch; `pdlearly`: each also lets the next start at once),
+`attnpdl` (the attention kernel launched with it as well), `compile` (`--compile`: the compact
+modules' norms, rotary embedding and MLP activation fused by inductor) and `fp8` (fp8 weights). For
+each: the replayed CUDA-graph step time at each batch size, its MBU, and one step run eagerly over
+the same static buffers under torch.profiler, counting its kernels and summing their device time.
+The step time less the kernel time is what the graph still loses between kernels; the kernel time
+over the bytes is what the kernels themselves lose.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         triton_linear.FUSE = "nofuse" not in parts  # the layer as a chain of four GEMVs, unless named
         # the GEMVs launched with programmatic dependent launch (layers/triton_linear.PDL)
         triton_linear.PDL = "off" if "nopdl" in parts else "early" if "pdlearly" in parts else "wait"
-        triton_attention.PDL = "noattnpdl" not in parts  # the attention kernel too (layers/triton_attention.PDL)
+        triton_attention.PDL = "attnpdl" in parts  # the attention kernel too (layers/triton_attention.PDL)
         core = build_core(
             EngineConfig(
                 model=args.model,

@@ -115,7 +115,7 @@ for s in $STEPS; do
     attention) step attention 180 python3 -m bench.gpu_attention --out "$OUT/gpu_attention.json" ;;
     gemv) step gemv 150 python3 -m bench.gpu_gemv --out "$OUT/gpu_gemv.json" ;;
     gemvstep) step gemvstep 300 python3 -m bench.gpu_profile --model "$MODEL" --batch-sizes 1 \
-      --variants "${GEMV_VARIANTS:-triton+compile,triton+compile+noattnpdl,triton+compile+nopdl,triton,triton+noattnpdl}" \
+      --variants "${GEMV_VARIANTS:-triton+compile,triton+compile+attnpdl,triton+compile+nopdl,triton,triton+attnpdl}" \
       --out "$OUT/gpu_profile_gemv.json" ;;
     # the GEMV's folded norm, compiled for the GPU in every dtype
     normtests) step normtests 180 python3 -m pytest tests/runtime/test_triton_linear.py -k norm -q -p no:cacheprovider \

@@ -351,3 +351,61 @@ def test_a_rotary_variant_that_cannot_build_leaves_the_rotation_to_torch(interpr
     assert True not in seen  # (on a CPU its own kernel attends; on CUDA Triton's, without `rotary`)
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
     assert torch.equal(batch.cache.keys[0], keys)
+
+
+@pytest.mark.gpu
+def test_the_kernel_launched_dependently_after_a_product_in_a_cuda_graph_gives_the_serial_results(monkeypatch):
+    """GOODPUT_ATTENTION_PDL=on (triton_attention.PDL, Hopper on): the kernel is launched before the
+    product that makes its query, key and value ends, and waits for it before it reads. A layer's
+    qkv GEMV then the kernel, captured in a CUDA graph and replayed 50 times, must give bit for bit
+    what they give launched without it: a read before the product's writes landed would show."""
+    from goodput_runtime.layers import triton_linear
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs compute capability 9.0 or later")
+    lens = [5, 130, 64, 1]
+    _, _, _, batch = step_case(lens, 32, 4, 64, torch.bfloat16, seed=23, device="cuda")
+    group, cache = batch.decodes[0], batch.cache
+    g = torch.Generator(device="cuda").manual_seed(1)
+    weight = (torch.randn((32 + 2 * 4) * 64, 2048, device="cuda", generator=g) / 2048**0.5).to(torch.bfloat16)
+    xs = torch.randn(len(lens), 2048, device="cuda", generator=g).to(torch.bfloat16)
+
+    def layer():
+        keys, values = cache.keys[0], cache.values[0]
+        outs = []
+        for i in range(len(lens)):  # one GEMV a sequence, as batch 1 runs it, each attended right after
+            qkv = triton_linear.gemv(xs[i : i + 1], weight, None).view(1, 40, 64)
+            row = slice(i, i + 1)
+            outs.append(
+                triton_attention.decode(
+                    qkv[:, :32].contiguous(),
+                    keys,
+                    values,
+                    group.blocks[row],
+                    group.lens[row],
+                    16,
+                    None,
+                    None,
+                    qkv[:, 32:36].contiguous(),
+                    qkv[:, 36:].contiguous(),
+                    batch.slot_mapping[row],
+                )
+            )
+        return torch.cat(outs)
+
+    results = {}
+    for pdl in (False, True):
+        monkeypatch.setattr(triton_attention, "PDL", pdl)
+        layer()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = layer()
+        replays = []
+        for _ in range(50):
+            graph.replay()
+            replays.append(out.clone())
+        results[pdl] = torch.cat(replays)
+    assert triton_linear.uses_pdl(torch.device("cuda"))
+    assert torch.equal(results[True], results[False])
+    assert torch.equal(results[False], results[False][: len(lens)].repeat(50, 1, 1))

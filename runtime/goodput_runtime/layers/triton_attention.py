@@ -67,9 +67,10 @@ def _pow2(n: int, least: int) -> int:
 
 # whether `decode` may take `rotary` (attention.attend asks): False where its variant failed to build
 ROTARY = os.environ.get("GOODPUT_ATTENTION_ROTARY", "on") != "off"
-# launched with programmatic dependent launch where the GEMVs are (layers/triton_linear.PDL, Hopper on):
-# the launch overlaps the end of the qkv product before it; off, an ordinary launch
-PDL = os.environ.get("GOODPUT_ATTENTION_PDL", "on") != "off"
+# GOODPUT_ATTENTION_PDL=on: launched with programmatic dependent launch where the GEMVs are
+# (layers/triton_linear.PDL, Hopper on), so the launch overlaps the end of the qkv product before it.
+# Off by default until a GPU has timed it and checked its tokens (hack/gpu-checks.sh gemvstep: `attnpdl`).
+PDL = os.environ.get("GOODPUT_ATTENTION_PDL", "off") == "on"
 TILE: int | None = None  # keys per loop iteration; None: tile()'s 128 (bench/gpu_attention.py sweeps it)
 
 
