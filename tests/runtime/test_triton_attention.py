@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graph_replays import replayed
 from test_native_attention import paged_case
 
 from goodput_runtime.layers import attention, triton_attention
@@ -396,16 +397,7 @@ def test_the_kernel_launched_dependently_after_a_product_in_a_cuda_graph_gives_t
     results = {}
     for pdl in (False, True):
         monkeypatch.setattr(triton_attention, "PDL", pdl)
-        layer()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = layer()
-        replays = []
-        for _ in range(50):
-            graph.replay()
-            replays.append(out.clone())
-        results[pdl] = torch.cat(replays)
+        results[pdl] = replayed(layer)
     assert triton_linear.uses_pdl(torch.device("cuda"))
     assert torch.equal(results[True], results[False])
     assert torch.equal(results[False], results[False][: len(lens)].repeat(50, 1, 1))

@@ -11,6 +11,7 @@ import dataclasses
 
 import pytest
 import torch
+from graph_replays import replayed
 from torch import nn
 from torch.nn import functional as F
 
@@ -321,16 +322,7 @@ def test_a_chain_of_products_launched_dependently_in_a_cuda_graph_gives_the_seri
     results = {}
     for pdl in ("off", "wait", "early"):
         monkeypatch.setattr(triton_linear, "PDL", pdl)
-        chain()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = chain()
-        replays = []
-        for _ in range(50):
-            graph.replay()
-            replays.append(out.clone())
-        results[pdl] = torch.cat(replays)
+        results[pdl] = replayed(chain)
     assert triton_linear.uses_pdl(x.device)
     assert torch.equal(results["wait"], results["off"]) and torch.equal(results["early"], results["off"])
     assert torch.equal(results["off"], results["off"][:1].expand_as(results["off"]))
