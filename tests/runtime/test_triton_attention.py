@@ -14,7 +14,7 @@ import torch
 from graph_replays import replayed
 from test_native_attention import paged_case
 
-from goodput_runtime.layers import attention, triton_attention
+from goodput_runtime.layers import attention, triton_attention, triton_linear
 from goodput_runtime.layers.attention import PagedBatch
 
 pytestmark = pytest.mark.skipif(not triton_attention.importable(), reason="Triton is not installed")
@@ -356,12 +356,8 @@ def test_a_rotary_variant_that_cannot_build_leaves_the_rotation_to_torch(interpr
 
 @pytest.mark.gpu
 def test_the_kernel_launched_dependently_after_a_product_in_a_cuda_graph_gives_the_serial_results(monkeypatch):
-    """GOODPUT_ATTENTION_PDL=on (triton_attention.PDL, Hopper on): the kernel is launched before the
-    product that makes its query, key and value ends, and waits for it before it reads. A layer's
-    qkv GEMV then the kernel, captured in a CUDA graph and replayed 50 times, must give bit for bit
-    what they give launched without it: a read before the product's writes landed would show."""
-    from goodput_runtime.layers import triton_linear
-
+    """GOODPUT_ATTENTION_PDL=on (Hopper on): the kernel launched before the qkv GEMV that feeds it ends,
+    captured in a CUDA graph and replayed 50 times, gives bit for bit what ordinary launches give."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs compute capability 9.0 or later")
     lens = [5, 130, 64, 1]
