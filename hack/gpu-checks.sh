@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The checks and figures that need a CUDA GPU, in one run (CI has no GPU; run this where one is):
-#   hack/gpu-checks.sh [STEP...]      (default: every step, in the order below)
+#   hack/gpu-checks.sh [STEP...]      (default: env normtests gemvstep compiled gputests serve, about 8 minutes on
+#                                      an H200, within a 15-minute lease; `all` runs every step, about 25 minutes)
 # (steps: env tests (gputests: without the kernels' cases) attention gemv gemvtests normtests lora gemvstep decode compiled profile exact
 #  fp8 serve spec spec32; GEMV_VARIANTS names gemvstep's variants)
 # Each step has its own time limit; every step's log goes into $OUT/steps.log (default _output/gpu), its JSON beside;
@@ -22,7 +23,8 @@ if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
 fi
 export PYTHONPATH=$ROOT/runtime:$ROOT/operator:$ROOT/contract:$ROOT/gateway:$ROOT:${PYTHONPATH:-}
 MODEL=${GPU_MODEL:-/tmp/llama-1b}
-STEPS=${*:-env tests attention gemv lora gemvstep decode compiled profile exact fp8 serve spec spec32}
+STEPS=${*:-env normtests gemvstep compiled gputests serve}
+[ "$STEPS" = all ] && STEPS="env tests attention gemv lora gemvstep decode compiled profile exact fp8 serve spec spec32"
 declare -A RESULT
 
 step() {  # step NAME LIMIT_S COMMAND...
