@@ -19,7 +19,7 @@ from goodput_runtime.layers import attention
 from goodput_runtime.layers.cpu_dtype import cpu_dtype
 from goodput_runtime.layers.quantization import quantize_model
 from goodput_runtime.loader import load_config, load_model
-from goodput_runtime.models import implementation
+from goodput_runtime.models import direct, implementation
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,14 @@ def load_for_rank(
         torch.set_num_threads(choice.threads)
         if rank == 0:
             log.info("CPU forward passes use %d intra-op threads per rank (%s)", choice.threads, choice.reason)
+    why_not_direct = direct.reason(model_dir, model_config, config.model_impl, world)
+    model = None if why_not_direct else direct.load(model_dir, model_config, dtype, device)
+    if model is not None:
+        log.info("Loaded %s into the runtime's compact modules on %s as %s", model_dir, device, dtype)
+        quantize_model(model, config.quantization, device, config.quantize_lm_head)
+        return model, device
+    if rank == 0:
+        log.info("Loading through transformers' model code: %s", why_not_direct or "tensors named otherwise")
     attn_implementation = attention.register()  # every rank, rank 0 and the followers, loads through here
     if world == 1:
         model = implementation.choose(load_model(model_dir, dtype, device, attn_implementation), config.model_impl)

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
 
 from goodput_runtime.layers import native_attention, triton_attention
 from goodput_runtime.layers.fused import rotate
@@ -321,5 +320,7 @@ def register() -> str:
     function builds its own from the step's layout) and skips its packed-sequence check, which
     would read a tensor on the host every step and cannot run inside a CUDA graph capture.
     """
+    from transformers import AttentionInterface  # here: importing transformers' model code takes seconds
+
     AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)
     return ATTN_IMPLEMENTATION

@@ -8,9 +8,10 @@ MLP's gate and up projections, the rotary embedding applied to queries and keys 
 the step kept as a flat [tokens, hidden] matrix, and ``attention.attend`` called on it.
 
 They are built from a model transformers has loaded (from safetensors or a GGUF file), taking
-its weights: the fused weights are the concatenation of the separate ones, every other module
-(embeddings, norms' weights, the LM head, the rotary embedding with its scaling rules) is the
-loaded one. The output is transformers' up to floating-point summation order.
+its weights, or from the same tree of weights read straight from safetensors (models/direct.py):
+the fused weights are the concatenation of the separate ones, every other module (embeddings,
+norms' weights, the LM head, the rotary embedding with its scaling rules) is the loaded one. The
+output is transformers' up to floating-point summation order.
 """
 
 from __future__ import annotations

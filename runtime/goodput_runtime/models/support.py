@@ -11,14 +11,15 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
 
 def sliding_windows(source: Any) -> list[int | None]:
-    """Each layer's sliding attention window as transformers' modules apply it (None: full attention)."""
+    """Each layer's sliding attention window as transformers' modules apply it (None: full attention); source is
+    transformers' model or models/direct.py's tree of weights, which names its architecture."""
     config = source.config
     windows: list[int | None] = []
     for layer in source.model.layers:
         attn = layer.self_attn
         if hasattr(attn, "sliding_window"):  # Qwen2: per layer, by its layer type
             windows.append(attn.sliding_window)
-        elif type(source).__name__ == "MistralForCausalLM":
+        elif getattr(source, "architecture", type(source).__name__) == "MistralForCausalLM":
             windows.append(getattr(config, "sliding_window", None))
         else:
             windows.append(None)

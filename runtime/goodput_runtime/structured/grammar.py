@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
 import numpy as np
 import torch
+
+from goodput_runtime.structured.bitmask import allocate_bitmask, fill_row, fill_rows
 
 if TYPE_CHECKING:  # a type in the stub only
     from llguidance._lib import JsonCompileOptions
@@ -100,11 +101,11 @@ class Grammar:
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         if bitmask.shape[1] == self.words:
-            llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, row)
+            fill_row(self.matcher, bitmask, row)
             return
         # logits wider (or narrower) than the tokenizer's vocabulary: tokens it lacks are never allowed
         own = allocate_bitmask(1, self.words * 32)
-        llguidance.torch.fill_next_token_bitmask(self.matcher, own, 0)
+        fill_row(self.matcher, own, 0)
         width = min(self.words, bitmask.shape[1])
         bitmask[row, :width] = own[0, :width]
         bitmask[row, width:] = 0
@@ -307,11 +308,6 @@ def structural_lark(parts: list[dict]) -> str:
     return "\n".join([f"start: {' '.join(names)}", *rules])
 
 
-def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
-    """[rows, ceil(vocab / 32)] int32, every token allowed, on the CPU (pinned where a GPU is)."""
-    return llguidance.torch.allocate_token_bitmask(rows, vocab_size)
-
-
 _executor: llguidance.LLExecutor | None = None
 _executor_lock = threading.Lock()
 
@@ -327,7 +323,7 @@ def fill_bitmasks(rows: list[tuple[Grammar, int]], bitmask: torch.Tensor) -> Non
     with _executor_lock:
         if _executor is None:
             _executor = llguidance.LLExecutor()
-    llguidance.torch.fill_next_token_bitmask_par(_executor, [(g.matcher, row) for g, row in rows], bitmask)
+    fill_rows(_executor, [(g.matcher, row) for g, row in rows], bitmask)
 
 
 BIAS_TABLES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
