@@ -133,7 +133,7 @@ def linear_of(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Line
     nn.Module.__init__(out)
     out.out_features, out.in_features = weight.shape
     out.weight = nn.Parameter(weight, requires_grad=False)
-    out.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+    out.register_parameter("bias", None if bias is None else nn.Parameter(bias, requires_grad=False))
     return out
 
 
@@ -164,7 +164,7 @@ def load(model_dir: Path, config: Any, dtype: torch.dtype, device: torch.device)
     if tensors is None:
         return None
     weight = tensors["model.embed_tokens.weight"]
-    embed = nn.Embedding(*weight.shape, _weight=weight, _freeze=True)
+    embed = nn.Embedding(weight.shape[0], weight.shape[1], _weight=weight, _freeze=True)
     head = linear_of(weight if config.tie_word_embeddings else tensors["lm_head.weight"])
     if config.tie_word_embeddings:
         head.weight = embed.weight  # one parameter, as transformers ties them
