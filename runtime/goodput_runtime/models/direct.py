@@ -91,27 +91,23 @@ def reason(model_dir: Path, config: Any, implementation: str, world: int) -> str
     return None
 
 
-def layer_names(config: Any, architecture: str) -> dict[str, bool]:
-    """Every tensor transformers' module tree loads, by name, and whether it may be absent (a tied LM head)."""
+def layer_names(config: Any, architecture: str) -> set[str]:
+    """Every tensor transformers' module tree loads (a tied LM head is the embeddings: a stored copy is not read)."""
     qkv_bias, o_bias, mlp_bias = biases(architecture, config)
-    names = {"model.embed_tokens.weight": False, "model.norm.weight": False}
-    names["lm_head.weight"] = bool(config.tie_word_embeddings)
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
+    if not config.tie_word_embeddings:
+        names.add("lm_head.weight")
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
-        for norm in ("input_layernorm", "post_attention_layernorm"):
-            names[p + norm + ".weight"] = False
+        names |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
         for proj, bias in [("q", qkv_bias), ("k", qkv_bias), ("v", qkv_bias), ("o", o_bias)]:
-            names[p + f"self_attn.{proj}_proj.weight"] = False
-            if bias:
-                names[p + f"self_attn.{proj}_proj.bias"] = False
+            names |= {p + f"self_attn.{proj}_proj.{part}" for part in ("weight", "bias")[: 1 + bias]}
         for proj in ("gate", "up", "down"):
-            names[p + f"mlp.{proj}_proj.weight"] = False
-            if mlp_bias:
-                names[p + f"mlp.{proj}_proj.bias"] = False
+            names |= {p + f"mlp.{proj}_proj.{part}" for part in ("weight", "bias")[: 1 + mlp_bias]}
     return names
 
 
-def read_tensors(model_dir: Path, names: dict[str, bool], dtype: torch.dtype, device: torch.device):
+def read_tensors(model_dir: Path, names: set[str], dtype: torch.dtype, device: torch.device):
     """{name: tensor} in dtype on device, or None when a tensor the tree needs is missing."""
     from safetensors import safe_open
 
@@ -122,8 +118,7 @@ def read_tensors(model_dir: Path, names: dict[str, bool], dtype: torch.dtype, de
             for name in stored:
                 if name in names:
                     found[name] = f.get_tensor(name).to(device=device, dtype=dtype)
-    missing = [n for n, optional in names.items() if not optional and n not in found]
-    return None if missing else found
+    return found if names <= found.keys() else None
 
 
 def linear_of(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Linear:
