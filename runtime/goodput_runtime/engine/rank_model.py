@@ -73,7 +73,7 @@ def load_for_rank(
         quantize_model(model, config.quantization, device, config.quantize_lm_head)
         return model, device
     if rank == 0:
-        log.info("Loading through transformers' model code: %s", why_not_direct or "tensors named otherwise")
+        log.info("Loading through transformers' model code: %s", why_not_direct or "a tensor missing")
     attn_implementation = attention.register()  # every rank, rank 0 and the followers, loads through here
     if world == 1:
         model = implementation.choose(load_model(model_dir, dtype, device, attn_implementation), config.model_impl)
