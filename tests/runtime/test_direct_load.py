@@ -46,13 +46,18 @@ def assert_same_model(ours: CausalLM, theirs: CausalLM) -> None:
     assert tied == (theirs.lm_head.weight is theirs.model.embed_tokens.weight)
 
 
-def tied_dir(tiny_model_dir: Path, tmp_path: Path) -> Path:
-    """The tiny Llama with its LM head tied to the embeddings and stored in two shards with an index."""
-    out = tmp_path / "tied"
+def without_weights(model_dir: Path, out: Path) -> Path:
+    """A copy of the model directory's config and tokenizer files, its weights left for the test to write."""
     out.mkdir()
-    for f in tiny_model_dir.iterdir():
+    for f in model_dir.iterdir():
         if f.name != "model.safetensors":
             (out / f.name).write_bytes(f.read_bytes())
+    return out
+
+
+def tied_dir(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """The tiny Llama with its LM head tied to the embeddings and stored in two shards with an index."""
+    out = without_weights(tiny_model_dir, tmp_path / "tied")
     config = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
     tensors = {k: v for k, v in load_file(tiny_model_dir / "model.safetensors").items() if k != "lm_head.weight"}
@@ -134,11 +139,7 @@ def test_what_the_direct_path_cannot_load_names_its_reason(tiny_model_dir, smoll
 def test_a_checkpoint_missing_a_tensor_loads_through_transformers(tiny_model_dir, tmp_path, caplog):
     """A tensor missing (transformers initialises it, and warns): the direct path declines, and transformers'
     loading serves the tokens transformers gives."""
-    model_dir = tmp_path / "missing"
-    model_dir.mkdir()
-    for f in tiny_model_dir.iterdir():
-        if f.name != "model.safetensors":
-            (model_dir / f.name).write_bytes(f.read_bytes())
+    model_dir = without_weights(tiny_model_dir, tmp_path / "missing")
     tensors = load_file(tiny_model_dir / "model.safetensors")
     del tensors["model.norm.weight"]
     save_file(tensors, model_dir / "model.safetensors")
