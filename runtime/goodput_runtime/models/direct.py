@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from goodput_runtime.models.llama import CausalLM
+from goodput_runtime.models.projection import linear_of
 from goodput_runtime.models.support import ARCHITECTURES
 
 log = logging.getLogger(__name__)
@@ -119,17 +120,6 @@ def read_tensors(model_dir: Path, names: set[str], dtype: torch.dtype, device: t
                 if name in names:
                     found[name] = f.get_tensor(name).to(device=device, dtype=dtype)
     return found if names <= found.keys() else None
-
-
-def linear_of(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Linear:
-    """nn.Linear holding these tensors, built without initialising weights it would throw away (initialising
-    even on the meta device imports torch's compiler: most of a second)."""
-    out = nn.Linear.__new__(nn.Linear)
-    nn.Module.__init__(out)
-    out.out_features, out.in_features = weight.shape
-    out.weight = nn.Parameter(weight, requires_grad=False)
-    out.register_parameter("bias", None if bias is None else nn.Parameter(bias, requires_grad=False))
-    return out
 
 
 def linear(tensors: dict[str, torch.Tensor], name: str) -> nn.Linear:

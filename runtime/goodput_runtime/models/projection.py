@@ -12,23 +12,27 @@ from goodput_runtime.layers.step_plan import LINEAR, NATIVE, ONEDNN
 from goodput_runtime.models.graph_ops import NATIVE_OP, ONEDNN_OP, onednn_linear_op, skinny_linear_op
 
 
+def linear_of(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Linear:
+    """nn.Linear holding these tensors, built without first initialising weights it would throw away (random
+    values the size of the layer; on the meta device that imports torch's compiler: most of a second)."""
+    out = nn.Linear.__new__(nn.Linear)
+    nn.Module.__init__(out)
+    out.out_features, out.in_features = weight.shape
+    out.weight = nn.Parameter(weight, requires_grad=False)
+    out.register_parameter("bias", None if bias is None else nn.Parameter(bias, requires_grad=False))
+    return out
+
+
 def fuse(linears: list[nn.Linear]) -> nn.Linear:
     """One linear layer computing the given ones' outputs side by side."""
     weight = torch.cat([lin.weight.detach() for lin in linears])
-    has_bias = [lin.bias is not None for lin in linears]
-    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=any(has_bias), device=weight.device, dtype=weight.dtype)
-    fused.weight = nn.Parameter(weight, requires_grad=False)
-    if any(has_bias):
-        bias = torch.cat(
-            [
-                lin.bias.detach()
-                if lin.bias is not None
-                else torch.zeros(lin.out_features, dtype=weight.dtype, device=weight.device)
-                for lin in linears
-            ]
-        )
-        fused.bias = nn.Parameter(bias, requires_grad=False)
-    return fused
+    if all(lin.bias is None for lin in linears):
+        return linear_of(weight)
+    biases = [
+        weight.new_zeros(lin.out_features) if lin.bias is None else lin.bias.detach()  # a part without one adds zeros
+        for lin in linears
+    ]
+    return linear_of(weight, torch.cat(biases))
 
 
 def project(x: torch.Tensor, linear: nn.Module, form: str = LINEAR) -> torch.Tensor:
